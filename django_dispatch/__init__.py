@@ -1,0 +1,22 @@
+"""Durable background jobs for Django's Tasks framework.
+
+The public entry points are imported lazily so that ``import django_dispatch``
+works before Django's app registry is ready (e.g. from settings modules).
+"""
+
+from typing import TYPE_CHECKING, Any
+
+from .exceptions import AlreadyReplayed, JobCancelled, TaskTimeout
+
+__all__ = ["AlreadyReplayed", "JobCancelled", "TaskTimeout", "cancel", "enqueue_many"]
+
+if TYPE_CHECKING:
+    from .services import cancel, enqueue_many
+
+
+def __getattr__(name: str) -> Any:
+    if name in {"cancel", "enqueue_many"}:
+        from . import services
+
+        return getattr(services, name)
+    raise AttributeError(f"module 'django_dispatch' has no attribute {name!r}")

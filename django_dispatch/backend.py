@@ -1,0 +1,378 @@
+"""The ``django.tasks`` backend: Django's Tasks API over the job table.
+
+``DispatchBackend.__init__`` touches no model and no database: Django builds
+backends lazily, per thread, and may do so before migrations have run.
+"""
+
+from __future__ import annotations
+
+import inspect
+import json
+import logging
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, fields
+from datetime import datetime
+from typing import Any
+
+from django.apps import apps
+from django.core import checks
+from django.db import router
+from django.tasks import Task, TaskResult, TaskResultStatus
+from django.tasks.backends.base import BaseTaskBackend
+from django.tasks.base import TaskError
+from django.tasks.exceptions import InvalidTask, TaskResultDoesNotExist
+from django.tasks.signals import task_enqueued
+from django.utils.module_loading import import_string
+
+from . import store
+from .exceptions import InvalidTaskArguments, UnknownTask
+from .models import Job
+from .retry import Backoff, exponential_backoff
+from .states import JobState, to_status
+
+logger = logging.getLogger("django_dispatch")
+
+KEY_MAX_LENGTH = 255
+KNOWN_OPTIONS = {"MAX_ATTEMPTS", "BACKOFF"}
+CANCELLED_ERROR_PATH = "django_dispatch.exceptions.JobCancelled"
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class DispatchTask(Task):
+    """A ``django.tasks.Task`` with django_dispatch's options.
+
+    ``max_attempts``, ``backoff`` and ``timeout`` follow Django's open
+    proposals for retries (django/new-features #142) and timeouts (#144);
+    None means the backend's default (``OPTIONS["MAX_ATTEMPTS"]``,
+    ``OPTIONS["BACKOFF"]``, no timeout).
+    """
+
+    max_attempts: int | None = None
+    backoff: Backoff | None = None
+    timeout: float | None = None
+    partition_key: str | None = None
+    idempotency_key: str | None = None
+
+    def using(  # type: ignore[override]
+        self,
+        *,
+        priority: int | None = None,
+        queue_name: str | None = None,
+        run_after: datetime | None = None,
+        backend: str | None = None,
+        partition_key: str | None = None,
+        idempotency_key: str | None = None,
+    ) -> DispatchTask:
+        """A copy of this task with per-enqueue options changed."""
+        changes: dict[str, Any] = {
+            "priority": priority,
+            "queue_name": queue_name,
+            "run_after": run_after,
+            "backend": backend,
+            "partition_key": partition_key,
+            "idempotency_key": idempotency_key,
+        }
+        return _replace(self, validate=True, **{k: v for k, v in changes.items() if v is not None})
+
+
+def _replace(task: Task, *, validate: bool, **changes: Any) -> Any:
+    """``dataclasses.replace`` that can skip validation.
+
+    A row already in the table is history: rebuilding its Task must not fail
+    because, say, its queue was since removed from ``QUEUES``.
+    """
+    if validate:
+        from dataclasses import replace
+
+        return replace(task, **changes)
+    new = object.__new__(type(task))
+    for f in fields(task):
+        object.__setattr__(new, f.name, changes.get(f.name, getattr(task, f.name)))
+    return new
+
+
+def to_json(value: Any, what: str) -> Any:
+    """``value`` after a strict JSON round trip, or InvalidTaskArguments.
+
+    The round trip is what the worker will see (tuples become lists), so the
+    TaskResult returned at enqueue equals the one read back later.
+    """
+    try:
+        return json.loads(json.dumps(value, allow_nan=False))
+    except (TypeError, ValueError) as e:
+        raise InvalidTaskArguments(
+            f"{what} must be JSON-serializable ({e}). Pass ids and plain data "
+            "(str, int, float, bool, None, lists, dicts with str keys), not objects."
+        ) from e
+
+
+def check_arguments(task: Task, args: Sequence[Any], kwargs: Mapping[str, Any]) -> None:
+    """Raise InvalidTask when the task function cannot accept these arguments."""
+    signature = inspect.signature(task.func)
+    call_args = (None, *args) if task.takes_context else tuple(args)
+    try:
+        signature.bind(*call_args, **kwargs)
+    except TypeError as e:
+        raise InvalidTaskArguments(
+            f"{task.module_path}{signature} cannot be called with args={list(args)!r} "
+            f"kwargs={dict(kwargs)!r}: {e}."
+        ) from e
+
+
+class DispatchBackend(BaseTaskBackend):
+    """Durable jobs in the database, run by ``manage.py rundispatch``."""
+
+    task_class = DispatchTask
+    supports_defer = True
+    supports_priority = True
+    supports_get_result = True
+    supports_async_task = True
+
+    def __init__(self, alias: str, params: dict[str, Any]) -> None:
+        super().__init__(alias, params)
+        self.default_max_attempts = self.options.get("MAX_ATTEMPTS", 1)
+        backoff = self.options.get("BACKOFF", exponential_backoff)
+        self._backoff_setting = backoff
+
+    @property
+    def default_backoff(self) -> Backoff:
+        backoff = self._backoff_setting
+        return import_string(backoff) if isinstance(backoff, str) else backoff
+
+    # --- validation ----------------------------------------------------------
+
+    def validate_task(self, task: Task) -> None:
+        """Django's rules, then ours. Runs at definition and again at enqueue."""
+        super().validate_task(task)
+        if not isinstance(task, DispatchTask):
+            return
+        if task.max_attempts is not None and (
+            not isinstance(task.max_attempts, int)
+            or isinstance(task.max_attempts, bool)
+            or task.max_attempts < 1
+        ):
+            raise InvalidTask(
+                f"max_attempts must be a whole number of at least 1, got {task.max_attempts!r}."
+            )
+        if task.timeout is not None and (
+            not isinstance(task.timeout, int | float)
+            or isinstance(task.timeout, bool)
+            or task.timeout <= 0
+        ):
+            raise InvalidTask(
+                f"timeout must be a positive number of seconds, got {task.timeout!r}."
+            )
+        if task.backoff is not None and not callable(task.backoff):
+            raise InvalidTask(
+                "backoff must be a function (exception, task_result) -> seconds or None, "
+                f"got {task.backoff!r}."
+            )
+        for name in ("partition_key", "idempotency_key"):
+            value = getattr(task, name)
+            if value is not None and (
+                not isinstance(value, str) or not value or len(value) > KEY_MAX_LENGTH
+            ):
+                raise InvalidTask(
+                    f"{name} must be a non-empty string of at most {KEY_MAX_LENGTH} "
+                    f"characters, got {value!r}."
+                )
+
+    def max_attempts_for(self, task: Task) -> int:
+        return getattr(task, "max_attempts", None) or self.default_max_attempts
+
+    def backoff_for(self, task: Task) -> Backoff:
+        return getattr(task, "backoff", None) or self.default_backoff
+
+    # --- enqueue -------------------------------------------------------------
+
+    def build_job(self, task: Task, args: Sequence[Any], kwargs: Mapping[str, Any]) -> Job:
+        """Validate one call and turn it into an unsaved Job. Writes nothing."""
+        self.validate_task(task)
+        json_args = to_json(list(args), "Task arguments")
+        json_kwargs = to_json(dict(kwargs), "Task keyword arguments")
+        check_arguments(task, json_args, json_kwargs)
+        job = Job(
+            task_path=task.module_path,
+            backend=self.alias,
+            queue_name=task.queue_name,
+            priority=task.priority,
+            args=json_args,
+            kwargs=json_kwargs,
+            deferred_until=task.run_after,
+            partition_key=getattr(task, "partition_key", None),
+            idempotency_key=getattr(task, "idempotency_key", None),
+            max_attempts=self.max_attempts_for(task),
+        )
+        if task.run_after is not None:
+            job.run_after = task.run_after
+        return job
+
+    def enqueue(self, task: Task, args: Sequence[Any], kwargs: Mapping[str, Any]) -> TaskResult:
+        job = self.build_job(task, args, kwargs)
+        store.jobs_insert([job], db=store.db_alias())
+        result = result_from_job(job, task=task)
+        send_robust(task_enqueued, self, result)
+        return result
+
+    # --- results -------------------------------------------------------------
+
+    def get_result(self, result_id: str) -> TaskResult:
+        try:
+            pk = int(result_id)
+        except (TypeError, ValueError):
+            raise TaskResultDoesNotExist(result_id) from None
+        job = Job.objects.using(router.db_for_read(Job)).filter(pk=pk).first()
+        if job is None:
+            raise TaskResultDoesNotExist(result_id)
+        return result_from_job(job)
+
+    # --- checks --------------------------------------------------------------
+
+    def check(self, **kwargs: Any) -> list[checks.CheckMessage]:
+        messages: list[checks.CheckMessage] = []
+        if not apps.is_installed("django_dispatch"):
+            messages.append(
+                checks.Error(
+                    f"TASKS[{self.alias!r}] uses DispatchBackend but django_dispatch is not "
+                    "in INSTALLED_APPS.",
+                    hint="Add 'django_dispatch' to INSTALLED_APPS and run migrate.",
+                    id="django_dispatch.E001",
+                )
+            )
+        unknown = sorted(set(self.options) - KNOWN_OPTIONS)
+        if unknown:
+            messages.append(
+                checks.Error(
+                    f"TASKS[{self.alias!r}]['OPTIONS'] has unknown keys {unknown}.",
+                    hint=f"Known options: {sorted(KNOWN_OPTIONS)}. Check the spelling.",
+                    id="django_dispatch.E002",
+                )
+            )
+        max_attempts = self.default_max_attempts
+        if not isinstance(max_attempts, int) or isinstance(max_attempts, bool) or max_attempts < 1:
+            messages.append(
+                checks.Error(
+                    f"TASKS[{self.alias!r}]['OPTIONS']['MAX_ATTEMPTS'] must be a whole number "
+                    f"of at least 1, got {max_attempts!r}.",
+                    id="django_dispatch.E003",
+                )
+            )
+        try:
+            backoff_ok = callable(self.default_backoff)
+        except ImportError:
+            backoff_ok = False
+        if not backoff_ok:
+            messages.append(
+                checks.Error(
+                    f"TASKS[{self.alias!r}]['OPTIONS']['BACKOFF'] must be a function or the "
+                    f"import path of one, got {self._backoff_setting!r}.",
+                    id="django_dispatch.E004",
+                )
+            )
+        return messages
+
+
+def send_robust(signal: Any, backend: BaseTaskBackend | type, task_result: TaskResult) -> None:
+    """Send a django.tasks signal; a failing receiver is logged, never raised.
+
+    A receiver's bug must not change a job's outcome or break an enqueue.
+    """
+    sender = backend if isinstance(backend, type) else type(backend)
+    for receiver, response in signal.send_robust(sender=sender, task_result=task_result):
+        if isinstance(response, Exception):
+            logger.error(
+                "signal receiver %r failed for job %s",
+                receiver,
+                task_result.id,
+                exc_info=(type(response), response, response.__traceback__),
+            )
+
+
+# --- rebuilding TaskResults from rows ------------------------------------------
+
+
+def task_for_row(row: Mapping[str, Any]) -> Task:
+    """The registered Task a job row names, with the row's per-enqueue options.
+
+    Only objects that are ``django.tasks.Task`` instances run: a row written by
+    someone else cannot make a worker import and call an arbitrary callable.
+    """
+    path = row["task_path"]
+    try:
+        task = import_string(path)
+    except ImportError as e:
+        raise UnknownTask(
+            f"Task {path!r} cannot be imported ({e}). If it was renamed or moved, "
+            "keep an alias at the old path until its jobs have drained."
+        ) from e
+    if not isinstance(task, Task):
+        raise UnknownTask(
+            f"{path!r} is a {type(task).__name__}, not a Task: only functions decorated "
+            "with @task can run as jobs."
+        )
+    changes: dict[str, Any] = {
+        "priority": row["priority"],
+        "queue_name": row["queue_name"],
+        "run_after": row["deferred_until"],
+        "backend": row["backend"],
+    }
+    if isinstance(task, DispatchTask):
+        changes["partition_key"] = row["partition_key"]
+        changes["idempotency_key"] = row["idempotency_key"]
+    return _replace(task, validate=False, **changes)
+
+
+def task_errors(errors: list[dict[str, Any]], state: str) -> list[TaskError]:
+    result = [
+        TaskError(exception_class_path=e["exception_class_path"], traceback=e["traceback"])
+        for e in errors
+    ]
+    if state == JobState.CANCELLED:
+        result.append(
+            TaskError(
+                exception_class_path=CANCELLED_ERROR_PATH,
+                traceback=f"{CANCELLED_ERROR_PATH}: the job was cancelled\n",
+            )
+        )
+    return result
+
+
+def result_from_values(
+    values: Mapping[str, Any], *, task: Task | None = None, status: str | None = None
+) -> TaskResult:
+    """A TaskResult from a job row's values (a Job's fields or a claim row)."""
+    state = values["state"]
+    result = TaskResult(
+        task=task or task_for_row(values),
+        id=str(values["id"]),
+        status=TaskResultStatus(status) if status else to_status(state),
+        enqueued_at=values["enqueued_at"],
+        started_at=values["started_at"],
+        finished_at=values["finished_at"],
+        last_attempted_at=values["last_attempted_at"],
+        args=values["args"],
+        kwargs=values["kwargs"],
+        backend=values["backend"],
+        errors=task_errors(values["errors"], state),
+        worker_ids=list(values["worker_ids"]),
+    )
+    if state == JobState.SUCCEEDED:
+        object.__setattr__(result, "_return_value", values["return_value"])
+    return result
+
+
+def result_from_job(job: Job, *, task: Task | None = None) -> TaskResult:
+    values = {f.attname: getattr(job, f.attname) for f in Job._meta.concrete_fields}
+    return result_from_values(values, task=task)
+
+
+def backend_for(alias: str) -> DispatchBackend | None:
+    """The DispatchBackend configured under ``alias``, or None."""
+    from django.tasks import task_backends
+
+    try:
+        backend = task_backends[alias]
+    except Exception:
+        return None
+    return backend if isinstance(backend, DispatchBackend) else None
+

@@ -1,0 +1,80 @@
+"""System checks: configuration mistakes reported at start-up, with ids and hints."""
+
+from typing import Any
+
+from django.conf import settings
+from django.core import checks
+from django.db import DEFAULT_DB_ALIAS, connections, router
+from django.db.migrations.executor import MigrationExecutor
+
+from .conf import get_settings, unknown_keys
+
+SUPPORTED_VENDORS = {"postgresql", "sqlite"}
+
+
+@checks.register()
+def check_dispatch_settings(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:
+    messages: list[checks.CheckMessage] = []
+    raw = getattr(settings, "DISPATCH", None) or {}
+    if not isinstance(raw, dict):
+        return [checks.Error("DISPATCH must be a dict.", id="django_dispatch.E010")]
+    unknown = unknown_keys(raw)
+    if unknown:
+        messages.append(
+            checks.Error(
+                f"DISPATCH has unknown keys {unknown}.",
+                hint="See docs/settings.md for the keys django_dispatch reads.",
+                id="django_dispatch.E011",
+            )
+        )
+    try:
+        problems = get_settings().validate()
+    except TypeError as e:
+        problems = [f"DISPATCH has a value of the wrong type: {e}"]
+    messages += [checks.Error(p, id="django_dispatch.E012") for p in problems]
+    from .models import Job
+
+    vendor = connections[router.db_for_write(Job)].vendor
+    if vendor not in SUPPORTED_VENDORS:
+        messages.append(
+            checks.Error(
+                f"django_dispatch stores jobs on a {vendor} database; it supports "
+                "PostgreSQL and SQLite.",
+                hint="Route django_dispatch's models to a PostgreSQL or SQLite database.",
+                id="django_dispatch.E013",
+            )
+        )
+    return messages
+
+
+def unapplied_migrations(db: str) -> list[str]:
+    """Names of django_dispatch migrations not applied on ``db``."""
+    executor = MigrationExecutor(connections[db])
+    targets = [
+        key for key in executor.loader.graph.leaf_nodes() if key[0] == "django_dispatch"
+    ]
+    plan = executor.migration_plan(targets)
+    return [migration.name for migration, backwards in plan if not backwards]
+
+
+@checks.register(checks.Tags.database)
+def check_migrations_applied(
+    app_configs: Any = None, databases: Any = None, **kwargs: Any
+) -> list[checks.CheckMessage]:
+    from .models import Job
+
+    db = router.db_for_write(Job) or DEFAULT_DB_ALIAS
+    if not databases or db not in databases:
+        return []
+    missing = unapplied_migrations(db)
+    if not missing:
+        return []
+    # A warning, not an error: ``migrate`` runs database checks too, and must
+    # not be blocked by the very problem it fixes. The worker refuses to start.
+    return [
+        checks.Warning(
+            f"django_dispatch's migrations {missing} are not applied on database {db!r}.",
+            hint="Run `python manage.py migrate django_dispatch`.",
+            id="django_dispatch.W020",
+        )
+    ]

@@ -1,0 +1,68 @@
+"""The TaskContext given to ``@task(takes_context=True)`` functions."""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass, field
+from typing import Any
+
+from asgiref.sync import sync_to_async
+from django.tasks import TaskContext
+
+from . import store
+from .backend import to_json
+from .exceptions import JobCancelled
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class DispatchTaskContext(TaskContext):
+    """``django.tasks.TaskContext`` plus a resume cursor.
+
+    ``checkpoint`` is the last value saved with ``progress()`` by this or an
+    earlier attempt (None at first), so a retried or reclaimed job resumes
+    where it stopped instead of starting over.
+    """
+
+    lease: store.Lease
+    lease_seconds: float
+    cancel_event: threading.Event = field(default_factory=threading.Event)
+    saved_checkpoint: Any = None
+
+    @property
+    def checkpoint(self) -> Any:
+        return self.saved_checkpoint
+
+    @property
+    def cancelled(self) -> bool:
+        """True once the job was cancelled, timed out or lost by this worker.
+
+        Cheap to poll (no database access); ``progress()`` checks the
+        database itself.
+        """
+        return self.cancel_event.is_set()
+
+    def progress(self, value: Any) -> None:
+        """Persist ``value`` (JSON) as the resume cursor and renew the lease.
+
+        Raises ``JobCancelled`` once the job is cancelled or this worker no
+        longer holds it: stop work then; whatever the task returns afterwards
+        is discarded. From async tasks use ``await context.aprogress(value)``.
+        """
+        if self.cancel_event.is_set():
+            raise JobCancelled(self._gone())
+        value = to_json(value, "A checkpoint")
+        if not store.job_progress_if_leased(
+            self.lease, value, lease_seconds=self.lease_seconds
+        ):
+            self.cancel_event.set()
+            raise JobCancelled(self._gone())
+        object.__setattr__(self, "saved_checkpoint", value)
+
+    async def aprogress(self, value: Any) -> None:
+        await sync_to_async(self.progress, thread_sensitive=True)(value)
+
+    def _gone(self) -> str:
+        return (
+            f"job {self.lease.job_id} was cancelled, timed out, or taken over by another "
+            "worker; stop now (the result of this attempt is discarded)"
+        )

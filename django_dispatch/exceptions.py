@@ -1,0 +1,42 @@
+"""Exceptions raised to users of django_dispatch.
+
+Every message says what was wrong and what to do about it.
+"""
+
+from django.tasks.exceptions import InvalidTask
+
+
+class DispatchError(Exception):
+    """Base class of django_dispatch's own errors."""
+
+
+class JobCancelled(DispatchError):
+    """The job was cancelled, or this worker no longer holds its lease.
+
+    Raised by ``context.progress()`` so that a task stops cooperatively; the
+    worker then discards whatever the task returns.
+    """
+
+
+class TaskTimeout(DispatchError, TimeoutError):
+    """An attempt ran longer than its task's ``timeout``."""
+
+
+class WorkerLost(DispatchError):
+    """The job's worker died while running it (SIGKILL, OOM, power loss)."""
+
+
+class AlreadyReplayed(DispatchError):
+    """Another replay of this dead letter already won."""
+
+
+class UnknownTask(DispatchError):
+    """A job names a task path that no longer imports to a registered Task."""
+
+
+class InvalidTaskArguments(InvalidTask):
+    """Arguments given at enqueue cannot be stored as JSON."""
+
+
+class ImproperlyConfiguredDispatch(DispatchError):
+    """A DISPATCH or TASKS setting is invalid."""

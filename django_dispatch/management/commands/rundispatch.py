@@ -1,0 +1,104 @@
+"""``manage.py rundispatch``: argument parsing and start-up checks only."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.core.management.base import BaseCommand, CommandError, CommandParser
+
+from ... import store
+from ...checks import unapplied_migrations
+from ...conf import get_settings
+from ...runtime.supervisor import supervise
+from ...runtime.worker import Worker, WorkerOptions, default_worker_id
+
+
+def _positive_int(value: str) -> int:
+    number = int(value)
+    if number < 1:
+        raise ValueError(value)
+    return number
+
+
+class Command(BaseCommand):
+    help = "Run django_dispatch jobs: claim, run, retry; SIGTERM drains gracefully."
+    requires_system_checks: list[str] = []  # run below, with a clearer failure
+
+    def add_arguments(self, parser: CommandParser) -> None:
+        cfg = get_settings()
+        parser.add_argument("--queues", default="",
+                            help="Comma-separated queue names to serve (default: all).")
+        parser.add_argument("--concurrency", type=_positive_int, default=cfg.CONCURRENCY,
+                            help="Job threads per process (default: DISPATCH['CONCURRENCY']).")
+        parser.add_argument("--processes", type=_positive_int, default=1,
+                            help="Worker processes to fork under one supervisor.")
+        parser.add_argument("--burst", action="store_true",
+                            help="Run every job runnable now, then exit 0.")
+        parser.add_argument("--max-jobs", type=_positive_int, default=None,
+                            help="Exit after claiming this many jobs (per process).")
+        parser.add_argument("--worker-id", default=None,
+                            help="Worker id (default: host:pid:random).")
+        parser.add_argument("--shutdown-timeout", type=float, default=cfg.SHUTDOWN_TIMEOUT,
+                            help="Seconds to let running jobs finish after SIGTERM.")
+
+    def handle(self, *args: Any, **options: Any) -> None:
+        self.check(display_num_errors=False)
+        problems = get_settings().validate()
+        if problems:
+            raise CommandError("Invalid DISPATCH settings:\n  " + "\n  ".join(problems))
+        db = store.db_alias()
+        missing = unapplied_migrations(db)
+        if missing:
+            raise CommandError(
+                f"django_dispatch's migrations {missing} are not applied on database "
+                f"{db!r}. Run `python manage.py migrate` first."
+            )
+        queues = [q.strip() for q in options["queues"].split(",") if q.strip()]
+        self._check_queues(queues)
+        base_id = options["worker_id"] or default_worker_id()
+
+        def run_one(index: int | None) -> int:
+            worker_id = base_id if index is None else f"{base_id}.{index}"
+            worker = Worker(
+                WorkerOptions(
+                    worker_id=worker_id,
+                    queues=queues,
+                    concurrency=options["concurrency"],
+                    burst=options["burst"],
+                    max_jobs=options["max_jobs"],
+                    shutdown_timeout=options["shutdown_timeout"],
+                )
+            )
+            worker.install_signal_handlers()
+            return worker.run()
+
+        if options["processes"] == 1:
+            code = run_one(None)
+        else:
+            code = supervise(options["processes"], run_one,
+                             restart=not (options["burst"] or options["max_jobs"]))
+        if code:
+            raise SystemExit(code)
+
+    def _check_queues(self, queues: list[str]) -> None:
+        from django.tasks import task_backends
+
+        from ...backend import DispatchBackend
+
+        backends = [b for b in task_backends.all() if isinstance(b, DispatchBackend)]
+        if not backends:
+            raise CommandError(
+                "No TASKS backend uses django_dispatch.backend.DispatchBackend; "
+                "set TASKS['default']['BACKEND'] to it."
+            )
+        known: set[str] = set()
+        for backend in backends:
+            if not backend.queues:  # [] accepts any queue name
+                return
+            known |= backend.queues
+        unknown = sorted(set(queues) - known)
+        if unknown:
+            raise CommandError(
+                f"--queues names {unknown}, which no DispatchBackend accepts "
+                f"(QUEUES: {sorted(known)}). Fix --queues or TASKS[...]['QUEUES']."
+            )

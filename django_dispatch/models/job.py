@@ -1,0 +1,97 @@
+"""The job table: it *is* the queue.
+
+Invariants kept by the database rather than by code:
+
+* the claim index is partial on ``state = 'pending'``, so the cost of a claim
+  does not grow with the number of finished jobs;
+* priority stays in Django's range and the state in our vocabulary
+  (check constraints), whatever writes the row.
+
+Only ``django_dispatch.store`` changes ``state`` or any lease field.
+"""
+
+from django.db import models
+from django.db.models import F, Q
+from django.db.models.functions import Now
+from django.tasks.base import TASK_MAX_PRIORITY, TASK_MIN_PRIORITY
+
+from ..states import JobState
+
+
+class Job(models.Model):
+    id = models.BigAutoField(primary_key=True)
+    task_path = models.CharField(max_length=255, help_text="Import path of the Task object.")
+    backend = models.CharField(max_length=100, default="default")
+    queue_name = models.CharField(max_length=100, default="default")
+    priority = models.SmallIntegerField(default=0)
+    args = models.JSONField(default=list, blank=True)
+    kwargs = models.JSONField(default=dict, blank=True)
+
+    state = models.CharField(max_length=16, choices=JobState.choices, default=JobState.PENDING)
+    #: When the job becomes claimable: enqueue time, the requested run_after,
+    #: or the end of a retry's backoff. Database clock.
+    run_after = models.DateTimeField(db_default=Now())
+    #: The ``run_after`` the task was enqueued with (None when not deferred),
+    #: kept so that get_result() rebuilds exactly the Task that was enqueued.
+    deferred_until = models.DateTimeField(null=True, blank=True)
+    partition_key = models.CharField(max_length=255, null=True, blank=True)
+    idempotency_key = models.CharField(max_length=255, null=True, blank=True)
+
+    attempts = models.PositiveIntegerField(default=0, help_text="Attempts started.")
+    max_attempts = models.PositiveIntegerField(default=1)
+    worker_lost_count = models.PositiveIntegerField(
+        default=0, help_text="Attempts lost because the worker died (not task errors)."
+    )
+
+    # The lease: who runs the job, which claim this is, and until when.
+    worker_id = models.CharField(max_length=100, null=True, blank=True)
+    lease_epoch = models.PositiveIntegerField(default=0)
+    lease_expires_at = models.DateTimeField(null=True, blank=True)
+    heartbeat_at = models.DateTimeField(null=True, blank=True)
+
+    checkpoint = models.JSONField(null=True, blank=True)
+    return_value = models.JSONField(null=True, blank=True)
+    #: One entry per failed attempt: exception_class_path, message, traceback.
+    errors = models.JSONField(default=list, blank=True)
+    #: One entry per attempt started, as django.tasks' TaskResult.worker_ids.
+    worker_ids = models.JSONField(default=list, blank=True)
+
+    enqueued_at = models.DateTimeField(db_default=Now())
+    started_at = models.DateTimeField(null=True, blank=True)
+    last_attempted_at = models.DateTimeField(null=True, blank=True)
+    finished_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        app_label = "django_dispatch"
+        ordering = ["-id"]
+        permissions = [("cancel_job", "Can cancel jobs"), ("retry_job", "Can retry jobs")]
+        indexes = [
+            # The claim: runnable jobs in claim order. Partial, so finished
+            # rows never enter it.
+            models.Index(
+                F("priority").desc(),
+                "run_after",
+                "id",
+                name="dispatch_job_claim",
+                condition=Q(state=JobState.PENDING),
+            ),
+            # The reclaim sweep: running jobs by lease expiry.
+            models.Index(
+                "lease_expires_at",
+                name="dispatch_job_lease",
+                condition=Q(state=JobState.RUNNING),
+            ),
+            models.Index("state", "finished_at", name="dispatch_job_state_finished"),
+        ]
+        constraints = [
+            models.CheckConstraint(
+                condition=Q(priority__gte=TASK_MIN_PRIORITY, priority__lte=TASK_MAX_PRIORITY),
+                name="dispatch_job_priority_range",
+            ),
+            models.CheckConstraint(
+                condition=Q(state__in=JobState.values), name="dispatch_job_state_valid"
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.task_path} #{self.pk} ({self.state})"

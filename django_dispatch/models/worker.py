@@ -1,0 +1,26 @@
+"""Live worker processes, for operators: who is running, since when, seen when.
+
+Jobs do not reference this table by foreign key, so deleting a stale worker
+row never touches job rows.
+"""
+
+from django.db import models
+from django.db.models.functions import Now
+
+
+class Worker(models.Model):
+    id = models.CharField(max_length=100, primary_key=True)
+    hostname = models.CharField(max_length=255)
+    pid = models.PositiveIntegerField()
+    queues = models.JSONField(default=list, help_text="Empty: every queue.")
+    concurrency = models.PositiveIntegerField()
+    running_jobs = models.PositiveIntegerField(default=0)
+    started_at = models.DateTimeField(db_default=Now())
+    last_seen_at = models.DateTimeField(db_default=Now())
+
+    class Meta:
+        app_label = "django_dispatch"
+        ordering = ["id"]
+
+    def __str__(self) -> str:
+        return self.id

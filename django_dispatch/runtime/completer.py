@@ -1,0 +1,80 @@
+"""Persist a job's outcome: one fenced write, then the ``task_finished`` signal.
+
+A write that matches no row means this worker no longer holds the job (it
+was cancelled, timed out, or reclaimed after missed heartbeats): the result
+is discarded and logged, never forced in.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+
+from django.db import DatabaseError, InterfaceError, connections
+from django.tasks.signals import task_finished
+
+from .. import store
+from ..backend import DispatchBackend, send_robust
+from .executor import Outcome
+
+logger = logging.getLogger("django_dispatch.worker")
+
+
+def _write(lease: store.Lease, outcome: Outcome) -> bool:
+    if outcome.kind == "succeeded":
+        return store.job_finish_if_leased(lease, outcome.return_value)
+    return store.job_fail_if_leased(lease, outcome.errors, outcome.retry_in)
+
+
+def persist(lease: store.Lease, outcome: Outcome, *, give_up_after: float) -> bool:
+    """Write the outcome, retrying transient database errors.
+
+    Gives up after ``give_up_after`` seconds (about a lease): by then the job
+    is reclaimed and will run again, which is the at-least-once fallback.
+    """
+    if outcome.kind == "discarded":
+        logger.info("job %s: stopped (cancelled or lost); result discarded", lease.job_id)
+        return False
+    deadline = time.monotonic() + give_up_after
+    pause = 0.05
+    while True:
+        try:
+            won = _write(lease, outcome)
+            break
+        except (DatabaseError, InterfaceError):
+            if time.monotonic() >= deadline:
+                logger.exception("job %s: could not record its outcome; giving up", lease.job_id)
+                return False
+            logger.warning("job %s: recording outcome failed; retrying", lease.job_id,
+                           exc_info=True)
+            for conn in connections.all(initialized_only=True):
+                conn.close_if_unusable_or_obsolete()
+            time.sleep(pause)
+            pause = min(pause * 2, 2.0)
+    if not won:
+        logger.warning(
+            "job %s: lease %s lost before completion (cancelled, timed out or reclaimed); "
+            "%s result discarded",
+            lease.job_id,
+            lease.epoch,
+            outcome.kind,
+        )
+        return False
+    _signal_finished(outcome)
+    return True
+
+
+def _signal_finished(outcome: Outcome) -> None:
+    result = outcome.task_result
+    if result is None:
+        return
+    sender = DispatchBackend
+    if outcome.exception is None:
+        send_robust(task_finished, sender, result)
+        return
+    # Sent from inside an except block, so that Django's own log receiver
+    # (which reads sys.exc_info()) logs the task's traceback.
+    try:
+        raise outcome.exception
+    except BaseException:
+        send_robust(task_finished, sender, result)

@@ -1,0 +1,227 @@
+"""Run one claimed job and classify what happened. No database I/O here.
+
+The outcome is one of: succeeded (with a JSON return value), retry (with a
+delay), failed (for good), or discarded (the job was cancelled or lost while
+it ran, so whatever it produced must not be written). Persisting the outcome
+is the completer's job.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import threading
+import traceback
+from dataclasses import dataclass, field
+from inspect import iscoroutinefunction
+from typing import Any, Literal
+
+from asgiref.sync import async_to_sync
+from django.tasks import Task, TaskResult, TaskResultStatus
+from django.tasks.base import TaskError
+from django.tasks.signals import task_started
+
+from ..backend import (
+    DispatchBackend,
+    backend_for,
+    check_arguments,
+    result_from_values,
+    send_robust,
+    task_for_row,
+    to_json,
+)
+from ..context import DispatchTaskContext
+from ..exceptions import JobCancelled, TaskTimeout, UnknownTask
+from ..retry import exponential_backoff, next_delay
+from ..states import JobState
+from ..store import ClaimedJob, error_entry
+
+logger = logging.getLogger("django_dispatch.worker")
+
+Kind = Literal["succeeded", "retry", "failed", "discarded"]
+
+
+@dataclass
+class Outcome:
+    kind: Kind
+    return_value: Any = None
+    exception: BaseException | None = None
+    errors: list[dict[str, Any]] = field(default_factory=list)  # whole history
+    retry_in: float | None = None
+    task_result: TaskResult | None = None  # as it stands after this attempt
+
+
+@dataclass
+class RunningJob:
+    """What the worker tracks about a job while it runs on a thread."""
+
+    claimed: ClaimedJob
+    lease_seconds: float
+    deadline: float | None = None  # monotonic; None: no timeout or not started
+    cancel_event: threading.Event = field(default_factory=threading.Event)
+    abandoned: bool = False  # timed out or handed back: its result is dropped
+    _loop: asyncio.AbstractEventLoop | None = None
+    _atask: asyncio.Task[Any] | None = None
+
+    def stop(self) -> None:
+        """Ask the job to stop: flag for sync tasks, cancellation for async ones."""
+        self.cancel_event.set()
+        loop, atask = self._loop, self._atask
+        if loop is not None and atask is not None:
+            with contextlib.suppress(RuntimeError):  # loop already closed
+                loop.call_soon_threadsafe(atask.cancel)
+
+
+def _error_for(exception: BaseException) -> dict[str, str]:
+    cls = type(exception)
+    return error_entry(
+        f"{cls.__module__}.{cls.__qualname__}",
+        str(exception),
+        "".join(traceback.format_exception(exception)),
+    )
+
+
+def _with_status(result: TaskResult, status: TaskResultStatus, **changes: Any) -> TaskResult:
+    for name, value in {"status": status, **changes}.items():
+        object.__setattr__(result, name, value)
+    return result
+
+
+def running_result(claimed: ClaimedJob, task: Task) -> TaskResult:
+    values = {
+        **claimed.row,
+        "state": JobState.RUNNING,
+        "finished_at": None,
+        "return_value": None,
+    }
+    return result_from_values(values, task=task)
+
+
+def classify_failure(
+    claimed: ClaimedJob,
+    exception: BaseException,
+    *,
+    task: Task | None,
+    retryable: bool = True,
+) -> Outcome:
+    """Decide retry or failure for an attempt that raised ``exception``."""
+    row = claimed.row
+    errors = [*row["errors"], _error_for(exception)]
+    result = running_result(claimed, task) if task is not None else None
+    delay = None
+    if retryable and task is not None and result is not None:
+        object.__setattr__(
+            result,
+            "errors",
+            [
+                TaskError(exception_class_path=e["exception_class_path"], traceback=e["traceback"])
+                for e in errors
+            ],
+        )
+        backend = backend_for(row["backend"])
+        backoff = backend.backoff_for(task) if backend else exponential_backoff
+        try:
+            delay = next_delay(
+                # Attempts lost to dead workers do not count against the budget.
+                attempts=row["attempts"] - row["worker_lost_count"],
+                max_attempts=row["max_attempts"],
+                backoff=backoff,
+                exception=exception,
+                task_result=result,
+            )
+        except Exception:
+            logger.exception("job %s: backoff function failed; using the default", claimed.id)
+            delay = exponential_backoff(exception, result)
+    if result is not None:
+        status = TaskResultStatus.READY if delay is not None else TaskResultStatus.FAILED
+        _with_status(result, status)
+    return Outcome(
+        kind="retry" if delay is not None else "failed",
+        exception=exception,
+        errors=errors,
+        retry_in=delay,
+        task_result=result,
+    )
+
+
+def execute(claimed: ClaimedJob, running: RunningJob) -> Outcome:
+    """Run the job's task function once and classify the result."""
+    row = claimed.row
+    if running.cancel_event.is_set():  # cancelled while waiting for a thread
+        return Outcome(kind="discarded")
+    try:
+        task = task_for_row(row)
+        check_arguments(task, row["args"], row["kwargs"])
+    except (UnknownTask, TypeError) as e:
+        # Retrying cannot help a task that does not import or arguments that
+        # do not fit: fail the job, keep the worker.
+        return classify_failure(claimed, e, task=None, retryable=False)
+
+    result = running_result(claimed, task)
+    backend = task.get_backend()
+    send_robust(task_started, backend if isinstance(backend, DispatchBackend) else type(backend),
+                result)
+    timeout = getattr(task, "timeout", None)
+    args, kwargs = list(row["args"]), dict(row["kwargs"])
+    if task.takes_context:
+        context = DispatchTaskContext(
+            task_result=result,
+            lease=claimed.lease,
+            lease_seconds=running.lease_seconds,
+            cancel_event=running.cancel_event,
+            saved_checkpoint=row["checkpoint"],
+        )
+        args.insert(0, context)
+    try:
+        if iscoroutinefunction(task.func):
+            value = async_to_sync(_run_async)(task, args, kwargs, timeout, running)
+        else:
+            value = task.func(*args, **kwargs)
+        if running.cancel_event.is_set() or running.abandoned:
+            return Outcome(kind="discarded", task_result=result)
+        value = to_json(value, f"The return value of {task.module_path}")
+    except JobCancelled as e:
+        return Outcome(kind="discarded", exception=e, task_result=result)
+    except asyncio.CancelledError as e:
+        if running.cancel_event.is_set():
+            return Outcome(kind="discarded", exception=e, task_result=result)
+        return classify_failure(claimed, e, task=task)
+    except (KeyboardInterrupt, SystemExit):
+        raise
+    except BaseException as e:
+        return classify_failure(claimed, e, task=task)
+    _with_status(result, TaskResultStatus.SUCCESSFUL)
+    object.__setattr__(result, "_return_value", value)
+    return Outcome(kind="succeeded", return_value=value, task_result=result)
+
+
+async def _run_async(
+    task: Task, args: list[Any], kwargs: dict[str, Any], timeout: float | None, running: RunningJob
+) -> Any:
+    """Run an async task in this thread's event loop, cancellable and timed."""
+    running._loop = asyncio.get_running_loop()
+    running._atask = asyncio.current_task()
+    if running.cancel_event.is_set():
+        raise JobCancelled(f"job {running.claimed.id} was cancelled before it started")
+    try:
+        async with asyncio.timeout(timeout):
+            return await task.func(*args, **kwargs)
+    except TimeoutError as e:
+        raise TaskTimeout(f"{task.module_path} ran longer than its timeout of {timeout} s") from e
+    finally:
+        running._loop = running._atask = None
+
+
+def timed_out(claimed: ClaimedJob, timeout: float) -> Outcome:
+    """The outcome of a sync attempt that overran its timeout (decided by the worker)."""
+    try:
+        task: Task | None = task_for_row(claimed.row)
+    except UnknownTask:
+        task = None
+    path = claimed.row["task_path"]
+    exception = TaskTimeout(
+        f"{path} ran longer than its timeout of {timeout} s; the attempt was abandoned "
+        "(its thread may still be running, but can no longer write to the job)"
+    )
+    return classify_failure(claimed, exception, task=task)

@@ -1,0 +1,62 @@
+"""PostgreSQL LISTEN wake-ups for idle workers, on a connection of its own.
+
+A lost connection (server restart, ``pg_terminate_backend``) is noticed within
+one health-check interval and re-established; meanwhile the worker keeps
+polling, so a broken listener slows pickup down but never stops it.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from typing import Any
+
+import psycopg
+
+from ..store import NOTIFY_CHANNEL
+
+logger = logging.getLogger("django_dispatch.worker")
+
+
+class Listener(threading.Thread):
+    def __init__(self, conn_params: dict[str, Any], wakeup: threading.Event,
+                 health_interval: float) -> None:
+        super().__init__(name="dispatch-listener", daemon=True)
+        self.conn_params = conn_params
+        self.wakeup = wakeup
+        self.health_interval = health_interval
+        self.stopping = threading.Event()
+        self.connected = threading.Event()
+
+    def stop(self) -> None:
+        self.stopping.set()
+
+    def run(self) -> None:
+        pause = 0.1
+        while not self.stopping.is_set():
+            try:
+                with psycopg.connect(**self.conn_params, autocommit=True) as conn:
+                    conn.execute(f"LISTEN {NOTIFY_CHANNEL}")
+                    self.connected.set()
+                    self.wakeup.set()  # something may have arrived while deaf
+                    pause = 0.1
+                    while not self.stopping.is_set():
+                        for _ in conn.notifies(timeout=self.health_interval):
+                            self.wakeup.set()
+                        conn.execute("SELECT 1")  # health check
+            except Exception:
+                if self.stopping.is_set():
+                    break
+                logger.warning("LISTEN connection lost; polling until it is back",
+                               exc_info=True)
+            self.connected.clear()
+            self.stopping.wait(pause)
+            pause = min(pause * 2, 5.0)
+
+
+def listener_params(connection: Any) -> dict[str, Any]:
+    """psycopg connect() arguments for the database behind a Django connection."""
+    params = dict(connection.get_connection_params())
+    for django_only in ("cursor_factory", "context", "prepare_threshold"):
+        params.pop(django_only, None)
+    return params

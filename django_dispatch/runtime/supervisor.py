@@ -1,0 +1,77 @@
+"""``--processes P``: fork P worker processes and look after them.
+
+The supervisor itself touches no job. It forwards SIGTERM/SIGINT to its
+children, restarts a child that died abnormally (killed by the OOM killer,
+segfault) so that siblings never go down with it, and exits non-zero if any
+child ever did, so the abnormal exit is not silent.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import time
+from collections.abc import Callable
+from types import FrameType
+
+from django.db import connections
+
+logger = logging.getLogger("django_dispatch.worker")
+
+RESTART_PAUSE = 1.0
+
+
+def _fork(run_child: Callable[[int], int], index: int) -> int:
+    connections.close_all()  # a child must never share the parent's sockets
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover - runs in the child
+        code = 1
+        try:
+            signal.signal(signal.SIGTERM, signal.SIG_DFL)
+            signal.signal(signal.SIGINT, signal.SIG_DFL)
+            code = run_child(index)
+        except BaseException:
+            logger.exception("worker process %s crashed", index)
+        finally:
+            os._exit(code)
+    return pid
+
+
+def supervise(processes: int, run_child: Callable[[int], int], *, restart: bool) -> int:
+    children: dict[int, int] = {}  # pid -> index
+    stopping = False
+    abnormal = False
+
+    def forward(signum: int, frame: FrameType | None) -> None:
+        nonlocal stopping
+        stopping = True
+        for pid in children:
+            try:
+                os.kill(pid, signum)
+            except ProcessLookupError:
+                pass
+
+    signal.signal(signal.SIGTERM, forward)
+    signal.signal(signal.SIGINT, forward)
+    for index in range(processes):
+        children[_fork(run_child, index)] = index
+    while children:
+        try:
+            pid, status = os.wait()
+        except ChildProcessError:
+            break
+        except InterruptedError:  # pragma: no cover - PEP 475 retries
+            continue
+        index = children.pop(pid, None)
+        if index is None:
+            continue
+        code = os.waitstatus_to_exitcode(status)
+        if code == 0:
+            continue
+        abnormal = True
+        logger.error("worker process %s (pid %s) exited abnormally with %s", index, pid, code)
+        if restart and not stopping:
+            time.sleep(RESTART_PAUSE)
+            children[_fork(run_child, index)] = index
+    return 1 if abnormal else 0

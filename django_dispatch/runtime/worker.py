@@ -1,0 +1,366 @@
+"""One worker process: a control loop and a pool of job threads.
+
+The control loop (the main thread) never runs task code. It claims jobs up to
+the free slots, renews the leases of running jobs on a fixed heartbeat,
+returns expired leases of dead workers to the queue, enforces timeouts, and
+drives graceful shutdown. Because task code runs only on job threads, a
+CPU-bound or blocking task cannot stop the heartbeat that keeps its lease.
+
+Database connections, fixed and documented: one per job thread, one for the
+control loop, and on PostgreSQL with LISTEN on, one for the listener:
+``concurrency + 2`` (``+ 1`` without LISTEN). A thread abandoned after a
+timeout keeps its connection until the task function returns.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import queue
+import signal
+import socket
+import threading
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from inspect import iscoroutinefunction
+from types import FrameType
+
+from django.db import DatabaseError, InterfaceError, connections
+
+from .. import store
+from ..backend import task_for_row
+from ..conf import DispatchSettings, get_settings
+from ..exceptions import UnknownTask
+from . import completer, executor
+from .listener import Listener, listener_params
+
+logger = logging.getLogger("django_dispatch.worker")
+
+#: Extra seconds an async task gets past its timeout before the worker gives
+#: up on it from outside (its own asyncio timeout should have fired first).
+ASYNC_TIMEOUT_GRACE = 1.0
+
+
+def default_worker_id() -> str:
+    return f"{socket.gethostname()}:{os.getpid()}:{os.urandom(3).hex()}"
+
+
+@dataclass
+class WorkerOptions:
+    worker_id: str
+    queues: Sequence[str] = ()
+    concurrency: int = 4
+    burst: bool = False
+    max_jobs: int | None = None
+    shutdown_timeout: float = 30.0
+
+
+class JobThreads:
+    """Long-lived job threads, each keeping its own database connection.
+
+    A thread whose job timed out cannot be killed; it is *retired*: it no
+    longer counts as a slot, finishes its task function in the background,
+    gets its late write rejected by the fence, and exits. A fresh thread takes
+    its place so the worker keeps its concurrency.
+    """
+
+    def __init__(self, worker: Worker, size: int) -> None:
+        self.worker = worker
+        self.inbox: queue.SimpleQueue[executor.RunningJob | None] = queue.SimpleQueue()
+        self.retired: set[threading.Thread] = set()
+        self.threads: list[threading.Thread] = []
+        for _ in range(size):
+            self._spawn()
+
+    def _spawn(self) -> None:
+        thread = threading.Thread(target=self._loop, name="dispatch-job", daemon=True)
+        self.threads.append(thread)
+        thread.start()
+
+    def submit(self, running: executor.RunningJob) -> None:
+        self.inbox.put(running)
+
+    def retire(self, thread: threading.Thread | None) -> None:
+        if thread is not None and thread in self.threads:
+            self.threads.remove(thread)
+            self.retired.add(thread)
+            self._spawn()
+
+    def stop(self) -> None:
+        for _ in self.threads:
+            self.inbox.put(None)
+
+    def _loop(self) -> None:
+        me = threading.current_thread()
+        try:
+            while me not in self.retired:
+                running = self.inbox.get()
+                if running is None:
+                    return
+                self.worker.run_job(running)
+        finally:
+            connections.close_all()
+
+
+class Worker:
+    def __init__(self, options: WorkerOptions, settings: DispatchSettings | None = None) -> None:
+        self.options = options
+        self.settings = settings or get_settings()
+        self.db = store.db_alias()
+        self.wakeup = threading.Event()
+        self.stopping = False
+        self.force_stop = False
+        self.running: dict[int, executor.RunningJob] = {}
+        self.threads_by_job: dict[int, threading.Thread] = {}
+        self.lock = threading.Lock()
+        self.claimed_total = 0
+        self.listener: Listener | None = None
+
+    # --- job threads ---------------------------------------------------------
+
+    def run_job(self, running: executor.RunningJob) -> None:
+        """Executed on a job thread: run, persist, free the slot."""
+        job_id = running.claimed.id
+        if running.abandoned:  # handed back before a thread picked it up
+            return
+        with self.lock:
+            self.threads_by_job[job_id] = threading.current_thread()
+            running.deadline = self._deadline(running)
+        try:
+            outcome = executor.execute(running.claimed, running)
+            if running.abandoned:
+                outcome = executor.Outcome(kind="discarded", task_result=outcome.task_result)
+            completer.persist(
+                running.claimed.lease, outcome, give_up_after=self.settings.LEASE_SECONDS
+            )
+        except Exception:
+            # A bug of ours must not kill the thread; the lease expires and
+            # the job is reclaimed.
+            logger.exception("job %s: unexpected error in the worker", job_id)
+        finally:
+            self._reset_connections()
+            with self.lock:
+                if self.running.get(job_id) is running:
+                    del self.running[job_id]
+                self.threads_by_job.pop(job_id, None)
+            self.wakeup.set()
+
+    def _deadline(self, running: executor.RunningJob) -> float | None:
+        try:
+            task = task_for_row(running.claimed.row)
+        except UnknownTask:
+            return None
+        timeout = getattr(task, "timeout", None)
+        if timeout is None:
+            return None
+        if iscoroutinefunction(task.func):
+            timeout += ASYNC_TIMEOUT_GRACE
+        return time.monotonic() + timeout
+
+    @staticmethod
+    def _reset_connections() -> None:
+        """Keep a job thread's connection across jobs unless a task broke it."""
+        for conn in connections.all(initialized_only=True):
+            if conn.in_atomic_block:
+                logger.error("a task left a transaction open; rolling it back")
+                conn.close()
+            elif conn.errors_occurred and not conn.is_usable():
+                conn.close()
+            else:
+                conn.errors_occurred = False
+
+    # --- control loop --------------------------------------------------------
+
+    def install_signal_handlers(self) -> None:
+        signal.signal(signal.SIGTERM, self._on_signal)
+        signal.signal(signal.SIGINT, self._on_signal)
+
+    def _on_signal(self, signum: int, frame: FrameType | None) -> None:
+        if self.stopping:
+            logger.warning("second %s: handing back running jobs now",
+                           signal.Signals(signum).name)
+            self.force_stop = True
+        else:
+            logger.info("%s: no new claims; waiting up to %s s for running jobs",
+                        signal.Signals(signum).name, self.options.shutdown_timeout)
+            self.stopping = True
+        self.wakeup.set()
+
+    def run(self) -> int:
+        opts, cfg = self.options, self.settings
+        store.worker_register(
+            opts.worker_id,
+            hostname=socket.gethostname(),
+            pid=os.getpid(),
+            queues=opts.queues,
+            concurrency=opts.concurrency,
+        )
+        logger.info("worker %s started: queues=%s concurrency=%s", opts.worker_id,
+                    list(opts.queues) or "all", opts.concurrency)
+        self._start_listener()
+        pool = JobThreads(self, opts.concurrency)
+        self.pool = pool
+        now = time.monotonic()
+        next_heartbeat = now + cfg.HEARTBEAT_INTERVAL
+        next_reclaim = now  # sweep once at start: a crashed predecessor's jobs
+        stop_deadline: float | None = None
+        try:
+            while True:
+                now = time.monotonic()
+                if now >= next_heartbeat:
+                    self._guard(self.heartbeat)
+                    next_heartbeat = now + cfg.HEARTBEAT_INTERVAL
+                if now >= next_reclaim:
+                    self._guard(self.reclaim)
+                    next_reclaim = now + cfg.RECLAIM_INTERVAL
+                self._enforce_timeouts(now)
+
+                if self.stopping:
+                    if stop_deadline is None:
+                        stop_deadline = now + opts.shutdown_timeout
+                    if not self.running:
+                        break
+                    if self.force_stop or now >= stop_deadline:
+                        self.hand_back()
+                        break
+                else:
+                    claimed = self._guard(self.claim) or 0
+                    if self._done(claimed):
+                        self.stopping = True
+                        continue
+                    if claimed and self._free_slots():
+                        continue  # more may be waiting: claim again at once
+                wait = min(cfg.POLL_INTERVAL, max(0.0, next_heartbeat - time.monotonic()))
+                self.wakeup.wait(wait)
+                self.wakeup.clear()
+        finally:
+            pool.stop()
+            if self.listener:
+                self.listener.stop()
+            self._guard(lambda: store.worker_deregister(opts.worker_id))
+            connections.close_all()
+        logger.info("worker %s stopped (%s jobs claimed)", opts.worker_id, self.claimed_total)
+        return 0
+
+    def _done(self, claimed: int) -> bool:
+        opts = self.options
+        if opts.max_jobs is not None and self.claimed_total >= opts.max_jobs:
+            return True
+        return opts.burst and claimed == 0 and not self.running
+
+    def _free_slots(self) -> int:
+        with self.lock:
+            return self.options.concurrency - len(self.running)
+
+    def _guard(self, step):
+        """Run one control-loop step; a database outage is logged, never fatal."""
+        try:
+            return step()
+        except (DatabaseError, InterfaceError):
+            logger.warning("database error in the worker loop; will retry", exc_info=True)
+            for conn in connections.all(initialized_only=True):
+                conn.close()
+            time.sleep(min(1.0, self.settings.POLL_INTERVAL))
+            return None
+
+    def _start_listener(self) -> None:
+        connection = connections[self.db]
+        if not self.settings.LISTEN or connection.vendor != "postgresql":
+            return
+        connection.ensure_connection()
+        self.listener = Listener(
+            listener_params(connection), self.wakeup, health_interval=self.settings.POLL_INTERVAL * 5
+        )
+        self.listener.start()
+
+    def claim(self) -> int:
+        limit = self._free_slots()
+        if self.options.max_jobs is not None:
+            limit = min(limit, self.options.max_jobs - self.claimed_total)
+        if limit <= 0:
+            return 0
+        claimed = store.jobs_claim(
+            worker_id=self.options.worker_id,
+            queues=self.options.queues,
+            limit=limit,
+            lease_seconds=self.settings.LEASE_SECONDS,
+            db=self.db,
+        )
+        for job in claimed:
+            running = executor.RunningJob(claimed=job, lease_seconds=self.settings.LEASE_SECONDS)
+            with self.lock:
+                self.running[job.id] = running
+            self.pool.submit(running)
+        self.claimed_total += len(claimed)
+        return len(claimed)
+
+    def heartbeat(self) -> None:
+        """Renew every lease this worker holds; stop the jobs it lost."""
+        with self.lock:
+            leases = [r.claimed.lease for r in self.running.values()]
+        lost = store.jobs_renew_leases(leases, lease_seconds=self.settings.LEASE_SECONDS,
+                                       db=self.db)
+        for job_id in lost:
+            with self.lock:
+                running = self.running.get(job_id)
+            if running is not None and not running.cancel_event.is_set():
+                logger.info("job %s: cancelled or lost; asking it to stop", job_id)
+                running.stop()
+        store.worker_touch(self.options.worker_id, running_jobs=len(leases), db=self.db)
+
+    def reclaim(self) -> None:
+        store.jobs_rescue_expired(max_worker_lost=self.settings.MAX_WORKER_LOST, db=self.db)
+
+    def _enforce_timeouts(self, now: float) -> None:
+        with self.lock:
+            overdue = [
+                r for r in self.running.values()
+                if r.deadline is not None and now >= r.deadline and not r.abandoned
+            ]
+        for running in overdue:
+            job_id = running.claimed.id
+            task_timeout = running.deadline  # for the log only
+            outcome = executor.timed_out(running.claimed, self._timeout_of(running))
+            self._abandon(running)
+            won = self._guard(
+                lambda running=running, outcome=outcome: completer.persist(
+                    running.claimed.lease, outcome, give_up_after=self.settings.LEASE_SECONDS
+                )
+            )
+            logger.warning("job %s: timed out (deadline %s); %s", job_id, task_timeout,
+                           "recorded" if won else "already finished or lost")
+
+    def _timeout_of(self, running: executor.RunningJob) -> float:
+        try:
+            return float(getattr(task_for_row(running.claimed.row), "timeout", 0) or 0)
+        except UnknownTask:
+            return 0.0
+
+    def _abandon(self, running: executor.RunningJob) -> None:
+        """Give up on a job's thread: free its slot, make its results void."""
+        running.abandoned = True
+        running.stop()
+        with self.lock:
+            self.running.pop(running.claimed.id, None)
+            thread = self.threads_by_job.get(running.claimed.id)
+        self.pool.retire(thread)
+
+    def hand_back(self) -> None:
+        """Return unfinished jobs to the queue without spending an attempt."""
+        with self.lock:
+            unfinished = list(self.running.values())
+        for running in unfinished:
+            row = running.claimed.row
+            running.abandoned = True
+            running.stop()
+            released = self._guard(
+                lambda row=row, running=running: store.job_release_if_leased(
+                    running.claimed.lease,
+                    attempts=row["attempts"] - 1,
+                    worker_ids=row["worker_ids"][:-1],
+                    db=self.db,
+                )
+            )
+            logger.warning("job %s: %s", running.claimed.id,
+                           "handed back to the queue" if released else "already finished or lost")

@@ -1,0 +1,103 @@
+"""Settings for the test suite.
+
+``DISPATCH_TEST_DB=sqlite`` runs on a SQLite file; otherwise PostgreSQL from
+``DATABASE_URL`` (``scripts/with-postgres`` starts a throwaway one). Worker
+subprocesses started by tests get ``DISPATCH_DB_NAME`` so that they use the
+test database pytest-django created.
+"""
+
+import os
+from pathlib import Path
+from urllib.parse import unquote, urlparse
+
+BASE_DIR = Path(__file__).resolve().parent
+SECRET_KEY = "tests-only"
+DEBUG = False
+USE_TZ = True
+TIME_ZONE = "UTC"
+ALLOWED_HOSTS = ["*"]
+
+INSTALLED_APPS = [
+    "django.contrib.admin",
+    "django.contrib.auth",
+    "django.contrib.contenttypes",
+    "django.contrib.sessions",
+    "django.contrib.messages",
+    "django_dispatch",
+    "tests.testapp",
+]
+MIDDLEWARE = [
+    "django.contrib.sessions.middleware.SessionMiddleware",
+    "django.middleware.csrf.CsrfViewMiddleware",
+    "django.contrib.auth.middleware.AuthenticationMiddleware",
+    "django.contrib.messages.middleware.MessageMiddleware",
+]
+ROOT_URLCONF = "tests.urls"
+TEMPLATES = [
+    {
+        "BACKEND": "django.template.backends.django.DjangoTemplates",
+        "APP_DIRS": True,
+        "OPTIONS": {
+            "context_processors": [
+                "django.template.context_processors.request",
+                "django.contrib.auth.context_processors.auth",
+                "django.contrib.messages.context_processors.messages",
+            ]
+        },
+    }
+]
+
+ENGINE = os.environ.get("DISPATCH_TEST_DB", "postgres")
+if ENGINE == "sqlite":
+    sqlite_dir = BASE_DIR / ".sqlite"
+    sqlite_dir.mkdir(exist_ok=True)
+    DATABASES = {
+        "default": {
+            "ENGINE": "django.db.backends.sqlite3",
+            "NAME": os.environ.get("DISPATCH_DB_NAME", str(sqlite_dir / "dispatch.sqlite3")),
+            "OPTIONS": {"init_command": "PRAGMA journal_mode=WAL;", "timeout": 20},
+            "TEST": {"NAME": str(sqlite_dir / "test_dispatch.sqlite3")},
+        }
+    }
+else:
+    url = os.environ.get("DATABASE_URL")
+    if not url:
+        raise RuntimeError(
+            "DATABASE_URL is not set. Run the tests with `make test` (it starts a throwaway "
+            "PostgreSQL), or set DISPATCH_TEST_DB=sqlite."
+        )
+    parts = urlparse(url)
+    DATABASES = {
+        "default": {
+            "ENGINE": "django.db.backends.postgresql",
+            "NAME": os.environ.get("DISPATCH_DB_NAME", unquote(parts.path.lstrip("/"))),
+            "USER": unquote(parts.username or ""),
+            "PASSWORD": unquote(parts.password or ""),
+            "HOST": parts.hostname or "",
+            "PORT": str(parts.port or ""),
+        }
+    }
+
+TASKS = {
+    "default": {
+        "BACKEND": "django_dispatch.backend.DispatchBackend",
+        "QUEUES": [],
+        "OPTIONS": {"BACKOFF": "tests.testapp.tasks.quick_backoff"},
+    }
+}
+
+# Short leases and intervals so that crash and shutdown tests take seconds.
+DISPATCH = {
+    "LEASE_SECONDS": 2.0,
+    "HEARTBEAT_INTERVAL": 0.3,
+    "RECLAIM_INTERVAL": 0.5,
+    "POLL_INTERVAL": 0.1,
+    "SHUTDOWN_TIMEOUT": 5.0,
+}
+
+LOGGING = {
+    "version": 1,
+    "disable_existing_loggers": False,
+    "handlers": {"console": {"class": "logging.StreamHandler"}},
+    "loggers": {"django_dispatch": {"handlers": ["console"], "level": "INFO"}},
+}

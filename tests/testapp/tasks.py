@@ -1,0 +1,143 @@
+"""Tasks used by the test suite. Side effects go to real tables to be counted."""
+
+import asyncio
+import os
+import time
+from pathlib import Path
+
+from django.db import transaction
+from django.tasks import task
+from django.utils import timezone
+
+from .models import Execution, SideEffect
+
+
+def quick_backoff(exception, task_result):
+    """Retries after 50 ms, so that retry tests do not wait."""
+    return 0.05
+
+
+@task()
+def add(a, b):
+    return a + b
+
+
+@task(priority=5, queue_name="emails")
+def echo(value):
+    return value
+
+
+@task()
+def record(key):
+    """Record one execution; unique key: a second run of the same job fails."""
+    Execution.objects.create(key=key, worker_pid=os.getpid())
+    return key
+
+
+@task()
+def record_many(key):
+    SideEffect.objects.create(key=key, worker_pid=os.getpid(), note="ran")
+    return key
+
+
+@task()
+def sleep_then_record(key, seconds):
+    SideEffect.objects.create(key=key, worker_pid=os.getpid(), note="start",
+                              started_at=timezone.now())
+    time.sleep(seconds)
+    SideEffect.objects.create(key=key, worker_pid=os.getpid(), note="end",
+                              finished_at=timezone.now())
+    return key
+
+
+@task()
+def fail_always(message="boom"):
+    raise ValueError(message)
+
+
+@task(max_attempts=3)
+def fail_twice(key):
+    """Fails on its first two attempts, succeeds on the third."""
+    SideEffect.objects.create(key=key, note="attempt")
+    if SideEffect.objects.filter(key=key, note="attempt").count() < 3:
+        raise RuntimeError(f"attempt failed for {key}")
+    return "third time lucky"
+
+
+@task(max_attempts=2, backoff=lambda exc, result: None if isinstance(exc, KeyError) else 0.05)
+def fail_not_retryable():
+    raise KeyError("permanent")
+
+
+@task(timeout=0.5)
+def too_slow(seconds=3):
+    time.sleep(seconds)
+    SideEffect.objects.create(key="too_slow", note="finished after timeout")
+    return "late"
+
+
+@task(timeout=0.5)
+async def too_slow_async(seconds=3):
+    await asyncio.sleep(seconds)
+    return "late"
+
+
+@task()
+async def async_add(a, b):
+    await asyncio.sleep(0.01)
+    return a + b
+
+
+@task(takes_context=True)
+def with_context(context, key):
+    SideEffect.objects.create(key=key, job_id=context.task_result.id,
+                              note=f"attempt={context.attempt}")
+    return {"attempt": context.attempt, "id": context.task_result.id}
+
+
+@task(takes_context=True)
+def count_to(context, key, total, pause=0.0):
+    """Processes items 1..total, saving progress after each; resumes from checkpoint."""
+    start = (context.checkpoint or 0) + 1
+    for item in range(start, total + 1):
+        with transaction.atomic():
+            SideEffect.objects.create(key=key, note=str(item), worker_pid=os.getpid())
+        context.progress(item)
+        time.sleep(pause)
+    return total
+
+
+@task()
+def wait_for_file(key, path, max_seconds=30):
+    """Runs until ``path`` exists: a job the test controls from outside."""
+    SideEffect.objects.create(key=key, note="start", worker_pid=os.getpid())
+    deadline = time.monotonic() + max_seconds
+    while not Path(path).exists() and time.monotonic() < deadline:
+        time.sleep(0.02)
+    SideEffect.objects.create(key=key, note="end", worker_pid=os.getpid())
+    return key
+
+
+@task()
+def cpu_bound(seconds):
+    """Holds the GIL as much as pure Python can, for ``seconds``."""
+    deadline = time.monotonic() + seconds
+    n = 0
+    while time.monotonic() < deadline:
+        n += 1
+    SideEffect.objects.create(key="cpu_bound", note=str(n > 0))
+    return True
+
+
+@task()
+def returns_object():
+    return object()
+
+
+@task()
+def boom_with_signal():
+    return "ok"
+
+
+def not_a_task():
+    return "should never run"
