@@ -134,6 +134,23 @@ def _take_sqlite_write_lock(db: str) -> None:
     Job.objects.using(db).filter(pk=0).update(lease_epoch=0)
 
 
+def claim_candidates(db: str, queues: Sequence[str], limit: int):
+    """THE claim query: runnable jobs in claim order, locked, skipping locked rows.
+
+    Served by the partial index ``dispatch_job_claim`` (pending rows only), so
+    its cost does not grow with finished jobs.
+    """
+    candidates = Job.objects.using(db).filter(state=JobState.PENDING, run_after__lte=Now())
+    if queues:
+        candidates = candidates.filter(queue_name__in=list(queues))
+    return (
+        candidates.order_by("-priority", "run_after", "id")
+        .select_for_update(skip_locked=True)
+        .annotate(db_now=Now())
+        .values(*CLAIM_FIELDS, "db_now")[:limit]
+    )
+
+
 def jobs_claim(
     *,
     worker_id: str,
@@ -155,15 +172,7 @@ def jobs_claim(
     with transaction.atomic(using=db):
         if connections[db].vendor == "sqlite":
             _take_sqlite_write_lock(db)
-        candidates = Job.objects.using(db).filter(state=JobState.PENDING, run_after__lte=Now())
-        if queues:
-            candidates = candidates.filter(queue_name__in=list(queues))
-        rows = list(
-            candidates.order_by("-priority", "run_after", "id")
-            .select_for_update(skip_locked=True)
-            .annotate(db_now=Now())
-            .values(*CLAIM_FIELDS, "db_now")[:limit]
-        )
+        rows = list(claim_candidates(db, queues, limit))
         if not rows:
             return []
         now: datetime = rows[0]["db_now"]
@@ -393,6 +402,26 @@ def job_cancel(job_id: int, *, db: str | None = None) -> bool:
         .update(state=JobState.CANCELLED, finished_at=Now(), lease_expires_at=None)
         == 1
     )
+
+
+def jobs_retry_now(
+    *, job_ids: Sequence[int] | None = None, queues: Sequence[str] = (), db: str | None = None
+) -> int:
+    """Make pending jobs that wait for a retry due now; return how many.
+
+    Only jobs that already ran (``attempts > 0``) are touched: a job deferred
+    with ``run_after`` keeps its schedule.
+    """
+    db = db or db_alias()
+    waiting = Job.objects.using(db).filter(state=JobState.PENDING, attempts__gt=0)
+    if job_ids is not None:
+        waiting = waiting.filter(id__in=list(job_ids))
+    if queues:
+        waiting = waiting.filter(queue_name__in=list(queues))
+    changed = waiting.update(run_after=Now())
+    if changed:
+        notify(db)
+    return changed
 
 
 # --- workers -----------------------------------------------------------------

@@ -6,6 +6,7 @@ subprocesses started by tests get ``DISPATCH_DB_NAME`` so that they use the
 test database pytest-django created.
 """
 
+import json
 import os
 from pathlib import Path
 from urllib.parse import unquote, urlparse
@@ -94,6 +95,8 @@ DISPATCH = {
     "POLL_INTERVAL": 0.1,
     "SHUTDOWN_TIMEOUT": 5.0,
 }
+# Worker subprocesses started by a test may get different values.
+DISPATCH.update(json.loads(os.environ.get("DISPATCH_OVERRIDES", "{}")))
 
 LOGGING = {
     "version": 1,

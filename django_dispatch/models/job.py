@@ -81,7 +81,14 @@ class Job(models.Model):
                 name="dispatch_job_lease",
                 condition=Q(state=JobState.RUNNING),
             ),
-            models.Index("state", "finished_at", name="dispatch_job_state_finished"),
+            # Retention: finished jobs by state and age. Partial on terminal
+            # states, so it never competes with the claim index.
+            models.Index(
+                "state",
+                "finished_at",
+                name="dispatch_job_finished",
+                condition=Q(state__in=[JobState.SUCCEEDED, JobState.FAILED, JobState.CANCELLED]),
+            ),
         ]
         constraints = [
             models.CheckConstraint(

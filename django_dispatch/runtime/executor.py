@@ -20,6 +20,7 @@ from typing import Any, Literal
 from asgiref.sync import async_to_sync
 from django.tasks import Task, TaskResult, TaskResultStatus
 from django.tasks.base import TaskError
+from django.tasks.exceptions import InvalidTask
 from django.tasks.signals import task_started
 
 from ..backend import (
@@ -153,7 +154,7 @@ def execute(claimed: ClaimedJob, running: RunningJob) -> Outcome:
     try:
         task = task_for_row(row)
         check_arguments(task, row["args"], row["kwargs"])
-    except (UnknownTask, TypeError) as e:
+    except (UnknownTask, InvalidTask) as e:
         # Retrying cannot help a task that does not import or arguments that
         # do not fit: fail the job, keep the worker.
         return classify_failure(claimed, e, task=None, retryable=False)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from typing import Any
 
 import psycopg
@@ -16,6 +17,9 @@ import psycopg
 from ..store import NOTIFY_CHANNEL
 
 logger = logging.getLogger("django_dispatch.worker")
+
+#: How often the listener notices that the worker is stopping.
+STOP_CHECK_INTERVAL = 0.5
 
 
 class Listener(threading.Thread):
@@ -40,10 +44,13 @@ class Listener(threading.Thread):
                     self.connected.set()
                     self.wakeup.set()  # something may have arrived while deaf
                     pause = 0.1
+                    checked = time.monotonic()
                     while not self.stopping.is_set():
-                        for _ in conn.notifies(timeout=self.health_interval):
+                        for _ in conn.notifies(timeout=STOP_CHECK_INTERVAL):
                             self.wakeup.set()
-                        conn.execute("SELECT 1")  # health check
+                        if time.monotonic() - checked >= self.health_interval:
+                            conn.execute("SELECT 1")  # a silently dead socket raises here
+                            checked = time.monotonic()
             except Exception:
                 if self.stopping.is_set():
                     break

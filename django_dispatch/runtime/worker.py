@@ -87,9 +87,13 @@ class JobThreads:
             self.retired.add(thread)
             self._spawn()
 
-    def stop(self) -> None:
+    def stop(self, timeout: float = 5.0) -> None:
+        """Stop idle threads and wait for them (retired ones may be stuck in task code)."""
         for _ in self.threads:
             self.inbox.put(None)
+        deadline = time.monotonic() + timeout
+        for thread in self.threads:
+            thread.join(max(0.0, deadline - time.monotonic()))
 
     def _loop(self) -> None:
         me = threading.current_thread()
@@ -104,8 +108,15 @@ class JobThreads:
 
 
 class Worker:
-    def __init__(self, options: WorkerOptions, settings: DispatchSettings | None = None) -> None:
+    def __init__(
+        self,
+        options: WorkerOptions,
+        settings: DispatchSettings | None = None,
+        *,
+        close_connections: bool = True,
+    ) -> None:
         self.options = options
+        self.close_connections = close_connections
         self.settings = settings or get_settings()
         self.db = store.db_alias()
         self.wakeup = threading.Event()
@@ -134,10 +145,12 @@ class Worker:
             completer.persist(
                 running.claimed.lease, outcome, give_up_after=self.settings.LEASE_SECONDS
             )
-        except Exception:
-            # A bug of ours must not kill the thread; the lease expires and
-            # the job is reclaimed.
+        except Exception as e:
+            # A bug of ours must not kill the thread, nor leave the job
+            # running until its lease expires: fail it (fenced) and go on.
             logger.exception("job %s: unexpected error in the worker", job_id)
+            outcome = executor.classify_failure(running.claimed, e, task=None, retryable=False)
+            self._guard(lambda: completer.persist(running.claimed.lease, outcome, give_up_after=1))
         finally:
             self._reset_connections()
             with self.lock:
@@ -238,8 +251,10 @@ class Worker:
             pool.stop()
             if self.listener:
                 self.listener.stop()
+                self.listener.join(timeout=2.0)
             self._guard(lambda: store.worker_deregister(opts.worker_id))
-            connections.close_all()
+            if self.close_connections:
+                connections.close_all()
         logger.info("worker %s stopped (%s jobs claimed)", opts.worker_id, self.claimed_total)
         return 0
 
@@ -270,7 +285,7 @@ class Worker:
             return
         connection.ensure_connection()
         self.listener = Listener(
-            listener_params(connection), self.wakeup, health_interval=self.settings.POLL_INTERVAL * 5
+            listener_params(connection), self.wakeup, health_interval=self.settings.HEARTBEAT_INTERVAL
         )
         self.listener.start()
 

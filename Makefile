@@ -1,0 +1,49 @@
+# The two commands a newcomer needs:  make demo  and  make test
+# Both create .venv with Python 3.12+ and install the project into it.
+
+PYTHON ?= $(shell command -v python3.12 >/dev/null 2>&1 && echo python3.12 || echo python3)
+VENV := .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+
+.PHONY: demo worker test test-postgres test-sqlite lint typecheck bench clean
+
+$(STAMP): pyproject.toml
+	@$(PYTHON) -c 'import sys; assert sys.version_info >= (3, 12), "django_dispatch needs Python 3.12+; run with PYTHON=/path/to/python3.12"'
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q -e ".[dev]"
+	@touch $(STAMP)
+
+## demo: migrate the example project (SQLite), enqueue demo jobs, run a worker until they are done
+demo: $(STAMP)
+	cd example_project && ../$(PY) manage.py migrate -v0
+	cd example_project && ../$(PY) manage.py enqueue_demo
+	cd example_project && ../$(PY) manage.py rundispatch --burst
+	cd example_project && ../$(PY) manage.py show_demo
+
+## worker: run the example project's worker until Ctrl-C
+worker: $(STAMP)
+	cd example_project && ../$(PY) manage.py rundispatch
+
+## test: the whole suite on a throwaway PostgreSQL and on SQLite, then lint and type checks
+test: $(STAMP)
+	scripts/with-postgres $(MAKE) --no-print-directory test-postgres
+	$(MAKE) --no-print-directory test-sqlite
+	$(MAKE) --no-print-directory lint typecheck
+
+test-postgres: $(STAMP)
+	DISPATCH_TEST_DB=postgres $(PY) -m pytest $(PYTEST_ARGS)
+
+test-sqlite: $(STAMP)
+	DISPATCH_TEST_DB=sqlite $(PY) -m pytest $(PYTEST_ARGS)
+
+lint: $(STAMP)
+	$(VENV)/bin/ruff check django_dispatch tests example_project benchmarks
+	$(VENV)/bin/ruff format --check django_dispatch tests example_project benchmarks
+
+typecheck: $(STAMP)
+	DISPATCH_TEST_DB=sqlite $(VENV)/bin/mypy
+
+clean:
+	rm -rf $(VENV) example_project/db.sqlite3* tests/.sqlite

@@ -1,0 +1,69 @@
+"""Helpers for users' tests: run queued jobs through the real worker path.
+
+No "eager" shortcut: ``drain()`` claims with the same query, runs on worker
+threads with their own database connections, and completes through the same
+fenced writes as ``rundispatch``. Jobs and their effects must therefore be
+committed: use ``TransactionTestCase`` or
+``@pytest.mark.django_db(transaction=True)``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import replace
+
+from .conf import get_settings
+from .models import Job
+from . import store
+from .runtime.worker import Worker, WorkerOptions
+from .states import JobState
+
+
+def drain(
+    queues: Sequence[str] = (),
+    *,
+    concurrency: int = 1,
+    worker_id: str = "test-worker",
+    max_jobs: int | None = None,
+    include_retries: bool = True,
+) -> int:
+    """Run every runnable job (as ``rundispatch --burst``); return how many ran.
+
+    With ``include_retries`` (the default), retries are made due at once and
+    drained too, so a test sees a job's final outcome without waiting out
+    its backoff.
+    """
+    settings = replace(get_settings(), POLL_INTERVAL=0.01, LISTEN=False)  # polls anyway
+    total = 0
+    while max_jobs is None or total < max_jobs:
+        worker = Worker(
+            WorkerOptions(
+                worker_id=worker_id,
+                queues=queues,
+                concurrency=concurrency,
+                burst=True,
+                max_jobs=None if max_jobs is None else max_jobs - total,
+            ),
+            settings=settings,
+            close_connections=False,
+        )
+        worker.run()
+        total += worker.claimed_total
+        if not include_retries:
+            break
+        # Retries waiting out a backoff become due; stop once there are none
+        # and the last round found nothing to do.
+        if not store.jobs_retry_now(queues=queues) and worker.claimed_total == 0:
+            break
+    return total
+
+
+def assert_enqueued(task_path: str, *, count: int | None = None, **filters: object) -> list[Job]:
+    """Jobs of ``task_path`` still pending; assert how many when ``count`` is given."""
+    jobs = list(Job.objects.filter(task_path=task_path, state=JobState.PENDING, **filters))
+    if count is not None and len(jobs) != count:
+        raise AssertionError(
+            f"expected {count} pending job(s) of {task_path}, found {len(jobs)}: "
+            f"{[(j.pk, j.args, j.kwargs) for j in jobs]}"
+        )
+    return jobs

@@ -1,0 +1,48 @@
+"""Enqueue one job of each demo task, and show what enqueue returns."""
+
+from datetime import timedelta
+
+from django.core.management.base import BaseCommand
+from django.tasks import TaskResult
+from django.utils import timezone
+
+from django_dispatch import cancel, enqueue_many
+from shop import tasks
+
+
+class Command(BaseCommand):
+    help = "Enqueue one job of each demo task (run `rundispatch --burst` next)."
+
+    def handle(self, *args, **options):
+        results: list[tuple[str, TaskResult]] = [
+            ("plain task", tasks.send_welcome.enqueue(1)),
+            ("priority 10, queue 'emails'", tasks.send_receipt.enqueue(1001, "ada@example.com")),
+            ("fails once, then retries", tasks.charge_card.enqueue(1001, amount_cents=4200)),
+            ("async def task", tasks.fetch_exchange_rate.enqueue("USD")),
+            ("checkpoints, resumes", tasks.rebuild_search_index.enqueue(5)),
+            ("within its timeout", tasks.generate_report.enqueue(0.1)),
+            ("over its timeout", tasks.generate_report.enqueue(5)),
+        ]
+
+        # Many calls of one task in a single INSERT.
+        for result in enqueue_many(tasks.send_welcome, [([user_id], {}) for user_id in (2, 3, 4)]):
+            results.append(("enqueue_many", result))
+
+        # A job that is cancelled before any worker sees it.
+        cancelled = tasks.send_welcome.enqueue(5)
+        cancel(cancelled.id)
+        results.append(("cancelled at once", cancelled))
+
+        # A job deferred with run_after: `--burst` leaves it for later.
+        later = tasks.send_welcome.using(run_after=timezone.now() + timedelta(hours=1))
+        results.append(("deferred by an hour", later.enqueue(6)))
+
+        self.stdout.write(f"Enqueued {len(results)} jobs:")
+        for label, result in results:
+            result.refresh()  # the cancelled one changed since enqueue
+            self.stdout.write(
+                f"  #{result.id:<5} {result.task.name:<22} {result.status:<10} ({label})"
+            )
+        self.stdout.write(
+            "Next: python manage.py rundispatch --burst && python manage.py show_demo"
+        )

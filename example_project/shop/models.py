@@ -1,0 +1,20 @@
+"""What the demo tasks leave behind, so that their effects can be seen."""
+
+from django.db import models
+
+
+class Delivery(models.Model):
+    """One visible side effect of one task attempt."""
+
+    task = models.CharField(max_length=100)
+    job_id = models.CharField(max_length=50, blank=True)
+    attempt = models.PositiveIntegerField(default=1)
+    detail = models.CharField(max_length=255)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["id"]
+        verbose_name_plural = "deliveries"
+
+    def __str__(self) -> str:
+        return f"{self.task}: {self.detail}"

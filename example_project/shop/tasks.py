@@ -1,0 +1,106 @@
+"""Demo tasks, written with Django's own ``@task`` decorator.
+
+Each task records a ``Delivery`` row so that ``manage.py show_demo`` (or the
+admin) shows what ran. Arguments and return values are plain JSON: ids,
+strings, numbers, lists and dicts.
+"""
+
+import asyncio
+import time
+
+from django.db import transaction
+from django.tasks import task
+
+from .models import Delivery
+
+
+def retry_immediately(exception, task_result):
+    """Backoff for the demo: retry at once (returning None would stop retrying).
+
+    The default backoff waits 1 s, 2 s, 4 s, ... with jitter; ``rundispatch
+    --burst`` exits as soon as nothing is runnable *now*, so the demo's retries
+    must be runnable at once to finish within one burst.
+    """
+    return 0
+
+
+@task
+def send_welcome(user_id):
+    """A plain task: no options at all."""
+    Delivery.objects.create(task="send_welcome", detail=f"welcome e-mail to user {user_id}")
+    return f"welcome sent to user {user_id}"
+
+
+@task(priority=10, queue_name="emails")
+def send_receipt(order_id, email):
+    """A high-priority task on its own queue (`rundispatch --queues emails`)."""
+    Delivery.objects.create(task="send_receipt", detail=f"receipt for order {order_id} to {email}")
+    return {"order_id": order_id, "sent_to": email}
+
+
+@task(max_attempts=3, backoff=retry_immediately, takes_context=True)
+def charge_card(context, order_id, amount_cents):
+    """Fails on its first attempt (a flaky payment gateway), succeeds on the retry."""
+    attempt = context.attempt  # 1 on the first attempt, 2 on the first retry, ...
+    Delivery.objects.create(
+        task="charge_card",
+        job_id=context.task_result.id,
+        attempt=attempt,
+        detail=f"charge {amount_cents} cents for order {order_id}",
+    )
+    if attempt == 1:
+        raise ConnectionError("payment gateway timed out (simulated; the job will retry)")
+    return {"order_id": order_id, "charged_cents": amount_cents, "attempt": attempt}
+
+
+@task
+async def fetch_exchange_rate(currency):
+    """An ``async def`` task: it runs on an event loop in the worker's job thread."""
+    await asyncio.sleep(0.01)  # stands for an HTTP call
+    rate = {"EUR": 1.0, "USD": 1.08, "GBP": 0.85}.get(currency, 1.0)
+    await Delivery.objects.acreate(task="fetch_exchange_rate", detail=f"{currency} = {rate}")
+    return {"currency": currency, "rate": rate}
+
+
+@task(max_attempts=2, backoff=retry_immediately, takes_context=True)
+def rebuild_search_index(context, total):
+    """A long task that saves its progress and resumes from it.
+
+    ``context.checkpoint`` is the last value saved with ``context.progress()``
+    (None on the first attempt). The first attempt "crashes" after item 3;
+    the retry resumes at item 4, so every item is indexed exactly once.
+    """
+    start = (context.checkpoint or 0) + 1
+    for item in range(start, total + 1):
+        if context.attempt == 1 and item == 4:
+            raise RuntimeError("simulated crash after item 3 (the retry resumes at item 4)")
+        # The item and its checkpoint commit together: both live on the same
+        # database, and progress() writes on this thread's connection.
+        with transaction.atomic():
+            Delivery.objects.create(
+                task="rebuild_search_index",
+                job_id=context.task_result.id,
+                attempt=context.attempt,
+                detail=f"indexed item {item} of {total}",
+            )
+            context.progress(item)  # also renews the lease
+    return {"indexed": total, "resumed_from": start, "attempt": context.attempt}
+
+
+@task(timeout=0.5, max_attempts=1, takes_context=True)
+def generate_report(context, seconds):
+    """A task with a time limit: attempts longer than 0.5 s fail with TaskTimeout.
+
+    A thread cannot be killed, so a long sync task should check
+    ``context.cancelled`` (set when the attempt times out or the job is
+    cancelled) and stop; whatever it returns after that is discarded.
+    """
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        if context.cancelled:
+            return None
+        time.sleep(0.02)
+    Delivery.objects.create(
+        task="generate_report", job_id=context.task_result.id, detail=f"{seconds} s report"
+    )
+    return f"report built in {seconds} s"

@@ -1,0 +1,89 @@
+"""Fixtures shared by the suite: real worker subprocesses and polling waits."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+from django.db import connection
+
+ROOT = Path(__file__).resolve().parent.parent
+ON_POSTGRES = os.environ.get("DISPATCH_TEST_DB", "postgres") != "sqlite"
+
+postgres_only = pytest.mark.skipif(not ON_POSTGRES, reason="needs PostgreSQL")
+
+
+def wait_until(condition: Callable[[], object], timeout: float = 20.0, what: str = "") -> object:
+    """Poll ``condition`` until it is truthy; fail the test after ``timeout`` s."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = condition()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout} s waiting for {what or condition}")
+        time.sleep(0.05)
+
+
+class WorkerProcess:
+    def __init__(self, popen: subprocess.Popen[bytes], log: Path) -> None:
+        self.popen = popen
+        self.log = log
+
+    @property
+    def pid(self) -> int:
+        return self.popen.pid
+
+    def signal(self, signum: int) -> None:
+        self.popen.send_signal(signum)
+
+    def wait(self, timeout: float = 60.0) -> int:
+        try:
+            return self.popen.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.popen.kill()
+            raise AssertionError(f"worker did not exit in {timeout} s:\n{self.output()}") from None
+
+    def output(self) -> str:
+        return self.log.read_text() if self.log.exists() else ""
+
+
+@pytest.fixture
+def start_worker(transactional_db, tmp_path) -> Iterator[Callable[..., WorkerProcess]]:
+    """Start ``manage.py rundispatch`` as a real process on the test database."""
+    started: list[WorkerProcess] = []
+
+    def start(*args: str, overrides: dict | None = None, db_name: str | None = None
+              ) -> WorkerProcess:
+        connection.ensure_connection()
+        env = {
+            **os.environ,
+            "DJANGO_SETTINGS_MODULE": "tests.settings",
+            "DISPATCH_DB_NAME": db_name or str(connection.settings_dict["NAME"]),
+            "DISPATCH_OVERRIDES": json.dumps(overrides or {}),
+            "PYTHONUNBUFFERED": "1",
+        }
+        log = tmp_path / f"worker-{len(started)}.log"
+        popen = subprocess.Popen(
+            [sys.executable, "-m", "django", "rundispatch", *args],
+            cwd=ROOT,
+            env=env,
+            stdout=log.open("wb"),
+            stderr=subprocess.STDOUT,
+        )
+        worker = WorkerProcess(popen, log)
+        started.append(worker)
+        return worker
+
+    yield start
+    for worker in started:
+        if worker.popen.poll() is None:
+            worker.popen.send_signal(signal.SIGKILL)
+            worker.popen.wait()

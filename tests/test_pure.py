@@ -1,0 +1,79 @@
+"""Pure logic, no database: states, retry policy, settings validation."""
+
+from datetime import UTC, datetime
+
+import pytest
+from django.tasks import TaskResult, TaskResultStatus
+from django.tasks.base import TaskError
+
+from django_dispatch.conf import DispatchSettings, unknown_keys
+from django_dispatch.retry import exponential_backoff, next_delay
+from django_dispatch.states import TERMINAL, TRANSITIONS, JobState, can_transition, to_status
+from tests.testapp.tasks import add
+
+
+def test_terminal_states_have_no_way_out():
+    for state in TERMINAL:
+        assert TRANSITIONS[state] == frozenset()
+
+
+def test_transitions_table_is_closed_over_the_vocabulary():
+    assert set(TRANSITIONS) == set(JobState)
+    assert can_transition("pending", "running")
+    assert not can_transition("succeeded", "pending")
+    assert not can_transition("pending", "succeeded")
+
+
+def test_status_mapping():
+    assert to_status("pending") == TaskResultStatus.READY
+    assert to_status("running") == TaskResultStatus.RUNNING
+    assert to_status("succeeded") == TaskResultStatus.SUCCESSFUL
+    assert to_status("failed") == TaskResultStatus.FAILED
+    assert to_status("cancelled") == TaskResultStatus.FAILED
+
+
+def _result(failures: int) -> TaskResult:
+    now = datetime.now(UTC)
+    return TaskResult(
+        task=add, id="1", status=TaskResultStatus.RUNNING, enqueued_at=now, started_at=now,
+        finished_at=None, last_attempted_at=now, args=[], kwargs={}, backend="default",
+        errors=[TaskError(exception_class_path="x.Y", traceback="") for _ in range(failures)],
+        worker_ids=["w"] * failures,
+    )
+
+
+def test_exponential_backoff_grows_and_is_capped():
+    for failures, ceiling in [(1, 1), (2, 2), (5, 16), (30, 3600)]:
+        delays = [exponential_backoff(ValueError(), _result(failures)) for _ in range(50)]
+        assert all(ceiling / 2 <= d <= ceiling for d in delays)
+        assert len(set(delays)) > 1  # jittered
+
+
+def test_next_delay_stops_at_max_attempts_and_on_none():
+    def ten(exc, result):
+        return 10
+
+    def stop(exc, result):
+        return None
+
+    common = {"exception": ValueError(), "task_result": _result(1)}
+    assert next_delay(attempts=1, max_attempts=3, backoff=ten, **common) == 10
+    assert next_delay(attempts=3, max_attempts=3, backoff=ten, **common) is None
+    assert next_delay(attempts=1, max_attempts=3, backoff=stop, **common) is None
+    assert next_delay(attempts=1, max_attempts=3, backoff=lambda e, r: -5, **common) == 0
+
+
+def test_settings_validation_rejects_slow_heartbeat():
+    problems = DispatchSettings(LEASE_SECONDS=10, HEARTBEAT_INTERVAL=5).validate()
+    assert any("HEARTBEAT_INTERVAL" in p and "third" in p for p in problems)
+    assert DispatchSettings().validate() == []
+    assert DispatchSettings(POLL_INTERVAL=0).validate()
+
+
+def test_unknown_setting_keys_are_reported():
+    assert unknown_keys({"LEASE_SECONDS": 1, "LEASE_SECOND": 1}) == ["LEASE_SECOND"]
+
+
+@pytest.mark.parametrize("state", list(JobState))
+def test_every_state_maps_to_a_status(state):
+    assert to_status(state) in TaskResultStatus

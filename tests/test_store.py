@@ -1,0 +1,170 @@
+"""The store's transitions, called directly: claim, fence, rescue, release."""
+
+from datetime import timedelta
+
+import pytest
+from django.utils import timezone
+
+from django_dispatch import cancel, enqueue_many, store
+from django_dispatch.models import Job
+from django_dispatch.states import JobState
+from tests.conftest import postgres_only
+from tests.testapp import tasks
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+def claim(worker="w1", limit=10, queues=(), lease=30.0):
+    return store.jobs_claim(worker_id=worker, queues=queues, limit=limit, lease_seconds=lease)
+
+
+def test_claim_order_is_priority_then_run_after_then_id():
+    low = tasks.add.using(priority=-5).enqueue(1, 1)
+    first = tasks.add.enqueue(1, 2)
+    second = tasks.add.enqueue(1, 3)
+    high = tasks.add.using(priority=50).enqueue(1, 4)
+    assert [c.id for c in claim()] == [int(high.id), int(first.id), int(second.id), int(low.id)]
+
+
+def test_claim_respects_limit_queues_and_run_after():
+    tasks.add.enqueue(1, 1)
+    email = tasks.echo.enqueue("x")  # queue "emails"
+    tasks.add.using(run_after=timezone.now() + timedelta(hours=1)).enqueue(1, 1)
+    assert [c.id for c in claim(queues=["emails"])] == [int(email.id)]
+    assert len(claim(limit=5)) == 1  # the deferred job is not runnable yet
+    assert claim() == []
+
+
+def test_claim_sets_lease_and_records_attempt():
+    result = tasks.add.enqueue(1, 1)
+    (claimed,) = claim(worker="w1")
+    job = Job.objects.get(pk=result.id)
+    assert job.state == JobState.RUNNING and job.worker_id == "w1"
+    assert job.lease_epoch == claimed.lease.epoch == 1
+    assert job.attempts == 1 and job.worker_ids == ["w1"]
+    assert job.lease_expires_at > job.started_at
+    assert claimed.row["worker_ids"] == ["w1"] and claimed.row["attempts"] == 1
+
+
+def test_two_claimers_never_share_a_job():
+    for i in range(20):
+        tasks.add.enqueue(i, i)
+    a = {c.id for c in claim(worker="a", limit=15)}
+    b = {c.id for c in claim(worker="b", limit=15)}
+    assert len(a) == 15 and len(b) == 5 and not a & b
+
+
+def test_fence_rejects_writes_from_a_stale_lease():
+    result = tasks.add.enqueue(1, 1)
+    (first,) = claim(worker="w1", lease=0.01)
+    # The lease expires; the rescue returns the job to the queue and w2 takes it.
+    Job.objects.filter(pk=result.id).update(lease_expires_at=timezone.now() - timedelta(seconds=1))
+    requeued, failed = store.jobs_rescue_expired(max_worker_lost=3)
+    assert requeued == [int(result.id)] and failed == []
+    (second,) = claim(worker="w2")
+    assert second.lease.epoch > first.lease.epoch
+
+    # Every write of the old lease now matches nothing.
+    assert not store.job_finish_if_leased(first.lease, "stale")
+    assert not store.job_fail_if_leased(first.lease, [], None)
+    assert not store.job_progress_if_leased(first.lease, 5, lease_seconds=30)
+    assert store.jobs_renew_leases([first.lease], lease_seconds=30) == {int(result.id)}
+    assert not store.job_release_if_leased(first.lease, attempts=0, worker_ids=[])
+    job = Job.objects.get(pk=result.id)
+    assert job.state == JobState.RUNNING and job.worker_id == "w2" and job.checkpoint is None
+
+    # The current lease still works, exactly once.
+    assert store.job_finish_if_leased(second.lease, 2)
+    assert not store.job_finish_if_leased(second.lease, 3)
+    job.refresh_from_db()
+    assert job.state == JobState.SUCCEEDED and job.return_value == 2
+    assert job.worker_ids == ["w1", "w2"] and job.worker_lost_count == 1
+    assert [e["exception_class_path"] for e in job.errors] == [
+        "django_dispatch.exceptions.WorkerLost"
+    ]
+
+
+def test_same_worker_reclaiming_gets_a_new_epoch():
+    """The fence must hold even when the job comes back to the same worker id."""
+    tasks.add.enqueue(1, 1)
+    (first,) = claim(worker="w1")
+    assert store.job_fail_if_leased(first.lease, [], retry_in=0)
+    (again,) = claim(worker="w1")
+    assert again.lease.epoch != first.lease.epoch
+    assert not store.job_finish_if_leased(first.lease, "late")
+
+
+def test_rescue_fails_a_job_that_keeps_killing_workers():
+    result = tasks.add.enqueue(1, 1)
+    for n in range(3):
+        claim(worker=f"w{n}")
+        Job.objects.filter(pk=result.id).update(lease_expires_at=timezone.now() - timedelta(1))
+        store.jobs_rescue_expired(max_worker_lost=3)
+    job = Job.objects.get(pk=result.id)
+    assert job.state == JobState.FAILED and job.worker_lost_count == 3
+    assert len(job.errors) == 3 and job.finished_at is not None
+    assert tasks.add.get_result(result.id).status == "FAILED"
+
+
+def test_rescue_leaves_live_leases_alone():
+    tasks.add.enqueue(1, 1)
+    claim(lease=60)
+    assert store.jobs_rescue_expired(max_worker_lost=3) == ([], [])
+
+
+def test_release_gives_the_attempt_back():
+    result = tasks.add.enqueue(1, 1)
+    (claimed,) = claim()
+    assert store.job_release_if_leased(claimed.lease, attempts=0, worker_ids=[])
+    job = Job.objects.get(pk=result.id)
+    assert job.state == JobState.PENDING and job.attempts == 0 and job.worker_ids == []
+    assert job.worker_id is None and job.lease_epoch == claimed.lease.epoch + 1
+
+
+def test_renew_reports_cancelled_jobs_as_lost():
+    a, b = tasks.add.enqueue(1, 1), tasks.add.enqueue(2, 2)
+    leases = [c.lease for c in claim()]
+    assert store.jobs_renew_leases(leases, lease_seconds=30) == set()
+    assert cancel(b.id)
+    assert store.jobs_renew_leases(leases, lease_seconds=30) == {int(b.id)}
+    assert Job.objects.get(pk=a.id).state == JobState.RUNNING
+
+
+def test_cancel_only_live_jobs():
+    pending = tasks.add.enqueue(1, 1)
+    assert cancel(pending.id) is True
+    assert cancel(pending.id) is False  # already cancelled
+    assert cancel("12345678") is False and cancel("nope") is False
+    assert claim() == []  # a cancelled job is never claimed
+    result = tasks.add.get_result(pending.id)
+    assert result.status == "FAILED"
+    assert result.errors[-1].exception_class_path == "django_dispatch.exceptions.JobCancelled"
+
+
+def test_retry_now_only_touches_jobs_waiting_for_a_retry():
+    later = timezone.now() + timedelta(hours=1)
+    deferred = tasks.add.using(run_after=later).enqueue(1, 1)
+    retrying = tasks.add.enqueue(2, 2)
+    (claimed,) = claim()
+    store.job_fail_if_leased(claimed.lease, [], retry_in=3600)
+    assert store.jobs_retry_now() == 1
+    assert Job.objects.get(pk=deferred.id).run_after == later
+    assert [c.id for c in claim()] == [int(retrying.id)]
+
+
+@postgres_only
+def test_claim_query_uses_the_partial_index_among_many_finished_rows():
+    from django.db import connection, transaction
+
+    Job.objects.bulk_create(
+        Job(task_path="tests.testapp.tasks.add", args=[1, 1], state=JobState.SUCCEEDED)
+        for _ in range(20000)
+    )
+    for pending in (5, 5000):
+        enqueue_many(tasks.add, [((i, i), {}) for i in range(pending)])
+        with connection.cursor() as cursor:
+            cursor.execute("ANALYZE django_dispatch_job")
+        with transaction.atomic():
+            plan = store.claim_candidates("default", ["default"], 8).explain()
+        assert "dispatch_job_claim" in plan, plan
+        assert "Sort" not in plan or pending == 5, plan

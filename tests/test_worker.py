@@ -1,0 +1,269 @@
+"""The worker's behaviour, in-process through testing.drain (the real path:
+claim, job threads with their own connections, fenced completion)."""
+
+from datetime import timedelta
+
+import pytest
+from django.tasks import TaskResultStatus
+from django.tasks.signals import task_finished, task_started
+from django.utils import timezone
+
+from django_dispatch import store
+from django_dispatch.models import Job, Worker
+from django_dispatch.states import JobState
+from django_dispatch.testing import assert_enqueued, drain
+from tests.testapp import tasks
+from tests.testapp.models import SideEffect
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+def test_success_fills_every_task_result_field():
+    enqueued = tasks.add.enqueue(2, 3)
+    assert drain(worker_id="w-test") == 1
+    result = tasks.add.get_result(enqueued.id)
+    assert result.status == TaskResultStatus.SUCCESSFUL
+    assert result.return_value == 5
+    assert result.enqueued_at <= result.started_at <= result.last_attempted_at
+    assert result.last_attempted_at <= result.finished_at
+    assert result.worker_ids == ["w-test"] and result.attempts == 1
+    assert result.errors == [] and result.args == [2, 3]
+    enqueued.refresh()
+    assert enqueued == result
+
+
+def test_failure_records_error_with_traceback():
+    enqueued = tasks.fail_always.enqueue("bad thing")
+    drain()
+    result = tasks.fail_always.get_result(enqueued.id)
+    assert result.status == TaskResultStatus.FAILED
+    assert result.finished_at is not None
+    (error,) = result.errors
+    assert error.exception_class_path == "builtins.ValueError"
+    assert error.exception_class is ValueError
+    assert "bad thing" in error.traceback and "fail_always" in error.traceback
+    with pytest.raises(ValueError):
+        result.return_value  # noqa: B018
+
+
+def test_retry_until_success_keeps_one_error_per_failed_attempt():
+    enqueued = tasks.fail_twice.enqueue("k")
+    drain(include_retries=False)
+    waiting = tasks.fail_twice.get_result(enqueued.id)
+    assert waiting.status == TaskResultStatus.READY and len(waiting.errors) == 1
+    drain()
+    result = tasks.fail_twice.get_result(enqueued.id)
+    assert result.status == TaskResultStatus.SUCCESSFUL
+    assert result.return_value == "third time lucky"
+    assert result.attempts == 3 and len(result.errors) == 2
+    assert SideEffect.objects.filter(key="k", note="attempt").count() == 3
+
+
+def test_retries_stop_at_max_attempts():
+    enqueued = tasks.fail_always.using().enqueue()
+    Job.objects.filter(pk=enqueued.id).update(max_attempts=3)
+    drain()
+    result = tasks.fail_always.get_result(enqueued.id)
+    assert result.status == TaskResultStatus.FAILED and result.attempts == 3
+    assert len(result.errors) == 3
+
+
+def test_backoff_returning_none_stops_retrying():
+    enqueued = tasks.fail_not_retryable.enqueue()
+    drain()
+    result = tasks.fail_not_retryable.get_result(enqueued.id)
+    assert result.status == TaskResultStatus.FAILED and result.attempts == 1
+
+
+def test_retry_waits_for_its_backoff_on_the_database_clock():
+    enqueued = tasks.fail_twice.enqueue("later")
+    Job.objects.filter(pk=enqueued.id).update(max_attempts=2)
+    drain(include_retries=False)
+    job = Job.objects.get(pk=enqueued.id)
+    assert job.state == JobState.PENDING and job.run_after > job.last_attempted_at
+
+
+def test_async_task_runs():
+    enqueued = tasks.async_add.enqueue(20, 22)
+    drain()
+    assert tasks.async_add.get_result(enqueued.id).return_value == 42
+
+
+def test_takes_context():
+    enqueued = tasks.with_context.enqueue("ctx")
+    drain()
+    result = tasks.with_context.get_result(enqueued.id)
+    assert result.return_value == {"attempt": 1, "id": enqueued.id}
+
+
+def test_checkpoint_persists_and_next_attempt_resumes():
+    enqueued = tasks.count_to.enqueue("resume", 5)
+    drain()
+    job = Job.objects.get(pk=enqueued.id)
+    assert job.state == JobState.SUCCEEDED and job.checkpoint == 5
+    notes = list(SideEffect.objects.filter(key="resume").values_list("note", flat=True))
+    assert notes == ["1", "2", "3", "4", "5"]
+
+
+def test_run_after_is_respected():
+    later = tasks.add.using(run_after=timezone.now() + timedelta(hours=1)).enqueue(1, 1)
+    now = tasks.add.enqueue(2, 2)
+    assert drain() == 1
+    assert tasks.add.get_result(now.id).status == TaskResultStatus.SUCCESSFUL
+    assert tasks.add.get_result(later.id).status == TaskResultStatus.READY
+
+
+def test_priority_order():
+    for priority in (0, 10, -10, 5):
+        tasks.record_many.using(priority=priority).enqueue(f"p{priority}")
+    drain(concurrency=1)
+    order = list(SideEffect.objects.order_by("id").values_list("key", flat=True))
+    assert order == ["p10", "p5", "p0", "p-10"]
+
+
+def test_queue_filtering():
+    email = tasks.echo.enqueue("to emails")
+    other = tasks.add.enqueue(1, 1)
+    assert drain(queues=["emails"]) == 1
+    assert tasks.echo.get_result(email.id).status == TaskResultStatus.SUCCESSFUL
+    assert tasks.add.get_result(other.id).status == TaskResultStatus.READY
+    assert_enqueued("tests.testapp.tasks.add", count=1)
+
+
+def test_signals_started_and_finished():
+    seen = []
+
+    def started(sender, task_result, **kwargs):
+        seen.append(("started", task_result.status))
+
+    def finished(sender, task_result, **kwargs):
+        seen.append(("finished", task_result.status))
+
+    task_started.connect(started)
+    task_finished.connect(finished)
+    try:
+        tasks.add.enqueue(1, 1)
+        drain()
+        tasks.fail_always.enqueue()
+        drain()
+    finally:
+        task_started.disconnect(started)
+        task_finished.disconnect(finished)
+    assert seen == [
+        ("started", TaskResultStatus.RUNNING),
+        ("finished", TaskResultStatus.SUCCESSFUL),
+        ("started", TaskResultStatus.RUNNING),
+        ("finished", TaskResultStatus.FAILED),
+    ]
+
+
+def test_failing_signal_receiver_never_changes_the_outcome():
+    def broken(sender, task_result, **kwargs):
+        raise RuntimeError("receiver bug")
+
+    task_started.connect(broken)
+    task_finished.connect(broken)
+    try:
+        enqueued = tasks.add.enqueue(1, 1)
+        drain()
+    finally:
+        task_started.disconnect(broken)
+        task_finished.disconnect(broken)
+    assert tasks.add.get_result(enqueued.id).status == TaskResultStatus.SUCCESSFUL
+
+
+def test_finished_signal_for_a_failure_is_sent_with_the_traceback(caplog):
+    tasks.fail_always.enqueue("logged")
+    with caplog.at_level("ERROR", logger="django.tasks"):
+        drain()
+    records = [r for r in caplog.records if r.name == "django.tasks"]
+    assert records and records[-1].exc_info and records[-1].exc_info[0] is ValueError
+
+
+def test_unknown_task_path_fails_the_job_not_the_worker():
+    bad = Job.objects.create(task_path="tests.testapp.tasks.does_not_exist", args=[])
+    not_task = Job.objects.create(task_path="tests.testapp.tasks.not_a_task", args=[])
+    good = tasks.add.enqueue(1, 1)
+    drain()
+    for row in (bad, not_task):
+        row.refresh_from_db()
+        assert row.state == JobState.FAILED and row.attempts == 1
+        assert row.errors[0]["exception_class_path"] == "django_dispatch.exceptions.UnknownTask"
+    assert "cannot be imported" in Job.objects.get(pk=bad.pk).errors[0]["message"]
+    assert "not a Task" in Job.objects.get(pk=not_task.pk).errors[0]["message"]
+    assert tasks.add.get_result(good.id).status == TaskResultStatus.SUCCESSFUL
+
+
+def test_arguments_that_no_longer_fit_fail_the_job():
+    row = Job.objects.create(task_path="tests.testapp.tasks.add", args=[1, 2, 3])
+    drain()
+    row.refresh_from_db()
+    assert row.state == JobState.FAILED
+    assert "cannot be called" in row.errors[0]["message"]
+
+
+def test_non_json_return_value_fails_the_job():
+    enqueued = tasks.returns_object.enqueue()
+    drain()
+    result = tasks.returns_object.get_result(enqueued.id)
+    assert result.status == TaskResultStatus.FAILED
+    assert "JSON-serializable" in result.errors[0].traceback
+
+
+def test_sync_timeout_fails_the_attempt_and_fences_the_thread():
+    enqueued = tasks.too_slow.enqueue(2)
+    drain()
+    result = tasks.too_slow.get_result(enqueued.id)
+    assert result.status == TaskResultStatus.FAILED
+    assert result.errors[0].exception_class_path == "django_dispatch.exceptions.TaskTimeout"
+    assert result.finished_at is not None
+    # The abandoned thread finishes its sleep later; its completion is fenced out.
+    job = Job.objects.get(pk=enqueued.id)
+    import time
+
+    time.sleep(2)
+    job.refresh_from_db()
+    assert job.state == JobState.FAILED and job.return_value is None
+
+
+def test_async_timeout_cancels_the_coroutine():
+    enqueued = tasks.too_slow_async.enqueue(5)
+    drain()
+    result = tasks.too_slow_async.get_result(enqueued.id)
+    assert result.status == TaskResultStatus.FAILED
+    assert result.errors[0].exception_class_path == "django_dispatch.exceptions.TaskTimeout"
+
+
+def test_worker_registers_and_deregisters():
+    tasks.add.enqueue(1, 1)
+    drain(worker_id="registered")
+    assert not Worker.objects.filter(id="registered").exists()
+
+
+def test_cancelled_while_running_discards_result_and_keeps_checkpoint():
+    enqueued = tasks.count_to.enqueue("cancel-me", 1000, 0.01)
+    import threading
+
+    def cancel_soon():
+        from tests.conftest import wait_until
+
+        wait_until(lambda: SideEffect.objects.filter(key="cancel-me").count() >= 3)
+        from django_dispatch import cancel
+
+        cancel(enqueued.id)
+
+    canceller = threading.Thread(target=cancel_soon)
+    canceller.start()
+    drain()
+    canceller.join()
+    job = Job.objects.get(pk=enqueued.id)
+    assert job.state == JobState.CANCELLED and job.return_value is None
+    assert job.checkpoint is not None and 3 <= job.checkpoint < 1000
+    done = SideEffect.objects.filter(key="cancel-me").count()
+    assert done == job.checkpoint or done == job.checkpoint + 1  # stopped at progress()
+
+
+def test_store_retry_now_drains_waiting_retries():
+    tasks.fail_twice.enqueue("rn")
+    drain(include_retries=False)
+    assert store.jobs_retry_now() == 1
