@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
-from django.db import connections, router, transaction
+from django.db import IntegrityError, connections, router, transaction
 from django.db.models import DateTimeField, ExpressionWrapper, F, Q, Value
 from django.db.models.functions import Coalesce, Now
 
@@ -436,18 +436,27 @@ def worker_register(
     concurrency: int,
     db: str | None = None,
 ) -> None:
-    Worker.objects.using(db or db_alias()).update_or_create(
-        id=worker_id,
-        defaults={
-            "hostname": hostname,
-            "pid": pid,
-            "queues": list(queues),
-            "concurrency": concurrency,
-            "running_jobs": 0,
-            "started_at": Now(),
-            "last_seen_at": Now(),
-        },
-    )
+    """Create or refresh this worker's row.
+
+    Two single statements rather than ``update_or_create``: on SQLite a
+    transaction that reads and then writes fails at once under contention,
+    while a lone statement waits for the lock.
+    """
+    db = db or db_alias()
+    fields = {
+        "hostname": hostname,
+        "pid": pid,
+        "queues": list(queues),
+        "concurrency": concurrency,
+        "running_jobs": 0,
+    }
+    workers = Worker.objects.using(db)
+    if workers.filter(id=worker_id).update(started_at=Now(), last_seen_at=Now(), **fields):
+        return
+    try:
+        workers.create(id=worker_id, **fields)
+    except IntegrityError:  # registered concurrently under the same id
+        workers.filter(id=worker_id).update(last_seen_at=Now(), **fields)
 
 
 def worker_touch(worker_id: str, *, running_jobs: int, db: str | None = None) -> None:

@@ -1,17 +1,21 @@
 """The worker's behaviour, in-process through testing.drain (the real path:
 claim, job threads with their own connections, fenced completion)."""
 
+import threading
+import time
 from datetime import timedelta
 
 import pytest
+from django.db import connection
 from django.tasks import TaskResultStatus
 from django.tasks.signals import task_finished, task_started
 from django.utils import timezone
 
-from django_dispatch import store
+from django_dispatch import cancel, store
 from django_dispatch.models import Job, Worker
 from django_dispatch.states import JobState
 from django_dispatch.testing import assert_enqueued, drain
+from tests.conftest import wait_until
 from tests.testapp import tasks
 from tests.testapp.models import SideEffect
 
@@ -219,8 +223,6 @@ def test_sync_timeout_fails_the_attempt_and_fences_the_thread():
     assert result.finished_at is not None
     # The abandoned thread finishes its sleep later; its completion is fenced out.
     job = Job.objects.get(pk=enqueued.id)
-    import time
-
     time.sleep(2)
     job.refresh_from_db()
     assert job.state == JobState.FAILED and job.return_value is None
@@ -242,15 +244,13 @@ def test_worker_registers_and_deregisters():
 
 def test_cancelled_while_running_discards_result_and_keeps_checkpoint():
     enqueued = tasks.count_to.enqueue("cancel-me", 1000, 0.01)
-    import threading
 
     def cancel_soon():
-        from tests.conftest import wait_until
-
-        wait_until(lambda: SideEffect.objects.filter(key="cancel-me").count() >= 3)
-        from django_dispatch import cancel
-
-        cancel(enqueued.id)
+        try:
+            wait_until(lambda: SideEffect.objects.filter(key="cancel-me").count() >= 3)
+            cancel(enqueued.id)
+        finally:
+            connection.close()
 
     canceller = threading.Thread(target=cancel_soon)
     canceller.start()

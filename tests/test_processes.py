@@ -1,0 +1,278 @@
+"""Real ``rundispatch`` processes, real signals, counted side effects."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+import pytest
+from django.core.management import CommandError, call_command
+from django.db import connection
+from django.test import override_settings
+from django.tasks import TaskResultStatus
+
+from django_dispatch import enqueue_many, store
+from django_dispatch.models import Job, Worker
+from django_dispatch.states import JobState
+from tests.conftest import ON_POSTGRES, ROOT, postgres_only, wait_until
+from tests.testapp import tasks
+from tests.testapp.models import Execution, SideEffect
+
+pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
+
+
+def _states() -> dict[str, int]:
+    counts: dict[str, int] = {}
+    for state in Job.objects.values_list("state", flat=True):
+        counts[state] = counts.get(state, 0) + 1
+    return counts
+
+
+def test_two_processes_four_threads_run_each_job_exactly_once(start_worker):
+    total = 2000 if ON_POSTGRES else 400
+    enqueue_many(tasks.record, [((f"job-{i}",), {}) for i in range(total)])
+    workers = [start_worker("--burst", "--concurrency", "4") for _ in range(2)]
+    for worker in workers:
+        assert worker.wait(180) == 0, worker.output()
+    # Execution.key is unique: a second run of any job would have failed it.
+    assert Execution.objects.count() == total
+    assert _states() == {JobState.SUCCEEDED: total}
+    assert set(Job.objects.values_list("attempts", flat=True)) == {1}
+    assert Execution.objects.values("worker_pid").distinct().count() == 2
+
+
+def test_sigkill_mid_job_is_reclaimed_and_runs_again(start_worker, tmp_path):
+    release = tmp_path / "release"
+    enqueued = tasks.wait_for_file.enqueue("crash", str(release))
+    victim = start_worker("--concurrency", "1")
+    wait_until(lambda: SideEffect.objects.filter(key="crash", note="start").exists(),
+               what="the first attempt to start")
+    first = Job.objects.get(pk=enqueued.id)
+    old_lease = store.Lease(job_id=first.pk, worker_id=first.worker_id, epoch=first.lease_epoch)
+    victim.signal(signal.SIGKILL)
+    victim.wait()
+
+    survivor = start_worker("--concurrency", "1")
+    wait_until(lambda: SideEffect.objects.filter(key="crash", note="start").count() == 2,
+               what="the job to be reclaimed and started again")
+    # The killed worker's lease is fenced out: its late writes change nothing.
+    assert not store.job_finish_if_leased(old_lease, "from the dead")
+    assert not store.job_progress_if_leased(old_lease, 99, lease_seconds=30)
+    release.touch()
+    wait_until(lambda: tasks.wait_for_file.get_result(enqueued.id).is_finished)
+    survivor.signal(signal.SIGTERM)
+    assert survivor.wait() == 0
+
+    result = tasks.wait_for_file.get_result(enqueued.id)
+    assert result.status == TaskResultStatus.SUCCESSFUL and result.return_value == "crash"
+    assert result.attempts == 2 and len(set(result.worker_ids)) == 2
+    assert [e.exception_class_path for e in result.errors] == [
+        "django_dispatch.exceptions.WorkerLost"
+    ]
+    job = Job.objects.get(pk=enqueued.id)
+    assert job.worker_lost_count == 1 and job.checkpoint is None
+    starts = SideEffect.objects.filter(key="crash", note="start")
+    assert starts.values("worker_pid").distinct().count() == 2
+    assert SideEffect.objects.filter(key="crash", note="end").count() == 1
+
+
+def test_sigterm_hands_back_long_jobs_without_spending_attempts(start_worker, tmp_path):
+    release = tmp_path / "release"
+    long_jobs = [tasks.wait_for_file.enqueue(f"long-{i}", str(release)) for i in range(3)]
+    worker = start_worker("--concurrency", "2", "--shutdown-timeout", "0.5")
+    wait_until(lambda: SideEffect.objects.filter(note="start").count() == 2,
+               what="two jobs to start")
+    worker.signal(signal.SIGTERM)
+    assert worker.wait(30) == 0, worker.output()
+    assert "handed back" in worker.output()
+    for job in Job.objects.all():
+        assert job.state == JobState.PENDING, worker.output()
+        assert job.attempts == 0 and job.worker_ids == [] and job.errors == []
+    assert not Worker.objects.exists()  # deregistered
+
+    release.touch()
+    again = start_worker("--burst", "--concurrency", "3")
+    assert again.wait(60) == 0, again.output()
+    for enqueued in long_jobs:
+        result = tasks.wait_for_file.get_result(enqueued.id)
+        assert result.status == TaskResultStatus.SUCCESSFUL and result.attempts == 1
+    assert SideEffect.objects.filter(note="end").count() == 3  # each finished once
+
+
+def test_sigterm_lets_short_jobs_finish(start_worker):
+    jobs = [tasks.sleep_then_record.enqueue(f"short-{i}", 0.5) for i in range(2)]
+    worker = start_worker("--concurrency", "2", "--shutdown-timeout", "20")
+    wait_until(lambda: SideEffect.objects.filter(note="start").count() == 2)
+    worker.signal(signal.SIGTERM)
+    assert worker.wait(30) == 0
+    for enqueued in jobs:
+        result = tasks.sleep_then_record.get_result(enqueued.id)
+        assert result.status == TaskResultStatus.SUCCESSFUL and result.attempts == 1
+
+
+def test_processes_flag_forks_workers_under_a_supervisor(start_worker):
+    enqueue_many(tasks.record, [((f"p-{i}",), {}) for i in range(200)])
+    supervisor = start_worker("--processes", "2", "--concurrency", "2", "--burst",
+                              "--worker-id", "sup")
+    assert supervisor.wait(120) == 0, supervisor.output()
+    assert Execution.objects.count() == 200
+    assert _states() == {JobState.SUCCEEDED: 200}
+    ids = {w for row in Job.objects.values_list("worker_ids", flat=True) for w in row}
+    assert ids <= {"sup.0", "sup.1"}
+
+
+def test_supervisor_restarts_a_killed_child_and_exits_nonzero(start_worker):
+    supervisor = start_worker("--processes", "2", "--concurrency", "1", "--worker-id", "sup")
+    wait_until(lambda: Worker.objects.filter(id__in=["sup.0", "sup.1"]).count() == 2)
+    child_pid = Worker.objects.get(id="sup.0").pid
+    os.kill(child_pid, signal.SIGKILL)
+    wait_until(lambda: Worker.objects.filter(id="sup.0").exclude(pid=child_pid).exists(),
+               what="the killed child to be restarted")
+    enqueued = tasks.add.enqueue(1, 2)
+    wait_until(lambda: tasks.add.get_result(enqueued.id).is_finished)
+    supervisor.signal(signal.SIGTERM)
+    assert supervisor.wait(30) == 1  # a child died abnormally: not silent
+    assert "exited abnormally" in supervisor.output()
+
+
+def test_cpu_bound_job_keeps_its_lease(start_worker):
+    # Runs 4x the lease TTL (2 s) in pure Python; the heartbeat must keep up.
+    enqueued = tasks.cpu_bound.enqueue(8)
+    worker = start_worker("--concurrency", "1")
+    second = start_worker("--concurrency", "1")  # would steal an expired lease
+    wait_until(lambda: tasks.cpu_bound.get_result(enqueued.id).is_finished, timeout=40)
+    for w in (worker, second):
+        w.signal(signal.SIGTERM)
+        w.wait()
+    result = tasks.cpu_bound.get_result(enqueued.id)
+    assert result.status == TaskResultStatus.SUCCESSFUL and result.attempts == 1
+    assert SideEffect.objects.filter(key="cpu_bound").count() == 1
+
+
+def test_worker_refuses_to_start_without_migrations(tmp_path):
+    if ON_POSTGRES:
+        name = "dispatch_unmigrated"
+        with connection.cursor() as cursor:
+            cursor.execute(f"DROP DATABASE IF EXISTS {name}")
+            cursor.execute(f"CREATE DATABASE {name}")
+    else:
+        name = str(tmp_path / "empty.sqlite3")
+    try:
+        env = {**os.environ, "DJANGO_SETTINGS_MODULE": "tests.settings",
+               "DISPATCH_DB_NAME": name}
+        proc = subprocess.run([sys.executable, "-m", "django", "rundispatch", "--burst"],
+                              cwd=ROOT, env=env, capture_output=True, text=True, timeout=60)
+        assert proc.returncode != 0
+        assert "not applied" in proc.stderr and "migrate" in proc.stderr
+    finally:
+        if ON_POSTGRES:
+            with connection.cursor() as cursor:
+                cursor.execute(f"DROP DATABASE IF EXISTS {name}")
+
+
+def test_unknown_queue_flag_is_rejected():
+    restricted = {"default": {"BACKEND": "django_dispatch.backend.DispatchBackend",
+                              "QUEUES": ["default", "emails"]}}
+    with override_settings(TASKS=restricted), pytest.raises(CommandError, match="nope"):
+        call_command("rundispatch", "--queues", "emails,nope", "--burst")
+
+
+def test_invalid_dispatch_settings_are_rejected():
+    with override_settings(DISPATCH={"LEASE_SECONDS": 3, "HEARTBEAT_INTERVAL": 2}), \
+            pytest.raises(CommandError, match="HEARTBEAT_INTERVAL"):
+        call_command("rundispatch", "--burst")
+
+
+# --- PostgreSQL: connections and wake-ups --------------------------------------
+
+
+def _backends(db_name: str) -> int:
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT count(*) FROM pg_stat_activity WHERE datname = %s AND pid <> pg_backend_pid()",
+            [db_name],
+        )
+        return cursor.fetchone()[0]
+
+
+@postgres_only
+def test_connection_budget_over_ten_thousand_jobs(start_worker):
+    """concurrency + 2 connections (threads, control loop, listener), no leak."""
+    total, concurrency = 10_000, 4
+    enqueue_many(tasks.add, [((i, i), {}) for i in range(total)])
+    db_name = connection.settings_dict["NAME"]
+    worker = start_worker("--burst", "--concurrency", str(concurrency))
+    peak = 0
+    while worker.popen.poll() is None:
+        peak = max(peak, _backends(db_name))
+        time.sleep(0.05)
+    assert worker.popen.returncode == 0, worker.output()
+    assert _states() == {JobState.SUCCEEDED: total}
+    assert 1 <= peak <= concurrency + 2, peak
+
+
+@postgres_only
+def test_listen_wakes_an_idle_worker_long_before_the_poll(start_worker):
+    worker = start_worker("--concurrency", "1", overrides={"POLL_INTERVAL": 60.0})
+    wait_until(lambda: Worker.objects.exists())
+    time.sleep(0.5)  # let the listener connect; the worker is now idle
+    enqueued = tasks.add.enqueue(1, 1)
+    wait_until(lambda: tasks.add.get_result(enqueued.id).is_finished, timeout=10,
+               what="pickup through NOTIFY (polling would take 60 s)")
+    worker.signal(signal.SIGTERM)
+    assert worker.wait() == 0
+
+
+@postgres_only
+def test_listener_killed_by_the_server_listens_again(start_worker):
+    worker = start_worker("--concurrency", "1", overrides={"POLL_INTERVAL": 60.0})
+    db_name = connection.settings_dict["NAME"]
+
+    def listener_pids():
+        with connection.cursor() as cursor:
+            cursor.execute(
+                "SELECT pid FROM pg_stat_activity WHERE datname = %s AND query LIKE 'LISTEN%%'",
+                [db_name],
+            )
+            return [row[0] for row in cursor.fetchall()]
+
+    (pid,) = wait_until(listener_pids, what="the listener to connect")
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT pg_terminate_backend(%s)", [pid])
+    wait_until(lambda: [p for p in listener_pids() if p != pid], what="a new listener")
+    enqueued = tasks.add.enqueue(1, 1)
+    wait_until(lambda: tasks.add.get_result(enqueued.id).is_finished, timeout=10)
+    worker.signal(signal.SIGTERM)
+    assert worker.wait() == 0
+    assert "LISTEN connection lost" in worker.output()
+
+
+def test_concurrent_claimers_in_threads_never_share(transactional_db):
+    """Many threads claiming at once in one process, each with its own connection."""
+    enqueue_many(tasks.add, [((i, i), {}) for i in range(300)])
+    claimed: list[list[int]] = []
+    lock = threading.Lock()
+
+    def claimer(n: int) -> None:
+        try:
+            while True:
+                batch = store.jobs_claim(worker_id=f"t{n}", queues=(), limit=7,
+                                         lease_seconds=30)
+                if not batch:
+                    return
+                with lock:
+                    claimed.append([c.id for c in batch])
+        finally:
+            connection.close()
+
+    threads = [threading.Thread(target=claimer, args=(n,)) for n in range(6)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    ids = [i for batch in claimed for i in batch]
+    assert len(ids) == len(set(ids)) == 300
