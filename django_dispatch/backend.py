@@ -323,7 +323,7 @@ def task_for_row(row: Mapping[str, Any]) -> Task:
 
 
 def task_errors(errors: list[dict[str, Any]], state: str) -> list[TaskError]:
-    result = [
+    result: list[TaskError] = [
         TaskError(exception_class_path=e["exception_class_path"], traceback=e["traceback"])
         for e in errors
     ]
@@ -342,7 +342,7 @@ def result_from_values(
 ) -> TaskResult:
     """A TaskResult from a job row's values (a Job's fields or a claim row)."""
     state = values["state"]
-    result = TaskResult(
+    result: TaskResult[Any, Any] = TaskResult(
         task=task or task_for_row(values),
         id=str(values["id"]),
         status=TaskResultStatus(status) if status else to_status(state),
@@ -375,4 +375,3 @@ def backend_for(alias: str) -> DispatchBackend | None:
     except Exception:
         return None
     return backend if isinstance(backend, DispatchBackend) else None
-

@@ -50,9 +50,7 @@ def check_dispatch_settings(app_configs: Any = None, **kwargs: Any) -> list[chec
 def unapplied_migrations(db: str) -> list[str]:
     """Names of django_dispatch migrations not applied on ``db``."""
     executor = MigrationExecutor(connections[db])
-    targets = [
-        key for key in executor.loader.graph.leaf_nodes() if key[0] == "django_dispatch"
-    ]
+    targets = [key for key in executor.loader.graph.leaf_nodes() if key[0] == "django_dispatch"]
     plan = executor.migration_plan(targets)
     return [migration.name for migration, backwards in plan if not backwards]
 

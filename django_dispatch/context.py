@@ -14,8 +14,9 @@ from .backend import to_json
 from .exceptions import JobCancelled
 
 
+# django-stubs declares TaskContext non-frozen; Django's own class is frozen.
 @dataclass(frozen=True, slots=True, kw_only=True)
-class DispatchTaskContext(TaskContext):
+class DispatchTaskContext(TaskContext):  # type: ignore[misc]
     """``django.tasks.TaskContext`` plus a resume cursor.
 
     ``checkpoint`` is the last value saved with ``progress()`` by this or an
@@ -51,9 +52,7 @@ class DispatchTaskContext(TaskContext):
         if self.cancel_event.is_set():
             raise JobCancelled(self._gone())
         value = to_json(value, "A checkpoint")
-        if not store.job_progress_if_leased(
-            self.lease, value, lease_seconds=self.lease_seconds
-        ):
+        if not store.job_progress_if_leased(self.lease, value, lease_seconds=self.lease_seconds):
             self.cancel_event.set()
             raise JobCancelled(self._gone())
         object.__setattr__(self, "saved_checkpoint", value)

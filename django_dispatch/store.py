@@ -363,7 +363,7 @@ def jobs_rescue_expired(
             error = error_entry(
                 WORKER_LOST_PATH,
                 f"worker {row['worker_id']} stopped renewing its lease "
-                f"(expired {row['lease_expires_at'].isoformat()})",
+                f"(expired {row['lease_expires_at']})",
                 f"{WORKER_LOST_PATH}: worker {row['worker_id']} was lost while running "
                 f"this job ({lost} of at most {max_worker_lost} lost workers)\n",
             )
@@ -477,4 +477,3 @@ def workers_delete_stale(*, stale_seconds: float, db: str | None = None) -> int:
         .delete()
     )
     return deleted
-

@@ -12,9 +12,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import replace
 
+from . import store
 from .conf import get_settings
 from .models import Job
-from . import store
 from .runtime.worker import Worker, WorkerOptions
 from .states import JobState
 

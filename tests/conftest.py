@@ -60,8 +60,9 @@ def start_worker(transactional_db, tmp_path) -> Iterator[Callable[..., WorkerPro
     """Start ``manage.py rundispatch`` as a real process on the test database."""
     started: list[WorkerProcess] = []
 
-    def start(*args: str, overrides: dict | None = None, db_name: str | None = None
-              ) -> WorkerProcess:
+    def start(
+        *args: str, overrides: dict | None = None, db_name: str | None = None
+    ) -> WorkerProcess:
         connection.ensure_connection()
         env = {
             **os.environ,

@@ -54,7 +54,11 @@ def test_using_options_round_trip():
     result = configured.enqueue(1, 2)
     job = Job.objects.get(pk=result.id)
     assert (job.priority, job.queue_name, job.partition_key, job.idempotency_key) == (
-        7, "other", "p:1", "k1")
+        7,
+        "other",
+        "p:1",
+        "k1",
+    )
     assert job.run_after == when and job.deferred_until == when
     fetched = tasks.add.get_result(result.id)
     assert fetched == result
@@ -148,8 +152,9 @@ def test_arguments_that_do_not_fit_the_function_are_rejected():
     _assert_nothing_written()
 
 
-@override_settings(TASKS={"default": {"BACKEND": "django_dispatch.backend.DispatchBackend",
-                                      "QUEUES": ["default"]}})
+@override_settings(
+    TASKS={"default": {"BACKEND": "django_dispatch.backend.DispatchBackend", "QUEUES": ["default"]}}
+)
 def test_unknown_queue_is_rejected_at_enqueue_even_if_valid_at_definition():
     # tasks.echo was defined (and validated) under QUEUES=[] with queue "emails";
     # settings changed since, so enqueue validates again.

@@ -12,8 +12,8 @@ import time
 import pytest
 from django.core.management import CommandError, call_command
 from django.db import connection
-from django.test import override_settings
 from django.tasks import TaskResultStatus
+from django.test import override_settings
 
 from django_dispatch import enqueue_many, store
 from django_dispatch.models import Job, Worker
@@ -49,16 +49,20 @@ def test_sigkill_mid_job_is_reclaimed_and_runs_again(start_worker, tmp_path):
     release = tmp_path / "release"
     enqueued = tasks.wait_for_file.enqueue("crash", str(release))
     victim = start_worker("--concurrency", "1")
-    wait_until(lambda: SideEffect.objects.filter(key="crash", note="start").exists(),
-               what="the first attempt to start")
+    wait_until(
+        lambda: SideEffect.objects.filter(key="crash", note="start").exists(),
+        what="the first attempt to start",
+    )
     first = Job.objects.get(pk=enqueued.id)
     old_lease = store.Lease(job_id=first.pk, worker_id=first.worker_id, epoch=first.lease_epoch)
     victim.signal(signal.SIGKILL)
     victim.wait()
 
     survivor = start_worker("--concurrency", "1")
-    wait_until(lambda: SideEffect.objects.filter(key="crash", note="start").count() == 2,
-               what="the job to be reclaimed and started again")
+    wait_until(
+        lambda: SideEffect.objects.filter(key="crash", note="start").count() == 2,
+        what="the job to be reclaimed and started again",
+    )
     # The killed worker's lease is fenced out: its late writes change nothing.
     assert not store.job_finish_if_leased(old_lease, "from the dead")
     assert not store.job_progress_if_leased(old_lease, 99, lease_seconds=30)
@@ -84,8 +88,9 @@ def test_sigterm_hands_back_long_jobs_without_spending_attempts(start_worker, tm
     release = tmp_path / "release"
     long_jobs = [tasks.wait_for_file.enqueue(f"long-{i}", str(release)) for i in range(3)]
     worker = start_worker("--concurrency", "2", "--shutdown-timeout", "0.5")
-    wait_until(lambda: SideEffect.objects.filter(note="start").count() == 2,
-               what="two jobs to start")
+    wait_until(
+        lambda: SideEffect.objects.filter(note="start").count() == 2, what="two jobs to start"
+    )
     worker.signal(signal.SIGTERM)
     assert worker.wait(30) == 0, worker.output()
     assert "handed back" in worker.output()
@@ -116,8 +121,9 @@ def test_sigterm_lets_short_jobs_finish(start_worker):
 
 def test_processes_flag_forks_workers_under_a_supervisor(start_worker):
     enqueue_many(tasks.record, [((f"p-{i}",), {}) for i in range(200)])
-    supervisor = start_worker("--processes", "2", "--concurrency", "2", "--burst",
-                              "--worker-id", "sup")
+    supervisor = start_worker(
+        "--processes", "2", "--concurrency", "2", "--burst", "--worker-id", "sup"
+    )
     assert supervisor.wait(120) == 0, supervisor.output()
     assert Execution.objects.count() == 200
     assert _states() == {JobState.SUCCEEDED: 200}
@@ -130,8 +136,10 @@ def test_supervisor_restarts_a_killed_child_and_exits_nonzero(start_worker):
     wait_until(lambda: Worker.objects.filter(id__in=["sup.0", "sup.1"]).count() == 2)
     child_pid = Worker.objects.get(id="sup.0").pid
     os.kill(child_pid, signal.SIGKILL)
-    wait_until(lambda: Worker.objects.filter(id="sup.0").exclude(pid=child_pid).exists(),
-               what="the killed child to be restarted")
+    wait_until(
+        lambda: Worker.objects.filter(id="sup.0").exclude(pid=child_pid).exists(),
+        what="the killed child to be restarted",
+    )
     enqueued = tasks.add.enqueue(1, 2)
     wait_until(lambda: tasks.add.get_result(enqueued.id).is_finished)
     supervisor.signal(signal.SIGTERM)
@@ -162,10 +170,15 @@ def test_worker_refuses_to_start_without_migrations(tmp_path):
     else:
         name = str(tmp_path / "empty.sqlite3")
     try:
-        env = {**os.environ, "DJANGO_SETTINGS_MODULE": "tests.settings",
-               "DISPATCH_DB_NAME": name}
-        proc = subprocess.run([sys.executable, "-m", "django", "rundispatch", "--burst"],
-                              cwd=ROOT, env=env, capture_output=True, text=True, timeout=60)
+        env = {**os.environ, "DJANGO_SETTINGS_MODULE": "tests.settings", "DISPATCH_DB_NAME": name}
+        proc = subprocess.run(
+            [sys.executable, "-m", "django", "rundispatch", "--burst"],
+            cwd=ROOT,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
         assert proc.returncode != 0
         assert "not applied" in proc.stderr and "migrate" in proc.stderr
     finally:
@@ -175,15 +188,21 @@ def test_worker_refuses_to_start_without_migrations(tmp_path):
 
 
 def test_unknown_queue_flag_is_rejected():
-    restricted = {"default": {"BACKEND": "django_dispatch.backend.DispatchBackend",
-                              "QUEUES": ["default", "emails"]}}
+    restricted = {
+        "default": {
+            "BACKEND": "django_dispatch.backend.DispatchBackend",
+            "QUEUES": ["default", "emails"],
+        }
+    }
     with override_settings(TASKS=restricted), pytest.raises(CommandError, match="nope"):
         call_command("rundispatch", "--queues", "emails,nope", "--burst")
 
 
 def test_invalid_dispatch_settings_are_rejected():
-    with override_settings(DISPATCH={"LEASE_SECONDS": 3, "HEARTBEAT_INTERVAL": 2}), \
-            pytest.raises(CommandError, match="HEARTBEAT_INTERVAL"):
+    with (
+        override_settings(DISPATCH={"LEASE_SECONDS": 3, "HEARTBEAT_INTERVAL": 2}),
+        pytest.raises(CommandError, match="HEARTBEAT_INTERVAL"),
+    ):
         call_command("rundispatch", "--burst")
 
 
@@ -221,8 +240,11 @@ def test_listen_wakes_an_idle_worker_long_before_the_poll(start_worker):
     wait_until(lambda: Worker.objects.exists())
     time.sleep(0.5)  # let the listener connect; the worker is now idle
     enqueued = tasks.add.enqueue(1, 1)
-    wait_until(lambda: tasks.add.get_result(enqueued.id).is_finished, timeout=10,
-               what="pickup through NOTIFY (polling would take 60 s)")
+    wait_until(
+        lambda: tasks.add.get_result(enqueued.id).is_finished,
+        timeout=10,
+        what="pickup through NOTIFY (polling would take 60 s)",
+    )
     worker.signal(signal.SIGTERM)
     assert worker.wait() == 0
 
@@ -260,8 +282,7 @@ def test_concurrent_claimers_in_threads_never_share(transactional_db):
     def claimer(n: int) -> None:
         try:
             while True:
-                batch = store.jobs_claim(worker_id=f"t{n}", queues=(), limit=7,
-                                         lease_seconds=30)
+                batch = store.jobs_claim(worker_id=f"t{n}", queues=(), limit=7, lease_seconds=30)
                 if not batch:
                     return
                 with lock:

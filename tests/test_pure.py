@@ -35,8 +35,16 @@ def test_status_mapping():
 def _result(failures: int) -> TaskResult:
     now = datetime.now(UTC)
     return TaskResult(
-        task=add, id="1", status=TaskResultStatus.RUNNING, enqueued_at=now, started_at=now,
-        finished_at=None, last_attempted_at=now, args=[], kwargs={}, backend="default",
+        task=add,
+        id="1",
+        status=TaskResultStatus.RUNNING,
+        enqueued_at=now,
+        started_at=now,
+        finished_at=None,
+        last_attempted_at=now,
+        args=[],
+        kwargs={},
+        backend="default",
         errors=[TaskError(exception_class_path="x.Y", traceback="") for _ in range(failures)],
         worker_ids=["w"] * failures,
     )

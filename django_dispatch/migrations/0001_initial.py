@@ -5,65 +5,130 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
-
     initial = True
 
-    dependencies = [
-    ]
+    dependencies = []
 
     operations = [
         migrations.CreateModel(
-            name='Worker',
+            name="Worker",
             fields=[
-                ('id', models.CharField(max_length=100, primary_key=True, serialize=False)),
-                ('hostname', models.CharField(max_length=255)),
-                ('pid', models.PositiveIntegerField()),
-                ('queues', models.JSONField(default=list, help_text='Empty: every queue.')),
-                ('concurrency', models.PositiveIntegerField()),
-                ('running_jobs', models.PositiveIntegerField(default=0)),
-                ('started_at', models.DateTimeField(db_default=django.db.models.functions.datetime.Now())),
-                ('last_seen_at', models.DateTimeField(db_default=django.db.models.functions.datetime.Now())),
+                ("id", models.CharField(max_length=100, primary_key=True, serialize=False)),
+                ("hostname", models.CharField(max_length=255)),
+                ("pid", models.PositiveIntegerField()),
+                ("queues", models.JSONField(default=list, help_text="Empty: every queue.")),
+                ("concurrency", models.PositiveIntegerField()),
+                ("running_jobs", models.PositiveIntegerField(default=0)),
+                (
+                    "started_at",
+                    models.DateTimeField(db_default=django.db.models.functions.datetime.Now()),
+                ),
+                (
+                    "last_seen_at",
+                    models.DateTimeField(db_default=django.db.models.functions.datetime.Now()),
+                ),
             ],
             options={
-                'ordering': ['id'],
+                "ordering": ["id"],
             },
         ),
         migrations.CreateModel(
-            name='Job',
+            name="Job",
             fields=[
-                ('id', models.BigAutoField(primary_key=True, serialize=False)),
-                ('task_path', models.CharField(help_text='Import path of the Task object.', max_length=255)),
-                ('backend', models.CharField(default='default', max_length=100)),
-                ('queue_name', models.CharField(default='default', max_length=100)),
-                ('priority', models.SmallIntegerField(default=0)),
-                ('args', models.JSONField(blank=True, default=list)),
-                ('kwargs', models.JSONField(blank=True, default=dict)),
-                ('state', models.CharField(choices=[('pending', 'Pending'), ('running', 'Running'), ('succeeded', 'Succeeded'), ('failed', 'Failed'), ('cancelled', 'Cancelled')], default='pending', max_length=16)),
-                ('run_after', models.DateTimeField(db_default=django.db.models.functions.datetime.Now())),
-                ('deferred_until', models.DateTimeField(blank=True, null=True)),
-                ('partition_key', models.CharField(blank=True, max_length=255, null=True)),
-                ('idempotency_key', models.CharField(blank=True, max_length=255, null=True)),
-                ('attempts', models.PositiveIntegerField(default=0, help_text='Attempts started.')),
-                ('max_attempts', models.PositiveIntegerField(default=1)),
-                ('worker_lost_count', models.PositiveIntegerField(default=0, help_text='Attempts lost because the worker died (not task errors).')),
-                ('worker_id', models.CharField(blank=True, max_length=100, null=True)),
-                ('lease_epoch', models.PositiveIntegerField(default=0)),
-                ('lease_expires_at', models.DateTimeField(blank=True, null=True)),
-                ('heartbeat_at', models.DateTimeField(blank=True, null=True)),
-                ('checkpoint', models.JSONField(blank=True, null=True)),
-                ('return_value', models.JSONField(blank=True, null=True)),
-                ('errors', models.JSONField(blank=True, default=list)),
-                ('worker_ids', models.JSONField(blank=True, default=list)),
-                ('enqueued_at', models.DateTimeField(db_default=django.db.models.functions.datetime.Now())),
-                ('started_at', models.DateTimeField(blank=True, null=True)),
-                ('last_attempted_at', models.DateTimeField(blank=True, null=True)),
-                ('finished_at', models.DateTimeField(blank=True, null=True)),
+                ("id", models.BigAutoField(primary_key=True, serialize=False)),
+                (
+                    "task_path",
+                    models.CharField(help_text="Import path of the Task object.", max_length=255),
+                ),
+                ("backend", models.CharField(default="default", max_length=100)),
+                ("queue_name", models.CharField(default="default", max_length=100)),
+                ("priority", models.SmallIntegerField(default=0)),
+                ("args", models.JSONField(blank=True, default=list)),
+                ("kwargs", models.JSONField(blank=True, default=dict)),
+                (
+                    "state",
+                    models.CharField(
+                        choices=[
+                            ("pending", "Pending"),
+                            ("running", "Running"),
+                            ("succeeded", "Succeeded"),
+                            ("failed", "Failed"),
+                            ("cancelled", "Cancelled"),
+                        ],
+                        default="pending",
+                        max_length=16,
+                    ),
+                ),
+                (
+                    "run_after",
+                    models.DateTimeField(db_default=django.db.models.functions.datetime.Now()),
+                ),
+                ("deferred_until", models.DateTimeField(blank=True, null=True)),
+                ("partition_key", models.CharField(blank=True, max_length=255, null=True)),
+                ("idempotency_key", models.CharField(blank=True, max_length=255, null=True)),
+                ("attempts", models.PositiveIntegerField(default=0, help_text="Attempts started.")),
+                ("max_attempts", models.PositiveIntegerField(default=1)),
+                (
+                    "worker_lost_count",
+                    models.PositiveIntegerField(
+                        default=0,
+                        help_text="Attempts lost because the worker died (not task errors).",
+                    ),
+                ),
+                ("worker_id", models.CharField(blank=True, max_length=100, null=True)),
+                ("lease_epoch", models.PositiveIntegerField(default=0)),
+                ("lease_expires_at", models.DateTimeField(blank=True, null=True)),
+                ("heartbeat_at", models.DateTimeField(blank=True, null=True)),
+                ("checkpoint", models.JSONField(blank=True, null=True)),
+                ("return_value", models.JSONField(blank=True, null=True)),
+                ("errors", models.JSONField(blank=True, default=list)),
+                ("worker_ids", models.JSONField(blank=True, default=list)),
+                (
+                    "enqueued_at",
+                    models.DateTimeField(db_default=django.db.models.functions.datetime.Now()),
+                ),
+                ("started_at", models.DateTimeField(blank=True, null=True)),
+                ("last_attempted_at", models.DateTimeField(blank=True, null=True)),
+                ("finished_at", models.DateTimeField(blank=True, null=True)),
             ],
             options={
-                'ordering': ['-id'],
-                'permissions': [('cancel_job', 'Can cancel jobs'), ('retry_job', 'Can retry jobs')],
-                'indexes': [models.Index(models.OrderBy(models.F('priority'), descending=True), models.F('run_after'), models.F('id'), condition=models.Q(('state', 'pending')), name='dispatch_job_claim'), models.Index(models.F('lease_expires_at'), condition=models.Q(('state', 'running')), name='dispatch_job_lease'), models.Index(models.F('state'), models.F('finished_at'), condition=models.Q(('state__in', ['succeeded', 'failed', 'cancelled'])), name='dispatch_job_finished')],
-                'constraints': [models.CheckConstraint(condition=models.Q(('priority__gte', -100), ('priority__lte', 100)), name='dispatch_job_priority_range'), models.CheckConstraint(condition=models.Q(('state__in', ['pending', 'running', 'succeeded', 'failed', 'cancelled'])), name='dispatch_job_state_valid')],
+                "ordering": ["-id"],
+                "permissions": [("cancel_job", "Can cancel jobs"), ("retry_job", "Can retry jobs")],
+                "indexes": [
+                    models.Index(
+                        models.OrderBy(models.F("priority"), descending=True),
+                        models.F("run_after"),
+                        models.F("id"),
+                        condition=models.Q(("state", "pending")),
+                        name="dispatch_job_claim",
+                    ),
+                    models.Index(
+                        models.F("lease_expires_at"),
+                        condition=models.Q(("state", "running")),
+                        name="dispatch_job_lease",
+                    ),
+                    models.Index(
+                        models.F("state"),
+                        models.F("finished_at"),
+                        condition=models.Q(("state__in", ["succeeded", "failed", "cancelled"])),
+                        name="dispatch_job_finished",
+                    ),
+                ],
+                "constraints": [
+                    models.CheckConstraint(
+                        condition=models.Q(("priority__gte", -100), ("priority__lte", 100)),
+                        name="dispatch_job_priority_range",
+                    ),
+                    models.CheckConstraint(
+                        condition=models.Q(
+                            (
+                                "state__in",
+                                ["pending", "running", "succeeded", "failed", "cancelled"],
+                            )
+                        ),
+                        name="dispatch_job_state_valid",
+                    ),
+                ],
             },
         ),
     ]

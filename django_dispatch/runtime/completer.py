@@ -45,8 +45,9 @@ def persist(lease: store.Lease, outcome: Outcome, *, give_up_after: float) -> bo
             if time.monotonic() >= deadline:
                 logger.exception("job %s: could not record its outcome; giving up", lease.job_id)
                 return False
-            logger.warning("job %s: recording outcome failed; retrying", lease.job_id,
-                           exc_info=True)
+            logger.warning(
+                "job %s: recording outcome failed; retrying", lease.job_id, exc_info=True
+            )
             for conn in connections.all(initialized_only=True):
                 conn.close_if_unusable_or_obsolete()
             time.sleep(pause)

@@ -161,8 +161,9 @@ def execute(claimed: ClaimedJob, running: RunningJob) -> Outcome:
 
     result = running_result(claimed, task)
     backend = task.get_backend()
-    send_robust(task_started, backend if isinstance(backend, DispatchBackend) else type(backend),
-                result)
+    send_robust(
+        task_started, backend if isinstance(backend, DispatchBackend) else type(backend), result
+    )
     timeout = getattr(task, "timeout", None)
     args, kwargs = list(row["args"]), dict(row["kwargs"])
     if task.takes_context:

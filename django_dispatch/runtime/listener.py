@@ -23,8 +23,9 @@ STOP_CHECK_INTERVAL = 0.5
 
 
 class Listener(threading.Thread):
-    def __init__(self, conn_params: dict[str, Any], wakeup: threading.Event,
-                 health_interval: float) -> None:
+    def __init__(
+        self, conn_params: dict[str, Any], wakeup: threading.Event, health_interval: float
+    ) -> None:
         super().__init__(name="dispatch-listener", daemon=True)
         self.conn_params = conn_params
         self.wakeup = wakeup
@@ -54,8 +55,7 @@ class Listener(threading.Thread):
             except Exception:
                 if self.stopping.is_set():
                     break
-                logger.warning("LISTEN connection lost; polling until it is back",
-                               exc_info=True)
+                logger.warning("LISTEN connection lost; polling until it is back", exc_info=True)
             self.connected.clear()
             self.stopping.wait(pause)
             pause = min(pause * 2, 5.0)

@@ -8,6 +8,7 @@ child ever did, so the abnormal exit is not silent.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import signal
@@ -47,10 +48,8 @@ def supervise(processes: int, run_child: Callable[[int], int], *, restart: bool)
         nonlocal stopping
         stopping = True
         for pid in children:
-            try:
+            with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signum)
-            except ProcessLookupError:
-                pass
 
     signal.signal(signal.SIGTERM, forward)
     signal.signal(signal.SIGINT, forward)
@@ -63,9 +62,9 @@ def supervise(processes: int, run_child: Callable[[int], int], *, restart: bool)
             break
         except InterruptedError:  # pragma: no cover - PEP 475 retries
             continue
-        index = children.pop(pid, None)
-        if index is None:
+        if pid not in children:
             continue
+        index = children.pop(pid)
         code = os.waitstatus_to_exitcode(status)
         if code == 0:
             continue

@@ -191,12 +191,14 @@ class Worker:
 
     def _on_signal(self, signum: int, frame: FrameType | None) -> None:
         if self.stopping:
-            logger.warning("second %s: handing back running jobs now",
-                           signal.Signals(signum).name)
+            logger.warning("second %s: handing back running jobs now", signal.Signals(signum).name)
             self.force_stop = True
         else:
-            logger.info("%s: no new claims; waiting up to %s s for running jobs",
-                        signal.Signals(signum).name, self.options.shutdown_timeout)
+            logger.info(
+                "%s: no new claims; waiting up to %s s for running jobs",
+                signal.Signals(signum).name,
+                self.options.shutdown_timeout,
+            )
             self.stopping = True
         self.wakeup.set()
 
@@ -209,8 +211,12 @@ class Worker:
             queues=opts.queues,
             concurrency=opts.concurrency,
         )
-        logger.info("worker %s started: queues=%s concurrency=%s", opts.worker_id,
-                    list(opts.queues) or "all", opts.concurrency)
+        logger.info(
+            "worker %s started: queues=%s concurrency=%s",
+            opts.worker_id,
+            list(opts.queues) or "all",
+            opts.concurrency,
+        )
         self._start_listener()
         pool = JobThreads(self, opts.concurrency)
         self.pool = pool
@@ -285,7 +291,9 @@ class Worker:
             return
         connection.ensure_connection()
         self.listener = Listener(
-            listener_params(connection), self.wakeup, health_interval=self.settings.HEARTBEAT_INTERVAL
+            listener_params(connection),
+            self.wakeup,
+            health_interval=self.settings.HEARTBEAT_INTERVAL,
         )
         self.listener.start()
 
@@ -314,8 +322,9 @@ class Worker:
         """Renew every lease this worker holds; stop the jobs it lost."""
         with self.lock:
             leases = [r.claimed.lease for r in self.running.values()]
-        lost = store.jobs_renew_leases(leases, lease_seconds=self.settings.LEASE_SECONDS,
-                                       db=self.db)
+        lost = store.jobs_renew_leases(
+            leases, lease_seconds=self.settings.LEASE_SECONDS, db=self.db
+        )
         for job_id in lost:
             with self.lock:
                 running = self.running.get(job_id)
@@ -330,7 +339,8 @@ class Worker:
     def _enforce_timeouts(self, now: float) -> None:
         with self.lock:
             overdue = [
-                r for r in self.running.values()
+                r
+                for r in self.running.values()
                 if r.deadline is not None and now >= r.deadline and not r.abandoned
             ]
         for running in overdue:
@@ -343,8 +353,12 @@ class Worker:
                     running.claimed.lease, outcome, give_up_after=self.settings.LEASE_SECONDS
                 )
             )
-            logger.warning("job %s: timed out (deadline %s); %s", job_id, task_timeout,
-                           "recorded" if won else "already finished or lost")
+            logger.warning(
+                "job %s: timed out (deadline %s); %s",
+                job_id,
+                task_timeout,
+                "recorded" if won else "already finished or lost",
+            )
 
     def _timeout_of(self, running: executor.RunningJob) -> float:
         try:
@@ -377,5 +391,8 @@ class Worker:
                     db=self.db,
                 )
             )
-            logger.warning("job %s: %s", running.claimed.id,
-                           "handed back to the queue" if released else "already finished or lost")
+            logger.warning(
+                "job %s: %s",
+                running.claimed.id,
+                "handed back to the queue" if released else "already finished or lost",
+            )

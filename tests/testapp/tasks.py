@@ -42,11 +42,13 @@ def record_many(key):
 
 @task()
 def sleep_then_record(key, seconds):
-    SideEffect.objects.create(key=key, worker_pid=os.getpid(), note="start",
-                              started_at=timezone.now())
+    SideEffect.objects.create(
+        key=key, worker_pid=os.getpid(), note="start", started_at=timezone.now()
+    )
     time.sleep(seconds)
-    SideEffect.objects.create(key=key, worker_pid=os.getpid(), note="end",
-                              finished_at=timezone.now())
+    SideEffect.objects.create(
+        key=key, worker_pid=os.getpid(), note="end", finished_at=timezone.now()
+    )
     return key
 
 
@@ -90,8 +92,9 @@ async def async_add(a, b):
 
 @task(takes_context=True)
 def with_context(context, key):
-    SideEffect.objects.create(key=key, job_id=context.task_result.id,
-                              note=f"attempt={context.attempt}")
+    SideEffect.objects.create(
+        key=key, job_id=context.task_result.id, note=f"attempt={context.attempt}"
+    )
     return {"attempt": context.attempt, "id": context.task_result.id}
 
 

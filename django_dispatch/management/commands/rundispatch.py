@@ -26,20 +26,39 @@ class Command(BaseCommand):
 
     def add_arguments(self, parser: CommandParser) -> None:
         cfg = get_settings()
-        parser.add_argument("--queues", default="",
-                            help="Comma-separated queue names to serve (default: all).")
-        parser.add_argument("--concurrency", type=_positive_int, default=cfg.CONCURRENCY,
-                            help="Job threads per process (default: DISPATCH['CONCURRENCY']).")
-        parser.add_argument("--processes", type=_positive_int, default=1,
-                            help="Worker processes to fork under one supervisor.")
-        parser.add_argument("--burst", action="store_true",
-                            help="Run every job runnable now, then exit 0.")
-        parser.add_argument("--max-jobs", type=_positive_int, default=None,
-                            help="Exit after claiming this many jobs (per process).")
-        parser.add_argument("--worker-id", default=None,
-                            help="Worker id (default: host:pid:random).")
-        parser.add_argument("--shutdown-timeout", type=float, default=cfg.SHUTDOWN_TIMEOUT,
-                            help="Seconds to let running jobs finish after SIGTERM.")
+        parser.add_argument(
+            "--queues", default="", help="Comma-separated queue names to serve (default: all)."
+        )
+        parser.add_argument(
+            "--concurrency",
+            type=_positive_int,
+            default=cfg.CONCURRENCY,
+            help="Job threads per process (default: DISPATCH['CONCURRENCY']).",
+        )
+        parser.add_argument(
+            "--processes",
+            type=_positive_int,
+            default=1,
+            help="Worker processes to fork under one supervisor.",
+        )
+        parser.add_argument(
+            "--burst", action="store_true", help="Run every job runnable now, then exit 0."
+        )
+        parser.add_argument(
+            "--max-jobs",
+            type=_positive_int,
+            default=None,
+            help="Exit after claiming this many jobs (per process).",
+        )
+        parser.add_argument(
+            "--worker-id", default=None, help="Worker id (default: host:pid:random)."
+        )
+        parser.add_argument(
+            "--shutdown-timeout",
+            type=float,
+            default=cfg.SHUTDOWN_TIMEOUT,
+            help="Seconds to let running jobs finish after SIGTERM.",
+        )
 
     def handle(self, *args: Any, **options: Any) -> None:
         self.check(display_num_errors=False)
@@ -75,8 +94,9 @@ class Command(BaseCommand):
         if options["processes"] == 1:
             code = run_one(None)
         else:
-            code = supervise(options["processes"], run_one,
-                             restart=not (options["burst"] or options["max_jobs"]))
+            code = supervise(
+                options["processes"], run_one, restart=not (options["burst"] or options["max_jobs"])
+            )
         if code:
             raise SystemExit(code)
 

@@ -2,8 +2,11 @@
 
 from django.core.management.base import BaseCommand
 from django.tasks import TaskResultStatus, default_task_backend
+from django.utils import timezone
 
+from django_dispatch.exceptions import UnknownTask
 from django_dispatch.models import Job
+from django_dispatch.states import JobState
 from shop.models import Delivery
 
 
@@ -19,7 +22,9 @@ class Command(BaseCommand):
         # Read-only: ids (and the state, to tell cancelled from failed) come
         # from the Job table; everything else from the TaskResult Django's API
         # returns, exactly as application code would see it.
-        jobs = Job.objects.order_by("-id").values_list("id", "state", "run_after", "errors")
+        jobs = Job.objects.order_by("-id").values_list(
+            "id", "task_path", "state", "run_after", "errors"
+        )
         if options["last"]:
             jobs = jobs[: options["last"]]
         jobs = list(reversed(jobs))
@@ -29,12 +34,17 @@ class Command(BaseCommand):
 
         self.stdout.write(f"{'job':<6} {'task':<22} {'status':<11} {'attempts':<9} outcome")
         waiting = 0
-        for job_id, state, run_after, errors in jobs:
-            result = default_task_backend.get_result(str(job_id))
+        now = timezone.now()
+        for job_id, task_path, state, run_after, errors in jobs:
+            try:
+                result = default_task_backend.get_result(str(job_id))
+            except UnknownTask as e:  # e.g. a task renamed without an alias
+                self.stdout.write(f"#{job_id:<5} {task_path:<22} ({state}) {e}")
+                continue
             status = result.status
             if status == TaskResultStatus.SUCCESSFUL:
                 outcome = f"returned {result.return_value!r}"
-            elif state == "cancelled":
+            elif state == JobState.CANCELLED:
                 outcome = "cancelled (reported as FAILED with django_dispatch.JobCancelled)"
             elif status == TaskResultStatus.FAILED:
                 last = errors[-1] if errors else None
@@ -43,9 +53,12 @@ class Command(BaseCommand):
                     if last
                     else result.errors[-1].exception_class_path
                 )
-            elif status == TaskResultStatus.READY:
+            elif status == TaskResultStatus.READY and run_after > now:
                 waiting += 1
                 outcome = f"waiting to run at {run_after:%Y-%m-%d %H:%M:%S %Z}"
+            elif status == TaskResultStatus.READY:
+                waiting += 1
+                outcome = "due now, waiting for a worker"
             else:
                 outcome = "running"
             if errors and status == TaskResultStatus.SUCCESSFUL:
@@ -64,6 +77,6 @@ class Command(BaseCommand):
         if waiting:
             self.stdout.write("")
             self.stdout.write(
-                f"{waiting} job(s) wait for a later time; `python manage.py rundispatch` "
+                f"{waiting} job(s) not run yet; `python manage.py rundispatch` "
                 "(without --burst) runs them when they are due."
             )
