@@ -208,8 +208,19 @@ class DispatchBackend(BaseTaskBackend):
         return job
 
     def enqueue(self, task: Task, args: Sequence[Any], kwargs: Mapping[str, Any]) -> TaskResult:
+        """Insert one job in the caller's transaction and return its TaskResult.
+
+        With an idempotency key held by a live job of the same task, nothing
+        is inserted and that job's TaskResult is returned instead.
+        """
         job = self.build_job(task, args, kwargs)
-        store.jobs_insert([job], db=store.db_alias())
+        db = store.db_alias()
+        if job.idempotency_key is None:
+            store.jobs_insert([job], db=db)
+        else:
+            job, created = store.job_insert_idempotent(job, db=db)
+            if not created:
+                return result_from_job(job)
         result = result_from_job(job, task=task)
         send_robust(task_enqueued, self, result)
         return result

@@ -42,6 +42,11 @@ def enqueue_many(
             f"enqueue_many needs a task on a DispatchBackend; {task.module_path} uses "
             f"{type(backend).__name__}."
         )
+    if getattr(task, "idempotency_key", None):
+        raise InvalidTask(
+            "enqueue_many cannot use an idempotency_key: every call would share it. "
+            "Enqueue such calls one by one with task.using(idempotency_key=...).enqueue()."
+        )
     jobs = []
     for index, call in enumerate(calls):
         try:

@@ -11,6 +11,9 @@ from django.tasks import TaskResultStatus
 
 class JobState(models.TextChoices):
     PENDING = "pending", "Pending"  # runnable once run_after has passed
+    #: Waiting behind an earlier job of its partition; out of the claim index
+    #: until that job finishes and promotes it back to pending.
+    BLOCKED = "blocked", "Blocked"
     RUNNING = "running", "Running"  # leased to one worker
     SUCCEEDED = "succeeded", "Succeeded"
     FAILED = "failed", "Failed"  # out of attempts, or not retryable
@@ -18,11 +21,13 @@ class JobState(models.TextChoices):
 
 
 TERMINAL = frozenset({JobState.SUCCEEDED, JobState.FAILED, JobState.CANCELLED})
-LIVE = frozenset({JobState.PENDING, JobState.RUNNING})
+LIVE = frozenset({JobState.PENDING, JobState.BLOCKED, JobState.RUNNING})
 
 TRANSITIONS: dict[JobState, frozenset[JobState]] = {
-    # claim; cancel
-    JobState.PENDING: frozenset({JobState.RUNNING, JobState.CANCELLED}),
+    # claim; demote behind its partition's head; cancel
+    JobState.PENDING: frozenset({JobState.RUNNING, JobState.BLOCKED, JobState.CANCELLED}),
+    # promote when the partition's head finishes; cancel
+    JobState.BLOCKED: frozenset({JobState.PENDING, JobState.CANCELLED}),
     # finish; fail for good; retry, reclaim or hand back (-> pending); cancel
     JobState.RUNNING: frozenset(
         {JobState.SUCCEEDED, JobState.FAILED, JobState.PENDING, JobState.CANCELLED}
@@ -40,6 +45,7 @@ def can_transition(src: str, dst: str) -> bool:
 
 _STATUS = {
     JobState.PENDING: TaskResultStatus.READY,
+    JobState.BLOCKED: TaskResultStatus.READY,
     JobState.RUNNING: TaskResultStatus.RUNNING,
     JobState.SUCCEEDED: TaskResultStatus.SUCCESSFUL,
     JobState.FAILED: TaskResultStatus.FAILED,

@@ -212,7 +212,8 @@ def test_invalid_dispatch_settings_are_rejected():
 def _backends(db_name: str) -> int:
     with connection.cursor() as cursor:
         cursor.execute(
-            "SELECT count(*) FROM pg_stat_activity WHERE datname = %s AND pid <> pg_backend_pid()",
+            "SELECT count(*) FROM pg_stat_activity WHERE datname = %s AND pid <> pg_backend_pid()"
+            " AND backend_type = 'client backend'",  # not autovacuum
             [db_name],
         )
         return cursor.fetchone()[0]

@@ -4,6 +4,8 @@ Invariants kept by the database rather than by code:
 
 * the claim index is partial on ``state = 'pending'``, so the cost of a claim
   does not grow with the number of finished jobs;
+* at most one running job per partition key, and one live job per
+  (task, idempotency key) (partial unique indexes);
 * priority stays in Django's range and the state in our vocabulary
   (check constraints), whatever writes the row.
 
@@ -16,6 +18,8 @@ from django.db.models.functions import Now
 from django.tasks.base import TASK_MAX_PRIORITY, TASK_MIN_PRIORITY
 
 from ..states import JobState
+
+LIVE_STATES = [JobState.PENDING, JobState.BLOCKED, JobState.RUNNING]
 
 
 class Job(models.Model):
@@ -81,6 +85,20 @@ class Job(models.Model):
                 name="dispatch_job_lease",
                 condition=Q(state=JobState.RUNNING),
             ),
+            # A partition's head: its oldest live job.
+            models.Index(
+                "partition_key",
+                "id",
+                name="dispatch_job_part_live",
+                condition=Q(state__in=LIVE_STATES, partition_key__isnull=False),
+            ),
+            # Cancelled jobs whose worker has not let go yet (still leased):
+            # they keep their partition busy.
+            models.Index(
+                "partition_key",
+                name="dispatch_job_part_cancelling",
+                condition=Q(state=JobState.CANCELLED, lease_expires_at__isnull=False),
+            ),
             # Retention: finished jobs by state and age. Partial on terminal
             # states, so it never competes with the claim index.
             models.Index(
@@ -91,6 +109,21 @@ class Job(models.Model):
             ),
         ]
         constraints = [
+            # Partitioned FIFO, enforced by the database: whatever the claim
+            # does, two jobs of one key can never be running at once.
+            models.UniqueConstraint(
+                "partition_key",
+                name="dispatch_job_one_running_per_partition",
+                condition=Q(state=JobState.RUNNING, partition_key__isnull=False),
+            ),
+            # At most one live job per (task, idempotency key); the key is free
+            # again once that job has finished.
+            models.UniqueConstraint(
+                "task_path",
+                "idempotency_key",
+                name="dispatch_job_live_idempotency_key",
+                condition=Q(state__in=LIVE_STATES, idempotency_key__isnull=False),
+            ),
             models.CheckConstraint(
                 condition=Q(priority__gte=TASK_MIN_PRIORITY, priority__lte=TASK_MAX_PRIORITY),
                 name="dispatch_job_priority_range",

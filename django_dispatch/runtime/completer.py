@@ -20,26 +20,32 @@ from .executor import Outcome
 logger = logging.getLogger("django_dispatch.worker")
 
 
-def _write(lease: store.Lease, outcome: Outcome) -> bool:
+def _write(claimed: store.ClaimedJob, outcome: Outcome) -> bool:
+    lease, key = claimed.lease, claimed.row["partition_key"]
     if outcome.kind == "succeeded":
-        return store.job_finish_if_leased(lease, outcome.return_value)
-    return store.job_fail_if_leased(lease, outcome.errors, outcome.retry_in)
+        return store.job_finish_if_leased(lease, outcome.return_value, partition_key=key)
+    if outcome.kind == "discarded":
+        store.job_ack_cancelled(lease, partition_key=key)
+        return False
+    return store.job_fail_if_leased(lease, outcome.errors, outcome.retry_in, partition_key=key)
 
 
-def persist(lease: store.Lease, outcome: Outcome, *, give_up_after: float) -> bool:
+def persist(claimed: store.ClaimedJob, outcome: Outcome, *, give_up_after: float) -> bool:
     """Write the outcome, retrying transient database errors.
 
     Gives up after ``give_up_after`` seconds (about a lease): by then the job
     is reclaimed and will run again, which is the at-least-once fallback.
+    A lost job that was cancelled is let go (``job_ack_cancelled``), which
+    frees its partition.
     """
-    if outcome.kind == "discarded":
-        logger.info("job %s: stopped (cancelled or lost); result discarded", lease.job_id)
-        return False
+    lease = claimed.lease
     deadline = time.monotonic() + give_up_after
     pause = 0.05
     while True:
         try:
-            won = _write(lease, outcome)
+            won = _write(claimed, outcome)
+            if not won and outcome.kind != "discarded":
+                store.job_ack_cancelled(lease, partition_key=claimed.row["partition_key"])
             break
         except (DatabaseError, InterfaceError):
             if time.monotonic() >= deadline:
@@ -52,6 +58,9 @@ def persist(lease: store.Lease, outcome: Outcome, *, give_up_after: float) -> bo
                 conn.close_if_unusable_or_obsolete()
             time.sleep(pause)
             pause = min(pause * 2, 2.0)
+    if outcome.kind == "discarded":
+        logger.info("job %s: stopped (cancelled or lost); result discarded", lease.job_id)
+        return False
     if not won:
         logger.warning(
             "job %s: lease %s lost before completion (cancelled, timed out or reclaimed); "

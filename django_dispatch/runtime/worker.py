@@ -142,15 +142,13 @@ class Worker:
             outcome = executor.execute(running.claimed, running)
             if running.abandoned:
                 outcome = executor.Outcome(kind="discarded", task_result=outcome.task_result)
-            completer.persist(
-                running.claimed.lease, outcome, give_up_after=self.settings.LEASE_SECONDS
-            )
+            completer.persist(running.claimed, outcome, give_up_after=self.settings.LEASE_SECONDS)
         except Exception as e:
             # A bug of ours must not kill the thread, nor leave the job
             # running until its lease expires: fail it (fenced) and go on.
             logger.exception("job %s: unexpected error in the worker", job_id)
             outcome = executor.classify_failure(running.claimed, e, task=None, retryable=False)
-            self._guard(lambda: completer.persist(running.claimed.lease, outcome, give_up_after=1))
+            self._guard(lambda: completer.persist(running.claimed, outcome, give_up_after=1))
         finally:
             self._reset_connections()
             with self.lock:
@@ -268,7 +266,12 @@ class Worker:
         opts = self.options
         if opts.max_jobs is not None and self.claimed_total >= opts.max_jobs:
             return True
-        return opts.burst and claimed == 0 and not self.running
+        if not (opts.burst and claimed == 0 and not self.running):
+            return False
+        # An empty claim is not an empty queue: jobs may wait behind a
+        # partition head that another worker is running.
+        due = self._guard(lambda: store.jobs_due_exist(queues=opts.queues, db=self.db))
+        return due is False  # None: the database did not answer; keep going
 
     def _free_slots(self) -> int:
         with self.lock:
@@ -350,7 +353,7 @@ class Worker:
             self._abandon(running)
             won = self._guard(
                 lambda running=running, outcome=outcome: completer.persist(
-                    running.claimed.lease, outcome, give_up_after=self.settings.LEASE_SECONDS
+                    running.claimed, outcome, give_up_after=self.settings.LEASE_SECONDS
                 )
             )
             logger.warning(

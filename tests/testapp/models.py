@@ -21,3 +21,13 @@ class Execution(models.Model):
 
     key = models.CharField(max_length=200, unique=True)
     worker_pid = models.IntegerField(default=0)
+
+
+class Step(models.Model):
+    """One run of a partitioned job: its key, its place in the key, its window."""
+
+    key = models.CharField(max_length=100)
+    seq = models.IntegerField()
+    started = models.FloatField()
+    finished = models.FloatField()
+    worker_pid = models.IntegerField(default=0)

@@ -2,6 +2,7 @@
 
 import asyncio
 import os
+import random
 import time
 from pathlib import Path
 
@@ -9,7 +10,7 @@ from django.db import transaction
 from django.tasks import task
 from django.utils import timezone
 
-from .models import Execution, SideEffect
+from .models import Execution, SideEffect, Step
 
 
 def quick_backoff(exception, task_result):
@@ -144,3 +145,29 @@ def boom_with_signal():
 
 def not_a_task():
     return "should never run"
+
+
+@task()
+def ordered_step(key, seq, max_sleep=0.01):
+    """Records its run window; partition tests check overlap and order."""
+    started = time.time()
+    time.sleep(random.uniform(0, max_sleep))
+    Step.objects.create(
+        key=key, seq=seq, started=started, finished=time.time(), worker_pid=os.getpid()
+    )
+    return seq
+
+
+@task(takes_context=True)
+def count_and_hold(context, key, total, hold_at, hold_file):
+    """Counts to ``total`` with a checkpoint per item; on its first attempt it
+    stops after ``hold_at`` and waits for ``hold_file`` (the test kills it there)."""
+    start = (context.checkpoint or 0) + 1
+    for item in range(start, total + 1):
+        with transaction.atomic():
+            SideEffect.objects.create(key=key, note=str(item), worker_pid=os.getpid())
+            context.progress(item)
+        if item == hold_at and context.attempt == 1:
+            while not Path(hold_file).exists():
+                time.sleep(0.02)
+    return total

@@ -1,0 +1,68 @@
+"""The only writer of job, lease and worker state.
+
+Every function here is one state transition: one statement, or one short
+transaction that commits before it returns. None of them holds a lock or a
+transaction while task code runs.
+
+Writes made on behalf of a worker take its ``Lease`` and are *fenced*: they
+match only ``state = 'running' AND worker_id = … AND lease_epoch = …``. Each
+claim bumps the epoch, so a worker that was paused, partitioned or too slow
+(and whose job was reclaimed, cancelled or timed out meanwhile) updates zero
+rows and must discard its result. Functions return whether they won.
+
+All times come from the database clock (``Now()``), never from a worker's.
+
+Modules: ``enqueue`` (inserts), ``claim`` (the claim query), ``leases``
+(the worker's fenced writes), ``partitions`` (per-key FIFO heads),
+``maintenance`` (rescue, cancel, retry now), ``workers`` (Worker rows).
+"""
+
+from .base import NOTIFY_CHANNEL, db_alias, error_entry, notify
+from .claim import (
+    CLAIM_FIELDS,
+    ClaimedJob,
+    Lease,
+    claim_candidates,
+    jobs_claim,
+    jobs_due_exist,
+)
+from .enqueue import job_insert_idempotent, jobs_insert
+from .leases import (
+    job_ack_cancelled,
+    job_fail_if_leased,
+    job_finish_if_leased,
+    job_progress_if_leased,
+    job_release_if_leased,
+    jobs_renew_leases,
+)
+from .maintenance import WORKER_LOST_PATH, job_cancel, jobs_rescue_expired, jobs_retry_now
+from .workers import worker_deregister, worker_register, worker_touch, workers_delete_stale
+
+__all__ = [
+    "CLAIM_FIELDS",
+    "NOTIFY_CHANNEL",
+    "WORKER_LOST_PATH",
+    "ClaimedJob",
+    "Lease",
+    "claim_candidates",
+    "db_alias",
+    "error_entry",
+    "job_ack_cancelled",
+    "job_cancel",
+    "job_fail_if_leased",
+    "job_finish_if_leased",
+    "job_insert_idempotent",
+    "job_progress_if_leased",
+    "job_release_if_leased",
+    "jobs_claim",
+    "jobs_due_exist",
+    "jobs_insert",
+    "jobs_renew_leases",
+    "jobs_rescue_expired",
+    "jobs_retry_now",
+    "notify",
+    "worker_deregister",
+    "worker_register",
+    "worker_touch",
+    "workers_delete_stale",
+]

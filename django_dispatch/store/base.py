@@ -1,0 +1,54 @@
+"""Helpers shared by the store's modules."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+from django.db import connections, router
+from django.db.models import DateTimeField, ExpressionWrapper, Value
+from django.db.models.functions import Now
+
+from ..models import Job
+
+NOTIFY_CHANNEL = "django_dispatch"
+
+
+def db_alias() -> str:
+    """The database holding job rows, chosen by the project's routers."""
+    return router.db_for_write(Job)
+
+
+def now_plus(seconds: float) -> ExpressionWrapper:
+    """``now() + seconds`` on the database clock."""
+    return ExpressionWrapper(
+        Now() + Value(timedelta(seconds=seconds)), output_field=DateTimeField()
+    )
+
+
+def notify(db: str) -> None:
+    """Wake idle PostgreSQL workers (delivered when the transaction commits)."""
+    connection = connections[db]
+    if connection.vendor == "postgresql":
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT pg_notify(%s, '')", [NOTIFY_CHANNEL])
+
+
+def take_sqlite_write_lock(db: str) -> None:
+    """Start the current SQLite transaction as a writer.
+
+    SQLite has no row locks; a deferred transaction that read, then tries to
+    write, fails if another writer got in between. Writing first (a no-op
+    UPDATE) takes the database's write lock up front, waiting up to the
+    connection's timeout, so such transactions are serialized instead.
+    """
+    if connections[db].vendor == "sqlite":
+        Job.objects.using(db).filter(pk=0).update(lease_epoch=0)
+
+
+def error_entry(exception_class_path: str, message: str, traceback: str) -> dict[str, str]:
+    """The JSON shape of one attempt's error, as stored in ``Job.errors``."""
+    return {
+        "exception_class_path": exception_class_path,
+        "message": message,
+        "traceback": traceback,
+    }

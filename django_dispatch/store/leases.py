@@ -1,0 +1,182 @@
+"""The worker's writes, each fenced by its lease.
+
+``_leased`` is the fence: the row only while this exact claim still holds
+it. A write that matches nothing returns False and the worker must drop what
+it was about to record.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+from django.db import transaction
+from django.db.models import F, Q
+from django.db.models.functions import Now
+
+from ..models import Job
+from ..states import JobState
+from .base import db_alias, notify, now_plus
+from .claim import Lease
+from .partitions import partition_promote
+
+
+def _leased(lease: Lease, db: str):
+    return Job.objects.using(db).filter(
+        id=lease.job_id,
+        state=JobState.RUNNING,
+        worker_id=lease.worker_id,
+        lease_epoch=lease.epoch,
+    )
+
+
+def _update_then_promote(
+    lease: Lease, partition_key: str | None, db: str | None, frees_partition: bool, **changes: Any
+) -> bool:
+    """A fenced update; if it won and frees the job's partition, promote the next job."""
+    db = db or db_alias()
+    if not (partition_key and frees_partition):
+        return _leased(lease, db).update(**changes) == 1
+    with transaction.atomic(using=db):
+        won = _leased(lease, db).update(**changes) == 1
+        if won:
+            partition_promote(db, partition_key)
+    return won
+
+
+def job_finish_if_leased(
+    lease: Lease, return_value: Any, *, db: str | None = None, partition_key: str | None = None
+) -> bool:
+    """running -> succeeded, storing the JSON return value."""
+    return _update_then_promote(
+        lease,
+        partition_key,
+        db,
+        True,
+        state=JobState.SUCCEEDED,
+        return_value=return_value,
+        finished_at=Now(),
+        lease_expires_at=None,
+    )
+
+
+def job_fail_if_leased(
+    lease: Lease,
+    errors: list[dict[str, Any]],
+    retry_in: float | None,
+    *,
+    db: str | None = None,
+    partition_key: str | None = None,
+) -> bool:
+    """running -> pending after ``retry_in`` seconds, or -> failed when None.
+
+    ``errors`` is the job's whole error history including this attempt; the
+    worker read the earlier entries in its claim, and the fence guarantees
+    nobody else appended since. A job waiting for its retry stays its
+    partition's head, so it keeps blocking the jobs behind it.
+    """
+    if retry_in is None:
+        changes: dict[str, Any] = {"state": JobState.FAILED, "finished_at": Now()}
+    else:
+        changes = {"state": JobState.PENDING, "run_after": now_plus(retry_in)}
+    return _update_then_promote(
+        lease,
+        partition_key,
+        db,
+        retry_in is None,
+        errors=errors,
+        lease_expires_at=None,
+        **changes,
+    )
+
+
+def job_progress_if_leased(
+    lease: Lease, checkpoint: Any, *, lease_seconds: float, db: str | None = None
+) -> bool:
+    """Persist a resume cursor and renew the lease in one fenced write."""
+    db = db or db_alias()
+    return (
+        _leased(lease, db).update(
+            checkpoint=checkpoint, lease_expires_at=now_plus(lease_seconds), heartbeat_at=Now()
+        )
+        == 1
+    )
+
+
+def job_release_if_leased(
+    lease: Lease, *, attempts: int, worker_ids: list[str], db: str | None = None
+) -> bool:
+    """running -> pending without spending an attempt (graceful shutdown).
+
+    ``attempts`` and ``worker_ids`` are the values from before the claim, so
+    the hand-back leaves no trace in the retry budget or the attempt history.
+    The job stays its partition's head.
+    """
+    db = db or db_alias()
+    released = (
+        _leased(lease, db).update(
+            state=JobState.PENDING,
+            worker_id=None,
+            lease_expires_at=None,
+            lease_epoch=F("lease_epoch") + 1,
+            attempts=attempts,
+            worker_ids=worker_ids,
+        )
+        == 1
+    )
+    if released:
+        notify(db)
+    return released
+
+
+def job_ack_cancelled(
+    lease: Lease, *, db: str | None = None, partition_key: str | None = None
+) -> bool:
+    """The worker stopped a job that was cancelled while it ran: let go of it.
+
+    Until this (or the lease's expiry), a cancelled job keeps its partition
+    busy, so the next job of the key never overlaps the cancelled code.
+    """
+    db = db or db_alias()
+    with transaction.atomic(using=db):
+        acked = (
+            Job.objects.using(db)
+            .filter(
+                id=lease.job_id,
+                state=JobState.CANCELLED,
+                worker_id=lease.worker_id,
+                lease_epoch=lease.epoch,
+                lease_expires_at__isnull=False,
+            )
+            .update(lease_expires_at=None)
+            == 1
+        )
+        if acked and partition_key:
+            partition_promote(db, partition_key)
+    return acked
+
+
+def jobs_renew_leases(
+    leases: Iterable[Lease], *, lease_seconds: float, db: str | None = None
+) -> set[int]:
+    """Extend every lease still held; return the ids of jobs this worker lost.
+
+    A job is lost when it was cancelled, timed out by this worker's own
+    control loop, or reclaimed after this worker missed its heartbeats. One
+    UPDATE renews them all; a second query runs only when some were lost.
+    """
+    leases = list(leases)
+    if not leases:
+        return set()
+    db = db or db_alias()
+    held = Q()
+    for lease in leases:
+        held |= Q(id=lease.job_id, lease_epoch=lease.epoch)
+    fence = Job.objects.using(db).filter(
+        held, state=JobState.RUNNING, worker_id=leases[0].worker_id
+    )
+    renewed = fence.update(lease_expires_at=now_plus(lease_seconds), heartbeat_at=Now())
+    if renewed == len(leases):
+        return set()
+    still = set(fence.values_list("id", flat=True))
+    return {lease.job_id for lease in leases} - still

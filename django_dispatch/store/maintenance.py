@@ -1,0 +1,143 @@
+"""Transitions not made by a job's own worker: rescue, cancel, retry now."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from django.db import transaction
+from django.db.models import F
+from django.db.models.functions import Now
+
+from ..models import Job
+from ..sql import JSONAppend
+from ..states import LIVE, JobState
+from .base import db_alias, error_entry, notify, take_sqlite_write_lock
+from .partitions import partition_promote
+
+logger = logging.getLogger("django_dispatch.store")
+
+WORKER_LOST_PATH = "django_dispatch.exceptions.WorkerLost"
+
+
+def jobs_rescue_expired(
+    *, max_worker_lost: int, limit: int = 500, db: str | None = None
+) -> tuple[list[int], list[int]]:
+    """Return jobs whose lease expired to the queue; fail the crash-loopers.
+
+    A lease expires only when its worker stopped heartbeating (SIGKILL, OOM,
+    a frozen host). Such a lost attempt is recorded as a ``WorkerLost`` error
+    and counted in ``worker_lost_count``, not against ``max_attempts``. A job
+    that has lost ``max_worker_lost`` workers is probably what kills them, so
+    it is failed instead of being handed to the next victim. The epoch bump
+    fences out the old worker should it wake up. Cancelled jobs whose worker
+    never let go are released too, freeing their partition. Safe to run from
+    every worker at once: rows are taken with SKIP LOCKED.
+    """
+    db = db or db_alias()
+    requeued: list[int] = []
+    failed: list[int] = []
+    with transaction.atomic(using=db):
+        take_sqlite_write_lock(db)
+        expired = list(
+            Job.objects.using(db)
+            .filter(state__in=[JobState.RUNNING, JobState.CANCELLED], lease_expires_at__lt=Now())
+            .order_by("lease_expires_at")
+            .select_for_update(skip_locked=True)
+            .values(
+                "id", "state", "worker_id", "worker_lost_count", "lease_expires_at", "partition_key"
+            )[:limit]
+        )
+        for row in expired:
+            jobs = Job.objects.using(db).filter(id=row["id"], state=row["state"])
+            if row["state"] == JobState.CANCELLED:
+                jobs.update(lease_expires_at=None)
+            elif _rescue(jobs, row, max_worker_lost):
+                failed.append(row["id"])
+            else:
+                requeued.append(row["id"])
+                continue  # still its partition's head
+            if row["partition_key"]:
+                partition_promote(db, row["partition_key"])
+        if requeued:
+            notify(db)
+    for job_id in requeued:
+        logger.warning("job %s: its worker was lost; returned to the queue", job_id)
+    for job_id in failed:
+        logger.error("job %s: failed after losing %s workers", job_id, max_worker_lost)
+    return requeued, failed
+
+
+def _rescue(jobs: Any, row: Mapping[str, Any], max_worker_lost: int) -> bool:
+    """Record a lost attempt on one expired running job; True if it failed for good."""
+    lost = row["worker_lost_count"] + 1
+    error = error_entry(
+        WORKER_LOST_PATH,
+        f"worker {row['worker_id']} stopped renewing its lease (expired {row['lease_expires_at']})",
+        f"{WORKER_LOST_PATH}: worker {row['worker_id']} was lost while running this job "
+        f"({lost} of at most {max_worker_lost} lost workers)\n",
+    )
+    changes: dict[str, Any] = {
+        "worker_lost_count": lost,
+        "lease_epoch": F("lease_epoch") + 1,
+        "lease_expires_at": None,
+        "errors": JSONAppend("errors", error),
+    }
+    gives_up = lost >= max_worker_lost
+    if gives_up:
+        changes.update(state=JobState.FAILED, finished_at=Now())
+    else:
+        changes.update(state=JobState.PENDING, worker_id=None, run_after=Now())
+    jobs.update(**changes)
+    return gives_up
+
+
+def job_cancel(job_id: int, *, db: str | None = None) -> bool:
+    """pending/blocked/running -> cancelled. True only if this call made the change.
+
+    A running job is flipped in the database first: no retry or reclaim can
+    revive it, and its worker's next fenced write (heartbeat, progress,
+    completion) matches nothing, so the worker stops it and drops its result.
+    It keeps its lease until the worker lets go (``job_ack_cancelled``) or
+    the lease expires, and with it its partition, so the next job of the key
+    never overlaps the cancelled code.
+    """
+    db = db or db_alias()
+    with transaction.atomic(using=db):
+        row = (
+            Job.objects.using(db)
+            .filter(id=job_id, state__in=list(LIVE))
+            .select_for_update()
+            .values("state", "partition_key")
+            .first()
+        )
+        if row is None:
+            return False
+        changes: dict[str, Any] = {"state": JobState.CANCELLED, "finished_at": Now()}
+        if row["state"] != JobState.RUNNING:
+            changes["lease_expires_at"] = None
+        Job.objects.using(db).filter(id=job_id).update(**changes)
+        if row["partition_key"] and row["state"] != JobState.RUNNING:
+            partition_promote(db, row["partition_key"])
+    return True
+
+
+def jobs_retry_now(
+    *, job_ids: Sequence[int] | None = None, queues: Sequence[str] = (), db: str | None = None
+) -> int:
+    """Make pending jobs that wait for a retry due now; return how many.
+
+    Only jobs that already ran (``attempts > 0``) are touched: a job deferred
+    with ``run_after`` keeps its schedule.
+    """
+    db = db or db_alias()
+    waiting = Job.objects.using(db).filter(state=JobState.PENDING, attempts__gt=0)
+    if job_ids is not None:
+        waiting = waiting.filter(id__in=list(job_ids))
+    if queues:
+        waiting = waiting.filter(queue_name__in=list(queues))
+    changed = waiting.update(run_after=Now())
+    if changed:
+        notify(db)
+    return changed

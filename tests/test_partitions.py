@@ -1,0 +1,283 @@
+"""Partitioned FIFO, cancellation of partitioned jobs, and idempotency keys."""
+
+from __future__ import annotations
+
+import itertools
+import random
+import signal
+import threading
+import time
+from collections import defaultdict
+
+import pytest
+from django.db import IntegrityError, connection, transaction
+from django.tasks import TaskResultStatus
+
+from django_dispatch import cancel, enqueue_many, store
+from django_dispatch.models import Job
+from django_dispatch.states import JobState
+from django_dispatch.testing import drain
+from tests.conftest import wait_until
+from tests.testapp import tasks
+from tests.testapp.models import SideEffect, Step
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+def claim(worker="w", limit=10):
+    return store.jobs_claim(worker_id=worker, queues=(), limit=limit, lease_seconds=30)
+
+
+def keyed(key, n, task=tasks.add):
+    args = (lambda i: (i, i)) if task is tasks.add else (lambda i: (f"m{i}",))
+    return [task.using(partition_key=key).enqueue(*args(i)) for i in range(n)]
+
+
+def state(result):
+    return Job.objects.get(pk=result.id).state
+
+
+# --- the claim's partition rules ------------------------------------------------
+
+
+def test_only_the_head_of_a_partition_is_claimed_and_in_order():
+    a = keyed("A", 3)
+    b = keyed("B", 2)
+    free = tasks.add.enqueue(9, 9)
+    first = {c.id for c in claim()}
+    assert first == {int(a[0].id), int(b[0].id), int(free.id)}
+    assert claim() == []  # everything else waits behind a running head
+    assert {state(r) for r in a[1:] + b[1:]} == {JobState.BLOCKED}  # out of the claim index
+
+    for job in Job.objects.filter(state=JobState.RUNNING):
+        lease = store.Lease(job.pk, job.worker_id, job.lease_epoch)
+        assert store.job_finish_if_leased(lease, 0, partition_key=job.partition_key)
+    assert {c.id for c in claim()} == {int(a[1].id), int(b[1].id)}
+
+
+def test_the_database_forbids_two_running_jobs_of_one_key():
+    a = keyed("A", 2)
+    claim(limit=1)
+    with pytest.raises(IntegrityError), transaction.atomic():
+        Job.objects.filter(pk=a[1].id).update(state=JobState.RUNNING)
+
+
+def test_priority_orders_partitions_never_inside_one():
+    low_first = tasks.add.using(partition_key="K", priority=-10).enqueue(1, 1)
+    high_second = tasks.add.using(partition_key="K", priority=90).enqueue(2, 2)
+    (claimed,) = claim()
+    assert claimed.id == int(low_first.id)
+    assert state(high_second) == JobState.BLOCKED
+
+
+def test_failed_or_cancelled_head_does_not_block_the_next():
+    a = keyed("A", 3, task=tasks.fail_always)
+    (head,) = claim()
+    assert store.job_fail_if_leased(head.lease, [], None, partition_key="A")  # for good
+    (second,) = claim()
+    assert second.id == int(a[1].id)
+    assert cancel(a[1].id)  # running: keeps the key until its worker lets go
+    assert claim() == []
+    assert store.job_ack_cancelled(second.lease, partition_key="A")
+    assert [c.id for c in claim()] == [int(a[2].id)]
+
+
+def test_a_head_waiting_for_its_retry_blocks_the_key():
+    a = keyed("A", 2)
+    (head,) = claim()
+    assert store.job_fail_if_leased(head.lease, [], retry_in=3600, partition_key="A")
+    assert claim() == []  # the head is not due, and the next may not overtake it
+    assert store.jobs_retry_now() == 1
+    assert [c.id for c in claim()] == [int(a[0].id)]
+
+
+def test_cancelling_a_pending_head_promotes_the_next():
+    a = keyed("A", 3)
+    claim()  # a[0] runs, a[1] and a[2] are demoted
+    assert cancel(a[1].id)
+    assert claim() == []
+    job = Job.objects.get(pk=a[0].id)
+    store.job_finish_if_leased(
+        store.Lease(job.pk, job.worker_id, job.lease_epoch), 1, partition_key="A"
+    )
+    assert [c.id for c in claim()] == [int(a[2].id)]
+
+
+def test_expired_cancelled_job_frees_its_partition():
+    a = keyed("A", 2)
+    claim()
+    assert cancel(a[0].id)
+    assert claim() == []
+    Job.objects.filter(pk=a[0].id).update(lease_expires_at="2000-01-01T00:00:00Z")
+    store.jobs_rescue_expired(max_worker_lost=3)
+    assert [c.id for c in claim()] == [int(a[1].id)]
+
+
+def test_an_older_job_committed_late_waits_for_the_running_one():
+    """ids are handed out before commit: the older id may appear after a newer one ran."""
+    newer = tasks.add.using(partition_key="A").enqueue(2, 2)
+    claim()
+    older = Job.objects.create(task_path="tests.testapp.tasks.add", args=[1, 1], partition_key="A")
+    Job.objects.filter(pk=older.pk).update(id=int(newer.id) - 1000)  # an older id
+    assert claim() == []
+    job = Job.objects.get(pk=newer.id)
+    store.job_finish_if_leased(
+        store.Lease(job.pk, job.worker_id, job.lease_epoch), 1, partition_key="A"
+    )
+    assert [c.id for c in claim()] == [int(newer.id) - 1000]
+
+
+def test_deep_backlogs_leave_the_claim_index():
+    for key in range(20):
+        enqueue_many(tasks.add.using(partition_key=f"k{key}"), [((i, i), {}) for i in range(30)])
+    enqueue_many(tasks.add, [((i, i), {}) for i in range(5)])
+    # 580 blocked jobs come first in claim order; each claim demotes the ones it
+    # meets, so a few claims find all 20 heads and the 5 unkeyed jobs...
+    claimed, calls = [], 0
+    while batch := store.jobs_claim(worker_id="w", queues=(), limit=25, lease_seconds=30):
+        claimed += batch
+        calls += 1
+    assert len(claimed) == len({c.id for c in claimed}) == 25 and calls <= 8
+    # ...and no blocked job is left in the claim index to be scanned again.
+    assert Job.objects.filter(state=JobState.PENDING).count() == 0
+    assert Job.objects.filter(state=JobState.BLOCKED).count() == 580
+
+
+# --- real workers ---------------------------------------------------------------
+
+
+@pytest.mark.slow
+def test_fifo_per_key_across_processes_with_unkeyed_flowing(start_worker):
+    keys, per_key = 50, 40
+    calls = [(f"key-{k}", seq) for seq in range(per_key) for k in range(keys)]
+    random.Random(7).shuffle(calls)  # interleave keys; per key, enqueue order = seq order
+    by_key: dict[str, int] = defaultdict(int)
+    ordered = []
+    for key, _ in calls:
+        ordered.append((key, by_key[key]))
+        by_key[key] += 1
+    for key, seq in ordered:
+        tasks.ordered_step.using(partition_key=key).enqueue(key, seq)
+    enqueue_many(tasks.ordered_step, [(("free", i), {}) for i in range(300)])
+    workers = [start_worker("--burst", "--concurrency", "4") for _ in range(2)]
+    for worker in workers:
+        assert worker.wait(240) == 0, worker.output()
+
+    assert Job.objects.exclude(state=JobState.SUCCEEDED).count() == 0
+    runs: dict[str, list[Step]] = defaultdict(list)
+    for step in Step.objects.exclude(key="free").order_by("started"):
+        runs[step.key].append(step)
+    assert len(runs) == keys
+    for key, steps in runs.items():
+        assert [s.seq for s in steps] == list(range(per_key)), f"{key} ran out of order"
+        for before, after in itertools.pairwise(steps):
+            assert after.started >= before.finished, f"{key}: {before.seq} overlapped {after.seq}"
+    assert Step.objects.values("worker_pid").distinct().count() == 2
+    # Unkeyed jobs were not starved behind the partitions.
+    last_keyed_end = max(s.finished for steps in runs.values() for s in steps)
+    free_done_before = Step.objects.filter(key="free", finished__lt=last_keyed_end).count()
+    assert free_done_before > 0
+
+
+@pytest.mark.slow
+def test_sigkill_after_item_60_resumes_at_61_on_another_worker(start_worker, tmp_path):
+    hold = tmp_path / "hold"
+    enqueued = tasks.count_and_hold.enqueue("resume", 100, 60, str(hold))
+    victim = start_worker("--concurrency", "1")
+    wait_until(lambda: Job.objects.get(pk=enqueued.id).checkpoint == 60, what="item 60")
+    victim.signal(signal.SIGKILL)
+    victim.wait()
+    survivor = start_worker("--concurrency", "1")
+    wait_until(lambda: tasks.count_and_hold.get_result(enqueued.id).is_finished, timeout=30)
+    survivor.signal(signal.SIGTERM)
+    survivor.wait()
+    result = tasks.count_and_hold.get_result(enqueued.id)
+    assert result.status == TaskResultStatus.SUCCESSFUL and result.attempts == 2
+    items = list(
+        SideEffect.objects.filter(key="resume").order_by("id").values_list("note", "worker_pid")
+    )
+    assert [int(n) for n, _ in items] == list(range(1, 101))  # each item exactly once
+    first_pid = items[0][1]
+    assert {pid for n, pid in items if int(n) <= 60} == {first_pid}
+    assert {pid for n, pid in items if int(n) >= 61} == {survivor.pid}
+
+
+# --- cancellation through a worker ---------------------------------------------
+
+
+def test_cancelling_a_running_partitioned_job_lets_the_next_run_after_it_stops():
+    first = tasks.count_to.using(partition_key="C").enqueue("c1", 10_000, 0.005)
+    second = tasks.record_many.using(partition_key="C").enqueue("c2")
+
+    def cancel_soon():
+        try:
+            wait_until(lambda: SideEffect.objects.filter(key="c1").count() >= 3)
+            assert cancel(first.id)
+        finally:
+            connection.close()
+
+    canceller = threading.Thread(target=cancel_soon)
+    canceller.start()
+    drain(concurrency=2)
+    canceller.join()
+    assert tasks.count_to.get_result(first.id).status == TaskResultStatus.FAILED
+    assert tasks.record_many.get_result(second.id).status == TaskResultStatus.SUCCESSFUL
+    last_c1 = SideEffect.objects.filter(key="c1").order_by("-id").first()
+    c2 = SideEffect.objects.get(key="c2")
+    assert c2.id > last_c1.id  # the next job started only after the cancelled one stopped
+    job = Job.objects.get(pk=first.id)
+    assert job.state == JobState.CANCELLED and job.lease_expires_at is None
+
+
+# --- idempotency keys -------------------------------------------------------------
+
+
+def test_idempotency_key_returns_the_live_job_and_frees_when_finished():
+    one = tasks.add.using(idempotency_key="welcome-42").enqueue(1, 2)
+    two = tasks.add.using(idempotency_key="welcome-42").enqueue(5, 5)
+    assert one.id == two.id and two.args == [1, 2]
+    other_task = tasks.echo.using(idempotency_key="welcome-42").enqueue("x")
+    assert other_task.id != one.id  # keys are per task
+    drain()
+    three = tasks.add.using(idempotency_key="welcome-42").enqueue(7, 7)
+    assert three.id != one.id
+
+
+def test_idempotency_conflict_does_not_abort_the_callers_transaction():
+    with transaction.atomic():
+        one = tasks.add.using(idempotency_key="k").enqueue(1, 2)
+        two = tasks.add.using(idempotency_key="k").enqueue(1, 2)
+        SideEffect.objects.create(key="after-conflict")  # the transaction still works
+    assert one.id == two.id and SideEffect.objects.filter(key="after-conflict").exists()
+
+
+def test_concurrent_enqueues_with_one_key_create_one_job():
+    results: list[str] = []
+    lock = threading.Lock()
+    barrier = threading.Barrier(6)
+
+    def enqueue() -> None:
+        try:
+            barrier.wait()
+            with transaction.atomic():
+                result = tasks.add.using(idempotency_key="race").enqueue(1, 1)
+                time.sleep(0.05)  # hold the transaction open while the others try
+            with lock:
+                results.append(result.id)
+        finally:
+            connection.close()
+
+    threads = [threading.Thread(target=enqueue) for _ in range(6)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len(results) == 6 and len(set(results)) == 1
+    assert Job.objects.filter(idempotency_key="race").count() == 1
+
+
+def test_enqueue_many_refuses_an_idempotency_key():
+    from django.tasks.exceptions import InvalidTask
+
+    with pytest.raises(InvalidTask, match="idempotency_key"):
+        enqueue_many(tasks.add.using(idempotency_key="k"), [((1, 2), {})])
