@@ -38,6 +38,14 @@ def send_receipt(order_id, email):
     return {"order_id": order_id, "sent_to": email}
 
 
+@task
+def add_loyalty_points(user_id, points):
+    """Enqueued with ``using(partition_key=f"user:{user_id}")``: the jobs of one
+    user run one at a time, in the order they were enqueued."""
+    Delivery.objects.create(task="add_loyalty_points", detail=f"user {user_id}: {points:+d} points")
+    return points
+
+
 @task(max_attempts=3, backoff=retry_immediately, takes_context=True)
 def charge_card(context, order_id, amount_cents):
     """Fails on its first attempt (a flaky payment gateway), succeeds on the retry."""

@@ -28,6 +28,18 @@ class Command(BaseCommand):
         for result in enqueue_many(tasks.send_welcome, [([user_id], {}) for user_id in (2, 3, 4)]):
             results.append(("enqueue_many", result))
 
+        # One user's jobs share a partition key: they run one at a time, in
+        # enqueue order, even though the later ones have a higher priority.
+        for priority, points in enumerate((10, -5, 20)):
+            points_task = tasks.add_loyalty_points.using(partition_key="user:7", priority=priority)
+            results.append((f"partition user:7, #{priority + 1}", points_task.enqueue(7, points)))
+
+        # An idempotency key: while the first job is live, enqueuing again
+        # with the same key returns that job instead of adding one.
+        welcome_7 = tasks.send_welcome.using(idempotency_key="welcome-user-7")
+        first, again = welcome_7.enqueue(7), welcome_7.enqueue(7)
+        results.append((f"idempotency key (again: #{again.id})", first))
+
         # A job that is cancelled before any worker sees it.
         cancelled = tasks.send_welcome.enqueue(5)
         cancel(cancelled.id)

@@ -53,6 +53,9 @@ class Command(BaseCommand):
                     if last
                     else result.errors[-1].exception_class_path
                 )
+            elif state == "blocked":
+                waiting += 1
+                outcome = "waiting behind an earlier job of its partition"
             elif status == TaskResultStatus.READY and run_after > now:
                 waiting += 1
                 outcome = f"waiting to run at {run_after:%Y-%m-%d %H:%M:%S %Z}"
