@@ -42,8 +42,15 @@ class DispatchSettings:
         problems = []
         for f in fields(self):
             value = getattr(self, f.name)
-            if isinstance(value, int | float) and not isinstance(value, bool) and value <= 0:
+            if f.type in (bool, "bool"):
+                if not isinstance(value, bool):
+                    problems.append(f"DISPATCH['{f.name}'] must be True or False, got {value!r}.")
+            elif not isinstance(value, int | float) or isinstance(value, bool):
+                problems.append(f"DISPATCH['{f.name}'] must be a number, got {value!r}.")
+            elif value <= 0:
                 problems.append(f"DISPATCH['{f.name}'] must be positive, got {value!r}.")
+        if problems:
+            return problems
         if self.HEARTBEAT_INTERVAL * 3 > self.LEASE_SECONDS:
             problems.append(
                 f"DISPATCH['HEARTBEAT_INTERVAL'] ({self.HEARTBEAT_INTERVAL}) must be at most a "

@@ -18,7 +18,7 @@ CAP_SECONDS = 3600.0
 
 
 def exponential_backoff(exception: BaseException, task_result: TaskResult) -> float:
-    """Default backoff: 1 s, 2 s, 4 s, … capped at an hour, with full jitter.
+    """Default backoff: 1 s, 2 s, 4 s, … capped at an hour, jittered over the upper half.
 
     Jitter spreads retries of jobs that failed together (a database outage)
     so they do not all come back in the same second.

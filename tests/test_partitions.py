@@ -229,6 +229,24 @@ def test_cancelling_a_running_partitioned_job_lets_the_next_run_after_it_stops()
     assert job.state == JobState.CANCELLED and job.lease_expires_at is None
 
 
+@pytest.mark.slow
+def test_a_cancelled_job_that_ignores_the_cancel_keeps_its_partition(start_worker, tmp_path):
+    release = tmp_path / "release"
+    stubborn = tasks.wait_for_file.using(partition_key="S").enqueue("stubborn", str(release))
+    nxt = tasks.record_many.using(partition_key="S").enqueue("next")
+    worker = start_worker("--concurrency", "2")
+    wait_until(lambda: SideEffect.objects.filter(key="stubborn", note="start").exists())
+    assert cancel(stubborn.id)
+    time.sleep(3)  # longer than the 2 s lease: the worker's heartbeat keeps it held
+    assert not SideEffect.objects.filter(key="next").exists()
+    release.touch()
+    wait_until(lambda: tasks.record_many.get_result(nxt.id).is_finished)
+    worker.signal(signal.SIGTERM)
+    assert worker.wait() == 0
+    end = SideEffect.objects.get(key="stubborn", note="end")
+    assert SideEffect.objects.get(key="next").id > end.id
+
+
 # --- idempotency keys -------------------------------------------------------------
 
 

@@ -119,6 +119,27 @@ def test_sigterm_lets_short_jobs_finish(start_worker):
         assert result.status == TaskResultStatus.SUCCESSFUL and result.attempts == 1
 
 
+def test_max_jobs_lets_a_long_running_job_finish(start_worker):
+    enqueued = tasks.sleep_then_record.enqueue("long", 2)
+    worker = start_worker("--max-jobs", "1", "--shutdown-timeout", "0.2")
+    assert worker.wait(30) == 0, worker.output()
+    result = tasks.sleep_then_record.get_result(enqueued.id)
+    assert result.status == TaskResultStatus.SUCCESSFUL and result.attempts == 1
+
+
+def test_a_repeated_sigterm_is_one_stop_request(start_worker):
+    """systemd and Ctrl-C signal the whole group; the supervisor forwards it too."""
+    jobs = [tasks.sleep_then_record.enqueue(f"twice-{i}", 1) for i in range(2)]
+    worker = start_worker("--concurrency", "2", "--shutdown-timeout", "20")
+    wait_until(lambda: SideEffect.objects.filter(note="start").count() == 2)
+    worker.signal(signal.SIGTERM)
+    worker.signal(signal.SIGTERM)
+    assert worker.wait(30) == 0
+    for enqueued in jobs:
+        result = tasks.sleep_then_record.get_result(enqueued.id)
+        assert result.status == TaskResultStatus.SUCCESSFUL, worker.output()
+
+
 def test_processes_flag_forks_workers_under_a_supervisor(start_worker):
     enqueue_many(tasks.record, [((f"p-{i}",), {}) for i in range(200)])
     supervisor = start_worker(

@@ -78,6 +78,12 @@ def test_settings_validation_rejects_slow_heartbeat():
     assert DispatchSettings(POLL_INTERVAL=0).validate()
 
 
+def test_settings_validation_checks_types():
+    problems = DispatchSettings(POLL_INTERVAL="1", LISTEN="yes").validate()  # type: ignore[arg-type]
+    assert any("POLL_INTERVAL" in p and "number" in p for p in problems)
+    assert any("LISTEN" in p and "True or False" in p for p in problems)
+
+
 def test_unknown_setting_keys_are_reported():
     assert unknown_keys({"LEASE_SECONDS": 1, "LEASE_SECOND": 1}) == ["LEASE_SECOND"]
 

@@ -6,7 +6,7 @@ import pytest
 from django.utils import timezone
 
 from django_dispatch import cancel, enqueue_many, store
-from django_dispatch.models import Job
+from django_dispatch.models import Job, Worker
 from django_dispatch.states import JobState
 from tests.conftest import postgres_only
 from tests.testapp import tasks
@@ -168,3 +168,14 @@ def test_claim_query_uses_the_partial_index_among_many_finished_rows():
             plan = store.claim_candidates("default", ["default"], 8).explain()
         assert "dispatch_job_claim" in plan, plan
         assert "Sort" not in plan or pending == 5, plan
+
+
+def test_stale_worker_rows_are_deleted_and_jobs_untouched():
+    store.worker_register("old", hostname="h", pid=1, queues=[], concurrency=1)
+    store.worker_register("fresh", hostname="h", pid=2, queues=[], concurrency=1)
+    Worker.objects.filter(id="old").update(last_seen_at=timezone.now() - timedelta(hours=1))
+    result = tasks.add.enqueue(1, 1)
+    claim(worker="old")
+    assert store.workers_delete_stale(stale_seconds=60) == 1
+    assert list(Worker.objects.values_list("id", flat=True)) == ["fresh"]
+    assert Job.objects.get(pk=result.id).worker_id == "old"

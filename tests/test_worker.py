@@ -206,12 +206,30 @@ def test_arguments_that_no_longer_fit_fail_the_job():
     assert "cannot be called" in row.errors[0]["message"]
 
 
-def test_non_json_return_value_fails_the_job():
-    enqueued = tasks.returns_object.enqueue()
+def test_non_json_return_value_fails_the_job_without_retrying():
+    enqueued = tasks.returns_object.enqueue()  # max_attempts=3: a retry would not help
     drain()
     result = tasks.returns_object.get_result(enqueued.id)
-    assert result.status == TaskResultStatus.FAILED
+    assert result.status == TaskResultStatus.FAILED and result.attempts == 1
     assert "JSON-serializable" in result.errors[0].traceback
+
+
+def test_system_exit_in_a_task_fails_the_job_not_the_worker():
+    bad = tasks.raises_system_exit.enqueue()
+    good = tasks.add.enqueue(1, 1)
+    drain(concurrency=1)
+    result = tasks.raises_system_exit.get_result(bad.id)
+    assert result.status == TaskResultStatus.FAILED and result.attempts == 2
+    assert result.errors[0].exception_class_path == "builtins.SystemExit"
+    assert tasks.add.get_result(good.id).status == TaskResultStatus.SUCCESSFUL
+
+
+def test_job_cancelled_raised_by_the_task_itself_is_an_error():
+    enqueued = tasks.raises_job_cancelled.enqueue()
+    drain()
+    job = Job.objects.get(pk=enqueued.id)
+    assert job.state == JobState.FAILED and job.lease_expires_at is None
+    assert job.errors[0]["exception_class_path"] == "django_dispatch.exceptions.JobCancelled"
 
 
 def test_sync_timeout_fails_the_attempt_and_fences_the_thread():

@@ -180,19 +180,18 @@ def execute(claimed: ClaimedJob, running: RunningJob) -> Outcome:
             value = async_to_sync(_run_async)(task, args, kwargs, timeout, running)
         else:
             value = task.func(*args, **kwargs)
-        if running.cancel_event.is_set() or running.abandoned:
-            return Outcome(kind="discarded", task_result=result)
-        value = to_json(value, f"The return value of {task.module_path}")
-    except JobCancelled as e:
-        return Outcome(kind="discarded", exception=e, task_result=result)
-    except asyncio.CancelledError as e:
-        if running.cancel_event.is_set():
+    except (JobCancelled, asyncio.CancelledError) as e:
+        if running.cancel_event.is_set():  # we asked it to stop
             return Outcome(kind="discarded", exception=e, task_result=result)
+        return classify_failure(claimed, e, task=task)  # raised on its own: an error
+    except BaseException as e:  # SystemExit from a task fails the job, not the thread
         return classify_failure(claimed, e, task=task)
-    except (KeyboardInterrupt, SystemExit):
-        raise
-    except BaseException as e:
-        return classify_failure(claimed, e, task=task)
+    if running.cancel_event.is_set() or running.abandoned:
+        return Outcome(kind="discarded", task_result=result)
+    try:
+        value = to_json(value, f"The return value of {task.module_path}")
+    except InvalidTask as e:  # the same code would return the same value again
+        return classify_failure(claimed, e, task=task, retryable=False)
     _with_status(result, TaskResultStatus.SUCCESSFUL)
     object.__setattr__(result, "_return_value", value)
     return Outcome(kind="succeeded", return_value=value, task_result=result)

@@ -40,6 +40,8 @@ logger = logging.getLogger("django_dispatch.worker")
 #: Extra seconds an async task gets past its timeout before the worker gives
 #: up on it from outside (its own asyncio timeout should have fired first).
 ASYNC_TIMEOUT_GRACE = 1.0
+#: A second stop signal within this many seconds is the same request.
+SIGNAL_DEDUP_SECONDS = 1.0
 
 
 def default_worker_id() -> str:
@@ -102,7 +104,10 @@ class JobThreads:
                 running = self.inbox.get()
                 if running is None:
                     return
-                self.worker.run_job(running)
+                try:
+                    self.worker.run_job(running)
+                except BaseException:  # never lose a job thread silently
+                    logger.exception("job thread crashed; it carries on")
         finally:
             connections.close_all()
 
@@ -127,6 +132,11 @@ class Worker:
         self.lock = threading.Lock()
         self.claimed_total = 0
         self.listener: Listener | None = None
+        self.signalled_at: float | None = None
+        #: When running jobs are handed back. None while draining after
+        #: --burst or --max-jobs: those jobs run to completion.
+        self.stop_deadline: float | None = None
+        self.handed_back = False
 
     # --- job threads ---------------------------------------------------------
 
@@ -188,7 +198,14 @@ class Worker:
         signal.signal(signal.SIGINT, self._on_signal)
 
     def _on_signal(self, signum: int, frame: FrameType | None) -> None:
-        if self.stopping:
+        now = time.monotonic()
+        if self.signalled_at is not None and now - self.signalled_at < SIGNAL_DEDUP_SECONDS:
+            # The same stop request twice: once to the process group (systemd,
+            # Ctrl-C) and once forwarded by the --processes supervisor.
+            return
+        first = self.signalled_at is None
+        self.signalled_at = now
+        if not first:
             logger.warning("second %s: handing back running jobs now", signal.Signals(signum).name)
             self.force_stop = True
         else:
@@ -198,6 +215,7 @@ class Worker:
                 self.options.shutdown_timeout,
             )
             self.stopping = True
+            self.stop_deadline = now + self.options.shutdown_timeout
         self.wakeup.set()
 
     def run(self) -> int:
@@ -221,7 +239,6 @@ class Worker:
         now = time.monotonic()
         next_heartbeat = now + cfg.HEARTBEAT_INTERVAL
         next_reclaim = now  # sweep once at start: a crashed predecessor's jobs
-        stop_deadline: float | None = None
         try:
             while True:
                 now = time.monotonic()
@@ -234,11 +251,10 @@ class Worker:
                 self._enforce_timeouts(now)
 
                 if self.stopping:
-                    if stop_deadline is None:
-                        stop_deadline = now + opts.shutdown_timeout
                     if not self.running:
                         break
-                    if self.force_stop or now >= stop_deadline:
+                    deadline = self.stop_deadline
+                    if self.force_stop or (deadline is not None and now >= deadline):
                         self.hand_back()
                         break
                 else:
@@ -252,7 +268,9 @@ class Worker:
                 self.wakeup.wait(wait)
                 self.wakeup.clear()
         finally:
-            pool.stop()
+            # Threads still in task code after a hand-back are not waited for:
+            # their jobs are back in the queue, and exiting ends them.
+            pool.stop(timeout=0.0 if self.handed_back else 5.0)
             if self.listener:
                 self.listener.stop()
                 self.listener.join(timeout=2.0)
@@ -338,6 +356,7 @@ class Worker:
 
     def reclaim(self) -> None:
         store.jobs_rescue_expired(max_worker_lost=self.settings.MAX_WORKER_LOST, db=self.db)
+        store.workers_delete_stale(stale_seconds=self.settings.WORKER_STALE_SECONDS, db=self.db)
 
     def _enforce_timeouts(self, now: float) -> None:
         with self.lock:
@@ -348,8 +367,8 @@ class Worker:
             ]
         for running in overdue:
             job_id = running.claimed.id
-            task_timeout = running.deadline  # for the log only
-            outcome = executor.timed_out(running.claimed, self._timeout_of(running))
+            task_timeout = self._timeout_of(running)
+            outcome = executor.timed_out(running.claimed, task_timeout)
             self._abandon(running)
             won = self._guard(
                 lambda running=running, outcome=outcome: completer.persist(
@@ -380,6 +399,7 @@ class Worker:
 
     def hand_back(self) -> None:
         """Return unfinished jobs to the queue without spending an attempt."""
+        self.handed_back = True
         with self.lock:
             unfinished = list(self.running.values())
         for running in unfinished:

@@ -179,4 +179,13 @@ def jobs_renew_leases(
     if renewed == len(leases):
         return set()
     still = set(fence.values_list("id", flat=True))
+    # Cancelled jobs still held by this worker keep their lease (and with it
+    # their partition) until the worker lets go: the next job of the key must
+    # not start while the cancelled code may still be running.
+    Job.objects.using(db).filter(
+        held,
+        state=JobState.CANCELLED,
+        worker_id=leases[0].worker_id,
+        lease_expires_at__isnull=False,
+    ).update(lease_expires_at=now_plus(lease_seconds))
     return {lease.job_id for lease in leases} - still

@@ -105,6 +105,7 @@ def job_cancel(job_id: int, *, db: str | None = None) -> bool:
     """
     db = db or db_alias()
     with transaction.atomic(using=db):
+        take_sqlite_write_lock(db)
         row = (
             Job.objects.using(db)
             .filter(id=job_id, state__in=list(LIVE))

@@ -133,9 +133,21 @@ def cpu_bound(seconds):
     return True
 
 
-@task()
+@task(max_attempts=3)
 def returns_object():
     return object()
+
+
+@task(max_attempts=2)
+def raises_system_exit():
+    raise SystemExit(3)
+
+
+@task()
+def raises_job_cancelled():
+    from django_dispatch import JobCancelled
+
+    raise JobCancelled("raised by the task itself, nobody cancelled it")
 
 
 @task()
