@@ -5,6 +5,7 @@ PYTHON ?= $(shell command -v python3.12 >/dev/null 2>&1 && echo python3.12 || ec
 VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
+LINT_PATHS := django_dispatch tests example_project $(wildcard benchmarks)
 
 .PHONY: demo worker test test-postgres test-sqlite lint typecheck bench clean
 
@@ -39,8 +40,8 @@ test-sqlite: $(STAMP)
 	DISPATCH_TEST_DB=sqlite $(PY) -m pytest $(PYTEST_ARGS)
 
 lint: $(STAMP)
-	$(VENV)/bin/ruff check django_dispatch tests example_project benchmarks
-	$(VENV)/bin/ruff format --check django_dispatch tests example_project benchmarks
+	$(VENV)/bin/ruff check $(LINT_PATHS)
+	$(VENV)/bin/ruff format --check $(LINT_PATHS)
 
 typecheck: $(STAMP)
 	DISPATCH_TEST_DB=sqlite $(VENV)/bin/mypy
