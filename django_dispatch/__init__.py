@@ -8,14 +8,22 @@ from typing import TYPE_CHECKING, Any
 
 from .exceptions import AlreadyReplayed, JobCancelled, TaskTimeout
 
-__all__ = ["AlreadyReplayed", "JobCancelled", "TaskTimeout", "cancel", "enqueue_many"]
+__all__ = [
+    "AlreadyReplayed",
+    "JobCancelled",
+    "TaskTimeout",
+    "cancel",
+    "enqueue_many",
+    "replay",
+    "retry_now",
+]
 
 if TYPE_CHECKING:
-    from .services import cancel, enqueue_many
+    from .services import cancel, enqueue_many, replay, retry_now
 
 
 def __getattr__(name: str) -> Any:
-    if name in {"cancel", "enqueue_many"}:
+    if name in {"cancel", "enqueue_many", "replay", "retry_now"}:
         from . import services
 
         return getattr(services, name)

@@ -32,6 +32,8 @@ def check_dispatch_settings(app_configs: Any = None, **kwargs: Any) -> list[chec
     except TypeError as e:
         problems = [f"DISPATCH has a value of the wrong type: {e}"]
     messages += [checks.Error(p, id="django_dispatch.E012") for p in problems]
+    if not problems:
+        messages += _check_cron_entries(get_settings().CRON)
     from .models import Job
 
     vendor = connections[router.db_for_write(Job)].vendor
@@ -76,3 +78,54 @@ def check_migrations_applied(
             id="django_dispatch.W020",
         )
     ]
+
+
+def _check_cron_entries(entries: dict[str, Any]) -> list[checks.CheckMessage]:
+    """Each DISPATCH["CRON"] entry: a valid schedule, time zone, policy and task."""
+    from django.tasks import Task
+    from django.utils.module_loading import import_string
+
+    from . import cron
+
+    messages: list[checks.CheckMessage] = []
+    for name, spec in entries.items():
+        where = f"DISPATCH['CRON'][{name!r}]"
+        if not isinstance(spec, dict) or "schedule" not in spec or "task" not in spec:
+            messages.append(
+                checks.Error(
+                    f"{where} must be a dict with at least 'schedule' and 'task'.",
+                    id="django_dispatch.E030",
+                )
+            )
+            continue
+        try:
+            cron.validate(spec["schedule"], spec.get("timezone") or settings.TIME_ZONE)
+        except cron.CronError as e:
+            messages.append(checks.Error(f"{where}: {e}", id="django_dispatch.E031"))
+        policy = spec.get("misfire_policy", cron.SKIP)
+        if policy not in cron.POLICIES:
+            messages.append(
+                checks.Error(
+                    f"{where}: misfire_policy {policy!r} is not one of {list(cron.POLICIES)}.",
+                    id="django_dispatch.E032",
+                )
+            )
+        try:
+            task = import_string(spec["task"])
+        except ImportError as e:
+            messages.append(
+                checks.Error(
+                    f"{where}: task {spec['task']!r} cannot be imported ({e}).",
+                    hint="Give the import path of a function decorated with @task.",
+                    id="django_dispatch.E033",
+                )
+            )
+            continue
+        if not isinstance(task, Task):
+            messages.append(
+                checks.Error(
+                    f"{where}: {spec['task']!r} is not a Task; decorate it with @task.",
+                    id="django_dispatch.E033",
+                )
+            )
+    return messages

@@ -5,10 +5,16 @@ that ``override_settings`` in tests and settings changes between a task's
 definition and its enqueue are honoured.
 """
 
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields
 from typing import Any
 
 from django.conf import settings
+
+DAY = 86400.0
+
+
+def _default_retention() -> dict[str, float | None]:
+    return {"succeeded": 7 * DAY, "failed": 30 * DAY, "cancelled": 7 * DAY}
 
 
 @dataclass(frozen=True, slots=True)
@@ -36,13 +42,50 @@ class DispatchSettings:
     SHUTDOWN_TIMEOUT: float = 30.0
     #: Seconds after which a Worker row not seen is considered gone.
     WORKER_STALE_SECONDS: float = 300.0
+    #: Seconds between scheduler ticks (cron entries), on every worker.
+    SCHEDULER_INTERVAL: float = 1.0
+    #: Seconds between retention purges (run by the leader only).
+    PURGE_INTERVAL: float = 60.0
+    #: Rows deleted per purge statement: bounds how long a purge holds locks.
+    PURGE_BATCH: int = 1000
+    #: Seconds a dead letter is kept.
+    DEAD_LETTER_RETENTION: float = 90 * DAY
+    #: Seconds finished jobs are kept, per final state; None keeps them forever.
+    JOB_RETENTION: dict[str, float | None] = field(default_factory=_default_retention)
+    #: Cron entries: {name: {"schedule", "task", "args", "kwargs", "timezone",
+    #: "queue_name", "priority", "misfire_policy", "enabled"}}.
+    CRON: dict[str, dict[str, Any]] = field(default_factory=dict)
+
+    @staticmethod
+    def _validate_mapping(name: str, value: Any) -> list[str]:
+        if not isinstance(value, dict):
+            return [f"DISPATCH['{name}'] must be a dict, got {value!r}."]
+        if name != "JOB_RETENTION":
+            return []
+        problems = []
+        for state, seconds in value.items():
+            if state not in ("succeeded", "failed", "cancelled"):
+                problems.append(
+                    f"DISPATCH['JOB_RETENTION'] has unknown state {state!r}; use "
+                    "'succeeded', 'failed' or 'cancelled'."
+                )
+            elif seconds is not None and (
+                not isinstance(seconds, int | float) or isinstance(seconds, bool) or seconds <= 0
+            ):
+                problems.append(
+                    f"DISPATCH['JOB_RETENTION'][{state!r}] must be positive seconds or None "
+                    f"(keep forever), got {seconds!r}."
+                )
+        return problems
 
     def validate(self) -> list[str]:
         """Problems with these values, each phrased as what to change."""
         problems = []
         for f in fields(self):
             value = getattr(self, f.name)
-            if f.type in (bool, "bool"):
+            if f.name in ("JOB_RETENTION", "CRON"):
+                problems += self._validate_mapping(f.name, value)
+            elif f.type in (bool, "bool"):
                 if not isinstance(value, bool):
                     problems.append(f"DISPATCH['{f.name}'] must be True or False, got {value!r}.")
             elif not isinstance(value, int | float) or isinstance(value, bool):
@@ -61,9 +104,7 @@ class DispatchSettings:
 
 
 _FIELD_NAMES = {f.name for f in fields(DispatchSettings)}
-#: Keys read by later subsystems (cron, retention); accepted so that the
-#: unknown-key check does not reject them.
-_OTHER_KEYS = {"CRON"}
+_OTHER_KEYS: set[str] = set()
 
 
 def unknown_keys(raw: dict[str, Any]) -> list[str]:
@@ -72,4 +113,7 @@ def unknown_keys(raw: dict[str, Any]) -> list[str]:
 
 def get_settings() -> DispatchSettings:
     raw: dict[str, Any] = getattr(settings, "DISPATCH", None) or {}
-    return DispatchSettings(**{k: v for k, v in raw.items() if k in _FIELD_NAMES})
+    values = {k: v for k, v in raw.items() if k in _FIELD_NAMES}
+    if isinstance(values.get("JOB_RETENTION"), dict):  # partial overrides keep the defaults
+        values["JOB_RETENTION"] = {**_default_retention(), **values["JOB_RETENTION"]}
+    return DispatchSettings(**values)

@@ -2,15 +2,20 @@
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
+from django.db import transaction
 from django.tasks import Task, TaskResult
 from django.tasks.exceptions import InvalidTask
 from django.tasks.signals import task_enqueued
 
 from . import store
-from .backend import DispatchBackend, result_from_job, send_robust
+from .backend import DispatchBackend, result_from_job, send_robust, task_for_row, to_json
+from .conf import get_settings
+from .exceptions import AlreadyReplayed
+from .models import CronEntry, DeadLetter
 
 
 def cancel(result_id: str | int) -> bool:
@@ -65,3 +70,132 @@ def enqueue_many(
     for result in results:
         send_robust(task_enqueued, backend, result)
     return results
+
+
+def _dead_letter_task(dead_letter: DeadLetter) -> Task:
+    return task_for_row(
+        {
+            "task_path": dead_letter.task_path,
+            "priority": dead_letter.priority,
+            "queue_name": dead_letter.queue_name,
+            "deferred_until": None,
+            "backend": dead_letter.backend,
+            "partition_key": dead_letter.partition_key,
+            "idempotency_key": None,
+        }
+    )
+
+
+def replay(
+    dead_letter_id: int,
+    args: Sequence[Any] | None = None,
+    kwargs: Mapping[str, Any] | None = None,
+    *,
+    replayed_by: str = "",
+) -> TaskResult:
+    """Enqueue a fresh job for a dead letter; return its TaskResult.
+
+    The new job has the same task, queue, priority and partition key, and the
+    original arguments unless corrected ones are given (validated against the
+    task's current signature). It starts with fresh attempt counters. The
+    claim is one compare-and-set in the same transaction as the insert: of
+    two concurrent replays exactly one wins and the other raises
+    ``AlreadyReplayed``; if the insert fails, the claim is rolled back and the
+    entry can be replayed later. The dead letter records who replayed it,
+    when, with which arguments, and the new job's id.
+    """
+    db = store.db_alias()
+    dead_letter = DeadLetter.objects.using(db).filter(id=dead_letter_id).first()
+    if dead_letter is None:
+        raise DeadLetter.DoesNotExist(f"No dead letter with id {dead_letter_id}.")
+    new_args = list(dead_letter.args if args is None else args)
+    new_kwargs = dict(dead_letter.kwargs if kwargs is None else kwargs)
+    task = _dead_letter_task(dead_letter)
+    with transaction.atomic(using=db):
+        if not store.dead_letter_claim_replay(
+            dead_letter_id,
+            replayed_by=replayed_by,
+            args=to_json(new_args, "Replay arguments"),
+            kwargs=to_json(new_kwargs, "Replay keyword arguments"),
+            db=db,
+        ):
+            raise AlreadyReplayed(
+                f"Dead letter {dead_letter_id} was already replayed "
+                f"(see its replay history); nothing was enqueued."
+            )
+        result = task.enqueue(*new_args, **new_kwargs)
+        store.dead_letter_set_replay_job(dead_letter_id, int(result.id), db=db)
+    return result
+
+
+def retry_now(result_id: str | int) -> bool:
+    """Run a job that waits for a retry now. True if it was waiting.
+
+    A job that failed for good is retried with ``replay()`` of its dead
+    letter instead: finished jobs stay finished, replays are new jobs.
+    """
+    try:
+        job_id = int(result_id)
+    except (TypeError, ValueError):
+        return False
+    return store.jobs_retry_now(job_ids=[job_id]) == 1
+
+
+def purge(*, max_seconds: float = 30.0) -> tuple[int, int]:
+    """Delete finished jobs and dead letters past their retention.
+
+    Runs bounded batches until nothing is left or ``max_seconds`` pass.
+    Returns (jobs deleted, dead letters deleted).
+    """
+    cfg = get_settings()
+    deadline = time.monotonic() + max_seconds
+    jobs = letters = 0
+    while time.monotonic() < deadline:
+        batch_jobs = store.jobs_purge(cfg.JOB_RETENTION, batch=cfg.PURGE_BATCH)
+        batch_letters = store.dead_letters_purge(
+            older_than=cfg.DEAD_LETTER_RETENTION, batch=cfg.PURGE_BATCH
+        )
+        jobs += batch_jobs
+        letters += batch_letters
+        if batch_jobs < cfg.PURGE_BATCH and batch_letters < cfg.PURGE_BATCH:
+            break
+    return jobs, letters
+
+
+def run_cron_entry_now(entry_id: int) -> TaskResult:
+    """Enqueue one job of a cron entry now, leaving its schedule untouched."""
+    entry = CronEntry.objects.using(store.db_alias()).get(id=entry_id)
+    task = cron_task(entry)
+    return task.enqueue(*entry.args, **entry.kwargs)
+
+
+def cron_task(entry: CronEntry, idempotency_key: str | None = None) -> Task:
+    """The Task a cron entry runs, with the entry's queue and priority."""
+    return task_for_row(
+        {
+            "task_path": entry.task_path,
+            "priority": entry.priority,
+            "queue_name": entry.queue_name,
+            "deferred_until": None,
+            "backend": "default",
+            "partition_key": None,
+            "idempotency_key": idempotency_key,
+        }
+    )
+
+
+def set_cron_enabled(entry_ids: Sequence[int], enabled: bool) -> int:
+    """Enable or disable cron entries; return how many changed.
+
+    Re-enabling schedules from now on: slots missed while disabled do not fire.
+    """
+    return store.cron_entries_set_enabled(list(entry_ids), enabled)
+
+
+def delete_finished_jobs(job_ids: Sequence[int]) -> int:
+    """Delete the finished jobs among ``job_ids``; pending and running ones stay."""
+    return store.jobs_delete_finished(job_ids)
+
+
+def delete_dead_letters(dead_letter_ids: Sequence[int]) -> int:
+    return store.dead_letters_delete(dead_letter_ids)

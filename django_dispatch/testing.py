@@ -43,6 +43,7 @@ def drain(
                 concurrency=concurrency,
                 burst=True,
                 max_jobs=None if max_jobs is None else max_jobs - total,
+                scheduler=False,  # cron fires through scheduler.tick(), not drain()
             ),
             settings=settings,
             close_connections=False,

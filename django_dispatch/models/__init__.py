@@ -1,4 +1,7 @@
+from .cron import CronEntry
+from .dead_letter import DeadLetter
 from .job import Job
+from .leadership import Leadership
 from .worker import Worker
 
-__all__ = ["Job", "Worker"]
+__all__ = ["CronEntry", "DeadLetter", "Job", "Leadership", "Worker"]

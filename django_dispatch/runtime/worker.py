@@ -21,7 +21,7 @@ import signal
 import socket
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from inspect import iscoroutinefunction
 from types import FrameType
@@ -32,8 +32,9 @@ from .. import store
 from ..backend import task_for_row
 from ..conf import DispatchSettings, get_settings
 from ..exceptions import UnknownTask
-from . import completer, executor
+from . import completer, executor, scheduler
 from .listener import Listener, listener_params
+from .maintenance import Maintenance
 
 logger = logging.getLogger("django_dispatch.worker")
 
@@ -56,6 +57,22 @@ class WorkerOptions:
     burst: bool = False
     max_jobs: int | None = None
     shutdown_timeout: float = 30.0
+    scheduler: bool = True  # run the cron scheduler (--no-scheduler turns it off)
+
+
+class Every:
+    """A duty of the control loop, run every ``interval`` seconds."""
+
+    def __init__(self, interval: float, run: Callable[[], object], *, start_now: bool = True):
+        self.interval = interval
+        self.run = run
+        self.next_at = time.monotonic() + (0.0 if start_now else interval)
+
+    def due(self, now: float) -> bool:
+        if now < self.next_at:
+            return False
+        self.next_at = now + self.interval
+        return True
 
 
 class JobThreads:
@@ -234,20 +251,27 @@ class Worker:
             opts.concurrency,
         )
         self._start_listener()
+        if opts.scheduler:
+            self._guard(scheduler.sync_from_settings)
         pool = JobThreads(self, opts.concurrency)
         self.pool = pool
-        now = time.monotonic()
-        next_heartbeat = now + cfg.HEARTBEAT_INTERVAL
-        next_reclaim = now  # sweep once at start: a crashed predecessor's jobs
+        maintenance = Maintenance(opts.worker_id, cfg, self.db)
+        # Periodic duties of the control loop, first run at once (a crashed
+        # predecessor's expired leases are swept as soon as we lead).
+        duties = [
+            Every(cfg.HEARTBEAT_INTERVAL, self.heartbeat, start_now=False),
+            Every(cfg.HEARTBEAT_INTERVAL, maintenance.elect),
+            Every(cfg.RECLAIM_INTERVAL, maintenance.reclaim),
+            Every(cfg.PURGE_INTERVAL, maintenance.purge),
+        ]
+        if opts.scheduler:
+            duties.append(Every(cfg.SCHEDULER_INTERVAL, scheduler.tick))
         try:
             while True:
                 now = time.monotonic()
-                if now >= next_heartbeat:
-                    self._guard(self.heartbeat)
-                    next_heartbeat = now + cfg.HEARTBEAT_INTERVAL
-                if now >= next_reclaim:
-                    self._guard(self.reclaim)
-                    next_reclaim = now + cfg.RECLAIM_INTERVAL
+                for duty in duties:
+                    if duty.due(now):
+                        self._guard(duty.run)
                 self._enforce_timeouts(now)
 
                 if self.stopping:
@@ -264,8 +288,8 @@ class Worker:
                         continue
                     if claimed and self._free_slots():
                         continue  # more may be waiting: claim again at once
-                wait = min(cfg.POLL_INTERVAL, max(0.0, next_heartbeat - time.monotonic()))
-                self.wakeup.wait(wait)
+                next_duty = min(duty.next_at for duty in duties)
+                self.wakeup.wait(min(cfg.POLL_INTERVAL, max(0.0, next_duty - time.monotonic())))
                 self.wakeup.clear()
         finally:
             # Threads still in task code after a hand-back are not waited for:
@@ -274,6 +298,7 @@ class Worker:
             if self.listener:
                 self.listener.stop()
                 self.listener.join(timeout=2.0)
+            self._guard(maintenance.resign)
             self._guard(lambda: store.worker_deregister(opts.worker_id))
             if self.close_connections:
                 connections.close_all()
@@ -353,10 +378,6 @@ class Worker:
                 logger.info("job %s: cancelled or lost; asking it to stop", job_id)
                 running.stop()
         store.worker_touch(self.options.worker_id, running_jobs=len(leases), db=self.db)
-
-    def reclaim(self) -> None:
-        store.jobs_rescue_expired(max_worker_lost=self.settings.MAX_WORKER_LOST, db=self.db)
-        store.workers_delete_stale(stale_seconds=self.settings.WORKER_STALE_SECONDS, db=self.db)
 
     def _enforce_timeouts(self, now: float) -> None:
         with self.lock:

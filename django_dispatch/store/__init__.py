@@ -14,10 +14,12 @@ All times come from the database clock (``Now()``), never from a worker's.
 
 Modules: ``enqueue`` (inserts), ``claim`` (the claim query), ``leases``
 (the worker's fenced writes), ``partitions`` (per-key FIFO heads),
-``maintenance`` (rescue, cancel, retry now), ``workers`` (Worker rows).
+``maintenance`` (rescue, cancel, retry now), ``dead_letters`` (failures
+kept for replay, retention), ``schedules`` (cron entries), ``leadership``
+(the maintenance lease), ``workers`` (Worker rows).
 """
 
-from .base import NOTIFY_CHANNEL, db_alias, error_entry, notify
+from .base import NOTIFY_CHANNEL, db_alias, db_now, error_entry, notify
 from .claim import (
     CLAIM_FIELDS,
     ClaimedJob,
@@ -26,7 +28,17 @@ from .claim import (
     jobs_claim,
     jobs_due_exist,
 )
+from .dead_letters import (
+    dead_letter_claim_replay,
+    dead_letter_insert,
+    dead_letter_set_replay_job,
+    dead_letters_delete,
+    dead_letters_purge,
+    jobs_delete_finished,
+    jobs_purge,
+)
 from .enqueue import job_insert_idempotent, jobs_insert
+from .leadership import leadership_acquire, leadership_holder, leadership_release
 from .leases import (
     job_ack_cancelled,
     job_fail_if_leased,
@@ -36,6 +48,12 @@ from .leases import (
     jobs_renew_leases,
 )
 from .maintenance import WORKER_LOST_PATH, job_cancel, jobs_rescue_expired, jobs_retry_now
+from .schedules import (
+    cron_entries_claim_due,
+    cron_entries_set_enabled,
+    cron_entry_advance,
+    cron_sync_from_settings,
+)
 from .workers import worker_deregister, worker_register, worker_touch, workers_delete_stale
 
 __all__ = [
@@ -45,7 +63,17 @@ __all__ = [
     "ClaimedJob",
     "Lease",
     "claim_candidates",
+    "cron_entries_claim_due",
+    "cron_entries_set_enabled",
+    "cron_entry_advance",
+    "cron_sync_from_settings",
     "db_alias",
+    "db_now",
+    "dead_letter_claim_replay",
+    "dead_letter_insert",
+    "dead_letter_set_replay_job",
+    "dead_letters_delete",
+    "dead_letters_purge",
     "error_entry",
     "job_ack_cancelled",
     "job_cancel",
@@ -55,11 +83,16 @@ __all__ = [
     "job_progress_if_leased",
     "job_release_if_leased",
     "jobs_claim",
+    "jobs_delete_finished",
     "jobs_due_exist",
     "jobs_insert",
+    "jobs_purge",
     "jobs_renew_leases",
     "jobs_rescue_expired",
     "jobs_retry_now",
+    "leadership_acquire",
+    "leadership_holder",
+    "leadership_release",
     "notify",
     "worker_deregister",
     "worker_register",

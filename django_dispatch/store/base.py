@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 
 from django.db import connections, router
 from django.db.models import DateTimeField, ExpressionWrapper, Value
@@ -31,6 +31,17 @@ def notify(db: str) -> None:
     if connection.vendor == "postgresql":
         with connection.cursor() as cursor:
             cursor.execute("SELECT pg_notify(%s, '')", [NOTIFY_CHANNEL])
+
+
+def db_now(db: str) -> datetime:
+    """The database clock, as an aware datetime."""
+    connection = connections[db]
+    with connection.cursor() as cursor:
+        if connection.vendor == "sqlite":
+            cursor.execute("SELECT STRFTIME('%Y-%m-%d %H:%M:%f', 'NOW')")
+            return datetime.fromisoformat(cursor.fetchone()[0]).replace(tzinfo=UTC)
+        cursor.execute("SELECT CURRENT_TIMESTAMP")
+        return cursor.fetchone()[0]
 
 
 def take_sqlite_write_lock(db: str) -> None:

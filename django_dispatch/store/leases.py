@@ -18,6 +18,7 @@ from ..models import Job
 from ..states import JobState
 from .base import db_alias, notify, now_plus
 from .claim import Lease
+from .dead_letters import dead_letter_insert
 from .partitions import partition_promote
 
 
@@ -73,21 +74,32 @@ def job_fail_if_leased(
     ``errors`` is the job's whole error history including this attempt; the
     worker read the earlier entries in its claim, and the fence guarantees
     nobody else appended since. A job waiting for its retry stays its
-    partition's head, so it keeps blocking the jobs behind it.
+    partition's head, so it keeps blocking the jobs behind it. A job failed
+    for good gets its dead letter in the same transaction.
     """
-    if retry_in is None:
-        changes: dict[str, Any] = {"state": JobState.FAILED, "finished_at": Now()}
-    else:
-        changes = {"state": JobState.PENDING, "run_after": now_plus(retry_in)}
-    return _update_then_promote(
-        lease,
-        partition_key,
-        db,
-        retry_in is None,
-        errors=errors,
-        lease_expires_at=None,
-        **changes,
-    )
+    db = db or db_alias()
+    if retry_in is not None:
+        return (
+            _leased(lease, db).update(
+                state=JobState.PENDING,
+                run_after=now_plus(retry_in),
+                errors=errors,
+                lease_expires_at=None,
+            )
+            == 1
+        )
+    with transaction.atomic(using=db):
+        won = (
+            _leased(lease, db).update(
+                state=JobState.FAILED, finished_at=Now(), errors=errors, lease_expires_at=None
+            )
+            == 1
+        )
+        if won:
+            dead_letter_insert(db, lease.job_id)
+            if partition_key:
+                partition_promote(db, partition_key)
+    return won
 
 
 def job_progress_if_leased(

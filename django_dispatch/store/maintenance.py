@@ -14,6 +14,7 @@ from ..models import Job
 from ..sql import JSONAppend
 from ..states import LIVE, JobState
 from .base import db_alias, error_entry, notify, take_sqlite_write_lock
+from .dead_letters import dead_letter_insert
 from .partitions import partition_promote
 
 logger = logging.getLogger("django_dispatch.store")
@@ -54,6 +55,7 @@ def jobs_rescue_expired(
             if row["state"] == JobState.CANCELLED:
                 jobs.update(lease_expires_at=None)
             elif _rescue(jobs, row, max_worker_lost):
+                dead_letter_insert(db, row["id"])
                 failed.append(row["id"])
             else:
                 requeued.append(row["id"])

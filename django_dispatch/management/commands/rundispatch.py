@@ -54,6 +54,11 @@ class Command(BaseCommand):
             "--worker-id", default=None, help="Worker id (default: host:pid:random)."
         )
         parser.add_argument(
+            "--no-scheduler",
+            action="store_true",
+            help="Do not run the cron scheduler in this worker.",
+        )
+        parser.add_argument(
             "--shutdown-timeout",
             type=float,
             default=cfg.SHUTDOWN_TIMEOUT,
@@ -86,6 +91,7 @@ class Command(BaseCommand):
                     burst=options["burst"],
                     max_jobs=options["max_jobs"],
                     shutdown_timeout=options["shutdown_timeout"],
+                    scheduler=not options["no_scheduler"],
                 )
             )
             worker.install_signal_handlers()

@@ -1,0 +1,23 @@
+"""``manage.py dispatch_purge``: apply retention now (the leader also does it)."""
+
+from typing import Any
+
+from django.core.management.base import BaseCommand, CommandParser
+
+from ...services import purge
+
+
+class Command(BaseCommand):
+    help = "Delete finished jobs and dead letters older than their retention (DISPATCH)."
+
+    def add_arguments(self, parser: CommandParser) -> None:
+        parser.add_argument(
+            "--max-seconds",
+            type=float,
+            default=300.0,
+            help="Stop after this long; run again to continue.",
+        )
+
+    def handle(self, *args: Any, **options: Any) -> None:
+        jobs, letters = purge(max_seconds=options["max_seconds"])
+        self.stdout.write(f"Deleted {jobs} finished jobs and {letters} dead letters.")

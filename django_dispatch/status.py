@@ -1,0 +1,64 @@
+"""A snapshot of the queue for operators: workers, leader, depths, ages, cron.
+
+Every query is bounded: counts are per state over the partial indexes of
+live jobs, never a COUNT(*) over finished ones.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+
+from django.db.models import Count, Min
+from django.db.models.functions import Now
+
+from . import store
+from .models import CronEntry, DeadLetter, Job, Worker
+from .states import JobState
+
+
+@dataclass
+class QueueStatus:
+    name: str
+    pending: int = 0
+    blocked: int = 0
+    running: int = 0
+    oldest_due: timedelta | None = None  # age of the oldest job waiting to run
+
+
+@dataclass
+class Status:
+    now: datetime
+    workers: list[Worker]
+    leader: tuple[str, bool] | None
+    queues: list[QueueStatus]
+    dead_letters_unreplayed: int
+    cron: list[CronEntry]
+
+
+def snapshot() -> Status:
+    db = store.db_alias()
+    jobs = Job.objects.using(db)
+    now = store.db_now(db)
+    queues: dict[str, QueueStatus] = {}
+    live = [JobState.PENDING, JobState.BLOCKED, JobState.RUNNING]
+    for row in jobs.filter(state__in=live).values("queue_name", "state").annotate(n=Count("id")):
+        queue = queues.setdefault(row["queue_name"], QueueStatus(row["queue_name"]))
+        setattr(queue, row["state"], row["n"])
+    oldest_due = (
+        jobs.filter(state=JobState.PENDING, run_after__lte=Now())
+        .values_list("queue_name")
+        .annotate(oldest=Min("run_after"))
+    )
+    for name, oldest in oldest_due:
+        queues.setdefault(name, QueueStatus(name)).oldest_due = now - oldest
+    return Status(
+        now=now,
+        workers=list(Worker.objects.using(db).order_by("id")),
+        leader=store.leadership_holder(db=db),
+        queues=sorted(queues.values(), key=lambda q: q.name),
+        dead_letters_unreplayed=DeadLetter.objects.using(db)
+        .filter(replayed_at__isnull=True)
+        .count(),
+        cron=list(CronEntry.objects.using(db).order_by("name")),
+    )

@@ -1,0 +1,119 @@
+"""Dead letters and retention."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from django.db.models.functions import Now
+
+from ..models import DeadLetter, Job
+from ..states import TERMINAL
+from .base import db_alias, now_plus
+
+
+def dead_letter_insert(db: str, job_id: int) -> DeadLetter:
+    """Record job ``job_id``, just failed for good, as a dead letter.
+
+    Called inside the transaction that marked the job failed: a failure can
+    never exist without its dead letter, nor a dead letter without its failure.
+    """
+    job = Job.objects.using(db).get(id=job_id)
+    last = job.errors[-1] if job.errors else {}
+    return DeadLetter.objects.using(db).create(
+        job_id=job.pk,
+        task_path=job.task_path,
+        backend=job.backend,
+        queue_name=job.queue_name,
+        priority=job.priority,
+        args=job.args,
+        kwargs=job.kwargs,
+        partition_key=job.partition_key,
+        errors=job.errors,
+        worker_ids=job.worker_ids,
+        error_class=last.get("exception_class_path", ""),
+        error_message=last.get("message", ""),
+        enqueued_at=job.enqueued_at,
+    )
+
+
+def dead_letter_claim_replay(
+    dead_letter_id: int,
+    *,
+    replayed_by: str,
+    args: Any,
+    kwargs: Any,
+    db: str | None = None,
+) -> bool:
+    """The replay's compare-and-set: True for the one caller that wins.
+
+    Run it in the same transaction as the new job's insert: if the insert
+    fails, the rollback releases the claim and the entry can be replayed.
+    """
+    return (
+        DeadLetter.objects.using(db or db_alias())
+        .filter(id=dead_letter_id, replayed_at__isnull=True)
+        .update(replayed_at=Now(), replayed_by=replayed_by, replay_args=args, replay_kwargs=kwargs)
+        == 1
+    )
+
+
+def dead_letter_set_replay_job(dead_letter_id: int, job_id: int, *, db: str | None = None) -> None:
+    DeadLetter.objects.using(db or db_alias()).filter(id=dead_letter_id).update(
+        replay_job_id=job_id
+    )
+
+
+def jobs_purge(retention: Mapping[str, float | None], *, batch: int, db: str | None = None) -> int:
+    """Delete one batch of finished jobs older than their state's retention.
+
+    Bounded (``batch`` rows per state per call) so that no delete holds locks
+    for long; the caller repeats until it returns less than a full batch.
+    Only terminal rows are touched, through the partial ``dispatch_job_finished``
+    index, so the claim path never waits on a purge. Safe with several
+    purgers: deleting a row twice deletes it once.
+    """
+    db = db or db_alias()
+    deleted = 0
+    for state, seconds in retention.items():
+        if seconds is None or state not in TERMINAL:
+            continue
+        old = (
+            Job.objects.using(db)
+            .filter(state=state, finished_at__lt=now_plus(-seconds))
+            .order_by("finished_at")
+            .values_list("id", flat=True)[:batch]
+        )
+        ids = list(old)
+        if ids:
+            deleted += Job.objects.using(db).filter(id__in=ids, state=state).delete()[0]
+    return deleted
+
+
+def dead_letters_purge(*, older_than: float, batch: int, db: str | None = None) -> int:
+    """Delete one batch of dead letters that failed more than ``older_than`` s ago."""
+    db = db or db_alias()
+    ids = list(
+        DeadLetter.objects.using(db)
+        .filter(failed_at__lt=now_plus(-older_than))
+        .order_by("failed_at")
+        .values_list("id", flat=True)[:batch]
+    )
+    if not ids:
+        return 0
+    return DeadLetter.objects.using(db).filter(id__in=ids).delete()[0]
+
+
+def jobs_delete_finished(job_ids: Sequence[int], *, db: str | None = None) -> int:
+    """Delete the given jobs that are finished; live ones are left alone."""
+    return (
+        Job.objects.using(db or db_alias())
+        .filter(id__in=list(job_ids), state__in=list(TERMINAL))
+        .delete()[0]
+    )
+
+
+def dead_letters_delete(dead_letter_ids: Sequence[int], *, db: str | None = None) -> int:
+    return (
+        DeadLetter.objects.using(db or db_alias()).filter(id__in=list(dead_letter_ids)).delete()[0]
+    )

@@ -1,0 +1,108 @@
+"""Cron entries: syncing from settings, claiming due entries, advancing them."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from datetime import datetime
+from typing import Any
+
+from django.db.models import QuerySet
+from django.db.models.functions import Now
+
+from ..models import CronEntry
+from .base import db_alias
+
+
+def cron_sync_from_settings(
+    entries: Mapping[str, Mapping[str, Any]], *, default_timezone: str, db: str | None = None
+) -> tuple[int, int, int]:
+    """Make the table match ``DISPATCH["CRON"]``; return (created, updated, disabled).
+
+    Entries removed from settings are disabled, never deleted, so their
+    history stays visible; entries created in the admin are left alone. The
+    watermark of an entry whose schedule or time zone changed is kept: its
+    next run is recomputed by the scheduler from the new schedule.
+    """
+    db = db or db_alias()
+    created = updated = 0
+    for name, spec in entries.items():
+        values = {
+            "schedule": spec["schedule"],
+            "timezone": spec.get("timezone") or default_timezone,
+            "task_path": spec["task"],
+            "args": list(spec.get("args", [])),
+            "kwargs": dict(spec.get("kwargs", {})),
+            "queue_name": spec.get("queue_name", "default"),
+            "priority": spec.get("priority", 0),
+            "misfire_policy": spec.get("misfire_policy", "skip"),
+            "enabled": spec.get("enabled", True),
+            "source": CronEntry.Source.SETTINGS,
+        }
+        entry = CronEntry.objects.using(db).filter(name=name).first()
+        if entry is None:
+            CronEntry.objects.using(db).create(name=name, **values)
+            created += 1
+            continue
+        schedule_changed = (entry.schedule, entry.timezone) != (
+            values["schedule"],
+            values["timezone"],
+        )
+        if schedule_changed:
+            values["next_run_at"] = None  # recomputed at the next tick
+        if any(getattr(entry, k) != v for k, v in values.items()):
+            CronEntry.objects.using(db).filter(pk=entry.pk).update(updated_at=Now(), **values)
+            updated += 1
+    disabled = (
+        CronEntry.objects.using(db)
+        .filter(source=CronEntry.Source.SETTINGS, enabled=True)
+        .exclude(name__in=list(entries))
+        .update(enabled=False, updated_at=Now())
+    )
+    return created, updated, disabled
+
+
+def cron_entries_claim_due(*, limit: int, db: str | None = None) -> QuerySet[CronEntry]:
+    """Enabled entries that are due (or never scheduled), locked, skipping locked ones.
+
+    Evaluate inside ``transaction.atomic()``: the row locks make every slot
+    fire once, however many schedulers tick at the same time. Each entry
+    carries ``db_now``, the database clock, for the slot arithmetic.
+    """
+    from django.db.models import Q
+
+    return (
+        CronEntry.objects.using(db or db_alias())
+        .filter(Q(next_run_at__lte=Now()) | Q(next_run_at__isnull=True), enabled=True)
+        .order_by("next_run_at")
+        .select_for_update(skip_locked=True)
+        .annotate(db_now=Now())[:limit]
+    )
+
+
+def cron_entry_advance(
+    entry_id: int,
+    *,
+    last_slot: datetime,
+    next_run_at: datetime,
+    fired_slot: datetime | None,
+    db: str | None = None,
+) -> None:
+    """Move an entry's watermark on, in the transaction that enqueued its jobs."""
+    changes: dict[str, Any] = {"last_slot": last_slot, "next_run_at": next_run_at}
+    if fired_slot is not None:
+        changes["last_run_at"] = fired_slot
+    CronEntry.objects.using(db or db_alias()).filter(id=entry_id).update(**changes)
+
+
+def cron_entries_set_enabled(entry_ids: list[int], enabled: bool, *, db: str | None = None) -> int:
+    """Enable or disable entries. Re-enabling recomputes the next run from now
+    (slots missed while disabled are not fired)."""
+    changes: dict[str, Any] = {"enabled": enabled, "updated_at": Now()}
+    if enabled:
+        changes.update(next_run_at=None, last_slot=None)
+    return (
+        CronEntry.objects.using(db or db_alias())
+        .filter(id__in=entry_ids)
+        .exclude(enabled=enabled)
+        .update(**changes)
+    )
