@@ -6,11 +6,11 @@ from collections.abc import Mapping
 from datetime import datetime
 from typing import Any
 
-from django.db.models import QuerySet
+from django.db.models import Q
 from django.db.models.functions import Now
 
 from ..models import CronEntry
-from .base import db_alias
+from .base import db_alias, take_sqlite_write_lock
 
 
 def cron_sync_from_settings(
@@ -24,6 +24,7 @@ def cron_sync_from_settings(
     next run is recomputed by the scheduler from the new schedule.
     """
     db = db or db_alias()
+    take_sqlite_write_lock(db)  # several workers sync at once on start-up
     created = updated = 0
     for name, spec in entries.items():
         values = {
@@ -61,18 +62,28 @@ def cron_sync_from_settings(
     return created, updated, disabled
 
 
-def cron_entries_claim_due(*, limit: int, db: str | None = None) -> QuerySet[CronEntry]:
+def _due(db: str):
+    return CronEntry.objects.using(db).filter(
+        Q(next_run_at__lte=Now()) | Q(next_run_at__isnull=True), enabled=True
+    )
+
+
+def cron_entries_due_exist(*, db: str | None = None) -> bool:
+    """One cheap read, outside any transaction: is any entry due?"""
+    return _due(db or db_alias()).exists()
+
+
+def cron_entries_claim_due(*, limit: int, db: str | None = None) -> list[CronEntry]:
     """Enabled entries that are due (or never scheduled), locked, skipping locked ones.
 
-    Evaluate inside ``transaction.atomic()``: the row locks make every slot
-    fire once, however many schedulers tick at the same time. Each entry
-    carries ``db_now``, the database clock, for the slot arithmetic.
+    Call inside ``transaction.atomic()``: the row locks make every slot fire
+    once, however many schedulers tick at the same time. Each entry carries
+    ``db_now``, the database clock, for the slot arithmetic.
     """
-    from django.db.models import Q
-
-    return (
-        CronEntry.objects.using(db or db_alias())
-        .filter(Q(next_run_at__lte=Now()) | Q(next_run_at__isnull=True), enabled=True)
+    db = db or db_alias()
+    take_sqlite_write_lock(db)  # before any read, or SQLite cannot upgrade later
+    return list(
+        _due(db)
         .order_by("next_run_at")
         .select_for_update(skip_locked=True)
         .annotate(db_now=Now())[:limit]

@@ -1,0 +1,132 @@
+"""Pieces shared by the model admins: bounded lists, readable JSON, action reports.
+
+The job table can hold millions of finished rows, so nothing here may cost a
+scan of it: the paginator counts at most ``COUNT_CAP`` rows, and the value
+filters sample recent rows instead of ``SELECT DISTINCT`` over the table.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Iterator
+from typing import Any
+
+from django.contrib import admin
+from django.core.paginator import Paginator
+from django.db.models import Model, QuerySet
+from django.http import HttpRequest
+from django.urls import reverse
+from django.utils.functional import cached_property
+from django.utils.html import format_html, format_html_join
+from django.utils.safestring import SafeString
+
+#: The changelist counts at most this many matching rows (then shows "more
+#: than"); pages beyond it are reached by narrowing with filters or search.
+COUNT_CAP = 10_000
+#: Value filters (task path, queue, error class) offer the values found among
+#: this many most recent rows.
+FILTER_SAMPLE = 5_000
+#: Changelist templates that explain a capped count.
+CHANGE_LIST_TEMPLATE = "django_dispatch/admin/change_list.html"
+
+
+class CappedPaginator(Paginator):
+    """A paginator whose count is ``SELECT COUNT(*) FROM (… LIMIT cap + 1)``.
+
+    Django's paginator runs an unbounded ``COUNT(*)``, a full scan of a big
+    table on PostgreSQL. Counting through a LIMIT stops early; when the cap
+    is hit the count is reported as the cap and ``capped`` is set, so the
+    template says "more than".
+    """
+
+    cap = COUNT_CAP
+
+    @cached_property
+    def count(self) -> int:
+        object_list = self.object_list
+        if not isinstance(object_list, QuerySet):
+            return super().count
+        counted = object_list[: self.cap + 1].count()
+        return min(counted, self.cap)
+
+    @cached_property
+    def capped(self) -> bool:
+        object_list = self.object_list
+        if not isinstance(object_list, QuerySet):
+            return False
+        return object_list[self.cap : self.cap + 1].exists()
+
+
+class RecentValuesFilter(admin.AllValuesFieldListFilter):
+    """Filter by a column's values, offering those seen among recent rows.
+
+    ``AllValuesFieldListFilter`` runs ``SELECT DISTINCT column`` over the whole
+    table on every changelist load. Sampling the newest ``FILTER_SAMPLE`` rows
+    (through the primary key) bounds that; a value only found in older rows
+    can still be filtered on by URL or search, and a selected value is always
+    listed.
+    """
+
+    def __init__(self, field, request, params, model, model_admin, field_path):
+        super().__init__(field, request, params, model, model_admin, field_path)
+        recent = model._default_manager.order_by("-pk").values("pk")[:FILTER_SAMPLE]
+        values = set(
+            model._default_manager.filter(pk__in=recent)
+            .order_by()
+            .values_list(field.name, flat=True)
+            .distinct()
+        )
+        values.update(self.lookup_val or [])
+        self.lookup_choices = sorted(values, key=lambda v: (v is None, str(v)))
+
+
+def selected_ids(queryset: QuerySet[Any]) -> Iterator[int]:
+    """The primary keys of an action's selection, streamed (it may be "select all")."""
+    return queryset.order_by("pk").values_list("pk", flat=True).iterator()
+
+
+def pretty_json(value: Any) -> SafeString:
+    """JSON indented in a ``<pre>``, so nested arguments and results are readable."""
+    text = json.dumps(value, indent=2, ensure_ascii=False, sort_keys=True)
+    return format_html('<pre class="dispatch-json">{}</pre>', text)
+
+
+def render_errors(errors: Iterable[dict[str, Any]]) -> SafeString:
+    """Each attempt's error: exception class, message, and its traceback verbatim."""
+    rendered = format_html_join(
+        "",
+        '<div class="dispatch-error"><p><strong>Attempt {}: {}</strong>{}</p>'
+        '<pre class="dispatch-traceback">{}</pre></div>',
+        (
+            (
+                number,
+                error.get("exception_class_path", "?"),
+                format_html(" — {}", error["message"]) if error.get("message") else "",
+                error.get("traceback", "").rstrip() or "(no traceback)",
+            )
+            for number, error in enumerate(errors, start=1)
+        ),
+    )
+    return rendered or format_html("<p>{}</p>", "No errors.")
+
+
+def change_url(model: type[Model], pk: Any) -> str:
+    opts = model._meta
+    return reverse(f"admin:{opts.app_label}_{opts.model_name}_change", args=[pk])
+
+
+def has_perm(request: HttpRequest, codename: str) -> bool:
+    user = request.user
+    return bool(user.is_active and user.has_perm(f"django_dispatch.{codename}"))
+
+
+def username(request: HttpRequest) -> str:
+    """Who to record as the operator (``replayed_by``)."""
+    return request.user.get_username()
+
+
+def id_list(ids: Iterable[int], limit: int = 20) -> str:
+    """``#1, #2, …`` for messages, shortened when long."""
+    ids = list(ids)
+    shown = ", ".join(f"#{i}" for i in ids[:limit])
+    return shown + (f" and {len(ids) - limit} more" if len(ids) > limit else "")

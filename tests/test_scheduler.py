@@ -1,0 +1,217 @@
+"""The cron scheduler and leadership, on the real database and real processes."""
+
+from __future__ import annotations
+
+import itertools
+import signal
+import threading
+import time
+from datetime import timedelta
+
+import pytest
+from django.core import checks
+from django.db import connection
+from django.test import override_settings
+
+from django_dispatch import cron, store
+from django_dispatch.models import CronEntry, Job, Leadership
+from django_dispatch.runtime import scheduler
+from django_dispatch.services import run_cron_entry_now, set_cron_enabled
+from tests.conftest import wait_until
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+MINUTELY = {"schedule": "* * * * *", "task": "tests.testapp.tasks.add", "args": [1, 2]}
+
+
+def entry(name="e", **fields) -> CronEntry:
+    values = {
+        "schedule": "* * * * *",
+        "timezone": "UTC",
+        "task_path": "tests.testapp.tasks.add",
+        "args": [1, 2],
+        **fields,
+    }
+    return CronEntry.objects.create(name=name, **values)
+
+
+def db_now():
+    return store.db_now("default")
+
+
+def test_sync_creates_updates_and_disables_settings_entries():
+    with override_settings(DISPATCH={"CRON": {"a": MINUTELY, "b": {**MINUTELY, "args": [0, 0]}}}):
+        scheduler.sync_from_settings()
+    admin_made = entry("from-admin")
+    assert set(CronEntry.objects.values_list("name", flat=True)) == {"a", "b", "from-admin"}
+    a = CronEntry.objects.get(name="a")
+    assert a.source == "settings" and a.timezone == "UTC" and a.args == [1, 2]
+    with override_settings(DISPATCH={"CRON": {"a": {**MINUTELY, "schedule": "*/5 * * * *"}}}):
+        scheduler.sync_from_settings()
+    assert CronEntry.objects.get(name="a").schedule == "*/5 * * * *"
+    assert CronEntry.objects.get(name="b").enabled is False  # removed: disabled, kept
+    assert CronEntry.objects.get(pk=admin_made.pk).enabled is True  # admin entries untouched
+
+
+def test_a_new_entry_fires_nothing_for_the_past_then_each_slot_once():
+    e = entry()
+    assert scheduler.tick() == 0  # schedules itself
+    e.refresh_from_db()
+    assert e.next_run_at > db_now() - timedelta(seconds=1) and e.last_slot is not None
+    # Pretend the next slot has come: move the watermark one minute back.
+    CronEntry.objects.filter(pk=e.pk).update(
+        last_slot=e.last_slot - timedelta(minutes=1), next_run_at=db_now()
+    )
+    assert scheduler.tick() == 1
+    assert scheduler.tick() == 0  # not due again
+    job = Job.objects.get()
+    assert job.idempotency_key == f"cron:e:{e.last_slot.isoformat()}"
+    assert job.args == [1, 2] and job.task_path == "tests.testapp.tasks.add"
+
+
+@pytest.mark.parametrize(("policy", "expected"), [("skip", 0), ("latest", 1), ("all", 5)])
+def test_misfire_policies_after_five_missed_intervals(policy, expected):
+    now = db_now()
+    # Hourly, at a minute half an hour away from now: every missed slot is far
+    # outside the grace window, whenever the test runs.
+    schedule = f"{(now.minute + 30) % 60} * * * *"
+    latest = cron.latest_slot(schedule, "UTC", now)
+    last = latest - timedelta(hours=5)
+    entry(
+        schedule=schedule,
+        misfire_policy=policy,
+        last_slot=last,
+        next_run_at=last + timedelta(hours=1),
+    )
+    assert scheduler.tick() == expected
+    assert Job.objects.count() == expected
+    e = CronEntry.objects.get()
+    assert e.next_run_at > now and e.last_slot >= latest
+
+
+def test_concurrent_ticks_fire_each_slot_once():
+    now = db_now()
+    last = now.replace(second=0, microsecond=0) - timedelta(minutes=3)
+    for i in range(10):
+        entry(f"e{i}", misfire_policy="all", last_slot=last, next_run_at=last)
+    barrier = threading.Barrier(4)
+    fired: list[int] = []
+    errors: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            barrier.wait()
+            fired.append(scheduler.tick())
+        except BaseException as e:
+            errors.append(e)
+        finally:
+            connection.close()
+
+    threads = [threading.Thread(target=run) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert errors == []
+    assert sum(fired) == 30 == Job.objects.count()
+    assert Job.objects.values("idempotency_key").distinct().count() == 30
+
+
+def test_run_now_does_not_disturb_the_schedule_and_disabled_entries_do_not_fire():
+    e = entry()
+    scheduler.tick()
+    e.refresh_from_db()
+    result = run_cron_entry_now(e.pk)
+    assert Job.objects.get(pk=result.id).args == [1, 2]
+    assert CronEntry.objects.get(pk=e.pk).next_run_at == e.next_run_at
+    set_cron_enabled([e.pk], False)
+    CronEntry.objects.filter(pk=e.pk).update(next_run_at=db_now() - timedelta(minutes=1))
+    assert scheduler.tick() == 0
+
+
+def test_a_broken_entry_never_breaks_the_tick():
+    good = entry("good")
+    entry("broken", task_path="tests.testapp.tasks.does_not_exist")
+    scheduler.tick()
+    CronEntry.objects.update(last_slot=db_now() - timedelta(minutes=1), next_run_at=db_now())
+    assert scheduler.tick() == 1
+    assert Job.objects.get().idempotency_key.startswith(f"cron:{good.name}:")
+
+
+def test_system_check_rejects_bad_settings_entries():
+    bad = {
+        "bad-schedule": {**MINUTELY, "schedule": "61 * * * *"},
+        "bad-zone": {**MINUTELY, "timezone": "Mars/Olympus"},
+        "bad-task": {**MINUTELY, "task": "tests.testapp.tasks.not_a_task"},
+        "bad-policy": {**MINUTELY, "misfire_policy": "sometimes"},
+    }
+    with override_settings(DISPATCH={"CRON": bad}):
+        ids = sorted(m.id for m in checks.run_checks() if m.id.startswith("django_dispatch"))
+    assert ids == [
+        "django_dispatch.E031",
+        "django_dispatch.E031",
+        "django_dispatch.E032",
+        "django_dispatch.E033",
+    ]
+
+
+# --- leadership -----------------------------------------------------------------
+
+
+def test_one_leader_at_a_time_and_takeover_after_expiry():
+    assert store.leadership_acquire("a", ttl=30)
+    assert not store.leadership_acquire("b", ttl=30)
+    assert store.leadership_acquire("a", ttl=30)  # renewal
+    Leadership.objects.update(expires_at=db_now() - timedelta(seconds=1))
+    assert store.leadership_acquire("b", ttl=30)  # takeover
+    assert not store.leadership_acquire("a", ttl=30)
+    store.leadership_release("b")
+    assert store.leadership_acquire("a", ttl=30)
+
+
+@pytest.mark.slow
+def test_leader_killed_the_other_worker_takes_over(start_worker):
+    first = start_worker("--concurrency", "1", "--worker-id", "first")
+    wait_until(lambda: Leadership.objects.filter(holder="first").exists(), what="first leads")
+    second = start_worker("--concurrency", "1", "--worker-id", "second")
+    time.sleep(1)
+    assert Leadership.objects.get().holder == "first"  # a live leader keeps it
+    first.signal(signal.SIGKILL)
+    first.wait()
+    wait_until(
+        lambda: Leadership.objects.filter(holder="second").exists(),
+        timeout=15,
+        what="second to take over after the 2 s lease expires",
+    )
+    second.signal(signal.SIGTERM)
+    assert second.wait() == 0
+
+
+@pytest.mark.slow
+def test_three_schedulers_fire_every_second_exactly_once_even_when_one_dies(start_worker):
+    every_second = {
+        "schedule": "* * * * * *",
+        "task": "tests.testapp.tasks.add",
+        "args": [1, 1],
+        "timezone": "UTC",
+    }
+    overrides = {"CRON": {"tick": every_second}, "SCHEDULER_INTERVAL": 0.2}
+    workers = [start_worker("--concurrency", "2", overrides=overrides) for _ in range(3)]
+    wait_until(lambda: Job.objects.exists(), what="the first fire")
+    time.sleep(5)
+    workers[0].signal(signal.SIGKILL)
+    workers[0].wait()
+    time.sleep(6)
+    for w in workers[1:]:
+        w.signal(signal.SIGTERM)
+    for w in workers[1:]:
+        assert w.wait() == 0, w.output()
+
+    keys = list(Job.objects.values_list("idempotency_key", flat=True))
+    assert len(keys) == len(set(keys)), "a slot fired twice"
+    slots = sorted(
+        time.mktime(time.strptime(k.split(":", 2)[2][:19], "%Y-%m-%dT%H:%M:%S")) for k in keys
+    )
+    assert len(slots) >= 10
+    gaps = [b - a for a, b in itertools.pairwise(slots)]
+    assert set(gaps) == {1.0}, f"missing seconds: {gaps}"
