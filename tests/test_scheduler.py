@@ -91,9 +91,10 @@ def test_misfire_policies_after_five_missed_intervals(policy, expected):
 
 def test_concurrent_ticks_fire_each_slot_once():
     now = db_now()
-    last = now.replace(second=0, microsecond=0) - timedelta(minutes=3)
+    schedule = f"{(now.minute + 30) % 60} * * * *"  # no slot near now: exactly 3 missed
+    last = cron.latest_slot(schedule, "UTC", now) - timedelta(hours=3)
     for i in range(10):
-        entry(f"e{i}", misfire_policy="all", last_slot=last, next_run_at=last)
+        entry(f"e{i}", schedule=schedule, misfire_policy="all", last_slot=last, next_run_at=last)
     barrier = threading.Barrier(4)
     fired: list[int] = []
     errors: list[BaseException] = []

@@ -62,19 +62,23 @@ def persist(claimed: store.ClaimedJob, outcome: Outcome, *, give_up_after: float
         logger.info("job %s: stopped (cancelled or lost); result discarded", lease.job_id)
         return False
     if not won:
-        logger.warning(
-            "job %s: lease %s lost before completion (cancelled, timed out or reclaimed); "
-            "%s result discarded",
-            lease.job_id,
-            lease.epoch,
-            outcome.kind,
-        )
+        log_lost(lease, outcome)
         return False
-    _signal_finished(outcome)
+    signal_finished(outcome)
     return True
 
 
-def _signal_finished(outcome: Outcome) -> None:
+def log_lost(lease: store.Lease, outcome: Outcome) -> None:
+    logger.warning(
+        "job %s: lease %s lost before completion (cancelled, timed out or reclaimed); "
+        "%s result discarded",
+        lease.job_id,
+        lease.epoch,
+        outcome.kind,
+    )
+
+
+def signal_finished(outcome: Outcome) -> None:
     result = outcome.task_result
     if result is None:
         return

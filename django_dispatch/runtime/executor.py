@@ -62,6 +62,11 @@ class RunningJob:
     deadline: float | None = None  # monotonic; None: no timeout or not started
     cancel_event: threading.Event = field(default_factory=threading.Event)
     abandoned: bool = False  # timed out or handed back: its result is dropped
+    # Batched completion: the outcome waiting for the control loop's write,
+    # then whether that write won (None: it failed, write it one by one).
+    finished: Outcome | None = None
+    persisted: threading.Event = field(default_factory=threading.Event)
+    won: bool | None = False
     _loop: asyncio.AbstractEventLoop | None = None
     _atask: asyncio.Task[Any] | None = None
 

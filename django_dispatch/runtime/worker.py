@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from inspect import iscoroutinefunction
 from types import FrameType
 
-from django.db import DatabaseError, InterfaceError, connections
+from django.db import DatabaseError, InterfaceError, connections, transaction
 
 from .. import store
 from ..backend import task_for_row
@@ -41,6 +41,8 @@ logger = logging.getLogger("django_dispatch.worker")
 #: Extra seconds an async task gets past its timeout before the worker gives
 #: up on it from outside (its own asyncio timeout should have fired first).
 ASYNC_TIMEOUT_GRACE = 1.0
+#: Most successes written by one batched UPDATE.
+COMPLETION_BATCH = 200
 #: A second stop signal within this many seconds is the same request.
 SIGNAL_DEDUP_SECONDS = 1.0
 
@@ -148,6 +150,7 @@ class Worker:
         self.threads_by_job: dict[int, threading.Thread] = {}
         self.lock = threading.Lock()
         self.claimed_total = 0
+        self.completions: queue.SimpleQueue[executor.RunningJob] = queue.SimpleQueue()
         self.listener: Listener | None = None
         self.signalled_at: float | None = None
         #: When running jobs are handed back. None while draining after
@@ -169,7 +172,10 @@ class Worker:
             outcome = executor.execute(running.claimed, running)
             if running.abandoned:
                 outcome = executor.Outcome(kind="discarded", task_result=outcome.task_result)
-            completer.persist(running.claimed, outcome, give_up_after=self.settings.LEASE_SECONDS)
+            if not self._finished_in_batch(running, outcome):
+                completer.persist(
+                    running.claimed, outcome, give_up_after=self.settings.LEASE_SECONDS
+                )
         except Exception as e:
             # A bug of ours must not kill the thread, nor leave the job
             # running until its lease expires: fail it (fenced) and go on.
@@ -183,6 +189,69 @@ class Worker:
                     del self.running[job_id]
                 self.threads_by_job.pop(job_id, None)
             self.wakeup.set()
+
+    def _finished_in_batch(self, running: executor.RunningJob, outcome: executor.Outcome) -> bool:
+        """Hand a success to the control loop's next batched write; False if not batchable.
+
+        Waits until the batch is written, then sends ``task_finished`` from
+        this thread (signal receivers are user code: never on the control
+        loop). Partitioned jobs and failures take the per-job path.
+        """
+        if outcome.kind != "succeeded" or running.claimed.row["partition_key"]:
+            return False
+        running.finished = outcome
+        self.completions.put(running)
+        self.wakeup.set()
+        if not running.persisted.wait(timeout=self.settings.LEASE_SECONDS):
+            return False  # the control loop is stuck: write it ourselves (fenced)
+        if running.won is None:  # the batch write failed: write it ourselves
+            return False
+        if running.won:
+            completer.signal_finished(outcome)
+        else:
+            completer.log_lost(running.claimed.lease, outcome)
+            store.job_ack_cancelled(running.claimed.lease)  # if cancelled, let go
+        return True
+
+    def cycle(self, claim: bool = True) -> int:
+        """One round trip's worth of work: record finished jobs, claim new ones.
+
+        Successes waiting in ``completions`` are written by one fenced UPDATE
+        and the slots they free are refilled by the claim, in one transaction:
+        a single commit (one WAL flush) per wave of jobs. Job threads learn
+        the outcome only after the commit; if it fails, they write their own
+        outcome one by one. Returns the number of jobs claimed.
+        """
+        batch: list[executor.RunningJob] = []
+        while len(batch) < COMPLETION_BATCH:
+            try:
+                batch.append(self.completions.get_nowait())
+            except queue.Empty:
+                break
+        limit = self._free_slots() + len(batch) if claim else 0
+        if self.options.max_jobs is not None:
+            limit = min(limit, self.options.max_jobs - self.claimed_total)
+        if not batch and limit <= 0:
+            return 0
+        results = [(r.claimed.lease, r.finished.return_value) for r in batch if r.finished]
+        try:
+            with transaction.atomic(using=self.db):
+                won = store.jobs_finish_many_if_leased(results, db=self.db)
+                claimed = self._claim(limit) if limit > 0 else []
+        except BaseException:
+            for running in batch:
+                running.won = None
+                running.persisted.set()
+            raise
+        with self.lock:
+            for running in batch:
+                if self.running.get(running.claimed.id) is running:
+                    del self.running[running.claimed.id]
+        for running in batch:
+            running.won = running.claimed.id in won
+            running.persisted.set()
+        self._start(claimed)
+        return len(claimed)
 
     def _deadline(self, running: executor.RunningJob) -> float | None:
         try:
@@ -275,6 +344,7 @@ class Worker:
                 self._enforce_timeouts(now)
 
                 if self.stopping:
+                    self._guard(lambda: self.cycle(claim=False))
                     if not self.running:
                         break
                     deadline = self.stop_deadline
@@ -282,7 +352,7 @@ class Worker:
                         self.hand_back()
                         break
                 else:
-                    claimed = self._guard(self.claim) or 0
+                    claimed = self._guard(self.cycle) or 0
                     if self._done(claimed):
                         self.stopping = True
                         continue
@@ -292,6 +362,7 @@ class Worker:
                 self.wakeup.wait(min(cfg.POLL_INTERVAL, max(0.0, next_duty - time.monotonic())))
                 self.wakeup.clear()
         finally:
+            self._guard(lambda: self.cycle(claim=False))
             # Threads still in task code after a hand-back are not waited for:
             # their jobs are back in the queue, and exiting ends them.
             pool.stop(timeout=0.0 if self.handed_back else 5.0)
@@ -343,26 +414,22 @@ class Worker:
         )
         self.listener.start()
 
-    def claim(self) -> int:
-        limit = self._free_slots()
-        if self.options.max_jobs is not None:
-            limit = min(limit, self.options.max_jobs - self.claimed_total)
-        if limit <= 0:
-            return 0
-        claimed = store.jobs_claim(
+    def _claim(self, limit: int) -> list[store.ClaimedJob]:
+        return store.jobs_claim(
             worker_id=self.options.worker_id,
             queues=self.options.queues,
             limit=limit,
             lease_seconds=self.settings.LEASE_SECONDS,
             db=self.db,
         )
+
+    def _start(self, claimed: list[store.ClaimedJob]) -> None:
         for job in claimed:
             running = executor.RunningJob(claimed=job, lease_seconds=self.settings.LEASE_SECONDS)
             with self.lock:
                 self.running[job.id] = running
             self.pool.submit(running)
         self.claimed_total += len(claimed)
-        return len(claimed)
 
     def heartbeat(self) -> None:
         """Renew every lease this worker holds; stop the jobs it lost."""

@@ -45,6 +45,7 @@ from .leases import (
     job_finish_if_leased,
     job_progress_if_leased,
     job_release_if_leased,
+    jobs_finish_many_if_leased,
     jobs_renew_leases,
 )
 from .maintenance import WORKER_LOST_PATH, job_cancel, jobs_rescue_expired, jobs_retry_now
@@ -87,6 +88,7 @@ __all__ = [
     "jobs_claim",
     "jobs_delete_finished",
     "jobs_due_exist",
+    "jobs_finish_many_if_leased",
     "jobs_insert",
     "jobs_purge",
     "jobs_renew_leases",

@@ -114,7 +114,8 @@ def jobs_claim(
     job. One short transaction, committed before any task code runs.
     """
     db = db or db_alias()
-    with transaction.atomic(using=db):
+    # savepoint=False: the worker calls this inside its own cycle transaction
+    with transaction.atomic(using=db, savepoint=False):
         take_sqlite_write_lock(db)
         chosen: list[dict[str, Any]] = []
         passed: list[int] = []  # looked at, neither claimed nor demoted
