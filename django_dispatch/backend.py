@@ -6,6 +6,7 @@ backends lazily, per thread, and may do so before migrations have run.
 
 from __future__ import annotations
 
+import functools
 import inspect
 import json
 import logging
@@ -106,9 +107,14 @@ def to_json(value: Any, what: str) -> Any:
         ) from e
 
 
+@functools.lru_cache(maxsize=1024)
+def _signature(func: Any) -> inspect.Signature:
+    return inspect.signature(func)
+
+
 def check_arguments(task: Task, args: Sequence[Any], kwargs: Mapping[str, Any]) -> None:
     """Raise InvalidTask when the task function cannot accept these arguments."""
-    signature = inspect.signature(task.func)
+    signature = _signature(task.func)
     call_args = (None, *args) if task.takes_context else tuple(args)
     try:
         signature.bind(*call_args, **kwargs)

@@ -40,6 +40,8 @@ class CappedPaginator(Paginator):
     """
 
     cap = COUNT_CAP
+    #: Set once ``count`` has run: more than ``cap`` rows match.
+    capped = False
 
     @cached_property
     def count(self) -> int:
@@ -47,14 +49,8 @@ class CappedPaginator(Paginator):
         if not isinstance(object_list, QuerySet):
             return super().count
         counted = object_list[: self.cap + 1].count()
+        self.capped = counted > self.cap
         return min(counted, self.cap)
-
-    @cached_property
-    def capped(self) -> bool:
-        object_list = self.object_list
-        if not isinstance(object_list, QuerySet):
-            return False
-        return object_list[self.cap : self.cap + 1].exists()
 
 
 class RecentValuesFilter(admin.AllValuesFieldListFilter):
@@ -77,7 +73,10 @@ class RecentValuesFilter(admin.AllValuesFieldListFilter):
             .distinct()
         )
         values.update(self.lookup_val or [])
-        self.lookup_choices = sorted(values, key=lambda v: (v is None, str(v)))
+        # A list where Django has a queryset: choices() only iterates it.
+        self.lookup_choices = sorted(  # type: ignore[assignment]
+            values, key=lambda v: (v is None, str(v))
+        )
 
 
 def selected_ids(queryset: QuerySet[Any]) -> Iterator[int]:
@@ -87,7 +86,7 @@ def selected_ids(queryset: QuerySet[Any]) -> Iterator[int]:
 
 def pretty_json(value: Any) -> SafeString:
     """JSON indented in a ``<pre>``, so nested arguments and results are readable."""
-    text = json.dumps(value, indent=2, ensure_ascii=False, sort_keys=True)
+    text = json.dumps(value, indent=2, ensure_ascii=False)
     return format_html('<pre class="dispatch-json">{}</pre>', text)
 
 
