@@ -1,5 +1,6 @@
 """System checks: configuration mistakes reported at start-up, with ids and hints."""
 
+import sys
 from typing import Any
 
 from django.conf import settings
@@ -65,6 +66,8 @@ def check_migrations_applied(
 
     db = router.db_for_write(Job) or DEFAULT_DB_ALIAS
     if not databases or db not in databases:
+        return []
+    if sys.argv[1:2] == ["migrate"]:  # about to fix it: do not tell the user to run it
         return []
     missing = unapplied_migrations(db)
     if not missing:

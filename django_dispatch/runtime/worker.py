@@ -464,7 +464,7 @@ class Worker:
                 )
             )
             logger.warning(
-                "job %s: timed out (deadline %s); %s",
+                "job %s: timed out after %s s; %s",
                 job_id,
                 task_timeout,
                 "recorded" if won else "already finished or lost",

@@ -110,6 +110,15 @@ DISPATCH = {
     # Seconds a running job's lease lasts without renewal: how long a job
     # of a killed worker waits before another worker takes it over.
     "LEASE_SECONDS": 30.0,
+    # Periodic jobs, synced into the CronEntry table when a worker starts
+    # (also editable in the admin). Fires once per slot across all workers.
+    "CRON": {
+        "nightly-report": {
+            "schedule": "0 3 * * *",
+            "task": "shop.tasks.nightly_report",
+            "timezone": "Europe/Paris",
+        },
+    },
 }
 
 LANGUAGE_CODE = "en-us"

@@ -39,11 +39,21 @@ def send_receipt(order_id, email):
 
 
 @task
-def add_loyalty_points(user_id, points):
-    """Enqueued with ``using(partition_key=f"user:{user_id}")``: the jobs of one
-    user run one at a time, in the order they were enqueued."""
-    Delivery.objects.create(task="add_loyalty_points", detail=f"user {user_id}: {points:+d} points")
-    return points
+def process_order(customer_id, order_id):
+    """Enqueued with ``using(partition_key=f"customer:{customer_id}")``: one
+    customer's orders are processed one at a time, in the order they were
+    placed, on whichever workers; different customers' orders in parallel."""
+    Delivery.objects.create(
+        task="process_order", detail=f"customer {customer_id}: order {order_id} processed"
+    )
+    return order_id
+
+
+@task
+def nightly_report():
+    """Declared in settings.DISPATCH["CRON"]: runs at 03:00 Paris time."""
+    Delivery.objects.create(task="nightly_report", detail="nightly report built")
+    return "ok"
 
 
 @task(max_attempts=3, backoff=retry_immediately, takes_context=True)

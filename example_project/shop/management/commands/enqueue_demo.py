@@ -28,11 +28,16 @@ class Command(BaseCommand):
         for result in enqueue_many(tasks.send_welcome, [([user_id], {}) for user_id in (2, 3, 4)]):
             results.append(("enqueue_many", result))
 
-        # One user's jobs share a partition key: they run one at a time, in
-        # enqueue order, even though the later ones have a higher priority.
-        for priority, points in enumerate((10, -5, 20)):
-            points_task = tasks.add_loyalty_points.using(partition_key="user:7", priority=priority)
-            results.append((f"partition user:7, #{priority + 1}", points_task.enqueue(7, points)))
+        # Orders partitioned by customer: one customer's orders run one at a
+        # time and in order (even when later ones have a higher priority);
+        # different customers' orders run in parallel.
+        for priority, (customer, order) in enumerate([(1, 501), (2, 601), (1, 502), (1, 503)]):
+            order_task = tasks.process_order.using(
+                partition_key=f"customer:{customer}", priority=priority
+            )
+            results.append(
+                (f"order {order}, customer:{customer}", order_task.enqueue(customer, order))
+            )
 
         # An idempotency key: while the first job is live, enqueuing again
         # with the same key returns that job instead of adding one.
