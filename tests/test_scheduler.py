@@ -199,10 +199,10 @@ def test_three_schedulers_fire_every_second_exactly_once_even_when_one_dies(star
     overrides = {"CRON": {"tick": every_second}, "SCHEDULER_INTERVAL": 0.2}
     workers = [start_worker("--concurrency", "2", overrides=overrides) for _ in range(3)]
     wait_until(lambda: Job.objects.exists(), what="the first fire")
-    time.sleep(5)
+    time.sleep(10)  # 20 seconds of per-second fires, one scheduler killed halfway
     workers[0].signal(signal.SIGKILL)
     workers[0].wait()
-    time.sleep(6)
+    time.sleep(10)
     for w in workers[1:]:
         w.signal(signal.SIGTERM)
     for w in workers[1:]:
@@ -213,6 +213,6 @@ def test_three_schedulers_fire_every_second_exactly_once_even_when_one_dies(star
     slots = sorted(
         time.mktime(time.strptime(k.split(":", 2)[2][:19], "%Y-%m-%dT%H:%M:%S")) for k in keys
     )
-    assert len(slots) >= 10
+    assert len(slots) >= 19
     gaps = [b - a for a, b in itertools.pairwise(slots)]
     assert set(gaps) == {1.0}, f"missing seconds: {gaps}"
