@@ -331,7 +331,7 @@ def task_for_row(row: Mapping[str, Any]) -> Task:
         "priority": row["priority"],
         "queue_name": row["queue_name"],
         "run_after": row["deferred_until"],
-        "backend": row["backend"],
+        "backend": row["backend"] or task.backend,  # None: the task's own backend
     }
     if isinstance(task, DispatchTask):
         changes["partition_key"] = row["partition_key"]

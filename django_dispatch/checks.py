@@ -33,8 +33,9 @@ def check_dispatch_settings(app_configs: Any = None, **kwargs: Any) -> list[chec
     except TypeError as e:
         problems = [f"DISPATCH has a value of the wrong type: {e}"]
     messages += [checks.Error(p, id="django_dispatch.E012") for p in problems]
-    if not problems:
-        messages += _check_cron_entries(get_settings().CRON)
+    cron_entries = raw.get("CRON", {})
+    if isinstance(cron_entries, dict):
+        messages += _check_cron_entries(cron_entries)
     from .models import Job
 
     vendor = connections[router.db_for_write(Job)].vendor
@@ -105,6 +106,27 @@ def _check_cron_entries(entries: dict[str, Any]) -> list[checks.CheckMessage]:
             cron.validate(spec["schedule"], spec.get("timezone") or settings.TIME_ZONE)
         except cron.CronError as e:
             messages.append(checks.Error(f"{where}: {e}", id="django_dispatch.E031"))
+        for key, kind in (("args", list), ("kwargs", dict), ("queue_name", str)):
+            if key in spec and not isinstance(spec[key], kind):
+                messages.append(
+                    checks.Error(
+                        f"{where}: {key!r} must be a {kind.__name__}, got {spec[key]!r}.",
+                        id="django_dispatch.E034",
+                    )
+                )
+        priority = spec.get("priority", 0)
+        if (
+            not isinstance(priority, int)
+            or isinstance(priority, bool)
+            or not -100 <= priority <= 100
+        ):
+            messages.append(
+                checks.Error(
+                    f"{where}: 'priority' must be a whole number from -100 to 100, "
+                    f"got {priority!r}.",
+                    id="django_dispatch.E034",
+                )
+            )
         policy = spec.get("misfire_policy", cron.SKIP)
         if policy not in cron.POLICIES:
             messages.append(

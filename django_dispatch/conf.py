@@ -80,7 +80,8 @@ class DispatchSettings:
 
     def validate(self) -> list[str]:
         """Problems with these values, each phrased as what to change."""
-        problems = []
+        problems: list[str] = []
+        wrong_type = False
         for f in fields(self):
             value = getattr(self, f.name)
             if f.name in ("JOB_RETENTION", "CRON"):
@@ -90,10 +91,19 @@ class DispatchSettings:
                     problems.append(f"DISPATCH['{f.name}'] must be True or False, got {value!r}.")
             elif not isinstance(value, int | float) or isinstance(value, bool):
                 problems.append(f"DISPATCH['{f.name}'] must be a number, got {value!r}.")
+                wrong_type = True
             elif value <= 0:
                 problems.append(f"DISPATCH['{f.name}'] must be positive, got {value!r}.")
-        if problems:
+            elif f.name in _WHOLE_NUMBERS and int(value) != value:
+                problems.append(f"DISPATCH['{f.name}'] must be a whole number, got {value!r}.")
+        if wrong_type:  # the comparisons below need numbers
             return problems
+        if self.WORKER_STALE_SECONDS <= self.HEARTBEAT_INTERVAL * 3:
+            problems.append(
+                f"DISPATCH['WORKER_STALE_SECONDS'] ({self.WORKER_STALE_SECONDS}) must be more "
+                f"than three heartbeats ({self.HEARTBEAT_INTERVAL * 3}), or live workers' rows "
+                "would be deleted."
+            )
         if self.HEARTBEAT_INTERVAL * 3 > self.LEASE_SECONDS:
             problems.append(
                 f"DISPATCH['HEARTBEAT_INTERVAL'] ({self.HEARTBEAT_INTERVAL}) must be at most a "
@@ -104,6 +114,7 @@ class DispatchSettings:
 
 
 _FIELD_NAMES = {f.name for f in fields(DispatchSettings)}
+_WHOLE_NUMBERS = {"MAX_WORKER_LOST", "CONCURRENCY", "PURGE_BATCH"}
 _OTHER_KEYS: set[str] = set()
 
 

@@ -19,7 +19,7 @@ from .models import CronEntry, DeadLetter
 
 
 def cancel(result_id: str | int) -> bool:
-    """Cancel a pending or running job. True only when this call made the change.
+    """Cancel a pending, blocked or running job. True only when this call made the change.
 
     A pending job will never start. A running job is marked cancelled at once;
     its worker notices at its next heartbeat or ``context.progress()`` and
@@ -177,7 +177,7 @@ def cron_task(entry: CronEntry, idempotency_key: str | None = None) -> Task:
             "priority": entry.priority,
             "queue_name": entry.queue_name,
             "deferred_until": None,
-            "backend": "default",
+            "backend": None,  # the task's own backend
             "partition_key": None,
             "idempotency_key": idempotency_key,
         }

@@ -84,6 +84,12 @@ def test_settings_validation_checks_types():
     assert any("LISTEN" in p and "True or False" in p for p in problems)
 
 
+def test_settings_validation_whole_numbers_and_stale_workers():
+    problems = DispatchSettings(CONCURRENCY=2.5, WORKER_STALE_SECONDS=1).validate()
+    assert any("CONCURRENCY" in p and "whole number" in p for p in problems)
+    assert any("WORKER_STALE_SECONDS" in p for p in problems)
+
+
 def test_unknown_setting_keys_are_reported():
     assert unknown_keys({"LEASE_SECONDS": 1, "LEASE_SECOND": 1}) == ["LEASE_SECOND"]
 

@@ -145,6 +145,7 @@ def test_system_check_rejects_bad_settings_entries():
         "bad-zone": {**MINUTELY, "timezone": "Mars/Olympus"},
         "bad-task": {**MINUTELY, "task": "tests.testapp.tasks.not_a_task"},
         "bad-policy": {**MINUTELY, "misfire_policy": "sometimes"},
+        "bad-args": {**MINUTELY, "args": 5, "priority": 500},
     }
     with override_settings(DISPATCH={"CRON": bad}):
         ids = sorted(m.id for m in checks.run_checks() if m.id.startswith("django_dispatch"))
@@ -153,7 +154,13 @@ def test_system_check_rejects_bad_settings_entries():
         "django_dispatch.E031",
         "django_dispatch.E032",
         "django_dispatch.E033",
+        "django_dispatch.E034",
+        "django_dispatch.E034",
     ]
+    # A worker syncing such settings skips the bad entry instead of crashing.
+    with override_settings(DISPATCH={"CRON": {"bad-args": bad["bad-args"], "ok": MINUTELY}}):
+        scheduler.sync_from_settings()
+    assert list(CronEntry.objects.values_list("name", flat=True)) == ["ok"]
 
 
 # --- leadership -----------------------------------------------------------------

@@ -30,7 +30,9 @@ def _write(claimed: store.ClaimedJob, outcome: Outcome) -> bool:
     return store.job_fail_if_leased(lease, outcome.errors, outcome.retry_in, partition_key=key)
 
 
-def persist(claimed: store.ClaimedJob, outcome: Outcome, *, give_up_after: float) -> bool:
+def persist(
+    claimed: store.ClaimedJob, outcome: Outcome, *, give_up_after: float, signal: bool = True
+) -> bool:
     """Write the outcome, retrying transient database errors.
 
     Gives up after ``give_up_after`` seconds (about a lease): by then the job
@@ -64,8 +66,17 @@ def persist(claimed: store.ClaimedJob, outcome: Outcome, *, give_up_after: float
     if not won:
         log_lost(lease, outcome)
         return False
-    signal_finished(outcome)
+    if signal:
+        signal_finished(outcome)
     return True
+
+
+def signal_finished_and_close(outcome: Outcome) -> None:
+    """``signal_finished`` on a thread of its own, closing its connections after."""
+    try:
+        signal_finished(outcome)
+    finally:
+        connections.close_all()
 
 
 def log_lost(lease: store.Lease, outcome: Outcome) -> None:

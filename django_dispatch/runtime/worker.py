@@ -306,61 +306,26 @@ class Worker:
 
     def run(self) -> int:
         opts, cfg = self.options, self.settings
-        store.worker_register(
-            opts.worker_id,
-            hostname=socket.gethostname(),
-            pid=os.getpid(),
-            queues=opts.queues,
-            concurrency=opts.concurrency,
-        )
-        logger.info(
-            "worker %s started: queues=%s concurrency=%s",
-            opts.worker_id,
-            list(opts.queues) or "all",
-            opts.concurrency,
-        )
-        self._start_listener()
-        if opts.scheduler:
-            self._guard(scheduler.sync_from_settings)
-        pool = JobThreads(self, opts.concurrency)
-        self.pool = pool
+        self.pool = pool = JobThreads(self, opts.concurrency)
         maintenance = Maintenance(opts.worker_id, cfg, self.db)
-        # Periodic duties of the control loop, first run at once (a crashed
-        # predecessor's expired leases are swept as soon as we lead).
-        duties = [
-            Every(cfg.HEARTBEAT_INTERVAL, self.heartbeat, start_now=False),
-            Every(cfg.HEARTBEAT_INTERVAL, maintenance.elect),
-            Every(cfg.RECLAIM_INTERVAL, maintenance.reclaim),
-            Every(cfg.PURGE_INTERVAL, maintenance.purge),
-        ]
-        if opts.scheduler:
-            duties.append(Every(cfg.SCHEDULER_INTERVAL, scheduler.tick))
         try:
-            while True:
-                now = time.monotonic()
-                for duty in duties:
-                    if duty.due(now):
-                        self._guard(duty.run)
-                self._enforce_timeouts(now)
-
-                if self.stopping:
-                    self._guard(lambda: self.cycle(claim=False))
-                    if not self.running:
-                        break
-                    deadline = self.stop_deadline
-                    if self.force_stop or (deadline is not None and now >= deadline):
-                        self.hand_back()
-                        break
-                else:
-                    claimed = self._guard(self.cycle) or 0
-                    if self._done(claimed):
-                        self.stopping = True
-                        continue
-                    if claimed and self._free_slots():
-                        continue  # more may be waiting: claim again at once
-                next_duty = min(duty.next_at for duty in duties)
-                self.wakeup.wait(min(cfg.POLL_INTERVAL, max(0.0, next_duty - time.monotonic())))
-                self.wakeup.clear()
+            store.worker_register(
+                opts.worker_id,
+                hostname=socket.gethostname(),
+                pid=os.getpid(),
+                queues=opts.queues,
+                concurrency=opts.concurrency,
+            )
+            logger.info(
+                "worker %s started: queues=%s concurrency=%s",
+                opts.worker_id,
+                list(opts.queues) or "all",
+                opts.concurrency,
+            )
+            self._start_listener()
+            if opts.scheduler:
+                self._guard(scheduler.sync_from_settings)
+            self._loop(maintenance)
         finally:
             self._guard(lambda: self.cycle(claim=False))
             # Threads still in task code after a hand-back are not waited for:
@@ -375,6 +340,45 @@ class Worker:
                 connections.close_all()
         logger.info("worker %s stopped (%s jobs claimed)", opts.worker_id, self.claimed_total)
         return 0
+
+    def _loop(self, maintenance: Maintenance) -> None:
+        opts, cfg = self.options, self.settings
+        # Periodic duties of the control loop, all but the heartbeat run once
+        # at start (a crashed predecessor's expired leases are swept at once
+        # if this worker is the leader).
+        duties = [
+            Every(cfg.HEARTBEAT_INTERVAL, self.heartbeat, start_now=False),
+            Every(cfg.HEARTBEAT_INTERVAL, maintenance.elect),
+            Every(cfg.RECLAIM_INTERVAL, maintenance.reclaim),
+            Every(cfg.PURGE_INTERVAL, maintenance.purge),
+        ]
+        if opts.scheduler:
+            duties.append(Every(cfg.SCHEDULER_INTERVAL, scheduler.tick))
+        while True:
+            now = time.monotonic()
+            for duty in duties:
+                if duty.due(now):
+                    self._guard(duty.run)
+            self._enforce_timeouts(now)
+
+            if self.stopping:
+                self._guard(lambda: self.cycle(claim=False))
+                if not self.running:
+                    break
+                deadline = self.stop_deadline
+                if self.force_stop or (deadline is not None and now >= deadline):
+                    self.hand_back()
+                    break
+            else:
+                claimed = self._guard(self.cycle) or 0
+                if self._done(claimed):
+                    self.stopping = True
+                    continue
+                if claimed and self._free_slots():
+                    continue  # more may be waiting: claim again at once
+            next_duty = min(duty.next_at for duty in duties)
+            self.wakeup.wait(min(cfg.POLL_INTERVAL, max(0.0, next_duty - time.monotonic())))
+            self.wakeup.clear()
 
     def _done(self, claimed: int) -> bool:
         opts = self.options
@@ -392,7 +396,7 @@ class Worker:
             return self.options.concurrency - len(self.running)
 
     def _guard(self, step):
-        """Run one control-loop step; a database outage is logged, never fatal."""
+        """Run one control-loop step; a database outage or a bug is logged, never fatal."""
         try:
             return step()
         except (DatabaseError, InterfaceError):
@@ -400,7 +404,9 @@ class Worker:
             for conn in connections.all(initialized_only=True):
                 conn.close()
             time.sleep(min(1.0, self.settings.POLL_INTERVAL))
-            return None
+        except Exception:
+            logger.exception("error in the worker loop; carrying on")
+        return None
 
     def _start_listener(self) -> None:
         connection = connections[self.db]
@@ -460,9 +466,16 @@ class Worker:
             self._abandon(running)
             won = self._guard(
                 lambda running=running, outcome=outcome: completer.persist(
-                    running.claimed, outcome, give_up_after=self.settings.LEASE_SECONDS
+                    running.claimed,
+                    outcome,
+                    give_up_after=self.settings.LEASE_SECONDS,
+                    signal=False,
                 )
             )
+            if won:  # receivers are user code: never on the control loop
+                threading.Thread(
+                    target=completer.signal_finished_and_close, args=(outcome,), daemon=True
+                ).start()
             logger.warning(
                 "job %s: timed out after %s s; %s",
                 job_id,
@@ -502,6 +515,12 @@ class Worker:
                     db=self.db,
                 )
             )
+            if not released:  # cancelled meanwhile: let go of it, freeing its partition
+                self._guard(
+                    lambda running=running: store.job_ack_cancelled(
+                        running.claimed.lease, partition_key=running.claimed.row["partition_key"]
+                    )
+                )
             logger.warning(
                 "job %s: %s",
                 running.claimed.id,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Mapping
 from datetime import datetime
 from typing import Any
@@ -11,6 +12,23 @@ from django.db.models.functions import Now
 
 from ..models import CronEntry
 from .base import db_alias, take_sqlite_write_lock
+
+logger = logging.getLogger("django_dispatch.scheduler")
+
+
+def _entry_values(spec: Mapping[str, Any], default_timezone: str) -> dict[str, Any]:
+    return {
+        "schedule": str(spec["schedule"]),
+        "timezone": spec.get("timezone") or default_timezone,
+        "task_path": str(spec["task"]),
+        "args": list(spec.get("args", [])),
+        "kwargs": dict(spec.get("kwargs", {})),
+        "queue_name": str(spec.get("queue_name", "default")),
+        "priority": int(spec.get("priority", 0)),
+        "misfire_policy": spec.get("misfire_policy", "skip"),
+        "enabled": bool(spec.get("enabled", True)),
+        "source": CronEntry.Source.SETTINGS,
+    }
 
 
 def cron_sync_from_settings(
@@ -27,18 +45,11 @@ def cron_sync_from_settings(
     take_sqlite_write_lock(db)  # several workers sync at once on start-up
     created = updated = 0
     for name, spec in entries.items():
-        values = {
-            "schedule": spec["schedule"],
-            "timezone": spec.get("timezone") or default_timezone,
-            "task_path": spec["task"],
-            "args": list(spec.get("args", [])),
-            "kwargs": dict(spec.get("kwargs", {})),
-            "queue_name": spec.get("queue_name", "default"),
-            "priority": spec.get("priority", 0),
-            "misfire_policy": spec.get("misfire_policy", "skip"),
-            "enabled": spec.get("enabled", True),
-            "source": CronEntry.Source.SETTINGS,
-        }
+        try:
+            values = _entry_values(spec, default_timezone)
+        except (KeyError, TypeError, ValueError) as e:
+            logger.error("DISPATCH['CRON'][%r] is invalid and was skipped: %r", name, e)
+            continue
         entry = CronEntry.objects.using(db).filter(name=name).first()
         if entry is None:
             CronEntry.objects.using(db).create(name=name, **values)
