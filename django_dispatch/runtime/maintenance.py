@@ -9,11 +9,16 @@ mid-step does no harm.
 from __future__ import annotations
 
 import logging
+import time
 
 from .. import store
 from ..conf import DispatchSettings
+from ..workflows.engine import sweep_stale_steps
 
 logger = logging.getLogger("django_dispatch.maintenance")
+
+#: Longest a purge may run on the control loop per PURGE_INTERVAL.
+PURGE_MAX_SECONDS = 2.0
 
 
 class Maintenance:
@@ -25,29 +30,44 @@ class Maintenance:
 
     def elect(self) -> bool:
         """Take or renew leadership; log transitions."""
-        leader = store.leadership_acquire(
+        was_leader = self.leader
+        self.leader = False  # until the database confirms: a failed election demotes us
+        self.leader = store.leadership_acquire(
             self.worker_id, ttl=self.settings.LEASE_SECONDS, db=self.db
         )
-        if leader != self.leader:
-            logger.info("worker %s %s leadership", self.worker_id, "took" if leader else "lost")
-        self.leader = leader
-        return leader
+        if self.leader != was_leader:
+            logger.info(
+                "worker %s %s leadership", self.worker_id, "took" if self.leader else "lost"
+            )
+        return self.leader
 
     def reclaim(self) -> None:
         if not self.leader:
             return
         store.jobs_rescue_expired(max_worker_lost=self.settings.MAX_WORKER_LOST, db=self.db)
+        sweep_stale_steps(older_than_seconds=self.settings.LEASE_SECONDS)
         store.workers_delete_stale(stale_seconds=self.settings.WORKER_STALE_SECONDS, db=self.db)
 
     def purge(self) -> None:
-        """One bounded batch per kind; the next interval continues."""
+        """Bounded batches until caught up or ``PURGE_MAX_SECONDS`` pass.
+
+        Each batch is a short statement, so the claim path never waits long;
+        the time budget keeps the control loop responsive; repeating batches
+        lets a busy site's purge keep up with its finishing rate.
+        """
         if not self.leader:
             return
         cfg = self.settings
-        jobs = store.jobs_purge(cfg.JOB_RETENTION, batch=cfg.PURGE_BATCH, db=self.db)
-        letters = store.dead_letters_purge(
-            older_than=cfg.DEAD_LETTER_RETENTION, batch=cfg.PURGE_BATCH, db=self.db
-        )
+        deadline = time.monotonic() + PURGE_MAX_SECONDS
+        jobs = letters = 0
+        while time.monotonic() < deadline:
+            batch_jobs = store.jobs_purge(cfg.JOB_RETENTION, batch=cfg.PURGE_BATCH, db=self.db)
+            batch_letters = store.dead_letters_purge(
+                older_than=cfg.DEAD_LETTER_RETENTION, batch=cfg.PURGE_BATCH, db=self.db
+            )
+            jobs, letters = jobs + batch_jobs, letters + batch_letters
+            if batch_jobs < cfg.PURGE_BATCH and batch_letters < cfg.PURGE_BATCH:
+                break
         if jobs or letters:
             logger.info("retention: deleted %s jobs and %s dead letters", jobs, letters)
 

@@ -1,0 +1,209 @@
+"""Workflow runs and their steps.
+
+A ``WorkflowRun`` is one execution of a workflow defined in code; each of its
+steps is a ``WorkflowTask`` row, all inserted with the run (a snapshot of the
+definition: name, handler path, order, dependencies, options). A step runs as
+a job of the internal task ``django_dispatch.workflows.tasks.run_step``.
+
+Invariants kept by the database:
+
+* one run per (workflow name, idempotency key) (unique constraint), so two
+  concurrent starts with one key create one run;
+* step names and sequence numbers are unique within a run;
+* states stay in their vocabulary (check constraints).
+
+Only ``django_dispatch.store.workflows`` changes ``state``, ``generation``,
+``claim_id`` or any other field after insert.
+"""
+
+from django.db import models
+from django.db.models import Q
+from django.db.models.functions import Now
+
+
+class RunState(models.TextChoices):
+    """A run's state. Transitions (all in ``store.workflows``)::
+
+    running   -> succeeded (every step succeeded or was skipped)
+    running   -> stuck     (a step ran out of attempts: parked for a person)
+    stuck     -> running   (retry / unpark, or skipping the stuck step)
+    running, stuck -> cancelled
+    succeeded, stuck, cancelled -> running (reopen: replay from a step)
+    """
+
+    RUNNING = "running", "Running"
+    STUCK = "stuck", "Stuck"
+    SUCCEEDED = "succeeded", "Succeeded"
+    CANCELLED = "cancelled", "Cancelled"
+
+
+class StepState(models.TextChoices):
+    """A step's state. Transitions (all in ``store.workflows``)::
+
+    pending -> ready      (every dependency succeeded or was skipped; job enqueued)
+    ready   -> running    (its job claimed it: a new claim id)
+    running -> running    (re-claimed by its job after that job's worker was lost)
+    running -> succeeded | ready (retry, new job) | failed (out of attempts)
+    running -> waiting    (it started a child run) -> succeeded | failed
+    failed  -> ready      (unpark)
+    any unfinished -> skipped (operator) | cancelled (run cancelled)
+    any     -> pending    (reopen: the step or one of its ancestors is replayed)
+    """
+
+    PENDING = "pending", "Pending"  # waits for its dependencies
+    READY = "ready", "Ready"  # its job is queued (maybe waiting out a backoff)
+    RUNNING = "running", "Running"  # claimed by its job
+    WAITING = "waiting", "Waiting for child run"
+    SUCCEEDED = "succeeded", "Succeeded"
+    SKIPPED = "skipped", "Skipped"  # by an operator: counts as success, no output
+    FAILED = "failed", "Failed"  # out of attempts; its run is stuck
+    CANCELLED = "cancelled", "Cancelled"
+
+
+#: States in which a step counts as done for its dependents.
+STEP_DONE = frozenset({StepState.SUCCEEDED, StepState.SKIPPED})
+#: States of a step that has work left (a reopen restarts them all).
+STEP_UNFINISHED = frozenset(
+    {
+        StepState.PENDING,
+        StepState.READY,
+        StepState.RUNNING,
+        StepState.WAITING,
+        StepState.FAILED,
+        StepState.CANCELLED,
+    }
+)
+#: Steps a cancel stops.
+STEP_LIVE = frozenset({StepState.PENDING, StepState.READY, StepState.RUNNING, StepState.WAITING})
+#: Steps an operator may skip.
+STEP_SKIPPABLE = frozenset(
+    {StepState.PENDING, StepState.READY, StepState.RUNNING, StepState.WAITING, StepState.FAILED}
+)
+RUN_ACTIVE = frozenset({RunState.RUNNING, RunState.STUCK})
+#: Runs that may be reopened from a step.
+RUN_REOPENABLE = frozenset({RunState.SUCCEEDED, RunState.STUCK, RunState.CANCELLED})
+
+
+class WorkflowRun(models.Model):
+    id = models.BigAutoField(primary_key=True)
+    name = models.CharField(max_length=200, help_text="The workflow's name in code.")
+    state = models.CharField(max_length=16, choices=RunState.choices, default=RunState.RUNNING)
+    input = models.JSONField(null=True, blank=True)
+    #: The output of the last step (in definition order) once the run succeeded.
+    output = models.JSONField(null=True, blank=True)
+    #: Bumped by every reopen (a compare-and-set); step jobs carry it.
+    generation = models.PositiveIntegerField(default=1)
+    idempotency_key = models.CharField(max_length=255, null=True, blank=True)
+    queue_name = models.CharField(max_length=100, default="default")
+    #: The run and step that started this one (child runs only).
+    parent_run = models.ForeignKey(
+        "self", on_delete=models.CASCADE, null=True, blank=True, related_name="children"
+    )
+    parent_task = models.ForeignKey(
+        "django_dispatch.WorkflowTask",
+        on_delete=models.SET_NULL,
+        null=True,
+        blank=True,
+        related_name="+",
+    )
+    created_at = models.DateTimeField(db_default=Now())
+    updated_at = models.DateTimeField(db_default=Now())
+    finished_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        app_label = "django_dispatch"
+        ordering = ["-id"]
+        permissions = [
+            ("cancel_workflowrun", "Can cancel workflow runs"),
+            ("retry_workflowrun", "Can retry stuck workflow runs and skip their steps"),
+            ("replay_workflowrun", "Can replay workflow runs from a step"),
+        ]
+        indexes = [
+            models.Index("state", "updated_at", name="dispatch_wfrun_state"),
+            models.Index("name", "created_at", name="dispatch_wfrun_name"),
+        ]
+        constraints = [
+            models.UniqueConstraint(
+                "name",
+                "idempotency_key",
+                name="dispatch_wfrun_idempotency_key",
+                condition=Q(idempotency_key__isnull=False),
+            ),
+            models.CheckConstraint(
+                condition=Q(state__in=RunState.values), name="dispatch_wfrun_state_valid"
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.name} #{self.pk} ({self.state})"
+
+
+class WorkflowTask(models.Model):
+    """One step of one run."""
+
+    id = models.BigAutoField(primary_key=True)
+    run = models.ForeignKey(WorkflowRun, on_delete=models.CASCADE, related_name="steps")
+    name = models.CharField(max_length=200)
+    sequence = models.PositiveIntegerField(help_text="Position in the definition, from 0.")
+    handler_path = models.CharField(max_length=255, help_text="Import path of the step function.")
+    depends_on = models.JSONField(default=list, blank=True)
+    max_attempts = models.PositiveIntegerField(default=1)
+    #: Seconds between attempts (a number), or the import path of a function
+    #: attempt -> seconds; None: the default exponential backoff.
+    backoff = models.JSONField(null=True, blank=True)
+    timeout = models.FloatField(null=True, blank=True, help_text="Seconds per attempt.")
+
+    state = models.CharField(max_length=16, choices=StepState.choices, default=StepState.PENDING)
+    #: The run generation this step was last reset in; its jobs carry it.
+    generation = models.PositiveIntegerField(default=1)
+    attempts = models.PositiveIntegerField(default=0, help_text="Attempts started.")
+    failures = models.PositiveIntegerField(
+        default=0, help_text="Failed attempts counted against max_attempts."
+    )
+    #: The fence: set by each claim; every later write by the step's job
+    #: matches it, so a write from a lost claim changes nothing.
+    claim_id = models.CharField(max_length=32, null=True, blank=True)
+    #: The job entrusted with the step (only this job may claim it).
+    job_id = models.BigIntegerField(null=True, blank=True)
+    child_run = models.ForeignKey(
+        WorkflowRun, on_delete=models.SET_NULL, null=True, blank=True, related_name="+"
+    )
+    output = models.JSONField(null=True, blank=True)
+    checkpoint = models.JSONField(null=True, blank=True)
+    #: One entry per failed or lost attempt: exception_class_path, message,
+    #: traceback, attempt, at.
+    errors = models.JSONField(default=list, blank=True)
+
+    #: When the step became runnable (now + backoff for a retry).
+    ready_at = models.DateTimeField(null=True, blank=True)
+    #: Last sign of life: made ready, claimed, checkpointed.
+    heartbeat_at = models.DateTimeField(null=True, blank=True)
+    started_at = models.DateTimeField(null=True, blank=True)
+    finished_at = models.DateTimeField(null=True, blank=True)
+    updated_at = models.DateTimeField(db_default=Now())
+
+    class Meta:
+        app_label = "django_dispatch"
+        ordering = ["run_id", "sequence"]
+        indexes = [
+            # The autoscaling metric: the oldest runnable step.
+            models.Index(
+                "ready_at", name="dispatch_wftask_ready", condition=Q(state=StepState.READY)
+            ),
+            # The stale-step sweep.
+            models.Index(
+                "heartbeat_at",
+                name="dispatch_wftask_live",
+                condition=Q(state__in=[StepState.READY, StepState.RUNNING]),
+            ),
+        ]
+        constraints = [
+            models.UniqueConstraint("run", "name", name="dispatch_wftask_run_name"),
+            models.UniqueConstraint("run", "sequence", name="dispatch_wftask_run_sequence"),
+            models.CheckConstraint(
+                condition=Q(state__in=StepState.values), name="dispatch_wftask_state_valid"
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.name} of run #{self.run_id} ({self.state})"

@@ -1,0 +1,118 @@
+"""What a step function receives: the run's input, earlier outputs, a resume cursor."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from types import MappingProxyType
+from typing import TYPE_CHECKING, Any
+
+from asgiref.sync import sync_to_async
+
+from ..backend import to_json
+from ..store import workflows as wf_store
+from .exceptions import StepLost
+
+if TYPE_CHECKING:
+    from .definition import Workflow
+
+
+@dataclass(frozen=True, slots=True)
+class StartChild:
+    """Returned by a step to start a child run and wait for it.
+
+    The child run is inserted in the same transaction that parks the step as
+    ``waiting``; when the child succeeds, the step succeeds with the child's
+    output and the parent run goes on.
+    """
+
+    workflow_name: str
+    input: Any
+
+
+@dataclass(eq=False)
+class StepContext:
+    """The argument of every step function.
+
+    ``input`` is the run's input; ``outputs`` maps the name of every step
+    this one depends on, directly or not, to its output (None for a skipped
+    step). ``checkpoint`` is the last value saved with ``progress()`` by this
+    or an earlier attempt of the step in this generation (None at first).
+    """
+
+    run_id: int
+    step: str
+    input: Any
+    outputs: Mapping[str, Any]
+    attempt: int
+    generation: int
+    task_id: int
+    claim_id: str
+    saved_checkpoint: Any = None
+    #: Set when the attempt timed out or lost its claim.
+    stop_event: threading.Event = field(default_factory=threading.Event)
+    #: The step job's own cancel flag (job cancelled, or its worker lost it).
+    job_cancel_event: threading.Event | None = None
+    child_requested: StartChild | None = None
+
+    def __post_init__(self) -> None:
+        self.outputs = MappingProxyType(dict(self.outputs))
+
+    @property
+    def checkpoint(self) -> Any:
+        return self.saved_checkpoint
+
+    @property
+    def cancelled(self) -> bool:
+        """True once the attempt timed out, lost its step, or its job was cancelled.
+
+        Cheap to poll (no database access). Stop then: whatever the step
+        returns afterwards is discarded.
+        """
+        job = self.job_cancel_event
+        return self.stop_event.is_set() or (job is not None and job.is_set())
+
+    def progress(self, value: Any) -> None:
+        """Persist ``value`` (JSON) as the step's resume cursor, fenced by its claim.
+
+        Raises ``StepLost`` (a ``JobCancelled``) once this attempt no longer
+        holds the step: the run was cancelled or reopened, the step skipped,
+        swept, or timed out.
+        """
+        if self.cancelled:
+            raise StepLost(self._gone())
+        value = to_json(value, "A step checkpoint")
+        if not wf_store.workflow_task_progress(self.task_id, self.claim_id, value):
+            self.stop_event.set()
+            raise StepLost(self._gone())
+        self.saved_checkpoint = value
+
+    async def aprogress(self, value: Any) -> None:
+        await sync_to_async(self.progress, thread_sensitive=True)(value)
+
+    def start_child(self, workflow: Workflow, input: Any = None) -> StartChild:
+        """Ask to start a child run of ``workflow``; *return* what this gives.
+
+        ::
+
+            @wf.step()
+            def ship(ctx):
+                return ctx.start_child(shipping, {"order": ctx.input["order"]})
+
+        Nothing is written until the step returns it: the child run and the
+        step's switch to ``waiting`` commit together, and only while this
+        attempt still holds the step.
+        """
+        from .definition import get_workflow
+
+        get_workflow(workflow.name)  # registered, so the worker will find it
+        request = StartChild(workflow.name, to_json(input, "A child run's input"))
+        self.child_requested = request
+        return request
+
+    def _gone(self) -> str:
+        return (
+            f"step {self.step!r} of run {self.run_id} was cancelled, reopened, skipped, swept "
+            "or timed out: stop now (the result of this attempt is discarded)"
+        )

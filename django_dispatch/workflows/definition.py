@@ -1,0 +1,343 @@
+"""Workflow definitions: a name and an ordered list of validated steps.
+
+Pure Python, no database: importing a module that defines workflows works
+before Django's app registry is ready. Everything that can be checked is
+checked when the module is imported (duplicate names, unknown, later or
+cyclic dependencies, functions that a worker could not import by path, bad
+options), so a broken definition fails at deploy time, not at 03:00.
+
+Workflows register themselves by name on import; a worker finds a step's
+function by importing the handler path stored on the step row (which
+imports the module defining the workflow) and looking the step up here.
+Only functions registered as steps ever run.
+"""
+
+from __future__ import annotations
+
+import inspect
+import math
+import random
+import sys
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, TypeVar
+
+from django.utils.module_loading import import_string
+
+from .exceptions import UnknownWorkflow, WorkflowDefinitionError
+
+if TYPE_CHECKING:
+    from ..models import WorkflowRun
+
+F = TypeVar("F", bound=Callable[..., Any])
+#: ``fn(attempt) -> seconds``: the delay after failed attempt number ``attempt``.
+BackoffFunction = Callable[[int], float]
+
+NAME_MAX_LENGTH = 200
+PATH_MAX_LENGTH = 255
+BACKOFF_CAP_SECONDS = 3600.0
+
+_REGISTRY: dict[str, Workflow] = {}
+
+
+@dataclass(frozen=True, slots=True)
+class StepDef:
+    """One step of a workflow as defined in code."""
+
+    name: str
+    func: Callable[..., Any]
+    handler_path: str
+    sequence: int
+    depends_on: tuple[str, ...]
+    max_attempts: int
+    #: Seconds (a number), the import path of a BackoffFunction, or None
+    #: (exponential: about 1 s, 2 s, 4 s, ... capped at an hour).
+    backoff: float | str | None
+    timeout: float | None
+
+
+def default_backoff(attempt: int) -> float:
+    """About 1 s, 2 s, 4 s, ... after failed attempt 1, 2, 3, ..., capped at an hour."""
+    ceiling = min(BACKOFF_CAP_SECONDS, 2.0 ** (max(1, attempt) - 1))
+    return random.uniform(ceiling / 2, ceiling)
+
+
+def backoff_delay(backoff: float | str | None, attempt: int) -> float:
+    """Seconds to wait after failed attempt ``attempt`` under a stored backoff."""
+    if backoff is None:
+        return default_backoff(attempt)
+    if isinstance(backoff, int | float):
+        return max(0.0, float(backoff))
+    function = import_string(backoff)
+    return max(0.0, float(function(attempt)))
+
+
+def _path_of(func: Callable[..., Any], what: str) -> str:
+    """The import path a worker will use, or an error if it cannot import it."""
+    qualname = getattr(func, "__qualname__", "")
+    module = getattr(func, "__module__", None)
+    if not inspect.isfunction(func) or not module or not qualname:
+        raise WorkflowDefinitionError(f"{what} must be a plain function, got {func!r}.")
+    if "<" in qualname or "." in qualname:
+        raise WorkflowDefinitionError(
+            f"{what} {module}.{qualname} must be defined at module level (not a lambda, "
+            "a nested function or a method): workers import it by its path."
+        )
+    if module == "__main__":
+        raise WorkflowDefinitionError(
+            f"{what} {qualname} is defined in __main__, which a worker cannot import: "
+            "define it in a module of your project."
+        )
+    path = f"{module}.{qualname}"
+    if len(path) > PATH_MAX_LENGTH:
+        raise WorkflowDefinitionError(f"{what} path {path!r} is longer than {PATH_MAX_LENGTH}.")
+    return path
+
+
+def _check_options(name: str, max_attempts: Any, backoff: Any, timeout: Any) -> float | str | None:
+    """Validate per-step options; return the backoff as stored (number or path)."""
+    if isinstance(max_attempts, bool) or not isinstance(max_attempts, int) or max_attempts < 1:
+        raise WorkflowDefinitionError(
+            f"step {name!r}: max_attempts must be a whole number of at least 1, "
+            f"got {max_attempts!r}."
+        )
+    if timeout is not None and (
+        isinstance(timeout, bool) or not isinstance(timeout, int | float) or not timeout > 0
+    ):
+        raise WorkflowDefinitionError(
+            f"step {name!r}: timeout must be a positive number of seconds, got {timeout!r}."
+        )
+    if backoff is None:
+        return None
+    if isinstance(backoff, int | float) and not isinstance(backoff, bool):
+        if not (math.isfinite(backoff) and backoff >= 0):
+            raise WorkflowDefinitionError(
+                f"step {name!r}: backoff must be seconds >= 0, got {backoff!r}."
+            )
+        return float(backoff)
+    if callable(backoff):
+        return _path_of(backoff, f"step {name!r}: backoff function")
+    raise WorkflowDefinitionError(
+        f"step {name!r}: backoff must be seconds (a number) or a module-level function "
+        f"attempt -> seconds, got {backoff!r}."
+    )
+
+
+def check_graph(steps: Sequence[tuple[str, Sequence[str]]]) -> None:
+    """Validate (name, dependencies) pairs in definition order.
+
+    Names must be unique and every dependency must name an *earlier* step,
+    which also rules out cycles; each problem gets its own clear message.
+    """
+    seen: set[str] = set()
+    names = [name for name, _ in steps]
+    for name, deps in steps:
+        if name in seen:
+            raise WorkflowDefinitionError(f"duplicate step name {name!r}.")
+        for dep in deps:
+            if dep == name:
+                raise WorkflowDefinitionError(f"step {name!r} cannot depend on itself.")
+            if dep not in names:
+                raise WorkflowDefinitionError(
+                    f"step {name!r} depends on unknown step {dep!r} (known: {sorted(names)})."
+                )
+            if dep not in seen:
+                raise WorkflowDefinitionError(
+                    f"step {name!r} depends on {dep!r}, which is defined after it: this is a "
+                    f"cycle or an order mistake. Define {dep!r} above {name!r}."
+                )
+        if len(set(deps)) != len(deps):
+            raise WorkflowDefinitionError(f"step {name!r} lists a dependency twice: {list(deps)}.")
+        seen.add(name)
+
+
+class Workflow:
+    """A named, ordered list of steps; runs are started with ``start()``.
+
+    ::
+
+        checkout = Workflow("checkout")
+
+        @checkout.step()
+        def reserve(ctx): ...
+
+        @checkout.step(max_attempts=5, backoff=2)
+        def charge(ctx): ...          # after "reserve" (the previous step)
+
+        @checkout.step(after=["reserve"], timeout=30)
+        def notify(ctx): ...          # runs in parallel with "charge"
+
+        run = checkout.start({"order": 7}, idempotency_key="order-7")
+
+    A step without ``after`` depends on the step defined just before it
+    (none for the first); ``after=[]`` makes it start with the run.
+    """
+
+    def __init__(self, name: str, *, queue_name: str = "default") -> None:
+        if not isinstance(name, str) or not name or len(name) > NAME_MAX_LENGTH:
+            raise WorkflowDefinitionError(
+                f"a workflow name must be a non-empty string of at most {NAME_MAX_LENGTH} "
+                f"characters, got {name!r}."
+            )
+        self.name = name
+        self.queue_name = queue_name
+        self.module = sys._getframe(1).f_globals.get("__name__", "")
+        self._steps: list[StepDef] = []
+        existing = _REGISTRY.get(name)
+        if existing is not None and existing.module != self.module:
+            raise WorkflowDefinitionError(
+                f"a workflow named {name!r} is already defined in {existing.module}; "
+                "workflow names must be unique across the project."
+            )
+        _REGISTRY[name] = self  # a re-import of the same module replaces it
+
+    def __repr__(self) -> str:
+        return f"<Workflow {self.name!r}: {[s.name for s in self._steps]}>"
+
+    @property
+    def steps(self) -> tuple[StepDef, ...]:
+        return tuple(self._steps)
+
+    def get_step(self, name: str) -> StepDef:
+        for step in self._steps:
+            if step.name == name:
+                return step
+        raise UnknownWorkflow(f"workflow {self.name!r} has no step {name!r}.")
+
+    def step(
+        self,
+        *,
+        name: str | None = None,
+        after: Iterable[str | Callable[..., Any]] | None = None,
+        max_attempts: int = 1,
+        backoff: float | BackoffFunction | None = None,
+        timeout: float | None = None,
+    ) -> Callable[[F], F]:
+        """Register the decorated function as the next step; return it unchanged.
+
+        The function takes one argument, a ``StepContext``, and returns JSON
+        (or ``ctx.start_child(...)``). ``after`` names earlier steps (or
+        passes their functions); ``max_attempts`` counts failed attempts
+        before the run is parked as stuck; ``backoff`` is seconds, or a
+        module-level ``fn(attempt) -> seconds``; ``timeout`` is seconds per
+        attempt.
+        """
+
+        def register(func: F) -> F:
+            self.add_step(
+                func,
+                name=name,
+                after=after,
+                max_attempts=max_attempts,
+                backoff=backoff,
+                timeout=timeout,
+            )
+            return func
+
+        return register
+
+    def add_step(
+        self,
+        func: Callable[..., Any],
+        *,
+        name: str | None = None,
+        after: Iterable[str | Callable[..., Any]] | None = None,
+        max_attempts: int = 1,
+        backoff: float | BackoffFunction | None = None,
+        timeout: float | None = None,
+    ) -> StepDef:
+        """``step()`` without the decorator syntax."""
+        handler_path = _path_of(func, "a step function")
+        step_name = name or func.__name__
+        if not isinstance(step_name, str) or len(step_name) > NAME_MAX_LENGTH:
+            raise WorkflowDefinitionError(f"invalid step name {step_name!r}.")
+        try:
+            inspect.signature(func).bind(None)
+        except TypeError:
+            raise WorkflowDefinitionError(
+                f"step {step_name!r}: {handler_path} must take exactly one argument, the "
+                "step context (def step(ctx): ...)."
+            ) from None
+        stored_backoff = _check_options(step_name, max_attempts, backoff, timeout)
+        deps = self._dependencies(step_name, after)
+        check_graph([(s.name, s.depends_on) for s in self._steps] + [(step_name, deps)])
+        step = StepDef(
+            name=step_name,
+            func=func,
+            handler_path=handler_path,
+            sequence=len(self._steps),
+            depends_on=deps,
+            max_attempts=max_attempts,
+            backoff=stored_backoff,
+            timeout=None if timeout is None else float(timeout),
+        )
+        self._steps.append(step)
+        return step
+
+    def _dependencies(
+        self, name: str, after: Iterable[str | Callable[..., Any]] | None
+    ) -> tuple[str, ...]:
+        if after is None:
+            return (self._steps[-1].name,) if self._steps else ()
+        if isinstance(after, str):
+            raise WorkflowDefinitionError(
+                f"step {name!r}: after= takes a list of step names, e.g. after=[{after!r}]."
+            )
+        deps = []
+        for dep in after:
+            if isinstance(dep, str):
+                deps.append(dep)
+                continue
+            matches = [s.name for s in self._steps if s.func is dep]
+            if len(matches) != 1:
+                raise WorkflowDefinitionError(
+                    f"step {name!r}: after= lists {dep!r}, which is not a step of {self.name!r}."
+                )
+            deps.append(matches[0])
+        return tuple(deps)
+
+    def start(self, input: Any = None, *, idempotency_key: str | None = None) -> WorkflowRun:
+        """Start a run: insert it and all its steps, enqueue the first steps' jobs.
+
+        One transaction, inside the caller's when there is one: the run
+        exists exactly when the surrounding data does. With an
+        ``idempotency_key``, a second start (even a concurrent one) returns
+        the run the first one created instead of starting another.
+        """
+        from .engine import start_run
+
+        return start_run(self, input, idempotency_key=idempotency_key)
+
+
+def get_workflow(name: str) -> Workflow:
+    """The workflow registered under ``name`` (its module must have been imported)."""
+    try:
+        return _REGISTRY[name]
+    except KeyError:
+        raise UnknownWorkflow(
+            f"no workflow named {name!r} is defined (is the module that defines it imported?)."
+        ) from None
+
+
+def resolve_step(workflow_name: str, step_name: str, handler_path: str) -> StepDef:
+    """The step to run for a step row, with its *current* code.
+
+    Importing the stored handler path imports the module defining the
+    workflow (registering it). The function there must be a registered
+    step: a row written by someone else cannot make a worker call an
+    arbitrary function. The step is then looked up by workflow and step name,
+    so a step whose function was replaced in a deploy runs the new code.
+    """
+    try:
+        func = import_string(handler_path)
+    except ImportError as e:
+        raise UnknownWorkflow(
+            f"step {step_name!r} of workflow {workflow_name!r}: {handler_path!r} cannot be "
+            f"imported ({e}). If it moved, keep an alias at the old path until its runs finish."
+        ) from e
+    if not any(s.func is func for wf in _REGISTRY.values() for s in wf._steps):
+        raise UnknownWorkflow(
+            f"{handler_path!r} is not a registered workflow step; only functions decorated "
+            "with @workflow.step() run."
+        )
+    return get_workflow(workflow_name).get_step(step_name)

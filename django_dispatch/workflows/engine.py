@@ -1,0 +1,197 @@
+"""The workflow engine: start runs, and run one step attempt inside its job.
+
+Steps execute as jobs of ``django_dispatch.workflows.tasks.run_step``, so
+claims, leases, heartbeats, reclaim after SIGKILL, graceful shutdown and
+LISTEN wake-ups are the job layer's. The job's own retries are not used
+(every step job has ``max_attempts=1``): a step's attempts, backoff and
+parking are decided here and recorded by ``store.workflows``.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import TYPE_CHECKING, Any
+
+from django.core.exceptions import ImproperlyConfigured
+
+from ..backend import DispatchBackend, to_json
+from ..models import Job, WorkflowRun
+from ..store import workflows as wf_store
+from .context import StartChild, StepContext
+from .definition import StepDef, Workflow, backoff_delay, default_backoff, get_workflow
+from .definition import resolve_step as _resolve
+from .exceptions import UnknownWorkflow, WorkflowDefinitionError
+from .runner import Outcome, error_of, run_attempt
+
+if TYPE_CHECKING:
+    from ..context import DispatchTaskContext
+
+logger = logging.getLogger("django_dispatch.workflows")
+
+KEY_MAX_LENGTH = 255
+
+
+def build_step_job(task_id: int, generation: int, queue_name: str) -> Job:
+    """An unsaved job of ``run_step`` for one step, with no job-level retries."""
+    from .tasks import run_step
+
+    task = run_step if queue_name == run_step.queue_name else run_step.using(queue_name=queue_name)
+    backend = task.get_backend()
+    if not isinstance(backend, DispatchBackend):
+        raise ImproperlyConfigured(
+            "workflows need TASKS['default'] to use django_dispatch.backend.DispatchBackend."
+        )
+    job = backend.build_job(task, [task_id, generation], {})
+    job.max_attempts = 1  # step attempts are the engine's, not the job's
+    return job
+
+
+def step_specs(workflow: Workflow) -> list[wf_store.StepSpec]:
+    if not workflow.steps:
+        raise WorkflowDefinitionError(f"workflow {workflow.name!r} has no steps to run.")
+    return [
+        wf_store.StepSpec(
+            name=s.name,
+            handler_path=s.handler_path,
+            sequence=s.sequence,
+            depends_on=s.depends_on,
+            max_attempts=s.max_attempts,
+            backoff=s.backoff,
+            timeout=s.timeout,
+        )
+        for s in workflow.steps
+    ]
+
+
+def start_run(workflow: Workflow, input: Any, *, idempotency_key: str | None = None) -> WorkflowRun:
+    """See ``Workflow.start``."""
+    if idempotency_key is not None and (
+        not isinstance(idempotency_key, str)
+        or not idempotency_key
+        or len(idempotency_key) > KEY_MAX_LENGTH
+    ):
+        raise ValueError(
+            f"idempotency_key must be a non-empty string of at most {KEY_MAX_LENGTH} "
+            f"characters, got {idempotency_key!r}."
+        )
+    run, _created = wf_store.workflow_run_insert(
+        name=workflow.name,
+        input=to_json(input, "A workflow run's input"),
+        steps=step_specs(workflow),
+        queue_name=workflow.queue_name,
+        idempotency_key=idempotency_key,
+        build_job=build_step_job,
+    )
+    return run
+
+
+def execute_step(job_context: DispatchTaskContext, task_id: int, generation: int) -> dict[str, Any]:
+    """Claim the step, run one attempt, record its outcome. Returns a summary for the job.
+
+    A job that cannot claim its step (reset, skipped, cancelled, already
+    done) does nothing and succeeds: it was superseded.
+    """
+    job_id = int(job_context.task_result.id)
+    claimed = wf_store.workflow_task_claim(task_id, generation, job_id)
+    if claimed is None:
+        return {"step": task_id, "outcome": "superseded"}
+    summary = {"run": claimed.run_id, "step": claimed.name, "attempt": claimed.attempt}
+    ctx = StepContext(
+        run_id=claimed.run_id,
+        step=claimed.name,
+        input=claimed.input,
+        outputs=claimed.outputs,
+        attempt=claimed.attempt,
+        generation=claimed.generation,
+        task_id=claimed.task_id,
+        claim_id=claimed.claim_id,
+        saved_checkpoint=claimed.checkpoint,
+        job_cancel_event=job_context.cancel_event,
+    )
+    try:
+        step = _resolve(claimed.workflow_name, claimed.name, claimed.handler_path)
+    except UnknownWorkflow as e:
+        outcome = Outcome(kind="failed", exception=e, retryable=False)
+    else:
+        outcome = run_attempt(step.func, ctx, claimed.timeout)
+    recorded = record(claimed, outcome)
+    return {**summary, "outcome": outcome.kind if recorded else "discarded"}
+
+
+def record(claimed: wf_store.ClaimedStep, outcome: Outcome) -> bool:
+    """Persist one attempt's outcome, fenced by its claim. False: the claim was void."""
+    task_id, claim_id = claimed.task_id, claimed.claim_id
+    if outcome.kind == "succeeded":
+        won = wf_store.workflow_task_succeed(
+            task_id, claim_id, outcome.value, build_job=build_step_job
+        )
+    elif outcome.kind == "child":
+        won = _start_child(claimed, outcome.value)
+    elif outcome.kind == "failed":
+        assert outcome.exception is not None
+        won = wf_store.workflow_task_fail(
+            task_id,
+            claim_id,
+            error_of(outcome.exception, claimed.attempt),
+            _retry_in(claimed, outcome),
+            build_job=build_step_job,
+        )
+    else:
+        logger.info(
+            "step %s of run %s: attempt stopped; result discarded", claimed.name, claimed.run_id
+        )
+        return False
+    if not won:
+        logger.warning(
+            "step %s of run %s: claim lost before its %s outcome was recorded (run cancelled "
+            "or reopened, step skipped or swept); discarded",
+            claimed.name,
+            claimed.run_id,
+            outcome.kind,
+        )
+    return won
+
+
+def _retry_in(claimed: wf_store.ClaimedStep, outcome: Outcome) -> float | None:
+    """Seconds before the next attempt, or None when the step is out of attempts."""
+    failures = claimed.failures + 1
+    if not outcome.retryable or failures >= claimed.max_attempts:
+        return None
+    try:
+        return backoff_delay(claimed.backoff, failures)
+    except Exception:
+        logger.exception("step %s: backoff function failed; using the default", claimed.name)
+        return default_backoff(failures)
+
+
+def _start_child(claimed: wf_store.ClaimedStep, request: StartChild) -> bool:
+    try:
+        child = get_workflow(request.workflow_name)
+        specs = step_specs(child)
+    except (UnknownWorkflow, WorkflowDefinitionError) as e:
+        return wf_store.workflow_task_fail(
+            claimed.task_id,
+            claimed.claim_id,
+            error_of(e, claimed.attempt),
+            None,
+            build_job=build_step_job,
+        )
+    child_id = wf_store.workflow_task_wait_child(
+        claimed.task_id,
+        claimed.claim_id,
+        name=child.name,
+        input=request.input,
+        steps=specs,
+        queue_name=child.queue_name,
+        build_job=build_step_job,
+    )
+    return child_id is not None
+
+
+def resolve_step(workflow_name: str, step_name: str, handler_path: str) -> StepDef:
+    return _resolve(workflow_name, step_name, handler_path)
+
+
+def sweep_stale_steps(older_than_seconds: float) -> list[int]:
+    """``store.workflows.sweep_stale_steps`` with the engine's step jobs (for maintenance)."""
+    return wf_store.sweep_stale_steps(older_than_seconds, build_job=build_step_job)

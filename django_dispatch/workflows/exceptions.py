@@ -1,0 +1,32 @@
+"""Errors raised by workflows. Each message says what was wrong and what to do."""
+
+from ..exceptions import DispatchError, JobCancelled, TaskTimeout
+
+
+class WorkflowDefinitionError(DispatchError):
+    """A workflow definition is invalid (raised when its module is imported)."""
+
+
+class UnknownWorkflow(DispatchError):
+    """A run names a workflow or step that the code no longer defines."""
+
+
+class StepTimeout(TaskTimeout):
+    """A step's attempt ran longer than its ``timeout``."""
+
+
+class StepLost(JobCancelled):
+    """This attempt no longer holds its step (run cancelled or reopened, step
+    skipped or swept): stop; whatever the step returns is discarded."""
+
+
+class ChildRunCancelled(DispatchError):
+    """The child run a step was waiting for was cancelled."""
+
+
+class ActionNotAllowed(DispatchError):
+    """An operator action does not fit the run's or step's current state."""
+
+
+class AlreadyReopened(ActionNotAllowed):
+    """Another reopen of the run won the compare-and-set on its generation."""

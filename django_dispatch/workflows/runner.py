@@ -1,0 +1,134 @@
+"""Run one attempt of a step function and classify what happened. No state writes.
+
+Outcomes: ``succeeded`` (a JSON output), ``child`` (the step returned
+``ctx.start_child(...)``), ``failed`` (an exception; ``retryable`` says
+whether another attempt could help), or ``lost`` (the attempt was stopped:
+timed out, cancelled or its claim lost, so whatever it produced must not be
+written). Persisting the outcome is the engine's job.
+
+Timeouts: an ``async def`` step runs under ``asyncio.timeout``. A sync step
+with a timeout runs on a helper thread that the step job waits for at most
+``timeout`` seconds; a thread cannot be killed, so on timeout the attempt is
+failed at once and ``ctx.cancelled`` turns True: the function should check it
+(or call ``ctx.progress()``, which raises) and stop. Its late writes to the
+step are rejected by the claim fence. Without a timeout, a sync step runs on
+the job's own thread.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import traceback
+from collections.abc import Callable
+from dataclasses import dataclass
+from inspect import iscoroutinefunction
+from typing import Any, Literal
+
+from asgiref.sync import async_to_sync
+from django.db import connections
+from django.tasks.exceptions import InvalidTask
+
+from ..backend import to_json
+from ..exceptions import JobCancelled
+from .context import StartChild, StepContext
+from .exceptions import StepTimeout
+
+Kind = Literal["succeeded", "child", "failed", "lost"]
+
+
+@dataclass
+class Outcome:
+    kind: Kind
+    value: Any = None
+    exception: BaseException | None = None
+    retryable: bool = True
+
+
+def error_of(exception: BaseException, attempt: int) -> dict[str, Any]:
+    """The JSON shape of one failed attempt, as stored in ``WorkflowTask.errors``."""
+    cls = type(exception)
+    return {
+        "exception_class_path": f"{cls.__module__}.{cls.__qualname__}",
+        "message": str(exception),
+        "traceback": "".join(traceback.format_exception(exception)),
+        "attempt": attempt,
+    }
+
+
+def run_attempt(
+    func: Callable[[StepContext], Any], ctx: StepContext, timeout: float | None
+) -> Outcome:
+    """Call the step function once and classify the result."""
+    try:
+        if iscoroutinefunction(func):
+            value = async_to_sync(_call_async)(func, ctx, timeout)
+        elif timeout is not None:
+            value = _call_on_thread(func, ctx, timeout)
+        else:
+            value = func(ctx)
+    except StepTimeout as e:
+        ctx.stop_event.set()
+        return Outcome(kind="failed", exception=e)
+    except (JobCancelled, asyncio.CancelledError) as e:
+        if ctx.cancelled:  # stopped on purpose: discard
+            return Outcome(kind="lost", exception=e)
+        return Outcome(kind="failed", exception=e)  # raised by the step itself
+    except BaseException as e:  # SystemExit from a step fails the attempt, not the worker
+        return Outcome(kind="failed", exception=e)
+    if ctx.cancelled:
+        return Outcome(kind="lost")
+    if isinstance(value, StartChild):
+        return Outcome(kind="child", value=value)
+    if ctx.child_requested is not None:
+        return Outcome(
+            kind="failed",
+            retryable=False,
+            exception=InvalidTask(
+                f"step {ctx.step!r} called ctx.start_child() but did not return its result; "
+                "write `return ctx.start_child(workflow, input)`."
+            ),
+        )
+    try:
+        return Outcome(kind="succeeded", value=to_json(value, f"The output of step {ctx.step!r}"))
+    except InvalidTask as e:  # the same code would return the same value again
+        return Outcome(kind="failed", exception=e, retryable=False)
+
+
+async def _call_async(
+    func: Callable[[StepContext], Any], ctx: StepContext, timeout: float | None
+) -> Any:
+    deadline = asyncio.timeout(timeout)
+    try:
+        async with deadline:
+            return await func(ctx)
+    except TimeoutError as e:
+        if deadline.expired():
+            raise StepTimeout(
+                f"step {ctx.step!r} ran longer than its timeout of {timeout} s"
+            ) from e
+        raise
+
+
+def _call_on_thread(func: Callable[[StepContext], Any], ctx: StepContext, timeout: float) -> Any:
+    box: dict[str, Any] = {}
+
+    def target() -> None:
+        try:
+            box["value"] = func(ctx)
+        except BaseException as e:
+            box["error"] = e
+        finally:
+            connections.close_all()  # this thread's connections only
+
+    thread = threading.Thread(target=target, name=f"dispatch-step-{ctx.task_id}", daemon=True)
+    thread.start()
+    thread.join(timeout)
+    if thread.is_alive():
+        raise StepTimeout(
+            f"step {ctx.step!r} ran longer than its timeout of {timeout} s; the attempt was "
+            "abandoned (its thread may still be running, but can no longer write to the step)"
+        )
+    if "error" in box:
+        raise box["error"]
+    return box.get("value")

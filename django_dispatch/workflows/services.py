@@ -1,0 +1,112 @@
+"""Operator commands on workflow runs, each checking the state it acts on.
+
+The admin and management commands call these; none of them writes a row.
+Each returns True only when this call made the change (False: the run or
+step was not in a state the action fits, e.g. already finished), except
+``replay_run``, which raises a clear error instead.
+"""
+
+from __future__ import annotations
+
+from django.db import router
+from django.db.models import Min
+
+from ..models import WorkflowRun, WorkflowTask
+from ..models.workflow import RUN_REOPENABLE, STEP_DONE, StepState
+from ..store import db_alias, db_now
+from ..store import workflows as wf_store
+from .engine import build_step_job
+from .exceptions import ActionNotAllowed, AlreadyReopened
+
+
+def cancel_run(run_id: int) -> bool:
+    """Cancel a running or stuck run: pending step jobs are cancelled, running
+    steps' claims become void (their results are discarded), child runs it
+    waits for are cancelled too."""
+    return wf_store.workflow_run_cancel(run_id)
+
+
+def retry_run(run_id: int) -> bool:
+    """Unpark a stuck run: its failed steps run again with a fresh attempt budget."""
+    return wf_store.workflow_run_unpark(run_id, build_job=build_step_job)
+
+
+def skip_step(run_id: int, step_name: str) -> bool:
+    """Skip an unfinished step: dependents go on as if it succeeded with no output."""
+    return wf_store.workflow_task_skip(run_id, step_name, build_job=build_step_job)
+
+
+def stuck_steps(run_id: int) -> list[str]:
+    """Names of the run's failed steps (what parks it), in definition order."""
+    return list(
+        WorkflowTask.objects.using(router.db_for_read(WorkflowTask))
+        .filter(run_id=run_id, state=StepState.FAILED)
+        .order_by("sequence")
+        .values_list("name", flat=True)
+    )
+
+
+def current_steps(run_id: int) -> list[str]:
+    """Names of the run's unfinished steps, in definition order (the first is "current")."""
+    return list(
+        WorkflowTask.objects.using(router.db_for_read(WorkflowTask))
+        .filter(run_id=run_id)
+        .exclude(state__in=list(STEP_DONE))
+        .order_by("sequence")
+        .values_list("name", flat=True)
+    )
+
+
+def replay_run(run_id: int, from_step: str, *, generation: int | None = None) -> WorkflowRun:
+    """Reopen a finished or stuck run from ``from_step``; return the run.
+
+    ``from_step`` and every step depending on it run again with the code
+    deployed now; earlier outputs are kept. ``generation`` is the run's
+    generation the caller saw (default: the current one): if another reopen
+    got in first, ``AlreadyReopened`` is raised and nothing changes.
+    Raises ``ActionNotAllowed`` for a run still running, and
+    ``WorkflowTask.DoesNotExist`` for an unknown step.
+    """
+    db = db_alias()
+    run = WorkflowRun.objects.using(db).get(id=run_id)
+    if not WorkflowTask.objects.using(db).filter(run_id=run_id, name=from_step).exists():
+        raise WorkflowTask.DoesNotExist(f"run {run_id} ({run.name}) has no step {from_step!r}.")
+    seen = run.generation if generation is None else generation
+    if run.state not in RUN_REOPENABLE:
+        raise ActionNotAllowed(
+            f"run {run_id} is {run.state}; only succeeded, stuck or cancelled runs can be "
+            "replayed (cancel it first, or wait for it to finish)."
+        )
+    if not wf_store.workflow_run_reopen(run_id, from_step, seen, build_job=build_step_job):
+        raise AlreadyReopened(
+            f"run {run_id} was reopened or changed by someone else (it is no longer at "
+            f"generation {seen}); nothing was changed. Reload and try again."
+        )
+    run.refresh_from_db(using=db)
+    return run
+
+
+def children(run_id: int) -> list[WorkflowRun]:
+    """The child runs started by this run's steps (one query, oldest first)."""
+    return list(
+        WorkflowRun.objects.using(router.db_for_read(WorkflowRun))
+        .filter(parent_run_id=run_id)
+        .order_by("id")
+    )
+
+
+def oldest_runnable_age() -> float:
+    """Seconds the oldest runnable step has waited for a worker (0.0: none waits).
+
+    A step is runnable once it is ready and its backoff has passed. Feed this
+    to an autoscaler: it grows when workers fall behind. Database clock; one
+    probe of a partial index.
+    """
+    db = db_alias()
+    now = db_now(db)
+    oldest = (
+        WorkflowTask.objects.using(db)
+        .filter(state=StepState.READY, ready_at__lte=now)
+        .aggregate(oldest=Min("ready_at"))["oldest"]
+    )
+    return 0.0 if oldest is None else max(0.0, (now - oldest).total_seconds())
