@@ -29,6 +29,7 @@ worker: $(STAMP)
 
 ## test: the whole suite on a throwaway PostgreSQL and on SQLite, then lint and type checks
 test: $(STAMP)
+	scripts/ensure-chromium
 	scripts/with-postgres $(MAKE) --no-print-directory test-postgres
 	$(MAKE) --no-print-directory test-sqlite
 	$(MAKE) --no-print-directory lint typecheck

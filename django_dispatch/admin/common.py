@@ -90,8 +90,12 @@ def pretty_json(value: Any) -> SafeString:
     return format_html('<pre class="dispatch-json">{}</pre>', text)
 
 
-def render_errors(errors: Iterable[dict[str, Any]]) -> SafeString:
-    """Each attempt's error: exception class, message, and its traceback verbatim."""
+def render_errors(errors: Iterable[dict[str, Any]], *, first: int = 1) -> SafeString:
+    """Each attempt's error: exception class, message, and its traceback verbatim.
+
+    ``first`` is the attempt number of the first error given (to show only
+    the last ones of a long history with their real numbers).
+    """
     rendered = format_html_join(
         "",
         '<div class="dispatch-error"><p><strong>Attempt {}: {}</strong>{}</p>'
@@ -103,7 +107,7 @@ def render_errors(errors: Iterable[dict[str, Any]]) -> SafeString:
                 format_html(" — {}", error["message"]) if error.get("message") else "",
                 error.get("traceback", "").rstrip() or "(no traceback)",
             )
-            for number, error in enumerate(errors, start=1)
+            for number, error in enumerate(errors, start=first)
         ),
     )
     return rendered or format_html("<p>{}</p>", "No errors.")

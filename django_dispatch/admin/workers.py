@@ -1,0 +1,43 @@
+"""The workers admin: who is running, where, since when, last seen when.
+
+Read-only: worker rows are written by the workers themselves (register,
+heartbeat, deregister) and removed by the leader once stale.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.contrib import admin
+from django.http import HttpRequest
+
+from ..models import Worker
+
+
+@admin.register(Worker)
+class WorkerAdmin(admin.ModelAdmin):
+    list_display = [
+        "id",
+        "hostname",
+        "pid",
+        "queues_display",
+        "concurrency",
+        "running_jobs",
+        "started_at",
+        "last_seen_at",
+    ]
+    search_fields = ["id", "hostname"]
+    actions = None
+
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        return False
+
+    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+    @admin.display(description="Queues")
+    def queues_display(self, worker: Worker) -> str:
+        return ", ".join(worker.queues) or "all"
