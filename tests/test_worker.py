@@ -36,6 +36,21 @@ def test_success_fills_every_task_result_field():
     assert enqueued == result
 
 
+def test_batched_completion_of_none_and_mixed_results(caplog):
+    """The hot path writes a wave of successes in one UPDATE, whatever they returned."""
+    nones = [tasks.noop.enqueue() for _ in range(6)]
+    mixed = [tasks.noop.enqueue(v) for v in (None, 1, "x", {"a": [1]}, None, [2])]
+    with caplog.at_level("WARNING", logger="django_dispatch"):
+        drain(concurrency=6)
+    problems = [r.getMessage() for r in caplog.records if r.name.startswith("django_dispatch")]
+    assert problems == []  # no failed batch write, no fallback to one-by-one
+    for enqueued in nones:
+        assert tasks.noop.get_result(enqueued.id).return_value is None
+    values = [tasks.noop.get_result(r.id).return_value for r in mixed]
+    assert values == [None, 1, "x", {"a": [1]}, None, [2]]
+    assert Job.objects.filter(state=JobState.SUCCEEDED).count() == 12
+
+
 def test_failure_records_error_with_traceback():
     enqueued = tasks.fail_always.enqueue("bad thing")
     drain()

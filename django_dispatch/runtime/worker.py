@@ -43,6 +43,8 @@ logger = logging.getLogger("django_dispatch.worker")
 ASYNC_TIMEOUT_GRACE = 1.0
 #: Most successes written by one batched UPDATE.
 COMPLETION_BATCH = 200
+#: Longest wait for the rest of a wave of finishing jobs (see _coalesce).
+COALESCE_SECONDS = 0.002
 #: A second stop signal within this many seconds is the same request.
 SIGNAL_DEDUP_SECONDS = 1.0
 
@@ -379,6 +381,20 @@ class Worker:
             next_duty = min(duty.next_at for duty in duties)
             self.wakeup.wait(min(cfg.POLL_INTERVAL, max(0.0, next_duty - time.monotonic())))
             self.wakeup.clear()
+            self._coalesce()
+
+    def _coalesce(self) -> None:
+        """Let a wave of finishing jobs gather before writing it.
+
+        Short jobs finish within microseconds of each other; waiting up to
+        ``COALESCE_SECONDS`` for the rest of the wave turns many one-row
+        completions (each a transaction and a claim) into one.
+        """
+        if self.completions.empty():
+            return
+        deadline = time.monotonic() + COALESCE_SECONDS
+        while self.completions.qsize() < len(self.running) and time.monotonic() < deadline:
+            time.sleep(COALESCE_SECONDS / 8)
 
     def _done(self, claimed: int) -> bool:
         opts = self.options

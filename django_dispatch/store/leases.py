@@ -12,7 +12,7 @@ from typing import Any
 
 from django.db import transaction
 from django.db.models import Case, F, JSONField, Q, Value, When
-from django.db.models.functions import Now
+from django.db.models.functions import Cast, Now
 
 from ..models import Job
 from ..states import JobState
@@ -78,11 +78,16 @@ def jobs_finish_many_if_leased(
     fence = Q()
     for lease, _ in results:
         fence |= Q(id=lease.job_id, worker_id=lease.worker_id, lease_epoch=lease.epoch)
-    return_values = Case(
-        *[
-            When(id=lease.job_id, then=Value(value, output_field=JSONField()))
-            for lease, value in results
-        ],
+    # Cast: when every value is None, each branch is an untyped NULL, which
+    # PostgreSQL would take for text and refuse for a jsonb column.
+    return_values = Cast(
+        Case(
+            *[
+                When(id=lease.job_id, then=Value(value, output_field=JSONField()))
+                for lease, value in results
+            ],
+            output_field=JSONField(),
+        ),
         output_field=JSONField(),
     )
     finished = (

@@ -23,6 +23,12 @@ def add(a, b):
     return a + b
 
 
+@task()
+def noop(value=None):
+    """Returns what it is given (None by default): batches of None results."""
+    return value
+
+
 @task(priority=5, queue_name="emails")
 def echo(value):
     return value
