@@ -7,7 +7,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 LINT_PATHS := django_dispatch tests example_project $(wildcard benchmarks)
 
-.PHONY: demo worker test test-postgres test-sqlite lint typecheck bench clean
+.PHONY: demo worker test test-postgres test-sqlite lint typecheck bench bench-quick clean
 
 $(STAMP): pyproject.toml
 	@$(PYTHON) -c 'import sys; assert sys.version_info >= (3, 12), "django_dispatch needs Python 3.12+; run with PYTHON=/path/to/python3.12"'
@@ -46,6 +46,13 @@ lint: $(STAMP)
 
 typecheck: $(STAMP)
 	DISPATCH_TEST_DB=sqlite $(VENV)/bin/mypy
+
+## bench: the benchmark against peer queues (about 20 minutes); results in benchmarks/results/
+bench: $(STAMP)
+	$(PY) benchmarks/run.py
+
+bench-quick: $(STAMP)
+	$(PY) benchmarks/run.py --quick
 
 clean:
 	rm -rf $(VENV) example_project/db.sqlite3* tests/.sqlite
