@@ -322,6 +322,10 @@ def task_for_row(row: Mapping[str, Any]) -> Task:
             f"Task {path!r} cannot be imported ({e}). If it was renamed or moved, "
             "keep an alias at the old path until its jobs have drained."
         ) from e
+    except Exception as e:  # the module itself fails to import: a bug or a setting
+        raise UnknownTask(
+            f"Importing task {path!r} failed with {type(e).__name__}: {e}. Fix the module."
+        ) from e
     if not isinstance(task, Task):
         raise UnknownTask(
             f"{path!r} is a {type(task).__name__}, not a Task: only functions decorated "

@@ -103,6 +103,31 @@ def test_cancelling_a_pending_head_promotes_the_next():
     assert [c.id for c in claim()] == [int(a[2].id)]
 
 
+def test_only_live_or_still_held_rows_are_locked_as_blockers():
+    from django_dispatch.store.partitions import lock_blockers
+
+    a = keyed("A", 3)
+    claim()  # a[0] runs (held by w)
+    assert cancel(a[2].id)  # a pending job cancelled: finished, blocks nothing
+    with transaction.atomic():
+        assert lock_blockers("default", [int(a[0].id), int(a[2].id)]) == {int(a[0].id)}
+    assert cancel(a[0].id)  # running: cancelled but still held by its worker
+    with transaction.atomic():
+        assert lock_blockers("default", [int(a[0].id)]) == {int(a[0].id)}
+
+
+def test_a_cancelled_job_still_held_is_not_deleted():
+    from django_dispatch.services import delete_finished_jobs
+
+    a = keyed("A", 2)
+    claim()
+    assert cancel(a[0].id)
+    assert delete_finished_jobs([int(a[0].id)]) == 0  # its worker has not let go
+    job = Job.objects.get(pk=a[0].id)
+    store.job_ack_cancelled(store.Lease(job.pk, job.worker_id, job.lease_epoch), partition_key="A")
+    assert delete_finished_jobs([int(a[0].id)]) == 1
+
+
 def test_expired_cancelled_job_frees_its_partition():
     a = keyed("A", 2)
     claim()

@@ -213,6 +213,16 @@ def test_unknown_task_path_fails_the_job_not_the_worker():
     assert tasks.add.get_result(good.id).status == TaskResultStatus.SUCCESSFUL
 
 
+def test_a_task_module_that_fails_to_import_fails_the_job_and_frees_the_slot():
+    bad = Job.objects.create(task_path="tests.testapp.broken_module.never", args=[])
+    good = tasks.add.enqueue(1, 1)
+    drain(concurrency=1)  # one slot: a leaked slot would leave `good` pending
+    bad.refresh_from_db()
+    assert bad.state == JobState.FAILED
+    assert "KeyError" in bad.errors[0]["message"]
+    assert tasks.add.get_result(good.id).status == TaskResultStatus.SUCCESSFUL
+
+
 def test_arguments_that_no_longer_fit_fail_the_job():
     row = Job.objects.create(task_path="tests.testapp.tasks.add", args=[1, 2, 3])
     drain()

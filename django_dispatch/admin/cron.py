@@ -54,6 +54,20 @@ def upcoming(entry: CronEntry, after: datetime, count: int = PREVIEW_COUNT) -> l
     return times
 
 
+#: Fields an operator edits; everything else belongs to the scheduler.
+DEFINITION_FIELDS = {
+    "name",
+    "schedule",
+    "timezone",
+    "task_path",
+    "args",
+    "kwargs",
+    "queue_name",
+    "priority",
+    "misfire_policy",
+}
+
+
 @admin.register(CronEntry)
 class CronEntryAdmin(admin.ModelAdmin):
     form = CronEntryForm
@@ -97,9 +111,18 @@ class CronEntryAdmin(admin.ModelAdmin):
         the watermark stays, ``next_run_at`` is cleared so the scheduler
         recomputes it at its next tick instead of waiting for the old slot.
         """
-        if change and {"schedule", "timezone"} & set(form.changed_data):
+        if not change:
+            super().save_model(request, obj, form, change)
+            return
+        fields = [f for f in form.changed_data if f in DEFINITION_FIELDS]
+        if {"schedule", "timezone"} & set(fields):
             obj.next_run_at = None
-        super().save_model(request, obj, form, change)
+            fields.append("next_run_at")
+        # Only what the form changed: the scheduler's watermark (last_slot,
+        # last_run_at, next_run_at) may have moved since the page was loaded,
+        # and writing the stale values back would make a slot fire again.
+        if fields:
+            obj.save(update_fields=[*fields, "updated_at"])
 
     @admin.display(description=f"Next {PREVIEW_COUNT} fire times")
     def next_fires(self, entry: CronEntry) -> str:

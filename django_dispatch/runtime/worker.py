@@ -169,8 +169,10 @@ class Worker:
             return
         with self.lock:
             self.threads_by_job[job_id] = threading.current_thread()
-            running.deadline = self._deadline(running)
         try:
+            deadline = self._deadline(running)
+            with self.lock:
+                running.deadline = deadline
             outcome = executor.execute(running.claimed, running)
             if running.abandoned:
                 outcome = executor.Outcome(kind="discarded", task_result=outcome.task_result)
@@ -473,7 +475,10 @@ class Worker:
             overdue = [
                 r
                 for r in self.running.values()
-                if r.deadline is not None and now >= r.deadline and not r.abandoned
+                if r.deadline is not None
+                and now >= r.deadline
+                and not r.abandoned
+                and r.finished is None  # returned in time; its write is queued
             ]
         for running in overdue:
             job_id = running.claimed.id

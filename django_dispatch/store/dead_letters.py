@@ -5,11 +5,16 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from django.db.models import Q
 from django.db.models.functions import Now
 
 from ..models import DeadLetter, Job
-from ..states import TERMINAL
+from ..states import TERMINAL, JobState
 from .base import db_alias, now_plus
+
+#: A cancelled job whose worker has not let go yet still holds its partition:
+#: deleting it would let the next job of the key overlap the running code.
+_STILL_HELD = Q(state=JobState.CANCELLED, lease_expires_at__isnull=False)
 
 
 def dead_letter_insert(db: str, job_id: int) -> DeadLetter:
@@ -81,6 +86,7 @@ def jobs_purge(retention: Mapping[str, float | None], *, batch: int, db: str | N
         old = (
             Job.objects.using(db)
             .filter(state=state, finished_at__lt=now_plus(-seconds))
+            .exclude(_STILL_HELD)
             .order_by("finished_at")
             .values_list("id", flat=True)[:batch]
         )
@@ -109,6 +115,7 @@ def jobs_delete_finished(job_ids: Sequence[int], *, db: str | None = None) -> in
     return (
         Job.objects.using(db or db_alias())
         .filter(id__in=list(job_ids), state__in=list(TERMINAL))
+        .exclude(_STILL_HELD)
         .delete()[0]
     )
 

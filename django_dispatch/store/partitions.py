@@ -22,7 +22,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 from django.db import connections
-from django.db.models import Subquery
+from django.db.models import Q, Subquery
 
 from ..models import Job
 from ..states import JobState
@@ -76,12 +76,16 @@ def lock_blockers(db: str, blocker_ids: Iterable[int]) -> set[int]:
     ids = sorted(set(blocker_ids))
     if not ids:
         return set()
+    # A cancelled row blocks only while its worker still holds it; a plain
+    # cancelled (or any finished) row must not be locked as a blocker, or a
+    # demotion could race with its cancel or release and leave the next job
+    # blocked with nothing ahead of it to promote it.
+    still_blocking = Q(state__in=[JobState.PENDING, JobState.BLOCKED, JobState.RUNNING]) | Q(
+        state=JobState.CANCELLED, lease_expires_at__isnull=False
+    )
     return set(
         Job.objects.using(db)
-        .filter(
-            id__in=ids,
-            state__in=[JobState.PENDING, JobState.BLOCKED, JobState.RUNNING, JobState.CANCELLED],
-        )
+        .filter(still_blocking, id__in=ids)
         .select_for_update(skip_locked=True, no_key=True)
         .values_list("id", flat=True)
     )
