@@ -118,6 +118,31 @@ def test_concurrent_ticks_fire_each_slot_once():
     assert Job.objects.values("idempotency_key").distinct().count() == 30
 
 
+def test_cron_jobs_send_task_enqueued_after_commit_off_the_loop_thread():
+    from django.tasks.signals import task_enqueued
+
+    seen: list[tuple[str, str]] = []
+
+    def receiver(sender, task_result, **kwargs):
+        seen.append((task_result.id, threading.current_thread().name))
+
+    e = entry()
+    scheduler.tick()
+    CronEntry.objects.filter(pk=e.pk).update(
+        last_slot=CronEntry.objects.get(pk=e.pk).last_slot - timedelta(minutes=1),
+        next_run_at=db_now(),
+    )
+    task_enqueued.connect(receiver)
+    try:
+        assert scheduler.tick() == 1
+        wait_until(lambda: seen, what="task_enqueued for the cron job")
+    finally:
+        task_enqueued.disconnect(receiver)
+    ((job_id, thread),) = seen
+    assert Job.objects.filter(pk=job_id).exists()
+    assert thread != threading.current_thread().name
+
+
 def test_run_now_does_not_disturb_the_schedule_and_disabled_entries_do_not_fire():
     e = entry()
     scheduler.tick()

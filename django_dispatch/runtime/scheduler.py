@@ -10,12 +10,16 @@ is silent. Time is the database's.
 from __future__ import annotations
 
 import logging
+import threading
 from datetime import datetime, timedelta
 
 from django.conf import settings
-from django.db import IntegrityError, transaction
+from django.db import IntegrityError, connections, transaction
+from django.tasks import TaskResult
+from django.tasks.signals import task_enqueued
 
 from .. import cron, store
+from ..backend import DispatchBackend, result_from_job, send_robust
 from ..conf import get_settings
 from ..models import CronEntry
 from ..services import cron_task
@@ -57,7 +61,7 @@ def tick() -> int:
     db = store.db_alias()
     if not store.cron_entries_due_exist(db=db):  # most ticks: one read, no lock
         return 0
-    fired = 0
+    enqueued: list[TaskResult] = []
     with transaction.atomic(using=db):
         entries = store.cron_entries_claim_due(limit=TICK_LIMIT, db=db)
         if not entries:
@@ -65,8 +69,20 @@ def tick() -> int:
         now: datetime = entries[0].db_now  # type: ignore[attr-defined]
         grace = _grace()
         for entry in entries:
-            fired += _fire(entry, now, grace, db)
-    return fired
+            enqueued += _fire(entry, now, grace, db)
+    if enqueued:
+        # task_enqueued receivers are user code: after the commit, and never
+        # on the worker's control loop (they could delay its heartbeats).
+        threading.Thread(target=_signal_enqueued, args=(enqueued,), daemon=True).start()
+    return len(enqueued)
+
+
+def _signal_enqueued(results: list[TaskResult]) -> None:
+    try:
+        for result in results:
+            send_robust(task_enqueued, DispatchBackend, result)
+    finally:
+        connections.close_all()
 
 
 def _grace() -> timedelta:
@@ -80,7 +96,14 @@ def _grace() -> timedelta:
     return timedelta(seconds=max(cfg.LEASE_SECONDS, 10 * cfg.SCHEDULER_INTERVAL))
 
 
-def _fire(entry: CronEntry, now: datetime, grace: timedelta, db: str) -> int:
+def _fire(entry: CronEntry, now: datetime, grace: timedelta, db: str) -> list[TaskResult]:
+    """Enqueue the entry's due slots and move its watermark; all or nothing.
+
+    The slots share one savepoint: if any of them cannot be enqueued, none
+    is, and the entry is looked at again after ``RETRY_BROKEN_AFTER`` (a slot
+    enqueued before the failure would otherwise fire twice).
+    """
+    enqueued: list[TaskResult] = []
     try:
         slots, next_run_at = cron.slots_to_fire(
             entry.schedule,
@@ -90,10 +113,11 @@ def _fire(entry: CronEntry, now: datetime, grace: timedelta, db: str) -> int:
             policy=entry.misfire_policy,
             grace=grace,
         )
-        for slot in slots:
-            key = f"cron:{entry.name}:{slot.isoformat()}"
-            with transaction.atomic(using=db):  # a failure drops this entry's tick only
-                cron_task(entry, idempotency_key=key).enqueue(*entry.args, **entry.kwargs)
+        with transaction.atomic(using=db):
+            for slot in slots:
+                result = _enqueue(entry, f"cron:{entry.name}:{slot.isoformat()}", db)
+                if result is not None:
+                    enqueued.append(result)
     except Exception:
         logger.exception(
             "cron entry %r could not be scheduled; retrying in %s", entry.name, RETRY_BROKEN_AFTER
@@ -105,7 +129,7 @@ def _fire(entry: CronEntry, now: datetime, grace: timedelta, db: str) -> int:
             fired_slot=None,
             db=db,
         )
-        return 0
+        return []
     watermark = cron.latest_slot(entry.schedule, entry.timezone, now) or entry.last_slot or now
     store.cron_entry_advance(
         entry.pk,
@@ -116,4 +140,16 @@ def _fire(entry: CronEntry, now: datetime, grace: timedelta, db: str) -> int:
     )
     for slot in slots:
         logger.info("cron entry %r fired for %s", entry.name, slot.isoformat())
-    return len(slots)
+    return enqueued
+
+
+def _enqueue(entry: CronEntry, key: str, db: str) -> TaskResult | None:
+    """Insert one slot's job (no signal here); None if its key was already live."""
+    task = cron_task(entry, idempotency_key=key)
+    backend = task.get_backend()
+    if not isinstance(backend, DispatchBackend):
+        raise TypeError(f"{entry.task_path} does not use a DispatchBackend")
+    job, created = store.job_insert_idempotent(
+        backend.build_job(task, entry.args, entry.kwargs), db=db
+    )
+    return result_from_job(job, task=task) if created else None
