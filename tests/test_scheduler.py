@@ -46,9 +46,12 @@ def test_sync_creates_updates_and_disables_settings_entries():
     assert set(CronEntry.objects.values_list("name", flat=True)) == {"a", "b", "from-admin"}
     a = CronEntry.objects.get(name="a")
     assert a.source == "settings" and a.timezone == "UTC" and a.args == [1, 2]
+    CronEntry.objects.filter(name="a").update(last_slot=db_now() - timedelta(days=1))
     with override_settings(DISPATCH={"CRON": {"a": {**MINUTELY, "schedule": "*/5 * * * *"}}}):
         scheduler.sync_from_settings()
-    assert CronEntry.objects.get(name="a").schedule == "*/5 * * * *"
+    a = CronEntry.objects.get(name="a")
+    assert a.schedule == "*/5 * * * *"
+    assert a.last_slot is None and a.next_run_at is None  # no replay of a day of slots
     assert CronEntry.objects.get(name="b").enabled is False  # removed: disabled, kept
     assert CronEntry.objects.get(pk=admin_made.pk).enabled is True  # admin entries untouched
 
@@ -60,7 +63,7 @@ def test_a_new_entry_fires_nothing_for_the_past_then_each_slot_once():
     assert e.next_run_at > db_now() - timedelta(seconds=1) and e.last_slot is not None
     # Pretend the next slot has come: move the watermark one minute back.
     CronEntry.objects.filter(pk=e.pk).update(
-        last_slot=e.last_slot - timedelta(minutes=1), next_run_at=db_now()
+        last_slot=e.last_slot - timedelta(minutes=1), next_run_at=db_now() - timedelta(seconds=1)
     )
     assert scheduler.tick() == 1
     assert scheduler.tick() == 0  # not due again
@@ -130,7 +133,7 @@ def test_cron_jobs_send_task_enqueued_after_commit_off_the_loop_thread():
     scheduler.tick()
     CronEntry.objects.filter(pk=e.pk).update(
         last_slot=CronEntry.objects.get(pk=e.pk).last_slot - timedelta(minutes=1),
-        next_run_at=db_now(),
+        next_run_at=db_now() - timedelta(seconds=1),
     )
     task_enqueued.connect(receiver)
     try:
@@ -151,7 +154,9 @@ def test_run_now_does_not_disturb_the_schedule_and_disabled_entries_do_not_fire(
     assert Job.objects.get(pk=result.id).args == [1, 2]
     assert CronEntry.objects.get(pk=e.pk).next_run_at == e.next_run_at
     set_cron_enabled([e.pk], False)
-    CronEntry.objects.filter(pk=e.pk).update(next_run_at=db_now() - timedelta(minutes=1))
+    CronEntry.objects.filter(pk=e.pk).update(
+        next_run_at=db_now() - timedelta(seconds=1) - timedelta(minutes=1)
+    )
     assert scheduler.tick() == 0
 
 
@@ -159,7 +164,9 @@ def test_a_broken_entry_never_breaks_the_tick():
     good = entry("good")
     entry("broken", task_path="tests.testapp.tasks.does_not_exist")
     scheduler.tick()
-    CronEntry.objects.update(last_slot=db_now() - timedelta(minutes=1), next_run_at=db_now())
+    CronEntry.objects.update(
+        last_slot=db_now() - timedelta(minutes=1), next_run_at=db_now() - timedelta(seconds=1)
+    )
     assert scheduler.tick() == 1
     assert Job.objects.get().idempotency_key.startswith(f"cron:{good.name}:")
 

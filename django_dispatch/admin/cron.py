@@ -116,8 +116,9 @@ class CronEntryAdmin(admin.ModelAdmin):
             return
         fields = [f for f in form.changed_data if f in DEFINITION_FIELDS]
         if {"schedule", "timezone"} & set(fields):
-            obj.next_run_at = None
-            fields.append("next_run_at")
+            # A new schedule starts afresh from now (as the settings sync does).
+            obj.next_run_at = obj.last_slot = None
+            fields += ["next_run_at", "last_slot"]
         # Only what the form changed: the scheduler's watermark (last_slot,
         # last_run_at, next_run_at) may have moved since the page was loaded,
         # and writing the stale values back would make a slot fire again.

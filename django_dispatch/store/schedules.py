@@ -37,9 +37,9 @@ def cron_sync_from_settings(
     """Make the table match ``DISPATCH["CRON"]``; return (created, updated, disabled).
 
     Entries removed from settings are disabled, never deleted, so their
-    history stays visible; entries created in the admin are left alone. The
-    watermark of an entry whose schedule or time zone changed is kept: its
-    next run is recomputed by the scheduler from the new schedule.
+    history stays visible; entries created in the admin are left alone. An
+    entry whose schedule or time zone changed, or that is enabled again,
+    starts afresh from now: slots of the old schedule are not replayed.
     """
     db = db or db_alias()
     take_sqlite_write_lock(db)  # several workers sync at once on start-up
@@ -59,8 +59,10 @@ def cron_sync_from_settings(
             values["schedule"],
             values["timezone"],
         )
-        if schedule_changed:
-            values["next_run_at"] = None  # recomputed at the next tick
+        if schedule_changed or (values["enabled"] and not entry.enabled):
+            # Start afresh from now: the old watermark would make the new
+            # schedule (or a re-enabled one) fire every slot since then.
+            values.update(next_run_at=None, last_slot=None)
         if any(getattr(entry, k) != v for k, v in values.items()):
             CronEntry.objects.using(db).filter(pk=entry.pk).update(updated_at=Now(), **values)
             updated += 1
