@@ -1,0 +1,46 @@
+"""The benchmark's Django project on django_dispatch, production-like.
+
+The database comes from ``DATABASE_URL`` (PostgreSQL only). ``DISPATCH`` is
+left at its defaults: leases, heartbeats and polling are what users get.
+"""
+
+import os
+from urllib.parse import unquote, urlparse
+
+SECRET_KEY = "benchmark-only"
+DEBUG = False  # DEBUG keeps every query in memory: never measure with it
+USE_TZ = True
+ALLOWED_HOSTS: list[str] = []
+
+INSTALLED_APPS = ["django_dispatch", "bench"]
+
+_url = urlparse(os.environ["DATABASE_URL"])
+DATABASES = {
+    "default": {
+        "ENGINE": "django.db.backends.postgresql",
+        "NAME": unquote(_url.path.lstrip("/")),
+        "USER": unquote(_url.username or ""),
+        "PASSWORD": unquote(_url.password or ""),
+        "HOST": _url.hostname or "",
+        "PORT": str(_url.port or ""),
+        "CONN_MAX_AGE": 600,
+    }
+}
+
+TASKS = {
+    "default": {
+        "BACKEND": "django_dispatch.backend.DispatchBackend",
+        "QUEUES": [],
+        "OPTIONS": {},
+    }
+}
+DISPATCH: dict = {}
+
+# Warnings and errors only: no system in the benchmark logs every job (Django's
+# "django.tasks" logger would log two INFO lines per job, which costs time).
+LOGGING = {
+    "version": 1,
+    "disable_existing_loggers": False,
+    "handlers": {"console": {"class": "logging.StreamHandler", "level": "WARNING"}},
+    "root": {"handlers": ["console"], "level": "WARNING"},
+}

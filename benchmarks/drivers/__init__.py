@@ -1,0 +1,1 @@
+"""One module per system: how to set it up, enqueue, and start its workers."""

@@ -1,0 +1,111 @@
+"""django_dispatch: ``Task.enqueue()``, ``enqueue_many()`` and ``rundispatch``.
+
+Extra measurements: the bare-ORM baseline (``Row.objects.create()`` of a row
+as wide as a job), and the ``drain`` phase's backlog options for the claim
+flatness check (``--prefill-finished``) and the partition check
+(``--partition-keys``).
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+
+from harness import Driver, main
+
+from drivers import django_setup
+
+CHUNK = 10_000
+
+#: One million finished jobs in the shape the worker leaves them: succeeded,
+#: with a lease epoch, attempt history and timestamps.
+PREFILL_SQL = """
+INSERT INTO django_dispatch_job (
+    task_path, backend, queue_name, priority, args, kwargs, state, run_after,
+    attempts, max_attempts, worker_lost_count, worker_id, lease_epoch,
+    return_value, errors, worker_ids, enqueued_at, started_at, last_attempted_at,
+    finished_at)
+SELECT 'bench.tasks.noop', 'default', 'default', 0, '[]', '{}', 'succeeded',
+    t, 1, 1, 0, 'prefill:1', 1, 'null', '[]', '["prefill:1"]', t, t, t, t
+FROM (SELECT now() - (n || ' seconds')::interval AS t
+      FROM generate_series(1, %s) AS n) AS s
+"""
+
+
+#: Live jobs above the prefilled ones, found through the primary key, so that
+#: polling stays cheap next to a million finished rows.
+UNFINISHED_SQL = (
+    "SELECT count(*) FROM django_dispatch_job "
+    "WHERE id > {after} AND state IN ('pending', 'blocked', 'running')"
+)
+
+
+class DispatchDriver(Driver):
+    unfinished_sql = UNFINISHED_SQL.format(after=0)
+
+    @classmethod
+    def add_arguments(cls, parser) -> None:
+        parser.add_argument("--prefill-finished", type=int, default=0)
+        parser.add_argument("--partition-keys", type=int, default=0)
+
+    def setup(self) -> None:
+        django_setup.setup(self.db, "benchproject.settings")
+        from bench import tasks
+
+        self.tasks = tasks
+
+    def enqueue_noop(self) -> None:
+        self.tasks.noop.enqueue()
+
+    def enqueue_record(self, seq: int) -> None:
+        self.tasks.record_start.enqueue(seq)
+
+    def enqueue_bulk(self, count: int) -> bool:
+        from django_dispatch import enqueue_many
+
+        enqueue_many(self.tasks.noop, [((), {})] * count)
+        return True
+
+    def worker_argv(self, concurrency: int) -> list[str]:
+        return [sys.executable, django_setup.manage_py(), "rundispatch",
+                "--concurrency", str(concurrency)]  # fmt: skip
+
+    def before(self) -> dict:
+        """Bare ORM: one ``Row.objects.create()`` per transaction, as many as jobs."""
+        from bench.models import Row
+
+        started = time.perf_counter()
+        for _ in range(self.args.jobs):
+            Row.objects.create(task_path="bench.tasks.noop")
+        return {"orm_create_per_s": self.args.jobs / (time.perf_counter() - started)}
+
+    def prepare_backlog(self) -> int:
+        from django.db import connection
+
+        from django_dispatch import enqueue_many
+
+        if self.args.prefill_finished:
+            with connection.cursor() as cursor:
+                cursor.execute(PREFILL_SQL, [self.args.prefill_finished])
+                cursor.execute("VACUUM ANALYZE django_dispatch_job")
+                cursor.execute("SELECT max(id) FROM django_dispatch_job")
+                after = cursor.fetchone()[0]
+            self.unfinished_sql = UNFINISHED_SQL.format(after=after)
+        jobs, keys = self.args.jobs, self.args.partition_keys
+        if keys:
+            for key in range(keys):
+                task = self.tasks.noop.using(partition_key=f"key-{key}")
+                enqueue_many(task, [((), {})] * len(range(key, jobs, keys)))
+        else:
+            for start in range(0, jobs, CHUNK):
+                enqueue_many(self.tasks.noop, [((), {})] * min(CHUNK, jobs - start))
+        return jobs
+
+    def close(self) -> None:
+        from django.db import connections
+
+        connections.close_all()
+
+
+if __name__ == "__main__":
+    main(DispatchDriver)

@@ -1,0 +1,83 @@
+"""PgQueuer: ``Queries.enqueue()`` (one job, or lists for bulk) and a ``QueueManager``.
+
+PgQueuer runs only async entrypoints, so its tasks are async no-ops. The
+worker caps in-flight jobs at C (``max_concurrent_tasks``), which PgQueuer
+requires to be at least twice its ``batch_size``, hence a batch of C / 2;
+every other option is the library's default. Finished jobs leave the
+``pgqueuer`` table, so "unfinished" is simply its row count.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import sys
+import time
+
+import psycopg
+from harness import Driver, main
+from pgqueuer import PsycopgDriver, Queries, QueueManager
+
+
+async def connect(db_url: str) -> psycopg.AsyncConnection:
+    return await psycopg.AsyncConnection.connect(db_url, autocommit=True)
+
+
+class PgQueuerDriver(Driver):
+    unfinished_sql = "SELECT count(*) FROM pgqueuer"
+
+    def setup(self) -> None:
+        self.loop = asyncio.new_event_loop()
+        self.conn = self.loop.run_until_complete(connect(self.db))
+        self.queries = Queries(PsycopgDriver(self.conn))
+        self.loop.run_until_complete(self.queries.install())
+
+    def enqueue_noop(self) -> None:
+        self.loop.run_until_complete(self.queries.enqueue("noop", None))
+
+    def enqueue_record(self, seq: int) -> None:
+        self.loop.run_until_complete(self.queries.enqueue("record_start", str(seq).encode()))
+
+    def enqueue_bulk(self, count: int) -> bool:
+        self.loop.run_until_complete(
+            self.queries.enqueue(["noop"] * count, [None] * count, [0] * count)
+        )
+        return True
+
+    def worker_argv(self, concurrency: int) -> list[str]:
+        return [sys.executable, "-m", "drivers.pgqueuer", "worker",
+                "--concurrency", str(concurrency)]  # fmt: skip
+
+    def run_worker(self) -> None:
+        asyncio.run(self._worker())
+
+    async def _worker(self) -> None:
+        conn = await connect(self.db)
+        manager = QueueManager(Queries(PsycopgDriver(conn)))
+
+        @manager.entrypoint("noop")
+        async def noop(job) -> None:
+            """Does nothing."""
+
+        @manager.entrypoint("record_start")
+        async def record_start(job) -> None:
+            started = time.time()
+            with open(os.environ["BENCH_LATENCY_FILE"], "a") as f:
+                f.write(f"{job.payload.decode()} {started:.6f}\n")
+
+        loop = asyncio.get_running_loop()
+        for signum in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(signum, manager.shutdown.set)
+        concurrency = max(2, self.args.concurrency)
+        await manager.run(batch_size=concurrency // 2, max_concurrent_tasks=concurrency)
+        await conn.close()
+
+    def close(self) -> None:
+        if hasattr(self, "conn"):
+            self.loop.run_until_complete(self.conn.close())
+            self.loop.close()
+
+
+if __name__ == "__main__":
+    main(PgQueuerDriver)

@@ -1,0 +1,47 @@
+"""django-tasks-db: the same Django project and tasks on its ORM backend.
+
+Its worker (``manage.py db_worker``) runs one task at a time per process and
+has no concurrency option, so ``--concurrency`` does not apply: W processes
+run. It has no bulk enqueue API. Worker options are its defaults (1 s poll
+interval); ``--queue-name '*'`` only makes it serve every queue.
+"""
+
+from __future__ import annotations
+
+import sys
+
+from harness import Driver, main
+
+from drivers import django_setup
+
+
+class TasksDbDriver(Driver):
+    unfinished_sql = (
+        "SELECT count(*) FROM django_tasks_database_dbtaskresult "
+        "WHERE status IN ('READY', 'RUNNING')"
+    )
+
+    def setup(self) -> None:
+        django_setup.setup(self.db, "benchproject.settings_tasks_db")
+        from bench import tasks
+
+        self.tasks = tasks
+
+    def enqueue_noop(self) -> None:
+        self.tasks.noop.enqueue()
+
+    def enqueue_record(self, seq: int) -> None:
+        self.tasks.record_start.enqueue(seq)
+
+    def worker_argv(self, concurrency: int) -> list[str]:
+        return [sys.executable, django_setup.manage_py(), "db_worker", "--queue-name", "*",
+                "--settings", "benchproject.settings_tasks_db", "--no-reload"]  # fmt: skip
+
+    def close(self) -> None:
+        from django.db import connections
+
+        connections.close_all()
+
+
+if __name__ == "__main__":
+    main(TasksDbDriver)

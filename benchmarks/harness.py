@@ -1,0 +1,365 @@
+"""The measurements, identical for every system; each driver plugs into them.
+
+A driver module subclasses ``Driver`` and calls ``main(MyDriver)``. It runs in
+its system's own virtualenv (so this module uses only the standard library,
+psycopg and ``proc``), is given a fresh, empty database, and prints one JSON
+object with its results on stdout. ``run.py`` collects them.
+
+Phases (the first command-line argument):
+
+``standard``
+    enqueue rate (one job per transaction), drain rate of those jobs with
+    W worker processes x C concurrency plus the workers' peak RSS, idle
+    worker CPU, enqueue->start latency under a light steady load, bulk
+    enqueue rate.
+``drain``
+    only the drain rate, of a backlog the driver prepares (``prepare_backlog``),
+    for the claim-flatness and partition checks.
+``rss``
+    the workers' resident memory after 1,000 jobs and after ``--jobs`` jobs.
+
+Worker processes are started fresh for each measurement and stopped with
+SIGTERM afterwards; completion is observed by polling the database.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import proc
+import psycopg
+
+POLL_SECONDS = 0.05
+STOP_TIMEOUT = 20.0
+STALL_SECONDS = 60.0
+
+
+class Driver:
+    """One queue system, as the harness drives it.
+
+    ``unfinished_sql`` counts the jobs not finished yet (queued or running);
+    the harness polls it to know when a drain is over.
+    """
+
+    unfinished_sql = ""
+
+    def __init__(self, args: argparse.Namespace) -> None:
+        self.args = args
+        self.db = args.db
+
+    @classmethod
+    def add_arguments(cls, parser: argparse.ArgumentParser) -> None:
+        """Options of this driver's own phases."""
+
+    def setup(self) -> None:
+        """Create the system's schema in the empty database."""
+        raise NotImplementedError
+
+    def enqueue_noop(self) -> None:
+        """Enqueue one no-op job in its own transaction."""
+        raise NotImplementedError
+
+    def enqueue_record(self, seq: int) -> None:
+        """Enqueue one job that appends ``seq`` and its start time to the latency file."""
+        raise NotImplementedError
+
+    def enqueue_bulk(self, count: int) -> bool:
+        """Enqueue ``count`` no-op jobs with the system's bulk API; False if it has none."""
+        return False
+
+    def worker_argv(self, concurrency: int) -> list[str]:
+        """The command line of one worker process."""
+        raise NotImplementedError
+
+    def before(self) -> dict:
+        """Extra measurements made first, on the empty database (e.g. a baseline)."""
+        return {}
+
+    def prepare_backlog(self) -> int:
+        """For the ``drain`` phase: queue jobs to drain; return how many."""
+        if not self.enqueue_bulk(self.args.jobs):
+            for _ in range(self.args.jobs):
+                self.enqueue_noop()
+        return self.args.jobs
+
+    def standard(self, conn: psycopg.Connection, logdir: Path) -> dict:
+        """The ``standard`` phase; a driver may measure differently."""
+        return standard(self, conn, logdir)
+
+    def close(self) -> None:
+        """Release connections before the database is dropped."""
+
+
+class Workers:
+    """W worker processes of one driver, logging to files in ``logdir``."""
+
+    def __init__(self, driver: Driver, count: int, concurrency: int, logdir: Path) -> None:
+        self.logdir = logdir
+        self.procs: list[subprocess.Popen] = []
+        self.started = time.monotonic()
+        start = len(list(logdir.glob("worker-*")))  # earlier measurements' logs stay
+        for index in range(start, start + count):
+            log = open(logdir / f"worker-{index}.log", "w")  # noqa: SIM115
+            self.procs.append(
+                subprocess.Popen(
+                    driver.worker_argv(concurrency),
+                    stdout=log,
+                    stderr=subprocess.STDOUT,
+                    env={**os.environ, "DATABASE_URL": driver.db},
+                )
+            )
+            log.close()
+
+    def check_alive(self) -> None:
+        """Raise if a worker failed, or if all have exited (a drain can no longer end)."""
+        codes = [p.poll() for p in self.procs]
+        if any(code for code in codes) or all(code is not None for code in codes):
+            raise RuntimeError(f"workers exited with {codes}:\n{self.logs()}")
+
+    def logs(self, tail: int = 3000) -> str:
+        return "\n".join(f.read_text()[-tail:] for f in sorted(self.logdir.glob("worker-*")))
+
+    def peak_rss_mb(self) -> float:
+        return max(proc.peak_rss_mb(p.pid) for p in self.procs)
+
+    def rss_mb(self) -> float:
+        return max(proc.rss_mb(p.pid) for p in self.procs)
+
+    def cpu_seconds(self) -> list[float]:
+        return [proc.cpu_seconds(p.pid) for p in self.procs]
+
+    def stop(self) -> None:
+        for p in self.procs:
+            if p.poll() is None:
+                p.send_signal(signal.SIGTERM)
+        deadline = time.monotonic() + STOP_TIMEOUT
+        for p in self.procs:
+            try:
+                p.wait(max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                for pid in reversed(proc.tree(p.pid)):
+                    os.kill(pid, signal.SIGKILL)
+                p.wait()
+
+
+def unfinished(conn: psycopg.Connection, driver: Driver) -> int:
+    return conn.execute(driver.unfinished_sql).fetchone()[0]
+
+
+def poll_unfinished(conn, driver: Driver, workers: Workers, at_most: int):
+    """Yield (monotonic time, unfinished jobs) until at most ``at_most`` are left.
+
+    Raises when a worker fails or when no job finished for ``STALL_SECONDS``
+    (a broken worker that keeps retrying would otherwise hang the run).
+    """
+    changed_at, last = time.monotonic(), None
+    while True:
+        left, now = unfinished(conn, driver), time.monotonic()
+        yield now, left
+        if left <= at_most:
+            return
+        if left != last:
+            changed_at, last = now, left
+        elif now - changed_at > STALL_SECONDS:
+            raise RuntimeError(
+                f"stalled: {left} jobs unfinished, none finished for {STALL_SECONDS:.0f} s; "
+                f"worker logs:\n{workers.logs()}"
+            )
+        if any(p.poll() for p in workers.procs):
+            workers.check_alive()
+        time.sleep(POLL_SECONDS)
+
+
+def wait_until(conn, driver: Driver, workers: Workers, at_most: int) -> float:
+    """Wait until at most ``at_most`` jobs are unfinished; return the monotonic time."""
+    *_, (now, _left) = poll_unfinished(conn, driver, workers, at_most)
+    return now
+
+
+def percentile(values: list[float], p: float) -> float:
+    """Nearest-rank percentile."""
+    ordered = sorted(values)
+    return ordered[max(0, math.ceil(p / 100 * len(ordered)) - 1)]
+
+
+# --- the measurements ----------------------------------------------------------
+
+
+def measure_enqueue(driver: Driver, count: int) -> float:
+    started = time.perf_counter()
+    for _ in range(count):
+        driver.enqueue_noop()
+    return count / (time.perf_counter() - started)
+
+
+def measure_bulk(driver: Driver, count: int) -> float | None:
+    started = time.perf_counter()
+    if not driver.enqueue_bulk(count):
+        return None
+    return count / (time.perf_counter() - started)
+
+
+def measure_drain(driver: Driver, conn, count: int, logdir: Path) -> dict:
+    """Start the workers on ``count`` queued jobs; time until all are finished.
+
+    ``drain_per_s`` counts from the workers' start, as a user sees it;
+    ``steady_drain_per_s`` from the first finished job, leaving out start-up.
+    CPU per job, of the workers and of the PostgreSQL server, is counted over
+    the same steady part: on a small machine CPU is what runs out first.
+    """
+    args = driver.args
+    # Planner statistics, as autovacuum would have them on a long-lived table: without
+    # them a claim's plan depends on whether autovacuum happened to run yet.
+    conn.execute("ANALYZE")
+    postmaster = proc.parent(conn.info.backend_pid)
+    workers = Workers(driver, args.workers, args.concurrency, logdir)
+    first: tuple[float, int, tuple] | None = None  # time, jobs left, CPU counters
+
+    def cpu() -> tuple[float, float, float, float]:
+        """Workers', PostgreSQL's, this process's and the whole machine's CPU seconds."""
+        mine = os.times()
+        return (sum(workers.cpu_seconds()), proc.cpu_seconds(postmaster, reaped=True),
+                mine.user + mine.system, proc.machine_cpu_seconds())  # fmt: skip
+
+    try:
+        for done_at, left in poll_unfinished(conn, driver, workers, 0):
+            if first is None and 0 < left < count:
+                first = (done_at, left, cpu())
+        last = cpu()
+        peak = workers.peak_rss_mb()
+    finally:
+        workers.stop()
+    result = {"drain_per_s": count / (done_at - workers.started), "peak_rss_mb": peak}
+    if first and done_at > first[0]:
+        at, left, before = first
+        w, pg, me, machine = (b - a for a, b in zip(before, last, strict=True))
+        result["steady_drain_per_s"] = left / (done_at - at)
+        result["worker_cpu_ms_per_job"] = 1000 * w / left
+        result["pg_cpu_ms_per_job"] = 1000 * pg / left
+        # CPU that neither this benchmark nor its server used: other work competing.
+        result["other_cpu_pct"] = 100 * max(0.0, machine - w - pg - me) / (done_at - at)
+    return result
+
+
+def measure_idle_and_latency(driver: Driver, conn, logdir: Path) -> dict:
+    """Idle workers: their CPU use over a quiet window, then enqueue->start latency.
+
+    Jobs are enqueued at ``--latency-rate`` per second; each records its start
+    with ``time.time()`` in a file, compared with ``time.time()`` taken right
+    after its enqueue returned (the job committed). Same machine, same clock.
+    """
+    args = driver.args
+    latency_file = logdir / "latency.txt"
+    latency_file.touch()
+    os.environ["BENCH_LATENCY_FILE"] = str(latency_file)
+    workers = Workers(driver, args.workers, args.concurrency, logdir)
+    try:
+        time.sleep(2.0)  # start-up
+        for _ in range(2 * args.workers):  # warm-up: every worker connected and serving
+            driver.enqueue_noop()
+        wait_until(conn, driver, workers, 0)
+        time.sleep(1.0)
+        cpu_before = workers.cpu_seconds()
+        time.sleep(args.idle_seconds)
+        cpu_after = workers.cpu_seconds()
+        used = [b - a for a, b in zip(cpu_before, cpu_after, strict=True)]
+        idle_cpu = 100 * max(used) / args.idle_seconds
+        workers.check_alive()
+
+        count = int(args.latency_seconds * args.latency_rate)
+        enqueued: dict[int, float] = {}
+        next_at = time.monotonic()
+        for seq in range(count):
+            time.sleep(max(0.0, next_at - time.monotonic()))
+            driver.enqueue_record(seq)
+            enqueued[seq] = time.time()
+            next_at += 1 / args.latency_rate
+        deadline = time.monotonic() + 30.0
+        while time.monotonic() < deadline:
+            started = dict(line.split() for line in latency_file.read_text().splitlines())
+            if len(started) >= count:
+                break
+            time.sleep(0.2)
+    finally:
+        workers.stop()
+    latencies = [
+        max(0.0, float(started[str(seq)]) - t) * 1000
+        for seq, t in enqueued.items()
+        if str(seq) in started
+    ]
+    result = {"idle_cpu_pct": idle_cpu, "latency_missing": count - len(latencies)}
+    for p in (50, 95, 99):
+        result[f"latency_p{p}_ms"] = percentile(latencies, p) if latencies else None
+    return result
+
+
+def measure_rss(driver: Driver, conn, logdir: Path) -> dict:
+    """Workers' resident memory after 1,000 jobs and after all ``--jobs`` jobs."""
+    total = driver.prepare_backlog()
+    workers = Workers(driver, driver.args.workers, driver.args.concurrency, logdir)
+    try:
+        wait_until(conn, driver, workers, total - 1000)
+        after_1k = workers.rss_mb()
+        wait_until(conn, driver, workers, 0)
+        after_all = workers.rss_mb()
+    finally:
+        workers.stop()
+    return {"rss_after_1k_mb": after_1k, "rss_after_all_mb": after_all, "rss_jobs": total}
+
+
+def standard(driver: Driver, conn, logdir: Path) -> dict:
+    """Every standard measurement, in an order where each leaves the queue empty."""
+    args = driver.args
+    result = driver.before()
+    result["enqueue_per_s"] = measure_enqueue(driver, args.jobs)
+    result.update(measure_drain(driver, conn, args.jobs, logdir))
+    result.update(measure_idle_and_latency(driver, conn, logdir))
+    result["bulk_per_s"] = measure_bulk(driver, args.bulk_jobs)
+    return result
+
+
+def run_phase(driver: Driver, logdir: Path) -> dict:
+    args = driver.args
+    driver.setup()
+    with psycopg.connect(args.db, autocommit=True) as conn:
+        if args.phase == "drain":
+            return measure_drain(driver, conn, driver.prepare_backlog(), logdir)
+        if args.phase == "rss":
+            return measure_rss(driver, conn, logdir)
+        return driver.standard(conn, logdir)
+
+
+def main(driver_class: type[Driver]) -> None:
+    """Command line of a driver module: ``python -m drivers.X PHASE --db URL ...``."""
+    parser = argparse.ArgumentParser()
+    parser.add_argument("phase", choices=["standard", "drain", "rss", "worker"])
+    parser.add_argument("--db", default=os.environ.get("DATABASE_URL"))
+    parser.add_argument("--jobs", type=int, default=10_000)
+    parser.add_argument("--bulk-jobs", type=int, default=100_000)
+    parser.add_argument("--workers", type=int, default=2)
+    parser.add_argument("--concurrency", type=int, default=8)
+    parser.add_argument("--idle-seconds", type=float, default=10.0)
+    parser.add_argument("--latency-seconds", type=float, default=10.0)
+    parser.add_argument("--latency-rate", type=float, default=20.0)
+    driver_class.add_arguments(parser)
+    args = parser.parse_args()
+    driver = driver_class(args)
+    if args.phase == "worker":  # a driver that runs its own worker loop
+        driver.run_worker()  # type: ignore[attr-defined]
+        return
+    with tempfile.TemporaryDirectory(prefix="dispatch-bench-") as tmp:
+        try:
+            result = run_phase(driver, Path(tmp))
+        finally:
+            driver.close()
+    json.dump(result, sys.stdout)
+    print()

@@ -1,0 +1,104 @@
+"""A throwaway PostgreSQL server for one benchmark run.
+
+``initdb`` into a temporary directory, start on a free loopback port with
+PostgreSQL's default durability (``fsync`` and ``synchronous_commit`` on; only
+the port, the socket directory and ``max_connections`` are set), hand out a
+fresh database per measurement, and stop and delete everything at the end.
+Runs the server as the ``postgres`` user when started as root, since
+PostgreSQL refuses to run as root.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import glob
+import os
+import shutil
+import socket
+import subprocess
+import tempfile
+from pathlib import Path
+
+import psycopg
+
+#: Enough for every worker connection of the largest configuration.
+MAX_CONNECTIONS = 200
+
+
+def find_bin_dir() -> Path:
+    """The newest PostgreSQL server binary directory with initdb and pg_ctl."""
+    candidates = sorted(glob.glob("/usr/lib/postgresql/*/bin"), key=lambda p: int(p.split("/")[4]))
+    for directory in [*reversed(candidates), "/usr/local/bin", "/usr/bin"]:
+        if (Path(directory) / "initdb").exists() and (Path(directory) / "pg_ctl").exists():
+            return Path(directory)
+    raise SystemExit(
+        "PostgreSQL server binaries (initdb, pg_ctl) not found: apt-get install postgresql"
+    )
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class PgServer:
+    """Context manager: a running server; ``url(db)`` for a database on it."""
+
+    def __init__(self) -> None:
+        self.bin = find_bin_dir()
+        self.port = free_port()
+        self.tmp = Path(tempfile.mkdtemp(prefix="dispatch-bench-pg."))
+        self.data = self.tmp / "data"
+        self.as_postgres = ["runuser", "-u", "postgres", "--"] if os.geteuid() == 0 else []
+
+    def _run(self, *args: str) -> None:
+        log = self.tmp / "cmd.log"
+        with open(log, "w") as out:
+            code = subprocess.run(
+                [*self.as_postgres, *args], stdout=out, stderr=subprocess.STDOUT
+            ).returncode
+        if code:
+            raise RuntimeError(f"{args[0]} failed:\n{log.read_text()}")
+
+    def __enter__(self) -> PgServer:
+        if self.as_postgres:
+            shutil.chown(self.tmp, "postgres")
+        self._run(str(self.bin / "initdb"), "-D", str(self.data), "-U", "postgres",
+                  "--auth=trust", "-E", "UTF8")  # fmt: skip
+        options = (
+            f"-p {self.port} -k {self.tmp} -c listen_addresses=127.0.0.1 "
+            f"-c max_connections={MAX_CONNECTIONS}"
+        )
+        log = str(self.tmp / "server.log")
+        self._run(str(self.bin / "pg_ctl"), "-D", str(self.data), "-l", log,
+                  "-w", "-t", "60", "-o", options, "start")  # fmt: skip
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        with contextlib.suppress(RuntimeError):
+            self._run(str(self.bin / "pg_ctl"), "-D", str(self.data), "-m", "fast", "stop")
+        shutil.rmtree(self.tmp, ignore_errors=True)
+
+    def url(self, database: str = "postgres") -> str:
+        return f"postgres://postgres@127.0.0.1:{self.port}/{database}"
+
+    def admin(self) -> psycopg.Connection:
+        return psycopg.connect(self.url(), autocommit=True)
+
+    def create_database(self, name: str) -> str:
+        with self.admin() as conn:
+            conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+            conn.execute(f'CREATE DATABASE "{name}"')
+        return self.url(name)
+
+    def drop_database(self, name: str) -> None:
+        with self.admin() as conn:
+            conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+    def settings(self) -> dict[str, str]:
+        """The server settings a reader of the results needs to know."""
+        names = ["server_version", "fsync", "synchronous_commit", "full_page_writes",
+                 "shared_buffers", "max_connections"]  # fmt: skip
+        with self.admin() as conn:
+            return {n: conn.execute(f"SHOW {n}").fetchone()[0] for n in names}

@@ -1,0 +1,159 @@
+"""Medians of the runs, django_dispatch's ratios and targets, as Markdown."""
+
+from __future__ import annotations
+
+import statistics
+from typing import Any
+
+DISPATCH = "dispatch"
+PEERS = ["django-tasks-db", "procrastinate", "pgqueuer"]
+RAW_1, RAW_100 = "raw (1 job/txn)", "raw (100 jobs/txn)"
+
+#: (key, column title, format, higher is better)
+COLUMNS = [
+    ("enqueue_per_s", "enqueue/s (1 per txn)", "{:,.0f}", True),
+    ("bulk_per_s", "bulk enqueue/s", "{:,.0f}", True),
+    ("drain_per_s", "drain/s", "{:,.0f}", True),
+    ("steady_drain_per_s", "steady drain/s", "{:,.0f}", True),
+    ("latency_p50_ms", "latency p50 ms", "{:.1f}", False),
+    ("latency_p95_ms", "p95 ms", "{:.1f}", False),
+    ("latency_p99_ms", "p99 ms", "{:.1f}", False),
+    ("worker_cpu_ms_per_job", "worker CPU ms/job", "{:.2f}", False),
+    ("pg_cpu_ms_per_job", "PostgreSQL CPU ms/job", "{:.2f}", False),
+    ("idle_cpu_pct", "idle CPU %", "{:.2f}", False),
+    ("other_cpu_pct", "other load % (during drain)", "{:.0f}", False),
+    ("peak_rss_mb", "worker peak RSS MB", "{:.0f}", False),
+]
+
+
+def flatten(system: str, result: dict) -> dict[str, dict]:
+    """One table row per system; the raw baseline gives two."""
+    if system != "raw":
+        return {system: result}
+    return {
+        RAW_1: {
+            **result["batch1"],
+            "enqueue_per_s": result["enqueue_per_s"],
+            "bulk_per_s": result["bulk_per_s"],
+        },
+        RAW_100: result["batch100"],
+    }
+
+
+def medians(runs: list[dict]) -> dict[str, Any]:
+    """The median of each numeric metric over the runs that measured it."""
+    keys = {k for run in runs for k, v in run.items() if isinstance(v, int | float)}
+    out: dict[str, Any] = {}
+    for key in sorted(keys):
+        values = [run[key] for run in runs if isinstance(run.get(key), int | float)]
+        out[key] = statistics.median(values) if values else None
+    return out
+
+
+def fmt(value: Any, spec: str = "{:,.0f}") -> str:
+    return "—" if value is None else spec.format(value)
+
+
+def results_table(rows: dict[str, dict]) -> str:
+    lines = [
+        "| system | " + " | ".join(c[1] for c in COLUMNS) + " |",
+        "|---|" + "---:|" * len(COLUMNS),
+    ]
+    for system, values in rows.items():
+        cells = [fmt(values.get(key), spec) for key, _, spec, _ in COLUMNS]
+        lines.append(f"| {system} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def ratio(a: float | None, b: float | None) -> float | None:
+    return a / b if a is not None and b else None
+
+
+def ratios_table(rows: dict[str, dict]) -> str:
+    """django_dispatch's value divided by each other system's, per metric."""
+    mine = rows.get(DISPATCH)
+    others = [s for s in rows if s != DISPATCH]
+    if not mine or not others:
+        return "(needs django_dispatch and at least one other system)"
+    lines = ["| metric | " + " | ".join(others) + " |", "|---|" + "---:|" * len(others)]
+    for key, title, _, higher in COLUMNS:
+        cells = [fmt(ratio(mine.get(key), rows[s].get(key)), "{:.2f}x") for s in others]
+        better = "higher" if higher else "lower"
+        lines.append(f"| {title} ({better} is better) | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def _fastest_peer(rows: dict[str, dict], key: str) -> tuple[float | None, str]:
+    found = [(rows[s][key], s) for s in PEERS if rows.get(s, {}).get(key) is not None]
+    return max(found) if found else (None, "")
+
+
+def targets(rows: dict[str, dict], extras: dict[str, dict]) -> list[tuple[str, str, bool | None]]:
+    """The issue's targets: (target, measured value as text, met or None if not measured)."""
+    me = rows.get(DISPATCH, {})
+    flat, part, rss = (extras.get(k, {}) for k in ("flatness", "partitions", "rss"))
+    steady = "steady_drain_per_s"
+    drain_peer, drain_name = _fastest_peer(rows, "drain_per_s")
+    bulk_peer, bulk_name = _fastest_peer(rows, "bulk_per_s")
+    # (target, value, how to show it, the test it must pass)
+    specs = [
+        ("drain >= 2x the fastest peer", ratio(me.get("drain_per_s"), drain_peer),
+         "{:.2f}x " + drain_name, lambda v: v >= 2),
+        ("(the same, steady state)", ratio(me.get(steady), _fastest_peer(rows, steady)[0]),
+         "{:.2f}x", lambda v: v >= 2),
+        ("drain >= 25% of raw, 100 jobs/txn", ratio(me.get("drain_per_s"),
+         rows.get(RAW_100, {}).get("drain_per_s")), "{:.0%}", lambda v: v >= 0.25),
+        ("bulk enqueue >= the fastest peer's bulk", ratio(me.get("bulk_per_s"), bulk_peer),
+         "{:.2f}x " + bulk_name, lambda v: v >= 1),
+        ("enqueue time <= 1.2x a bare ORM create()", ratio(me.get("orm_create_per_s"),
+         me.get("enqueue_per_s")), "{:.2f}x", lambda v: v <= 1.2),
+        ("enqueue->start p50 < 5 ms", me.get("latency_p50_ms"), "{:.1f} ms", lambda v: v < 5),
+        ("enqueue->start p99 < 50 ms", me.get("latency_p99_ms"), "{:.1f} ms", lambda v: v < 50),
+        ("idle worker CPU < 1%", me.get("idle_cpu_pct"), "{:.2f}%", lambda v: v < 1),
+        ("claim flat within 20% with 1M finished jobs", ratio(flat.get("full", {}).get(steady),
+         flat.get("empty", {}).get(steady)), "{:.0%} of empty", lambda v: v >= 0.8),
+        ("partitioned drain >= 50% of unkeyed", ratio(part.get("keyed", {}).get(steady),
+         part.get("unkeyed", {}).get(steady)), "{:.0%}", lambda v: v >= 0.5),
+        ("RSS after 100k jobs within 10% of after 1k", ratio(rss.get("rss_after_all_mb"),
+         rss.get("rss_after_1k_mb")), "{:.2f}x", lambda v: v <= 1.1),
+    ]  # fmt: skip
+    return [
+        (target, fmt(value, spec) if value is not None else "not measured",
+         test(value) if value is not None else None)
+        for target, value, spec, test in specs
+    ]  # fmt: skip
+
+
+def targets_table(rows: dict[str, dict], extras: dict[str, dict]) -> str:
+    lines = ["| target | measured | met? |", "|---|---|---|"]
+    for target, text, ok in targets(rows, extras):
+        verdict = {True: "yes", False: "**no**", None: "—"}[ok]
+        lines.append(f"| {target} | {text} | {verdict} |")
+    return "\n".join(lines)
+
+
+def extras_section(extras: dict[str, dict]) -> str:
+    """The optional django_dispatch checks, with their raw numbers."""
+    parts = []
+    labels = {
+        "flatness": ("empty", "full", "finished rows in the table"),
+        "partitions": ("unkeyed", "keyed", "partition keys"),
+    }
+    for name, (a, b, what) in labels.items():
+        if name not in extras:
+            continue
+        e = extras[name]
+        parts.append(
+            f"- **{name}** ({e['description']}): drain/s {fmt(e[a].get('drain_per_s'))} vs "
+            f"{fmt(e[b].get('drain_per_s'))}; steady drain/s "
+            f"{fmt(e[a].get('steady_drain_per_s'))} ({a}) vs "
+            f"{fmt(e[b].get('steady_drain_per_s'))} ({b}, {what})"
+        )
+    if "rss" in extras:
+        e = extras["rss"]
+        parts.append(
+            f"- **rss** ({e['description']}): {fmt(e.get('rss_after_1k_mb'), '{:.1f}')} MB "
+            f"after 1,000 jobs, {fmt(e.get('rss_after_all_mb'), '{:.1f}')} MB after "
+            f"{fmt(e.get('rss_jobs'))} jobs (largest worker process)"
+        )
+    return "\n".join(parts) if parts else "(none run: add --flatness, --partitions, --rss)"

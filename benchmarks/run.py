@@ -1,0 +1,330 @@
+"""Benchmark django_dispatch against its peers on a throwaway PostgreSQL.
+
+One command from the repository root:
+
+    .venv/bin/python benchmarks/run.py            # full: 10,000 jobs, 3 runs, 2 x 8
+    .venv/bin/python benchmarks/run.py --quick    # smoke test, about two minutes
+
+It creates a virtualenv per peer under ``benchmarks/.venv-*`` (pinned
+versions, see ``venvs.py``), starts its own PostgreSQL with default
+durability, gives every system a fresh database in every run, and writes a
+Markdown report to ``benchmarks/results/<date>-<host>.md`` and
+``benchmarks/results/latest.md`` (with ``--tag T``: ``<date>-<host>-T.md`` and
+``latest-T.md``; ``--quick`` implies ``--tag quick``, so that a smoke test
+never replaces real results).
+What each measurement means: ``harness.py``; each system: ``drivers/``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import shlex
+import signal
+import socket
+import subprocess
+import sys
+import time
+from datetime import datetime
+from pathlib import Path
+from statistics import median
+
+BENCH_DIR = Path(__file__).resolve().parent
+sys.path.insert(0, str(BENCH_DIR))
+
+import proc  # noqa: E402
+import report  # noqa: E402
+import venvs  # noqa: E402
+from pgserver import PgServer  # noqa: E402
+
+SYSTEMS = {  # name -> driver module
+    "dispatch": "drivers.dispatch",
+    "django-tasks-db": "drivers.tasks_db",
+    "procrastinate": "drivers.procrastinate",
+    "pgqueuer": "drivers.pgqueuer",
+    "raw": "drivers.raw",
+}
+#: Options passed through to every driver (see ``harness.main``).
+DRIVER_OPTIONS = ["jobs", "bulk_jobs", "workers", "concurrency", "idle_seconds",
+                  "latency_seconds", "latency_rate"]  # fmt: skip
+QUICK = {
+    "jobs": 1000, "bulk_jobs": 5000, "runs": 1, "idle_seconds": 3.0, "latency_seconds": 3.0,
+    "flatness_rows": 100_000, "partition_keys": 100, "rss_jobs": 10_000,
+}  # fmt: skip
+
+
+def parse_args() -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    p.add_argument("--systems", default=",".join(SYSTEMS), help="comma-separated, of: "
+                   + ", ".join(SYSTEMS))  # fmt: skip
+    p.add_argument("--jobs", type=int, default=10_000, help="jobs to enqueue and drain")
+    p.add_argument("--bulk-jobs", type=int, default=100_000, help="jobs per bulk enqueue")
+    p.add_argument("--runs", type=int, default=3, help="runs per system; medians are reported")
+    p.add_argument("--workers", type=int, default=2, help="worker processes (W)")
+    p.add_argument("--concurrency", type=int, default=8, help="jobs in flight per process (C)")
+    p.add_argument("--idle-seconds", type=float, default=10.0, help="idle CPU window")
+    p.add_argument("--latency-seconds", type=float, default=10.0, help="latency load duration")
+    p.add_argument("--latency-rate", type=float, default=20.0, help="latency jobs per second")
+    p.add_argument("--flatness", action="store_true", help="dispatch: drain next to N finished")
+    p.add_argument("--flatness-rows", type=int, default=1_000_000)
+    p.add_argument("--partitions", action="store_true", help="dispatch: keyed vs unkeyed drain")
+    p.add_argument("--partition-keys", type=int, default=1000)
+    p.add_argument("--rss", action="store_true", help="dispatch: RSS after 1k vs after all")
+    p.add_argument("--rss-jobs", type=int, default=100_000)
+    p.add_argument(
+        "--dispatch-ref",
+        default="",
+        help="measure this git commit of django_dispatch "
+        "(installed into benchmarks/.venv-dispatch-<sha>) instead of the working tree",
+    )
+    p.add_argument(
+        "--quiet-wait",
+        type=float,
+        default=60.0,
+        help="before each measurement, "
+        "wait up to this many seconds for other work on the machine to stop",
+    )
+    p.add_argument("--quick", action="store_true", help="small numbers, a smoke test")
+    p.add_argument("--output-dir", type=Path, default=BENCH_DIR / "results")
+    p.add_argument("--tag", default="", help="name suffix of the report files (--quick: quick)")
+    args = p.parse_args()
+    if args.quick:
+        defaults = {k: p.get_default(k) for k in QUICK}
+        for key, value in QUICK.items():
+            if getattr(args, key) == defaults[key]:  # explicit options win
+                setattr(args, key, value)
+        args.tag = args.tag or "quick"
+    args.systems = [s.strip() for s in args.systems.split(",") if s.strip()]
+    unknown = set(args.systems) - set(SYSTEMS)
+    if unknown:
+        p.error(f"unknown systems {sorted(unknown)}; choose from {list(SYSTEMS)}")
+    return args
+
+
+def log(message: str) -> None:
+    print(f"[{datetime.now():%H:%M:%S}] {message}", file=sys.stderr, flush=True)
+
+
+def run_driver(python: str, system: str, phase: str, db: str, args, *extra: str) -> dict:
+    """Run one phase of a driver in its venv; its result is the last line of stdout."""
+    common = [f"--{name.replace('_', '-')}={getattr(args, name)}" for name in DRIVER_OPTIONS]
+    argv = [python, "-m", SYSTEMS[system], phase, "--db", db, *common, *extra]
+    env = {**os.environ, "PYTHONPATH": str(BENCH_DIR)}
+    # Its own process group, so that an interruption can stop its workers too.
+    child = subprocess.Popen(argv, cwd=BENCH_DIR, env=env, text=True, start_new_session=True,
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE)  # fmt: skip
+    try:
+        stdout, stderr = child.communicate()
+    except BaseException:
+        os.killpg(child.pid, signal.SIGKILL)
+        child.wait()
+        raise
+    if child.returncode:
+        raise RuntimeError(f"{system} {phase} failed ({child.returncode}):\n{stderr[-4000:]}")
+    return json.loads(stdout.strip().splitlines()[-1])
+
+
+class Bench:
+    """One benchmark session: a server, the systems' interpreters, the results."""
+
+    def __init__(self, args: argparse.Namespace, pg: PgServer, pythons: dict[str, str]) -> None:
+        self.args, self.pg, self.pythons = args, pg, pythons
+        self.counter = 0
+        self.background: list[float] = []  # CPU busy before each measurement
+
+    def measure(self, system: str, phase: str, *extra: str, **overrides) -> dict:
+        """One phase of one system on a fresh database (dropped afterwards)."""
+        self.counter += 1
+        self.background.append(self.wait_for_quiet())
+        name = f"bench_{self.counter}"
+        db = self.pg.create_database(name)
+        args = argparse.Namespace(**{**vars(self.args), **overrides})
+        try:
+            return run_driver(self.pythons[system], system, phase, db, args, *extra)
+        finally:
+            self.pg.drop_database(name)
+
+    def wait_for_quiet(self, threshold: float = 0.25) -> float:
+        """Wait (up to ``--quiet-wait`` s) until the machine is mostly idle; return its load."""
+        deadline, waited = time.monotonic() + self.args.quiet_wait, False
+        while (busy := proc.machine_busy(2.0)) > threshold and time.monotonic() < deadline:
+            if not waited:
+                log(f"  machine {busy:.0%} busy with other work; waiting for it to calm down")
+            waited = True
+            time.sleep(3)
+        return busy
+
+    def standard(self, failures: dict[str, str]) -> dict[str, list[dict]]:
+        """Every system, ``runs`` times, interleaved so that drift hits all alike."""
+        runs: dict[str, list[dict]] = {}
+        for run in range(1, self.args.runs + 1):
+            for system in self.args.systems:
+                if system in failures:
+                    continue
+                log(f"run {run}/{self.args.runs}: {system}")
+                try:
+                    result = self.measure(system, "standard")
+                except RuntimeError as e:
+                    failures[system] = str(e)
+                    log(f"{system} FAILED; left out of the results:\n{e}")
+                    for row in report.flatten(system, {"batch1": {}, "batch100": {}}):
+                        runs.pop(row, None)  # a system is reported whole or not at all
+                    continue
+                for row, values in report.flatten(system, result).items():
+                    runs.setdefault(row, []).append(values)
+                numbers = {k: round(v, 1) for k, v in result.items() if isinstance(v, float)}
+                log(f"  {json.dumps(numbers)}")
+        return runs
+
+    def drain_pair(self, description: str, a: tuple[str, list], b: tuple[str, list], **kw) -> dict:
+        """Median drain rates of two backlogs, measured alternately on fresh databases."""
+        results: dict[str, list[dict]] = {a[0]: [], b[0]: []}
+        for run in range(1, self.args.runs + 1):
+            for label, extra in (a, b):
+                log(f"{description}: {label}, run {run}/{self.args.runs}")
+                results[label].append(self.measure("dispatch", "drain", *extra, **kw))
+        return {"description": description, **{k: report.medians(v) for k, v in results.items()}}
+
+    def extras(self) -> dict[str, dict]:
+        args, out = self.args, {}
+        if args.flatness:
+            rows = f"{args.flatness_rows:,}"
+            out["flatness"] = self.drain_pair(
+                f"{args.jobs:,} jobs, with 0 vs {rows} succeeded jobs in the table",
+                ("empty", []), ("full", ["--prefill-finished", str(args.flatness_rows)]),
+            )  # fmt: skip
+        if args.partitions:
+            out["partitions"] = self.drain_pair(
+                f"{args.jobs:,} jobs, unkeyed vs over {args.partition_keys:,} partition keys",
+                ("unkeyed", []), ("keyed", ["--partition-keys", str(args.partition_keys)]),
+            )  # fmt: skip
+        if args.rss:
+            log(f"rss: {args.rss_jobs:,} jobs")
+            out["rss"] = self.measure("dispatch", "rss", jobs=args.rss_jobs)
+            out["rss"]["description"] = (
+                f"{args.workers} workers x {args.concurrency} draining {args.rss_jobs:,} jobs"
+            )
+        return out
+
+
+def machine(args, pg: PgServer, pythons: dict[str, str], background: list[float]) -> dict[str, str]:
+    meminfo = Path("/proc/meminfo").read_text().split("\n")[0].split()
+    cpu = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text()
+                .splitlines() if line.startswith("model name")), platform.processor())  # fmt: skip
+    settings = pg.settings()
+    versions = {
+        "Django": venvs.installed_version(pythons.get("dispatch", sys.executable), "Django")
+    }
+    for system, dist in [("django-tasks-db", "django-tasks-db"), ("procrastinate", "procrastinate"),
+                         ("pgqueuer", "pgqueuer")]:  # fmt: skip
+        if system in pythons:
+            versions[dist] = venvs.installed_version(pythons[system], dist)
+    if args.dispatch_ref:
+        measured = f"commit {args.dispatch_sha} (--dispatch-ref {args.dispatch_ref})"
+    else:
+        tree = subprocess.run(["git", "describe", "--always", "--dirty"], cwd=BENCH_DIR,
+                              capture_output=True, text=True).stdout.strip()  # fmt: skip
+        measured = f"the working tree at {tree or 'unknown'}"
+    return {
+        "host": socket.gethostname(),
+        "CPU": f"{cpu}, nproc {len(os.sched_getaffinity(0))}",
+        "memory": f"{int(meminfo[1]) / 1024 / 1024:.1f} GiB",
+        "kernel": platform.release(),
+        "PostgreSQL": settings.pop("server_version"),
+        "PostgreSQL settings": ", ".join(f"{k}={v}" for k, v in settings.items()),
+        "Python": platform.python_version(),
+        "versions": ", ".join(f"{k} {v}" for k, v in versions.items()),
+        "django_dispatch measured": measured,
+        "other load": (
+            f"CPU busy just before each measurement (after waiting up to --quiet-wait "
+            f"s for it to drop under 25%): median {median(background):.0%}, max "
+            f"{max(background):.0%}; see also the 'other load' column"
+            if background
+            else "not sampled"
+        ),
+    }
+
+
+def render(args, info: dict, rows: dict, extras: dict, failures: dict, started: float) -> str:
+    command = shlex.join(getattr(sys, "orig_argv", [sys.executable, *sys.argv]))
+    quick = " (QUICK smoke test: numbers too small to compare)" if args.quick else ""
+    out = [
+        f"# django_dispatch benchmark{quick}",
+        "",
+        f"{datetime.now():%Y-%m-%d %H:%M}, {time.time() - started:.0f} s. Command, from the "
+        f"repository root:\n\n    {command}\n",
+        f"{args.jobs:,} jobs per measurement, {args.bulk_jobs:,} per bulk enqueue, "
+        f"{args.workers} worker processes x {args.concurrency} concurrency, median of "
+        f"{args.runs} run(s); latency: {args.latency_rate:g} jobs/s for "
+        f"{args.latency_seconds:g} s; idle CPU over {args.idle_seconds:g} s. A fresh database "
+        "per system per run, on a throwaway PostgreSQL with default durability.",
+        "",
+        "## Results (medians)",
+        "",
+        report.results_table(rows),
+        "",
+        "drain/s counts from the workers' start (start-up included); steady drain/s from the "
+        "first finished job; CPU per job is counted over that steady part, for the worker "
+        "processes and for the whole PostgreSQL server; 'other load' is the CPU used by "
+        "anything else on the machine meanwhile, in % of one core (anything but ~0 means the "
+        "numbers are depressed by other work). Latency: from enqueue() returning "
+        "(committed) to the task "
+        "function starting. Idle CPU: the busiest idle worker process, % of one core. RSS: "
+        "VmHWM of the largest worker process.",
+    ]
+    if "dispatch" in rows and "orm_create_per_s" in rows["dispatch"]:
+        out.append(
+            f"\nBare ORM baseline: `Row.objects.create()` of a job-wide row, one per "
+            f"transaction: {report.fmt(rows['dispatch']['orm_create_per_s'])}/s."
+        )
+    out += [
+        "", "## django_dispatch ÷ each system", "", report.ratios_table(rows),
+        "", "## Targets", "", report.targets_table(rows, extras),
+        "", "## Extra checks (django_dispatch)", "", report.extras_section(extras),
+    ]  # fmt: skip
+    if failures:
+        out += ["", "## Left out", ""]
+        out += [f"- **{s}**: {msg.splitlines()[-1][:300]}" for s, msg in failures.items()]
+    out += ["", "## Machine", ""] + [f"- {k}: {v}" for k, v in info.items()]
+    return "\n".join(out) + "\n"
+
+
+def main() -> None:
+    args = parse_args()
+    # SIGTERM unwinds like Ctrl-C, so that the throwaway server is always removed.
+    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
+    started = time.time()
+    pythons, failures = {}, {}
+    for system in args.systems:
+        try:
+            if system == "dispatch" and args.dispatch_ref:
+                pythons[system], args.dispatch_sha = venvs.dispatch_python(args.dispatch_ref)
+            else:
+                pythons[system] = venvs.python_for(system)
+        except (RuntimeError, subprocess.CalledProcessError) as e:
+            failures[system] = f"could not create its virtualenv: {e}"
+            log(failures[system])
+    log(f"systems: {', '.join(pythons)}; jobs={args.jobs} runs={args.runs} "
+        f"W={args.workers} C={args.concurrency}")  # fmt: skip
+    with PgServer() as pg:
+        log(f"PostgreSQL on port {pg.port}: {pg.settings()}")
+        bench = Bench(args, pg, pythons)
+        runs = bench.standard(failures)
+        extras = bench.extras() if "dispatch" in pythons else {}
+        info = machine(args, pg, pythons, bench.background)
+    rows = {system: report.medians(values) for system, values in runs.items()}
+    text = render(args, info, rows, extras, failures, started)
+    args.output_dir.mkdir(parents=True, exist_ok=True)
+    suffix = f"-{args.tag}" if args.tag else ""
+    dated = args.output_dir / f"{datetime.now():%Y-%m-%d}-{info['host']}{suffix}.md"
+    for path in (dated, args.output_dir / f"latest{suffix}.md"):
+        path.write_text(text)
+    dated.with_suffix(".json").write_text(json.dumps({"runs": runs, "extras": extras}, indent=1))
+    print(text)
+    log(f"written {dated} and latest{suffix}.md")
+
+
+if __name__ == "__main__":
+    main()
