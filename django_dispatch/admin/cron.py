@@ -55,17 +55,8 @@ def upcoming(entry: CronEntry, after: datetime, count: int = PREVIEW_COUNT) -> l
 
 
 #: Fields an operator edits; everything else belongs to the scheduler.
-DEFINITION_FIELDS = {
-    "name",
-    "schedule",
-    "timezone",
-    "task_path",
-    "args",
-    "kwargs",
-    "queue_name",
-    "priority",
-    "misfire_policy",
-}
+#: (``enabled`` changes only through the enable/disable actions.)
+DEFINITION_FIELDS = set(CronEntryForm.Meta.fields) - {"enabled"}
 
 
 @admin.register(CronEntry)
