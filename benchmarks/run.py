@@ -51,7 +51,7 @@ DRIVER_OPTIONS = ["jobs", "bulk_jobs", "workers", "concurrency", "idle_seconds",
                   "latency_seconds", "latency_rate"]  # fmt: skip
 QUICK = {
     "jobs": 1000, "bulk_jobs": 5000, "runs": 1, "idle_seconds": 3.0, "latency_seconds": 3.0,
-    "flatness_rows": 100_000, "partition_keys": 100, "rss_jobs": 10_000,
+    "flatness_rows": 100_000, "partition_keys": 100, "rss_jobs": 10_000, "quiet_wait": 10.0,
 }  # fmt: skip
 
 
@@ -73,6 +73,8 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--partition-keys", type=int, default=1000)
     p.add_argument("--rss", action="store_true", help="dispatch: RSS after 1k vs after all")
     p.add_argument("--rss-jobs", type=int, default=100_000)
+    p.add_argument("--checks-only", action="store_true", help="only the checks above, not the "
+                   "comparison of systems")  # fmt: skip
     p.add_argument(
         "--dispatch-ref",
         default="",
@@ -274,10 +276,13 @@ def render(args, info: dict, rows: dict, extras: dict, failures: dict, started: 
         "function starting. Idle CPU: the busiest idle worker process, % of one core. RSS: "
         "VmHWM of the largest worker process.",
     ]
-    if "dispatch" in rows and "orm_create_per_s" in rows["dispatch"]:
+    me = rows.get("dispatch", {})
+    if "orm_create_per_s" in me:
         out.append(
-            f"\nBare ORM baseline: `Row.objects.create()` of a job-wide row, one per "
-            f"transaction: {report.fmt(rows['dispatch']['orm_create_per_s'])}/s."
+            "\nBare ORM baseline, interleaved with enqueues in rounds of 200: "
+            f"`Row.objects.create()` of a job-wide row {report.fmt(me['orm_create_per_s'])}/s, "
+            f"`noop.enqueue()` {report.fmt(me.get('paired_enqueue_per_s'))}/s, one per "
+            "transaction each."
         )
     out += [
         "", "## django_dispatch ÷ each system", "", report.ratios_table(rows),
@@ -311,7 +316,7 @@ def main() -> None:
     with PgServer() as pg:
         log(f"PostgreSQL on port {pg.port}: {pg.settings()}")
         bench = Bench(args, pg, pythons)
-        runs = bench.standard(failures)
+        runs = {} if args.checks_only else bench.standard(failures)
         extras = bench.extras() if "dispatch" in pythons else {}
         info = machine(args, pg, pythons, bench.background)
     rows = {system: report.medians(values) for system, values in runs.items()}
