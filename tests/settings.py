@@ -50,6 +50,11 @@ TEMPLATES = [
 ]
 
 ENGINE = os.environ.get("DISPATCH_TEST_DB", "postgres")
+# One test database per test run, so that two runs at once (two engineers, or
+# an editor's runner next to `make test`) never share or drop each other's
+# database. Worker subprocesses inherit the id, and get their database's name
+# from DISPATCH_DB_NAME anyway.
+RUN_ID = os.environ.setdefault("DISPATCH_TEST_RUN", str(os.getpid()))
 if ENGINE == "sqlite":
     sqlite_dir = BASE_DIR / ".sqlite"
     sqlite_dir.mkdir(exist_ok=True)
@@ -58,7 +63,7 @@ if ENGINE == "sqlite":
             "ENGINE": "django.db.backends.sqlite3",
             "NAME": os.environ.get("DISPATCH_DB_NAME", str(sqlite_dir / "dispatch.sqlite3")),
             "OPTIONS": {"init_command": "PRAGMA journal_mode=WAL;", "timeout": 20},
-            "TEST": {"NAME": str(sqlite_dir / "test_dispatch.sqlite3")},
+            "TEST": {"NAME": str(sqlite_dir / f"test_dispatch_{RUN_ID}.sqlite3")},
         }
     }
 else:
@@ -77,6 +82,7 @@ else:
             "PASSWORD": unquote(parts.password or ""),
             "HOST": parts.hostname or "",
             "PORT": str(parts.port or ""),
+            "TEST": {"NAME": f"test_dispatch_{RUN_ID}"},
         }
     }
 
