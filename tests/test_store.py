@@ -8,6 +8,7 @@ from django.utils import timezone
 from django_dispatch import cancel, enqueue_many, store
 from django_dispatch.models import Job, Worker
 from django_dispatch.states import JobState
+from django_dispatch.store.claim import claim_sql
 from tests.conftest import postgres_only
 from tests.testapp import tasks
 
@@ -168,6 +169,17 @@ def test_claim_query_uses_the_partial_index_among_many_finished_rows():
             plan = store.claim_candidates("default", ["default"], 8).explain()
         assert "dispatch_job_claim" in plan, plan
         assert "Sort" not in plan or pending == 5, plan
+        # The fused statement the worker runs on PostgreSQL: the same scan.
+        with connection.cursor() as cursor:
+            params = {"window": 8, "lease": 8, "worker_id": "w", "lease_seconds": 30.0}
+            cursor.execute(
+                "EXPLAIN " + claim_sql(queues=True, exclude=True),
+                {**params, "queues": ["default"], "exclude": [1]},
+            )
+            fused_plan = "\n".join(row[0] for row in cursor.fetchall())
+        candidates_plan = fused_plan.split("CTE leased")[0]
+        assert "dispatch_job_claim" in candidates_plan, fused_plan
+        assert "Seq Scan" not in candidates_plan, fused_plan
 
 
 def test_stale_worker_rows_are_deleted_and_jobs_untouched():
@@ -179,3 +191,49 @@ def test_stale_worker_rows_are_deleted_and_jobs_untouched():
     assert store.workers_delete_stale(stale_seconds=60) == 1
     assert list(Worker.objects.values_list("id", flat=True)) == ["fresh"]
     assert Job.objects.get(pk=result.id).worker_id == "old"
+
+
+def test_one_claim_takes_heads_and_unkeyed_jobs_in_claim_order():
+    """The fused claim (PostgreSQL) and the ORM claim (SQLite) agree."""
+    head = tasks.add.using(partition_key="k").enqueue(1, 1)
+    free1 = tasks.add.enqueue(1, 2)
+    behind = tasks.add.using(partition_key="k").enqueue(1, 3)
+    free2 = tasks.add.enqueue(1, 4)
+    urgent = tasks.add.using(priority=9).enqueue(1, 5)
+    claimed = claim(limit=4)
+    assert [c.id for c in claimed] == [int(x.id) for x in (urgent, head, free1, free2)]
+    assert all(c.row["attempts"] == 1 and c.lease.epoch == 1 for c in claimed)
+    assert Job.objects.get(pk=behind.id).state == JobState.BLOCKED
+    leased = Job.objects.filter(state=JobState.RUNNING, worker_id="w1", attempts=1)
+    assert leased.count() == 4
+
+
+def test_a_claim_never_leases_more_than_its_limit():
+    for i in range(6):
+        tasks.add.enqueue(i, i)
+    tasks.add.using(partition_key="k").enqueue(0, 0)
+    tasks.add.using(partition_key="k").enqueue(0, 1)
+    assert len(claim(limit=3)) == 3
+    assert Job.objects.filter(state=JobState.RUNNING).count() == 3
+    assert len(claim(limit=10)) == 4  # three unkeyed, the head of "k"
+    assert Job.objects.filter(state=JobState.PENDING).count() == 0
+
+
+def test_finishing_many_is_fenced_per_row_and_promotes_freed_partitions():
+    first = tasks.add.using(partition_key="k").enqueue(1, 1)
+    second = tasks.add.using(partition_key="k").enqueue(1, 2)
+    plain = tasks.add.enqueue(1, 3)
+    stolen = tasks.add.enqueue(1, 4)
+    claimed = {c.id: c for c in claim(limit=10)}
+    assert Job.objects.get(pk=second.id).state == JobState.BLOCKED
+    # Another claim took `stolen` meanwhile: this lease is stale.
+    Job.objects.filter(pk=stolen.id).update(lease_epoch=99)
+    values = {int(first.id): {"nested": ["ü", 2**40, None]}, int(plain.id): None}
+    values[int(stolen.id)] = "lost"
+    won = store.jobs_finish_many_if_leased([(claimed[i].lease, v) for i, v in values.items()])
+    assert won == {int(first.id), int(plain.id)}
+    assert Job.objects.get(pk=stolen.id).state == JobState.RUNNING
+    assert Job.objects.get(pk=second.id).state == JobState.PENDING  # promoted
+    assert tasks.add.get_result(first.id).return_value == {"nested": ["ü", 2**40, None]}
+    assert tasks.add.get_result(plain.id).return_value is None
+    assert [c.id for c in claim(worker="w2")] == [int(second.id)]

@@ -199,9 +199,9 @@ class Worker:
 
         Waits until the batch is written, then sends ``task_finished`` from
         this thread (signal receivers are user code: never on the control
-        loop). Partitioned jobs and failures take the per-job path.
+        loop). Failures take the per-job path.
         """
-        if outcome.kind != "succeeded" or running.claimed.row["partition_key"]:
+        if outcome.kind != "succeeded":
             return False
         running.finished = outcome
         self.completions.put(running)
@@ -214,7 +214,10 @@ class Worker:
             completer.signal_finished(outcome)
         else:
             completer.log_lost(running.claimed.lease, outcome)
-            store.job_ack_cancelled(running.claimed.lease)  # if cancelled, let go
+            # If it was cancelled, let go of it (which frees its partition).
+            store.job_ack_cancelled(
+                running.claimed.lease, partition_key=running.claimed.row["partition_key"]
+            )
         return True
 
     def cycle(self, claim: bool = True) -> int:

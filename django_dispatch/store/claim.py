@@ -1,17 +1,22 @@
 """The claim: lease runnable jobs to a worker, in one short transaction.
 
-``claim_candidates`` is THE claim query. ``jobs_claim`` wraps it with the
-partition rules (see ``partitions``) and the lease update.
+``claim_candidates`` is THE claim query, in the ORM. ``_CLAIM_SQL`` is the
+same query for PostgreSQL, fused with the lease update of the unkeyed
+candidates into one statement: the claim is the hot path of every worker, and
+compiling two ORM statements per claim cost more CPU than running them (see
+docs/performance.md). ``jobs_claim`` wraps either with the partition rules
+(see ``partitions``) and the lease update of keyed heads.
 """
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
-from django.db import transaction
+from django.db import connections, transaction
 from django.db.models import F, Value
 from django.db.models.functions import Coalesce, Now
 
@@ -47,6 +52,7 @@ CLAIM_FIELDS = (
     "backend",
     "queue_name",
     "priority",
+    "run_after",
     "args",
     "kwargs",
     "deferred_until",
@@ -96,6 +102,96 @@ def claim_candidates(db: str, queues: Sequence[str], limit: int, exclude: Sequen
     )
 
 
+#: ``claim_candidates`` plus the lease of its unkeyed rows, for PostgreSQL.
+#:
+#: ``candidates`` locks the runnable rows in claim order, skipping rows other
+#: claimers hold (MATERIALIZED: locked once, read twice). ``leased`` takes the
+#: first ``%(lease)s`` unkeyed ones, exactly as ``jobs_claim``'s ORM update
+#: would. Keyed candidates stay locked but untouched: the partition rules
+#: decide about them in Python. Every row comes back with its values from
+#: before the update (``_claimed`` applies the lease to them) and whether
+#: this statement leased it. Served by the partial index
+#: ``dispatch_job_claim``, like the ORM query (test_store checks the plan).
+_CLAIM_SQL = """
+WITH candidates AS MATERIALIZED (
+    SELECT {fields}, now() AS db_now
+    FROM django_dispatch_job
+    WHERE state = 'pending' AND run_after <= now() {filters}
+    ORDER BY priority DESC, run_after, id
+    LIMIT %(window)s
+    FOR UPDATE SKIP LOCKED
+), leased AS (
+    UPDATE django_dispatch_job AS j SET
+        state = 'running',
+        worker_id = %(worker_id)s::text,
+        lease_epoch = j.lease_epoch + 1,
+        lease_expires_at = c.db_now + %(lease_seconds)s * interval '1 second',
+        heartbeat_at = c.db_now,
+        attempts = j.attempts + 1,
+        started_at = COALESCE(j.started_at, c.db_now),
+        last_attempted_at = c.db_now,
+        worker_ids = COALESCE(j.worker_ids, '[]'::jsonb) || jsonb_build_array(%(worker_id)s::text)
+    FROM (
+        SELECT id, db_now FROM candidates WHERE partition_key IS NULL
+        ORDER BY priority DESC, run_after, id LIMIT %(lease)s
+    ) AS c
+    WHERE j.id = c.id
+    RETURNING j.id
+)
+SELECT candidates.*, leased.id IS NOT NULL AS leased
+FROM candidates LEFT JOIN leased ON leased.id = candidates.id
+ORDER BY candidates.priority DESC, candidates.run_after, candidates.id
+"""
+#: JSON columns of CLAIM_FIELDS: Django's psycopg connection hands jsonb to
+#: raw queries as text.
+_JSON_FIELDS = ("args", "kwargs", "checkpoint", "errors", "worker_ids")
+
+
+def claim_sql(*, queues: bool, exclude: bool) -> str:
+    """``_CLAIM_SQL`` with the filters in use (named parameters, see ``_claim_pg``)."""
+    filters = ""
+    if queues:
+        filters += " AND queue_name = ANY(%(queues)s)"
+    if exclude:
+        filters += " AND NOT (id = ANY(%(exclude)s))"
+    return _CLAIM_SQL.format(fields=", ".join(CLAIM_FIELDS), filters=filters)
+
+
+def _claim_pg(
+    db: str,
+    queues: Sequence[str],
+    window: int,
+    exclude: Sequence[int],
+    *,
+    lease: int,
+    worker_id: str,
+    lease_seconds: float,
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """Run ``_CLAIM_SQL``: (rows it leased, rows it only locked)."""
+    sql = claim_sql(queues=bool(queues), exclude=bool(exclude))
+    params: dict[str, Any] = {
+        "window": window,
+        "lease": lease,
+        "worker_id": worker_id,
+        "lease_seconds": lease_seconds,
+        "queues": list(queues),
+        "exclude": list(exclude),
+    }
+    with connections[db].cursor() as cursor:
+        cursor.execute(sql, params)
+        names = [column.name for column in cursor.description]
+        records = cursor.fetchall()
+    leased: list[dict[str, Any]] = []
+    locked: list[dict[str, Any]] = []
+    for record in records:
+        row = dict(zip(names, record, strict=True))
+        for name in _JSON_FIELDS:
+            if isinstance(row[name], str):
+                row[name] = json.loads(row[name])
+        (leased if row.pop("leased") else locked).append(row)
+    return leased, locked
+
+
 def jobs_claim(
     *,
     worker_id: str,
@@ -114,45 +210,76 @@ def jobs_claim(
     job. One short transaction, committed before any task code runs.
     """
     db = db or db_alias()
+    fused = connections[db].vendor == "postgresql"
     # savepoint=False: the worker calls this inside its own cycle transaction
     with transaction.atomic(using=db, savepoint=False):
         take_sqlite_write_lock(db)
-        chosen: list[dict[str, Any]] = []
+        leased: list[dict[str, Any]] = []  # leased by _CLAIM_SQL already
+        chosen: list[dict[str, Any]] = []  # runnable, lease still to write
         passed: list[int] = []  # looked at, neither claimed nor demoted
         window, demoted_total = limit, 0
         while True:
             # Our own locks are not skipped: exclude what earlier rounds took.
-            seen = passed + [r["id"] for r in chosen]
-            rows = list(claim_candidates(db, queues, window, exclude=seen))
+            seen = passed + [r["id"] for r in chosen] + [r["id"] for r in leased]
+            free = limit - len(chosen) - len(leased)
+            if fused:
+                # Only the first round may lease unkeyed rows in the query:
+                # later rounds read past demoted rows, where an unkeyed row
+                # must not take the slot of a keyed head ahead of it.
+                first = window == limit and not (seen or demoted_total)
+                took, rows = _claim_pg(
+                    db,
+                    queues,
+                    window,
+                    seen,
+                    lease=free if first else 0,
+                    worker_id=worker_id,
+                    lease_seconds=lease_seconds,
+                )
+                leased += took
+                free -= len(took)
+            else:
+                rows = list(claim_candidates(db, queues, window, exclude=seen))
             runnable, demoted = _sort_out_partitions(db, rows, chosen, passed)
-            chosen += runnable[: limit - len(chosen)]
+            chosen += runnable[:free]
+            passed += [r["id"] for r in runnable[free:]]
             demoted_total += demoted
-            if not demoted or len(chosen) >= limit or demoted_total >= DEMOTE_BUDGET:
+            taken = len(chosen) + len(leased)
+            if not demoted or taken >= limit or demoted_total >= DEMOTE_BUDGET:
                 break
-            window = max(limit - len(chosen), DEMOTE_WINDOW)
-        if not chosen:
+            window = max(limit - taken, DEMOTE_WINDOW)
+        if not chosen and not leased:
             return []
-        now: datetime = chosen[0]["db_now"]
-        updated = (
-            Job.objects.using(db)
-            .filter(id__in=[r["id"] for r in chosen], state=JobState.PENDING)
-            .update(
-                state=JobState.RUNNING,
-                worker_id=worker_id,
-                lease_epoch=F("lease_epoch") + 1,
-                lease_expires_at=now + timedelta(seconds=lease_seconds),
-                heartbeat_at=now,
-                attempts=F("attempts") + 1,
-                started_at=Coalesce(F("started_at"), Value(now)),
-                last_attempted_at=now,
-                worker_ids=JSONAppend("worker_ids", worker_id),
-            )
+        now: datetime = (chosen or leased)[0]["db_now"]
+        if chosen:
+            _lease(db, chosen, worker_id, now, lease_seconds)
+    claimed = sorted(leased + chosen, key=lambda r: (-r["priority"], r["run_after"], r["id"]))
+    return [_claimed(row, worker_id, now) for row in claimed]
+
+
+def _lease(
+    db: str, rows: list[dict[str, Any]], worker_id: str, now: datetime, lease_seconds: float
+) -> None:
+    """Write the lease of rows this transaction has locked."""
+    updated = (
+        Job.objects.using(db)
+        .filter(id__in=[r["id"] for r in rows], state=JobState.PENDING)
+        .update(
+            state=JobState.RUNNING,
+            worker_id=worker_id,
+            lease_epoch=F("lease_epoch") + 1,
+            lease_expires_at=now + timedelta(seconds=lease_seconds),
+            heartbeat_at=now,
+            attempts=F("attempts") + 1,
+            started_at=Coalesce(F("started_at"), Value(now)),
+            last_attempted_at=now,
+            worker_ids=JSONAppend("worker_ids", worker_id),
         )
-        if updated != len(chosen):  # pragma: no cover - the row locks forbid it
-            raise transaction.TransactionManagementError(
-                f"claim locked {len(chosen)} jobs but updated {updated}; rolled back"
-            )
-    return [_claimed(row, worker_id, now) for row in chosen]
+    )
+    if updated != len(rows):  # pragma: no cover - the row locks forbid it
+        raise transaction.TransactionManagementError(
+            f"claim locked {len(rows)} jobs but updated {updated}; rolled back"
+        )
 
 
 def _sort_out_partitions(

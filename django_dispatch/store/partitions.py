@@ -112,3 +112,36 @@ def partition_promote(db: str, key: str) -> bool:
     if promoted:
         notify(db)
     return bool(promoted)
+
+
+#: ``partition_promote`` for many keys in one statement: each key's oldest
+#: live job, if blocked, becomes pending. Plain SQL because the ORM cannot
+#: join a list of values to a correlated subquery; PostgreSQL and SQLite alike.
+_PROMOTE_MANY_SQL = """
+UPDATE django_dispatch_job SET state = 'pending'
+WHERE state = 'blocked' AND id IN (
+    SELECT (SELECT j.id FROM django_dispatch_job j
+             WHERE j.partition_key = k.column1
+               AND j.state IN ('pending', 'blocked', 'running')
+             ORDER BY j.id LIMIT 1)
+    FROM (VALUES {values}) AS k
+)
+"""
+
+
+def partitions_promote(db: str, keys: Iterable[str]) -> int:
+    """``partition_promote`` for every key in ``keys``; returns how many were promoted.
+
+    Used by the batched completion of a wave of jobs: the same transaction,
+    the same lock protocol (see the module docstring), one statement.
+    """
+    keys = sorted(set(keys))
+    if not keys:
+        return 0
+    sql = _PROMOTE_MANY_SQL.format(values=", ".join(["(%s)"] * len(keys)))
+    with connections[db].cursor() as cursor:
+        cursor.execute(sql, keys)
+        promoted = cursor.rowcount
+    if promoted:
+        notify(db)
+    return promoted
