@@ -40,6 +40,10 @@ class DispatchSettings:
     CONCURRENCY: int = 4
     #: Default grace period on SIGTERM (``--shutdown-timeout``).
     SHUTDOWN_TIMEOUT: float = 30.0
+    #: Seconds a running job gets to stop on its own once asked (over its
+    #: timeout, or cancelled) before ``rundispatch`` recycles its process to
+    #: end it (see docs/tasks.md#timeouts).
+    TIMEOUT_GRACE: float = 10.0
     #: Seconds after which a Worker row not seen is considered gone.
     WORKER_STALE_SECONDS: float = 300.0
     #: Seconds between scheduler ticks (cron entries), on every worker.

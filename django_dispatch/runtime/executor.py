@@ -217,17 +217,3 @@ async def _run_async(
         raise TaskTimeout(f"{task.module_path} ran longer than its timeout of {timeout} s") from e
     finally:
         running._loop = running._atask = None
-
-
-def timed_out(claimed: ClaimedJob, timeout: float) -> Outcome:
-    """The outcome of a sync attempt that overran its timeout (decided by the worker)."""
-    try:
-        task: Task | None = task_for_row(claimed.row)
-    except UnknownTask:
-        task = None
-    path = claimed.row["task_path"]
-    exception = TaskTimeout(
-        f"{path} ran longer than its timeout of {timeout} s; the attempt was abandoned "
-        "(its thread may still be running, but can no longer write to the job)"
-    )
-    return classify_failure(claimed, exception, task=task)

@@ -4,6 +4,11 @@ The supervisor itself touches no job. It forwards SIGTERM/SIGINT to its
 children, restarts a child that died abnormally (killed by the OOM killer,
 segfault) so that siblings never go down with it, and exits non-zero if any
 child ever did, so the abnormal exit is not silent.
+
+A child that recycles itself to end task code that ignored its timeout or
+its cancel (see ``timeouts``) re-executes in place: same PID, same index and
+worker id. The supervisor sees no exit, so a recycle is neither a restart
+nor an abnormal exit.
 """
 
 from __future__ import annotations

@@ -5,11 +5,14 @@ the free slots, renews the leases of running jobs on a fixed heartbeat,
 returns expired leases of dead workers to the queue, enforces timeouts, and
 drives graceful shutdown. Because task code runs only on job threads, a
 CPU-bound or blocking task cannot stop the heartbeat that keeps its lease.
+A job over its timeout, or cancelled, that does not stop within the grace
+period is ended by recycling the process (see ``timeouts``).
 
 Database connections, fixed and documented: one per job thread, one for the
 control loop, and on PostgreSQL with LISTEN on, one for the listener:
-``concurrency + 2`` (``+ 1`` without LISTEN). A thread abandoned after a
-timeout keeps its connection until the task function returns.
+``concurrency + 2`` (``+ 1`` without LISTEN). In a worker that cannot
+recycle (run in-process), a thread given up on after a timeout keeps its
+connection until the task function returns.
 """
 
 from __future__ import annotations
@@ -23,24 +26,18 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from inspect import iscoroutinefunction
 from types import FrameType
 
 from django.db import DatabaseError, InterfaceError, connections, transaction
 
 from .. import store
-from ..backend import task_for_row
 from ..conf import DispatchSettings, get_settings
-from ..exceptions import UnknownTask
-from . import completer, executor, scheduler
+from . import completer, executor, scheduler, timeouts
 from .listener import Listener, listener_params
 from .maintenance import Maintenance
 
 logger = logging.getLogger("django_dispatch.worker")
 
-#: Extra seconds an async task gets past its timeout before the worker gives
-#: up on it from outside (its own asyncio timeout should have fired first).
-ASYNC_TIMEOUT_GRACE = 1.0
 #: Most successes written by one batched UPDATE.
 COMPLETION_BATCH = 200
 #: Longest wait for the rest of a wave of finishing jobs (see _coalesce).
@@ -62,6 +59,11 @@ class WorkerOptions:
     max_jobs: int | None = None
     shutdown_timeout: float = 30.0
     scheduler: bool = True  # run the cron scheduler (--no-scheduler turns it off)
+    #: End task code that ignores a stop request by recycling the process
+    #: (``rundispatch`` only: see ``timeouts.can_recycle``).
+    recycle: bool = False
+    #: What the process this one replaced left to settle (see ``timeouts``).
+    predecessor: timeouts.Handover | None = None
 
 
 class Every:
@@ -82,10 +84,11 @@ class Every:
 class JobThreads:
     """Long-lived job threads, each keeping its own database connection.
 
-    A thread whose job timed out cannot be killed; it is *retired*: it no
-    longer counts as a slot, finishes its task function in the background,
-    gets its late write rejected by the fence, and exits. A fresh thread takes
-    its place so the worker keeps its concurrency.
+    In a worker that cannot recycle its process, a thread given up on after a
+    timeout is *retired*: it no longer counts as a slot, finishes its task
+    function in the background, gets its late write rejected by the fence,
+    and exits. A fresh thread takes its place so the worker keeps its
+    concurrency.
     """
 
     def __init__(self, worker: Worker, size: int) -> None:
@@ -159,23 +162,34 @@ class Worker:
         #: --burst or --max-jobs: those jobs run to completion.
         self.stop_deadline: float | None = None
         self.handed_back = False
+        self.overseer = timeouts.Overseer(self)
+        #: Set once a job ignored its stop request past the grace period: the
+        #: loop ends and ``handover`` lists the jobs for the successor process.
+        self.recycling = False
+        self.handover: timeouts.Handover | None = None
+        if options.predecessor is not None:
+            self.claimed_total = options.predecessor.claimed
 
     # --- job threads ---------------------------------------------------------
 
     def run_job(self, running: executor.RunningJob) -> None:
         """Executed on a job thread: run, persist, free the slot."""
         job_id = running.claimed.id
-        if running.abandoned:  # handed back before a thread picked it up
-            return
         with self.lock:
+            if running.abandoned:  # handed back before a thread picked it up
+                return
             self.threads_by_job[job_id] = threading.current_thread()
         try:
-            deadline = self._deadline(running)
-            with self.lock:
-                running.deadline = deadline
+            self.overseer.started(running)
             outcome = executor.execute(running.claimed, running)
+            overtime = self.overseer.returned(running)
             if running.abandoned:
                 outcome = executor.Outcome(kind="discarded", task_result=outcome.task_result)
+            elif overtime is not None and overtime.reason == "timeout":
+                # Stopped within the grace period; the lease was held meanwhile.
+                outcome = timeouts.timeout_outcome(
+                    running.claimed, overtime.timeout, how="it was asked to stop, and did"
+                )
             if not self._finished_in_batch(running, outcome):
                 completer.persist(
                     running.claimed, outcome, give_up_after=self.settings.LEASE_SECONDS
@@ -260,18 +274,6 @@ class Worker:
         self._start(claimed)
         return len(claimed)
 
-    def _deadline(self, running: executor.RunningJob) -> float | None:
-        try:
-            task = task_for_row(running.claimed.row)
-        except UnknownTask:
-            return None
-        timeout = getattr(task, "timeout", None)
-        if timeout is None:
-            return None
-        if iscoroutinefunction(task.func):
-            timeout += ASYNC_TIMEOUT_GRACE
-        return time.monotonic() + timeout
-
     @staticmethod
     def _reset_connections() -> None:
         """Keep a job thread's connection across jobs unless a task broke it."""
@@ -330,14 +332,20 @@ class Worker:
                 opts.concurrency,
             )
             self._start_listener()
+            if opts.predecessor is not None:
+                timeouts.settle(opts.predecessor, lease_seconds=cfg.LEASE_SECONDS, db=self.db)
             if opts.scheduler:
                 self._guard(scheduler.sync_from_settings)
             self._loop(maintenance)
+            if self.recycling:
+                self.handover = self._handover()
         finally:
             self._guard(lambda: self.cycle(claim=False))
             # Threads still in task code after a hand-back are not waited for:
-            # their jobs are back in the queue, and exiting ends them.
-            pool.stop(timeout=0.0 if self.handed_back else 5.0)
+            # their jobs are back in the queue, and exiting ends them. Nor
+            # after a recycle: the successor settles their jobs once
+            # re-executing the process has ended them.
+            pool.stop(timeout=0.0 if self.handed_back or self.recycling else 5.0)
             if self.listener:
                 self.listener.stop()
                 self.listener.join(timeout=2.0)
@@ -345,7 +353,12 @@ class Worker:
             self._guard(lambda: store.worker_deregister(opts.worker_id))
             if self.close_connections:
                 connections.close_all()
-        logger.info("worker %s stopped (%s jobs claimed)", opts.worker_id, self.claimed_total)
+        logger.info(
+            "worker %s %s (%s jobs claimed)",
+            opts.worker_id,
+            "stopped" if self.handover is None else "ends its process to recycle it",
+            self.claimed_total,
+        )
         return 0
 
     def _loop(self, maintenance: Maintenance) -> None:
@@ -366,7 +379,9 @@ class Worker:
             for duty in duties:
                 if duty.due(now):
                     self._guard(duty.run)
-            self._enforce_timeouts(now)
+            self.overseer.check(now)
+            if self.recycling:
+                break
 
             if self.stopping:
                 self._guard(lambda: self.cycle(claim=False))
@@ -471,66 +486,93 @@ class Worker:
             if running is not None and not running.cancel_event.is_set():
                 logger.info("job %s: cancelled or lost; asking it to stop", job_id)
                 running.stop()
+                self.overseer.asked_to_stop(running, time.monotonic())
         store.worker_touch(self.options.worker_id, running_jobs=len(leases), db=self.db)
 
-    def _enforce_timeouts(self, now: float) -> None:
+    def recycle(self) -> None:
+        """Stop claiming and leave the loop; ``run()`` then prepares the handover."""
+        self.recycling = True
+        self.stopping = True
+        self.wakeup.set()
+
+    def _handover(self) -> timeouts.Handover:
+        """List every job still held, for the process that will replace this one.
+
+        Successes already returned are written first, and the leases renewed
+        once more, so the successor has a whole lease to settle the rest in.
+        Jobs no thread has started yet never start here.
+        """
+        self._guard(lambda: self.cycle(claim=False))
+        self._guard(self.heartbeat)
         with self.lock:
-            overdue = [
-                r
-                for r in self.running.values()
-                if r.deadline is not None
-                and now >= r.deadline
-                and not r.abandoned
-                and r.finished is None  # returned in time; its write is queued
-            ]
-        for running in overdue:
-            job_id = running.claimed.id
-            task_timeout = self._timeout_of(running)
-            outcome = executor.timed_out(running.claimed, task_timeout)
-            self._abandon(running)
-            won = self._guard(
-                lambda running=running, outcome=outcome: completer.persist(
-                    running.claimed,
-                    outcome,
-                    give_up_after=self.settings.LEASE_SECONDS,
-                    signal=False,
-                )
-            )
-            if won:  # receivers are user code: never on the control loop
-                threading.Thread(
-                    target=completer.signal_finished_and_close, args=(outcome,), daemon=True
-                ).start()
-            logger.warning(
-                "job %s: timed out after %s s; %s",
-                job_id,
-                task_timeout,
-                "recorded" if won else "already finished or lost",
-            )
+            for job_id, running in self.running.items():
+                if job_id not in self.threads_by_job:
+                    running.abandoned = True
+            jobs = list(self.running.values())
+            timed_out = {
+                job_id
+                for job_id, over in self.overseer.overtime.items()
+                if over.reason == "timeout"
+            }
+        rest = [r for r in jobs if r.claimed.id not in timed_out]
+        return timeouts.Handover(
+            worker_id=self.options.worker_id,
+            claimed=self.claimed_total,
+            timed_out=timeouts.entries(r for r in jobs if r.claimed.id in timed_out),
+            stopped=timeouts.entries(r for r in rest if r.cancel_event.is_set()),
+            released=timeouts.entries(r for r in rest if not r.cancel_event.is_set()),
+        )
 
-    def _timeout_of(self, running: executor.RunningJob) -> float:
-        try:
-            return float(getattr(task_for_row(running.claimed.row), "timeout", 0) or 0)
-        except UnknownTask:
-            return 0.0
-
-    def _abandon(self, running: executor.RunningJob) -> None:
-        """Give up on a job's thread: free its slot, make its results void."""
-        running.abandoned = True
-        running.stop()
+    def give_up(self, running: executor.RunningJob, overtime: timeouts.Overtime) -> None:
+        """Without recycling: record the timeout, free the slot, let the thread run on."""
         with self.lock:
             self.running.pop(running.claimed.id, None)
             thread = self.threads_by_job.get(running.claimed.id)
         self.pool.retire(thread)
+        self._record_timeout(
+            running,
+            overtime,
+            how="its thread was given up on (it may still be running, but can no longer "
+            "write to the job)",
+        )
+
+    def _record_timeout(
+        self, running: executor.RunningJob, overtime: timeouts.Overtime, *, how: str
+    ) -> None:
+        outcome = timeouts.timeout_outcome(running.claimed, overtime.timeout, how=how)
+        won = self._guard(
+            lambda: completer.persist(
+                running.claimed, outcome, give_up_after=self.settings.LEASE_SECONDS, signal=False
+            )
+        )
+        if won:  # receivers are user code: never on the control loop
+            threading.Thread(
+                target=completer.signal_finished_and_close, args=(outcome,), daemon=True
+            ).start()
+        logger.warning(
+            "job %s: timed out after %s s; %s",
+            running.claimed.id,
+            overtime.timeout,
+            "recorded" if won else "already finished or lost",
+        )
 
     def hand_back(self) -> None:
         """Return unfinished jobs to the queue without spending an attempt."""
         self.handed_back = True
         with self.lock:
-            unfinished = list(self.running.values())
-        for running in unfinished:
+            unfinished = [
+                (running, self.overseer.overtime.get(job_id))
+                for job_id, running in self.running.items()
+            ]
+            for running, _ in unfinished:
+                running.abandoned = True
+        for running, overtime in unfinished:
             row = running.claimed.row
-            running.abandoned = True
             running.stop()
+            if overtime is not None and overtime.reason == "timeout":
+                # Over its timeout already: the attempt counts.
+                self._record_timeout(running, overtime, how="its worker shut down meanwhile")
+                continue
             released = self._guard(
                 lambda row=row, running=running: store.job_release_if_leased(
                     running.claimed.lease,

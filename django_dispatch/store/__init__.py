@@ -16,7 +16,8 @@ Modules: ``enqueue`` (inserts), ``claim`` (the claim query), ``leases``
 (the worker's fenced writes), ``partitions`` (per-key FIFO heads),
 ``maintenance`` (rescue, cancel, retry now), ``dead_letters`` (failures
 kept for replay, retention), ``schedules`` (cron entries), ``leadership``
-(the maintenance lease), ``workers`` (Worker rows).
+(the maintenance lease), ``workers`` (Worker rows), ``handover`` (a
+recycled worker's leases read back by the process that replaced it).
 """
 
 from .base import NOTIFY_CHANNEL, db_alias, db_now, error_entry, notify
@@ -38,6 +39,7 @@ from .dead_letters import (
     jobs_purge,
 )
 from .enqueue import job_insert_idempotent, jobs_insert
+from .handover import job_claimed_if_leased
 from .leadership import leadership_acquire, leadership_holder, leadership_release
 from .leases import (
     job_ack_cancelled,
@@ -80,6 +82,7 @@ __all__ = [
     "error_entry",
     "job_ack_cancelled",
     "job_cancel",
+    "job_claimed_if_leased",
     "job_fail_if_leased",
     "job_finish_if_leased",
     "job_insert_idempotent",

@@ -189,3 +189,65 @@ def count_and_hold(context, key, total, hold_at, hold_file):
             while not Path(hold_file).exists():
                 time.sleep(0.02)
     return total
+
+
+def _tick(key, note):
+    SideEffect.objects.create(key=key, note=note, worker_pid=os.getpid(), started_at=timezone.now())
+
+
+@task(timeout=0.5, max_attempts=2, takes_context=True)
+def ignores_timeout(context, key, seconds=60):
+    """First attempt: deaf to its timeout, writes a numbered row every 10 ms.
+
+    Later attempts write one row and return, so a test can tell the zombie's
+    side effects from the retry's.
+    """
+    if context.attempt > 1:
+        _tick(key, f"attempt {context.attempt}")
+        return context.attempt
+    deadline = time.monotonic() + seconds
+    n = 0
+    while time.monotonic() < deadline:
+        n += 1
+        _tick(key, f"zombie {n}")
+        time.sleep(0.01)
+    return "late"
+
+
+@task()
+def ignores_cancel(key, seconds=60):
+    """Deaf to cancellation: writes a numbered row every 10 ms for ``seconds``."""
+    deadline = time.monotonic() + seconds
+    n = 0
+    while time.monotonic() < deadline:
+        n += 1
+        _tick(key, f"zombie {n}")
+        time.sleep(0.01)
+    return key
+
+
+@task(timeout=0.3, takes_context=True)
+def stops_when_asked(context, key):
+    """Over its timeout, but checks ``context.cancelled`` and returns when asked."""
+    while not context.cancelled:
+        time.sleep(0.01)
+    _tick(key, "stopped")
+    return "stopped"
+
+
+@task(timeout=0.3, max_attempts=2, takes_context=True)
+async def async_blocks_its_loop(context, path, seconds=60):
+    """First attempt: blocks its event loop (cancellation cannot land), appending
+    a numbered line to ``path`` every 10 ms. Later attempts append one line."""
+    with open(path, "a") as out:
+        if context.attempt > 1:
+            out.write(f"attempt {context.attempt} {os.getpid()}\n")
+            return context.attempt
+        deadline = time.monotonic() + seconds
+        n = 0
+        while time.monotonic() < deadline:
+            n += 1
+            out.write(f"zombie {n} {os.getpid()}\n")
+            out.flush()
+            time.sleep(0.01)
+    return "late"

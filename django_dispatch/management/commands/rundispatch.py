@@ -1,4 +1,10 @@
-"""``manage.py rundispatch``: argument parsing and start-up checks only."""
+"""``manage.py rundispatch``: argument parsing and start-up checks only.
+
+A worker process that has to end task code ignoring its timeout or its
+cancel re-executes this same command line (see ``runtime.timeouts``); the
+new program finds a handover in its environment and carries on as the same
+worker: under ``--processes``, as the same child, not as a new supervisor.
+"""
 
 from __future__ import annotations
 
@@ -9,6 +15,7 @@ from django.core.management.base import BaseCommand, CommandError, CommandParser
 from ... import store
 from ...checks import unapplied_migrations
 from ...conf import get_settings
+from ...runtime import timeouts
 from ...runtime.supervisor import supervise
 from ...runtime.worker import Worker, WorkerOptions, default_worker_id
 
@@ -80,9 +87,14 @@ class Command(BaseCommand):
         queues = [q.strip() for q in options["queues"].split(",") if q.strip()]
         self._check_queues(queues)
         base_id = options["worker_id"] or default_worker_id()
+        predecessor = timeouts.Handover.from_environ()
+        recycle = timeouts.can_recycle()
 
-        def run_one(index: int | None) -> int:
-            worker_id = base_id if index is None else f"{base_id}.{index}"
+        def run_one(index: int | None, predecessor: timeouts.Handover | None = None) -> int:
+            if predecessor is not None:
+                worker_id = predecessor.worker_id
+            else:
+                worker_id = base_id if index is None else f"{base_id}.{index}"
             worker = Worker(
                 WorkerOptions(
                     worker_id=worker_id,
@@ -92,12 +104,20 @@ class Command(BaseCommand):
                     max_jobs=options["max_jobs"],
                     shutdown_timeout=options["shutdown_timeout"],
                     scheduler=not options["no_scheduler"],
+                    recycle=recycle,
+                    predecessor=predecessor,
                 )
             )
             worker.install_signal_handlers()
-            return worker.run()
+            code = worker.run()
+            if worker.handover is not None:
+                worker.handover.child = index
+                timeouts.exec_successor(worker.handover)  # does not return
+            return code
 
-        if options["processes"] == 1:
+        if predecessor is not None:  # this process replaced itself
+            code = run_one(predecessor.child, predecessor)
+        elif options["processes"] == 1:
             code = run_one(None)
         else:
             code = supervise(
