@@ -72,16 +72,21 @@ def replay_run(run_id: int, from_step: str, *, generation: int | None = None) ->
     if not WorkflowTask.objects.using(db).filter(run_id=run_id, name=from_step).exists():
         raise WorkflowTask.DoesNotExist(f"run {run_id} ({run.name}) has no step {from_step!r}.")
     seen = run.generation if generation is None else generation
+    already = AlreadyReopened(
+        f"run {run_id} was reopened or changed by someone else (it is no longer at "
+        f"generation {seen}); nothing was changed. Reload and try again."
+    )
+    # Generation first: a run another reopen just restarted is "running", but
+    # what this caller needs to hear is that someone else got in first.
+    if run.generation != seen:
+        raise already
     if run.state not in RUN_REOPENABLE:
         raise ActionNotAllowed(
             f"run {run_id} is {run.state}; only succeeded, stuck or cancelled runs can be "
             "replayed (cancel it first, or wait for it to finish)."
         )
     if not wf_store.workflow_run_reopen(run_id, from_step, seen, build_job=build_step_job):
-        raise AlreadyReopened(
-            f"run {run_id} was reopened or changed by someone else (it is no longer at "
-            f"generation {seen}); nothing was changed. Reload and try again."
-        )
+        raise already
     run.refresh_from_db(using=db)
     return run
 
