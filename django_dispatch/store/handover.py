@@ -7,23 +7,16 @@ through the lease fence, to record the attempt's outcome.
 
 from __future__ import annotations
 
-from ..models import Job
-from ..states import JobState
 from .base import db_alias, db_now
 from .claim import CLAIM_FIELDS, ClaimedJob, Lease
+from .leases import _leased
 
 
 def job_claimed_if_leased(lease: Lease, *, db: str | None = None) -> ClaimedJob | None:
     """The running job as its claim left it, or None once the lease no longer holds it."""
     db = db or db_alias()
     row = (
-        Job.objects.using(db)
-        .filter(
-            id=lease.job_id,
-            state=JobState.RUNNING,
-            worker_id=lease.worker_id,
-            lease_epoch=lease.epoch,
-        )
+        _leased(lease, db)  # the same fence as every other write of the worker
         .values(*CLAIM_FIELDS, "last_attempted_at")
         .first()
     )

@@ -205,25 +205,25 @@ def ignores_timeout(context, key, seconds=60):
     if context.attempt > 1:
         _tick(key, f"attempt {context.attempt}")
         return context.attempt
-    deadline = time.monotonic() + seconds
-    n = 0
-    while time.monotonic() < deadline:
-        n += 1
-        _tick(key, f"zombie {n}")
-        time.sleep(0.01)
+    _zombie(key, seconds)
     return "late"
 
 
 @task()
 def ignores_cancel(key, seconds=60):
     """Deaf to cancellation: writes a numbered row every 10 ms for ``seconds``."""
+    _zombie(key, seconds)
+    return key
+
+
+def _zombie(key, seconds):
+    """Write a numbered row every 10 ms for ``seconds``, whatever the worker asks."""
     deadline = time.monotonic() + seconds
     n = 0
     while time.monotonic() < deadline:
         n += 1
         _tick(key, f"zombie {n}")
         time.sleep(0.01)
-    return key
 
 
 @task(timeout=0.3, takes_context=True)
