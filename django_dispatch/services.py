@@ -316,6 +316,17 @@ def set_cron_enabled(entry_ids: Sequence[int], enabled: bool) -> int:
     return store.cron_entries_set_enabled(list(entry_ids), enabled)
 
 
+def delete_cron_entries(entry_ids: Sequence[int]) -> int:
+    """Delete cron entries; return how many were deleted.
+
+    Entries still defined in ``DISPATCH["CRON"]`` are left alone (a worker
+    start would only create them again): remove them from the settings first,
+    which disables them, or disable them in the admin. Jobs an entry already
+    enqueued are not touched.
+    """
+    return store.cron_entries_delete(list(entry_ids), keep_names=get_settings().CRON)
+
+
 def delete_finished_jobs(job_ids: Sequence[int]) -> int:
     """Delete the finished jobs among ``job_ids``; pending and running ones stay."""
     return store.jobs_delete_finished(job_ids)

@@ -566,3 +566,43 @@ def test_replay_page_of_a_missing_dead_letter_redirects(client, login):
     response = client.get(url("deadletter", "replay", 999), follow=True)
     assert response.redirect_chain[-1][0] == url("deadletter", "changelist")
     assert "Dead letter 999 does not exist" in page(response)
+
+
+@pytest.mark.django_db
+def test_cron_delete_keeps_entries_still_defined_in_settings(client, login, settings):
+    settings.DISPATCH = {**settings.DISPATCH, "CRON": {"from-settings": {"schedule": "@daily"}}}
+    made_here = CronEntry.objects.create(
+        name="made-here", schedule="0 3 * * *", timezone="UTC", task_path=FAIL_ALWAYS
+    )
+    in_settings = CronEntry.objects.create(
+        name="from-settings",
+        schedule="@daily",
+        timezone="UTC",
+        task_path=FAIL_ALWAYS,
+        source=CronEntry.Source.SETTINGS,
+    )
+    gone_from_settings = CronEntry.objects.create(
+        name="removed-from-settings",
+        schedule="@daily",
+        timezone="UTC",
+        task_path=FAIL_ALWAYS,
+        source=CronEntry.Source.SETTINGS,
+        enabled=False,
+    )
+    ids = [made_here.pk, in_settings.pk, gone_from_settings.pk]
+
+    login("view_cronentry", "change_cronentry")
+    assert "delete_entries" not in action_names(client.get(url("cronentry", "changelist")))
+    run_action(client, "cronentry", "delete_entries", ids)
+    assert CronEntry.objects.count() == 3
+    assert client.get(url("cronentry", "delete", made_here.pk)).status_code == 403
+
+    login("view_cronentry", "delete_cronentry")
+    changelist = client.get(url("cronentry", "changelist"))
+    assert "delete_entries" in action_names(changelist)
+    assert "delete_selected" not in action_names(changelist)
+    text = page(run_action(client, "cronentry", "delete_entries", ids))
+    assert "2 cron entries deleted; 1 kept because DISPATCH['CRON']" in text
+    assert list(CronEntry.objects.values_list("name", flat=True)) == ["from-settings"]
+    # No per-object delete page: it would bypass the service.
+    assert client.get(url("cronentry", "delete", in_settings.pk)).status_code == 403

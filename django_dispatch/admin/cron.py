@@ -75,11 +75,17 @@ class CronEntryAdmin(admin.ModelAdmin):
     list_filter = ["enabled", "source", "misfire_policy"]
     search_fields = ["name", "task_path"]
     change_form_template = "django_dispatch/admin/cronentry_change_form.html"
-    actions = ["enable_entries", "disable_entries", "run_now"]
+    actions = ["enable_entries", "disable_entries", "run_now", "delete_entries"]
 
     def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        # No service deletes cron entries yet; disable an entry instead.
-        return False
+        # Deleting goes through the "Delete" action (services.delete_cron_entries),
+        # which keeps the entries still defined in settings.
+        return obj is None and super().has_delete_permission(request)
+
+    def get_actions(self, request, action_location=admin.ActionLocation.CHANGE_LIST):
+        actions = super().get_actions(request, action_location=action_location)
+        actions.pop("delete_selected", None)  # replaced by delete_entries
+        return actions
 
     def get_fieldsets(self, request: HttpRequest, obj: Any = None):
         if obj is None:
@@ -157,6 +163,22 @@ class CronEntryAdmin(admin.ModelAdmin):
     def disable_entries(self, request: HttpRequest, queryset: Any) -> None:
         changed = services.set_cron_enabled(list(selected_ids(queryset)), False)
         self.message_user(request, f"{changed} disabled.", messages.SUCCESS)
+
+    @admin.action(description="Delete selected cron entries", permissions=["delete"])
+    def delete_entries(self, request: HttpRequest, queryset: Any) -> None:
+        """Delete; entries still in DISPATCH["CRON"] stay (a worker would recreate them)."""
+        ids = list(selected_ids(queryset))
+        deleted = services.delete_cron_entries(ids)
+        kept = len(ids) - deleted
+        if not kept:
+            self.message_user(request, f"{deleted} cron entries deleted.", messages.SUCCESS)
+            return
+        self.message_user(
+            request,
+            f"{deleted} cron entries deleted; {kept} kept because DISPATCH['CRON'] in the "
+            "settings still defines them (remove them there, or disable them here).",
+            messages.WARNING,
+        )
 
     @admin.action(
         description="Run selected cron entries now", permissions=["change"], location=BOTH

@@ -53,6 +53,7 @@ from .leases import (
 from .maintenance import WORKER_LOST_PATH, job_cancel, jobs_rescue_expired, jobs_retry_now
 from .schedules import (
     cron_entries_claim_due,
+    cron_entries_delete,
     cron_entries_due_exist,
     cron_entries_set_enabled,
     cron_entry_advance,
@@ -68,6 +69,7 @@ __all__ = [
     "Lease",
     "claim_candidates",
     "cron_entries_claim_due",
+    "cron_entries_delete",
     "cron_entries_due_exist",
     "cron_entries_set_enabled",
     "cron_entry_advance",

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from datetime import datetime
 from typing import Any
 
@@ -116,6 +116,25 @@ def cron_entry_advance(
     if fired_slot is not None:
         changes["last_run_at"] = fired_slot
     CronEntry.objects.using(db or db_alias()).filter(id=entry_id).update(**changes)
+
+
+def cron_entries_delete(
+    entry_ids: list[int], *, keep_names: Iterable[str], db: str | None = None
+) -> int:
+    """Delete entries, except those named in ``keep_names``; return how many went.
+
+    ``keep_names`` are the entries still defined in ``DISPATCH["CRON"]``: the
+    next worker start would create them again, with a fresh schedule, so
+    deleting them would only reset them. A tick that holds an entry's row lock
+    (``cron_entries_claim_due``) finishes first; the jobs it enqueued stay.
+    """
+    deleted, _ = (
+        CronEntry.objects.using(db or db_alias())
+        .filter(id__in=entry_ids)
+        .exclude(name__in=list(keep_names))
+        .delete()
+    )
+    return deleted
 
 
 def cron_entries_set_enabled(entry_ids: list[int], enabled: bool, *, db: str | None = None) -> int:
