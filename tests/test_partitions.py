@@ -324,3 +324,25 @@ def test_enqueue_many_refuses_an_idempotency_key():
 
     with pytest.raises(InvalidTask, match="idempotency_key"):
         enqueue_many(tasks.add.using(idempotency_key="k"), [((1, 2), {})])
+
+
+def test_the_leader_sweep_promotes_a_key_left_blocked_by_a_race():
+    """A head finishing while the job behind it is cancelled can leave the next
+    job blocked with nothing ahead of it (each promote ran on a snapshot that
+    missed the other's change). The sweep finds such keys; keys with a live
+    head ahead of their blocked jobs are left alone."""
+    stalled = keyed("S", 3)
+    healthy = keyed("H", 2)
+    s_head, _ = claim(limit=2)
+    assert state(stalled[1]) == state(healthy[1]) == JobState.BLOCKED
+    Job.objects.filter(pk=stalled[2].id).update(state=JobState.BLOCKED)
+    # The race's end state, written directly: head done, next cancelled, last blocked.
+    Job.objects.filter(pk=s_head.id).update(state=JobState.SUCCEEDED, lease_expires_at=None)
+    Job.objects.filter(pk=stalled[1].id).update(state=JobState.CANCELLED)
+    assert claim() == []  # stalled: nothing would ever promote it
+
+    assert store.partitions_promote_stalled("default") == 1
+    assert state(stalled[2]) == JobState.PENDING
+    assert state(healthy[1]) == JobState.BLOCKED  # its head still runs
+    assert [c.id for c in claim()] == [int(stalled[2].id)]
+    assert store.partitions_promote_stalled("default") == 0

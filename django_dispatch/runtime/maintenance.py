@@ -48,6 +48,18 @@ class Maintenance:
         sweep_stale_steps(older_than_seconds=self.settings.LEASE_SECONDS)
         store.workers_delete_stale(stale_seconds=self.settings.WORKER_STALE_SECONDS, db=self.db)
 
+    def unstick_partitions(self) -> None:
+        """Promote partitions left blocked by a race (see ``partitions_promote_stalled``)."""
+        if not self.leader:
+            return
+        promoted = store.partitions_promote_stalled(self.db)
+        if promoted:
+            logger.warning(
+                "partitions: %s blocked jobs had nothing ahead of them (two transitions "
+                "raced); promoted them",
+                promoted,
+            )
+
     def purge(self) -> None:
         """Bounded batches until caught up or ``PURGE_MAX_SECONDS`` pass.
 

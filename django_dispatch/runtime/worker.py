@@ -371,6 +371,7 @@ class Worker:
             Every(cfg.HEARTBEAT_INTERVAL, maintenance.elect),
             Every(cfg.RECLAIM_INTERVAL, maintenance.reclaim),
             Every(cfg.PURGE_INTERVAL, maintenance.purge),
+            Every(cfg.PURGE_INTERVAL, maintenance.unstick_partitions),
         ]
         if opts.scheduler:
             duties.append(Every(cfg.SCHEDULER_INTERVAL, scheduler.tick))

@@ -51,6 +51,7 @@ from .leases import (
     jobs_renew_leases,
 )
 from .maintenance import WORKER_LOST_PATH, job_cancel, jobs_rescue_expired, jobs_retry_now
+from .partitions import partitions_promote_stalled
 from .schedules import (
     cron_entries_claim_due,
     cron_entries_delete,
@@ -103,6 +104,7 @@ __all__ = [
     "leadership_holder",
     "leadership_release",
     "notify",
+    "partitions_promote_stalled",
     "worker_deregister",
     "worker_register",
     "worker_touch",

@@ -145,3 +145,37 @@ def partitions_promote(db: str, keys: Iterable[str]) -> int:
     if promoted:
         notify(db)
     return promoted
+
+
+#: Every key whose oldest live job is blocked: nothing ahead of it can ever
+#: promote it. See ``partitions_promote_stalled``.
+_PROMOTE_STALLED_SQL = """
+UPDATE django_dispatch_job SET state = 'pending'
+WHERE state = 'blocked' AND id IN (
+    SELECT (SELECT j.id FROM django_dispatch_job j
+             WHERE j.partition_key = k.partition_key
+               AND j.state IN ('pending', 'blocked', 'running')
+             ORDER BY j.id LIMIT 1)
+    FROM (SELECT DISTINCT partition_key FROM django_dispatch_job
+          WHERE state = 'blocked') AS k
+)
+"""
+
+
+def partitions_promote_stalled(db: str) -> int:
+    """Promote every blocked job that is its partition's oldest live job.
+
+    The safety net of the promote protocol, run by the leader now and then.
+    The lock protocol closes the race between a claim's demotion and a head
+    finishing, but not every pair of concurrent transitions: a head finishing
+    while the job behind it is cancelled can leave the next one blocked, each
+    transaction promoting from a snapshot that did not see the other's change.
+    Such a key would otherwise wait forever. Promoting too much is harmless:
+    the claim checks again that a job is runnable before it runs it.
+    """
+    with connections[db].cursor() as cursor:
+        cursor.execute(_PROMOTE_STALLED_SQL)
+        promoted = cursor.rowcount
+    if promoted:
+        notify(db)
+    return promoted
