@@ -10,6 +10,7 @@ import functools
 import inspect
 import json
 import logging
+import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, fields
 from datetime import datetime
@@ -107,12 +108,38 @@ def encode_json(value: Any, what: str) -> tuple[str, Any]:
     """
     try:
         text = JSON_ENCODER.encode(value)
+        check_storable_json(text)
     except (TypeError, ValueError) as e:
         raise InvalidTaskArguments(
             f"{what} must be JSON-serializable ({e}). Pass ids and plain data "
             "(str, int, float, bool, None, lists, dicts with str keys), not objects."
         ) from e
     return text, JSON_DECODER.decode(text)
+
+
+#: ``\u0000`` as an escape, not as the text of an escaped backslash (``\\u0000``).
+_NUL_ESCAPE = re.compile(r"(?<!\\)(?:\\\\)*\\u0000")
+
+
+def check_storable_json(text: str) -> None:
+    """ValueError if JSON text holds what a JSON column cannot store.
+
+    PostgreSQL's jsonb refuses the NUL character and unpaired UTF-16
+    surrogates. Caught here, a task's bad argument is a clear error at
+    enqueue, and a bad return value fails its job (not retried) instead of
+    failing the whole wave of completions it was written with. ``text`` is
+    ASCII (``ensure_ascii``): both show up as ``\\u`` escapes, so the common
+    case is two substring searches.
+    """
+    if "\\u0000" in text and _NUL_ESCAPE.search(text):
+        raise ValueError("it contains a NUL character (\\u0000), which databases cannot store")
+    if "\\ud" in text or "\\uD" in text:
+        try:
+            json.dumps(JSON_DECODER.decode(text), ensure_ascii=False).encode("utf-8")
+        except UnicodeEncodeError:
+            raise ValueError(
+                "it contains an unpaired UTF-16 surrogate, which databases cannot store"
+            ) from None
 
 
 def to_json(value: Any, what: str) -> Any:

@@ -17,6 +17,7 @@ from .backend import (
     JSON_DECODER,
     JSON_ENCODER,
     DispatchBackend,
+    check_storable_json,
     enqueued_signal_is_silent,
     ready_results,
     send_robust,
@@ -188,6 +189,7 @@ def _encode(pairs: list[tuple[Any, Any]]) -> Iterator[CallChunk]:
 
 def _encode_chunk(pairs: list[tuple[Any, Any]]) -> Iterator[CallChunk]:
     text = JSON_ENCODER.encode(pairs)
+    check_storable_json(text)
     if len(text) > ENQUEUE_CHUNK_CHARS and len(pairs) > 1:
         middle = len(pairs) // 2
         yield from _encode_chunk(pairs[:middle])

@@ -258,15 +258,39 @@ def test_an_invalid_task_is_reported_as_call_zero():
 @postgres_only
 @pytest.mark.django_db(transaction=True)
 def test_a_database_error_in_a_later_chunk_writes_nothing(small_chunks):
-    # PostgreSQL's jsonb refuses \u0000; the error comes from the third INSERT.
+    """The third chunk's INSERT fails in the database: nothing of the batch stays."""
+    from django.db import connection
+
+    inserts = 0
+
+    def third_insert_fails(execute, sql, params, many, context):
+        nonlocal inserts
+        if sql.lstrip().startswith("WITH inserted AS (INSERT"):
+            inserts += 1
+            if inserts == 3:
+                raise DataError("the database refused the third chunk")
+        return execute(sql, params, many, context)
+
     calls: list[Any] = [((i, i), {}) for i in range(2000)]
-    calls[1900] = (("nul \x00 byte", 1), {})
-    with pytest.raises(DataError):
+    with connection.execute_wrapper(third_insert_fails), pytest.raises(DataError):
         enqueue_many(tasks.add, calls)  # no transaction around it: autocommit
+    assert inserts == 3
     assert not Job.objects.exists()
-    with pytest.raises(DataError):
-        tasks.add.enqueue("nul \x00 byte", 1)
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize("bad", ["nul \x00 byte", "lone \ud800 surrogate"])
+def test_text_a_json_column_cannot_store_is_refused_before_writing(bad):
+    """PostgreSQL's jsonb refuses NUL and unpaired surrogates: a clear error, on every database."""
+    calls: list[Any] = [((i, i), {}) for i in range(50)]
+    calls[30] = ((bad, 1), {})
+    with pytest.raises(InvalidTaskArguments, match=r"call #30: .*cannot store"):
+        enqueue_many(tasks.add, calls)
+    with pytest.raises(InvalidTaskArguments, match="cannot store"):
+        tasks.add.enqueue(bad, 1)
     assert not Job.objects.exists()
+    # An escaped backslash followed by "u0000" is ordinary text.
+    assert tasks.echo.enqueue(r"C:\u0000dir").args == [r"C:\u0000dir"]
 
 
 def test_plan_check_agrees_with_check_arguments():

@@ -236,4 +236,6 @@ def test_finishing_many_is_fenced_per_row_and_promotes_freed_partitions():
     assert Job.objects.get(pk=second.id).state == JobState.PENDING  # promoted
     assert tasks.add.get_result(first.id).return_value == {"nested": ["ü", 2**40, None]}
     assert tasks.add.get_result(plain.id).return_value is None
+    # Stored as SQL NULL, as the one-by-one path stores it, not as JSON null.
+    assert Job.objects.filter(pk=plain.id, return_value__isnull=True).exists()
     assert [c.id for c in claim(worker="w2")] == [int(second.id)]

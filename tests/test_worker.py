@@ -239,6 +239,17 @@ def test_non_json_return_value_fails_the_job_without_retrying():
     assert "JSON-serializable" in result.errors[0].traceback
 
 
+def test_a_return_value_no_database_can_store_fails_only_its_job():
+    """jsonb refuses NUL: the job fails at once; its wave's other successes are written."""
+    bad = tasks.returns_nul.enqueue()
+    good = [tasks.add.enqueue(i, i) for i in range(6)]
+    drain(concurrency=8)
+    result = tasks.returns_nul.get_result(bad.id)
+    assert result.status == TaskResultStatus.FAILED and result.attempts == 1
+    assert "NUL character" in result.errors[0].traceback
+    assert all(tasks.add.get_result(g.id).status == TaskResultStatus.SUCCESSFUL for g in good)
+
+
 def test_system_exit_in_a_task_fails_the_job_not_the_worker():
     bad = tasks.raises_system_exit.enqueue()
     good = tasks.add.enqueue(1, 1)

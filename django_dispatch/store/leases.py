@@ -100,7 +100,8 @@ def jobs_finish_many_if_leased(
                         [lease.job_id for lease, _ in results],
                         [lease.worker_id for lease, _ in results],
                         [lease.epoch for lease, _ in results],
-                        [json.dumps(value) for _, value in results],
+                        # None as SQL NULL, as job_finish_if_leased stores it
+                        [None if value is None else json.dumps(value) for _, value in results],
                     ],
                 )
                 winners = dict(cursor.fetchall())

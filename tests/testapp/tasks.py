@@ -144,6 +144,11 @@ def returns_object():
     return object()
 
 
+@task(max_attempts=3)
+def returns_nul():
+    return {"text": "before \x00 after"}
+
+
 @task(max_attempts=2)
 def raises_system_exit():
     raise SystemExit(3)
