@@ -117,6 +117,24 @@ def test_a_cancelled_task_that_ignores_the_cancel_is_killed(start_worker):
     assert worker.wait(30) == 0, worker.output()
 
 
+def test_a_stop_signal_during_a_recycle_is_not_lost(start_worker):
+    """SIGTERM between the decision to recycle and the successor's handlers:
+    held across execve, the successor settles the handover, then stops."""
+    zombie = tasks.ignores_timeout.enqueue("zombie-stop")
+    worker = start_worker("--concurrency", "2", overrides=OVERRIDES)
+    wait_until(lambda: "after it was asked to stop (timed out)" in worker.output(), timeout=30)
+    worker.signal(signal.SIGTERM)
+    assert worker.wait(30) == 0, worker.output()
+    log = worker.output()
+    assert "recycling the worker process" in log, log
+    job = Job.objects.get(pk=zombie.id)
+    # Settled by the successor (not left to expire as a lost worker), and the
+    # successor claimed nothing: the retry waits for another worker.
+    assert [e["exception_class_path"] for e in job.errors] == [TIMEOUT], log
+    assert job.state == JobState.PENDING and job.worker_lost_count == 0
+    assert not SideEffect.objects.filter(key="zombie-stop", note="attempt 2").exists()
+
+
 def test_a_child_of_the_supervisor_recycles_in_place(start_worker):
     zombie = tasks.ignores_timeout.enqueue("child-zombie")
     supervisor = start_worker("--processes", "2", "--concurrency", "1", overrides=OVERRIDES)

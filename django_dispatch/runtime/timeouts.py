@@ -60,6 +60,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import signal
 import sys
 import time
 from collections.abc import Iterable
@@ -152,6 +153,7 @@ class Handover:
     worker_id: str
     child: int | None = None  # the process's index under --processes
     claimed: int = 0  # jobs claimed so far (for --max-jobs)
+    stop: bool = False  # a stop signal arrived: the successor settles, then stops
     timed_out: list[Entry] = field(default_factory=list)
     stopped: list[Entry] = field(default_factory=list)  # cancelled or lost
     released: list[Entry] = field(default_factory=list)  # handed back
@@ -162,6 +164,7 @@ class Handover:
                 "worker_id": self.worker_id,
                 "child": self.child,
                 "claimed": self.claimed,
+                "stop": self.stop,
                 "timed_out": self.timed_out,
                 "stopped": self.stopped,
                 "released": self.released,
@@ -180,6 +183,7 @@ class Handover:
             worker_id=data["worker_id"],
             child=data.get("child"),
             claimed=int(data.get("claimed", 0)),
+            stop=bool(data.get("stop", False)),
             timed_out=entries("timed_out"),
             stopped=entries("stopped"),
             released=entries("released"),
@@ -201,13 +205,36 @@ class Handover:
         return len(self.timed_out) + len(self.stopped) + len(self.released)
 
 
+#: Where ``rundispatch`` started: its command line may name a script
+#: relative to it, and a task may have changed directory since.
+START_DIRECTORY = os.getcwd()
+STOP_SIGNALS = {signal.SIGTERM, signal.SIGINT}
+
+
+def hold_stop_signals() -> None:
+    """Keep SIGTERM/SIGINT pending (not lost, not fatal) across ``execve``.
+
+    The signal mask and pending signals survive ``execve``; the successor
+    releases them with ``release_stop_signals`` once its handlers are in
+    place, so a stop request made during the recycle reaches it.
+    """
+    signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
+
+
+def release_stop_signals() -> None:
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, STOP_SIGNALS)
+
+
 def exec_successor(handover: Handover) -> NoReturn:
     """Replace this process by a fresh run of the same command line (same PID).
 
     Every other thread of the process ends here, task code included. The
-    successor reads ``handover`` from its environment and settles it.
+    successor reads ``handover`` from its environment and settles it. Call
+    ``hold_stop_signals`` first (and read whether a stop was requested after
+    it), so that no stop request falls between the two programs.
     """
     env = {**os.environ, HANDOVER_ENV: handover.dumps()}
+    os.chdir(START_DIRECTORY)
     argv = [sys.executable, *sys.orig_argv[1:]]
     logger.warning(
         "recycling the worker process (pid %s) to end task code that did not stop; "

@@ -303,14 +303,22 @@ class Worker:
         if not first:
             logger.warning("second %s: handing back running jobs now", signal.Signals(signum).name)
             self.force_stop = True
+            self.wakeup.set()
         else:
-            logger.info(
-                "%s: no new claims; waiting up to %s s for running jobs",
-                signal.Signals(signum).name,
-                self.options.shutdown_timeout,
-            )
-            self.stopping = True
-            self.stop_deadline = now + self.options.shutdown_timeout
+            self.request_stop(signal.Signals(signum).name)
+
+    def request_stop(self, why: str) -> None:
+        """Stop claiming; let running jobs finish within the shutdown timeout."""
+        now = time.monotonic()
+        if self.signalled_at is None:
+            self.signalled_at = now
+        logger.info(
+            "%s: no new claims; waiting up to %s s for running jobs",
+            why,
+            self.options.shutdown_timeout,
+        )
+        self.stopping = True
+        self.stop_deadline = now + self.options.shutdown_timeout
         self.wakeup.set()
 
     def run(self) -> int:

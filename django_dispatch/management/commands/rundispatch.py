@@ -109,9 +109,15 @@ class Command(BaseCommand):
                 )
             )
             worker.install_signal_handlers()
+            # Stop signals held across a predecessor's recycle arrive now.
+            timeouts.release_stop_signals()
+            if predecessor is not None and predecessor.stop:
+                worker.request_stop("a stop signal during the recycle")
             code = worker.run()
             if worker.handover is not None:
+                timeouts.hold_stop_signals()  # from here on, a stop request waits
                 worker.handover.child = index
+                worker.handover.stop = worker.signalled_at is not None
                 timeouts.exec_successor(worker.handover)  # does not return
             return code
 
