@@ -53,7 +53,9 @@ def test_a_task_over_its_timeout_is_killed_and_its_retry_never_overlaps_it(start
     after = tasks.record_many.using(partition_key="acct:1").enqueue("after-zombie")
     release = tmp_path / "release"
     sibling = tasks.wait_for_file.enqueue("sibling", str(release))
-    worker = start_worker("--concurrency", "3", overrides=OVERRIDES)
+    # The sibling gets the shutdown timeout to finish before the recycle; it
+    # does not (the file appears later), so it is handed back.
+    worker = start_worker("--concurrency", "3", "--shutdown-timeout", "1", overrides=OVERRIDES)
 
     wait_until(_succeeded(tasks.ignores_timeout, zombie.id), what="the retry to succeed")
     wait_until(_succeeded(tasks.record_many, after.id), what="the next job of the partition")
@@ -90,6 +92,26 @@ def test_a_task_over_its_timeout_is_killed_and_its_retry_never_overlaps_it(start
     assert SideEffect.objects.filter(key="sibling", note="start").count() == 2
     assert SideEffect.objects.filter(key="sibling", note="end").count() == 1
 
+    worker.signal(signal.SIGTERM)
+    assert worker.wait(30) == 0, worker.output()
+
+
+def test_jobs_beside_a_stuck_one_finish_before_the_recycle(start_worker, tmp_path):
+    """A recycle must not cost the other jobs their work: they finish first."""
+    zombie = tasks.ignores_timeout.enqueue("zombie-beside")
+    release = tmp_path / "release"
+    sibling = tasks.wait_for_file.enqueue("beside", str(release))
+    worker = start_worker("--concurrency", "2", overrides=OVERRIDES)
+    wait_until(lambda: "after it was asked to stop (timed out)" in worker.output(), timeout=30)
+    release.touch()  # the sibling finishes while the recycle waits for it
+
+    wait_until(_succeeded(tasks.ignores_timeout, zombie.id), what="the retry to succeed")
+    assert tasks.wait_for_file.get_result(sibling.id).status == TaskResultStatus.SUCCESSFUL
+    assert tasks.wait_for_file.get_result(sibling.id).attempts == 1
+    assert SideEffect.objects.filter(key="beside", note="start").count() == 1
+    (end,) = SideEffect.objects.filter(key="beside", note="end")
+    (retry_row,) = SideEffect.objects.filter(key="zombie-beside", note="attempt 2")
+    assert end.id < retry_row.id  # finished before the process was recycled
     worker.signal(signal.SIGTERM)
     assert worker.wait(30) == 0, worker.output()
 

@@ -14,10 +14,11 @@ job thread records the outcome itself: ``TaskTimeout`` (retry or fail) for a
 timed-out attempt, the release of a cancelled job.
 
 If it does not, a Python thread cannot be killed, so ``rundispatch``
-**recycles its process**: it stops claiming, writes the successes already
-returned, renews every lease it holds once more, lists each running job in a
-``Handover`` and re-executes its own command line with ``os.execve`` (the
-same PID, so systemd and the ``--processes`` supervisor keep their worker).
+**recycles its process**: it stops claiming, lets the other jobs finish
+(up to the shutdown timeout), writes the successes already returned, renews
+every lease it holds once more, lists each running job in a ``Handover``
+and re-executes its own command line with ``os.execve`` (the same PID, so
+systemd and the ``--processes`` supervisor keep their worker).
 ``execve`` ends every thread of the process, the zombie's included, before
 the new program starts. Only then does the new process (the *successor*),
 before it claims anything, settle the handover through the lease fence:
@@ -396,7 +397,7 @@ class Overseer:
                 over.timeout,
                 grace,
             )
-        if not late:
+        if not late or worker.recycling:  # already waiting to recycle
             return
         if recycle:
             for running, over in late:

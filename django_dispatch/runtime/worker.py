@@ -166,6 +166,7 @@ class Worker:
         #: Set once a job ignored its stop request past the grace period: the
         #: loop ends and ``handover`` lists the jobs for the successor process.
         self.recycling = False
+        self.recycle_deadline = 0.0  # monotonic; see _ready_to_recycle
         self.handover: timeouts.Handover | None = None
         if options.predecessor is not None:
             self.claimed_total = options.predecessor.claimed
@@ -389,7 +390,7 @@ class Worker:
                 if duty.due(now):
                     self._guard(duty.run)
             self.overseer.check(now)
-            if self.recycling:
+            if self.recycling and self._ready_to_recycle(now):
                 break
 
             if self.stopping:
@@ -499,10 +500,24 @@ class Worker:
         store.worker_touch(self.options.worker_id, running_jobs=len(leases), db=self.db)
 
     def recycle(self) -> None:
-        """Stop claiming and leave the loop; ``run()`` then prepares the handover."""
+        """Stop claiming; once the other jobs are done, ``run()`` prepares the handover."""
+        if not self.recycling:
+            self.recycle_deadline = time.monotonic() + self.options.shutdown_timeout
         self.recycling = True
         self.stopping = True
         self.wakeup.set()
+
+    def _ready_to_recycle(self, now: float) -> bool:
+        """Whether the jobs running beside the stuck one are done, or may wait no longer.
+
+        Re-executing the process ends them too: they get up to the shutdown
+        timeout to finish first, so that a task that keeps ignoring its
+        timeout cannot make the jobs beside it start over again and again.
+        Those still running then are handed back (no attempt spent).
+        """
+        with self.lock:
+            others = [job_id for job_id in self.running if job_id not in self.overseer.overtime]
+        return not others or self.force_stop or now >= self.recycle_deadline
 
     def _handover(self) -> timeouts.Handover:
         """List every job still held, for the process that will replace this one.
