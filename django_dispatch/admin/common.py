@@ -79,6 +79,34 @@ class RecentValuesFilter(admin.AllValuesFieldListFilter):
         )
 
 
+class ReadOnlyRows:
+    """For rows only the store writes (jobs, dead letters, workers): no add or change page."""
+
+    def has_add_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+
+class DeleteThroughAction:
+    """Deleting only through the model's own action, which calls a service.
+
+    Django's per-object delete page and its generic "delete selected" action
+    would delete rows directly, bypassing the service's rules (keep live
+    jobs, keep cron entries still in settings): both are taken away; the
+    delete permission still governs the model's own action.
+    """
+
+    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return obj is None and super().has_delete_permission(request)  # type: ignore[misc]
+
+    def get_actions(self, request, action_location=admin.ActionLocation.CHANGE_LIST):
+        actions = super().get_actions(request, action_location=action_location)  # type: ignore[misc]
+        actions.pop("delete_selected", None)
+        return actions
+
+
 def selected_ids(queryset: QuerySet[Any]) -> Iterator[int]:
     """The primary keys of an action's selection, streamed (it may be "select all")."""
     return queryset.order_by("pk").values_list("pk", flat=True).iterator()

@@ -22,7 +22,7 @@ from django.utils.html import format_html, format_html_join
 
 from .. import cron, services
 from ..models import CronEntry, Job
-from .common import change_url, selected_ids
+from .common import DeleteThroughAction, change_url, selected_ids
 from .forms import CronEntryForm
 
 logger = logging.getLogger("django_dispatch.admin")
@@ -60,7 +60,7 @@ DEFINITION_FIELDS = set(CronEntryForm.Meta.fields) - {"enabled"}
 
 
 @admin.register(CronEntry)
-class CronEntryAdmin(admin.ModelAdmin):
+class CronEntryAdmin(DeleteThroughAction, admin.ModelAdmin):
     form = CronEntryForm
     list_display = [
         "name",
@@ -76,16 +76,6 @@ class CronEntryAdmin(admin.ModelAdmin):
     search_fields = ["name", "task_path"]
     change_form_template = "django_dispatch/admin/cronentry_change_form.html"
     actions = ["enable_entries", "disable_entries", "run_now", "delete_entries"]
-
-    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        # Deleting goes through the "Delete" action (services.delete_cron_entries),
-        # which keeps the entries still defined in settings.
-        return obj is None and super().has_delete_permission(request)
-
-    def get_actions(self, request, action_location=admin.ActionLocation.CHANGE_LIST):
-        actions = super().get_actions(request, action_location=action_location)
-        actions.pop("delete_selected", None)  # replaced by delete_entries
-        return actions
 
     def get_fieldsets(self, request: HttpRequest, obj: Any = None):
         if obj is None:

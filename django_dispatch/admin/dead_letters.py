@@ -28,6 +28,8 @@ from ..models import DeadLetter, Job
 from .common import (
     CHANGE_LIST_TEMPLATE,
     CappedPaginator,
+    DeleteThroughAction,
+    ReadOnlyRows,
     RecentValuesFilter,
     change_url,
     has_perm,
@@ -65,7 +67,7 @@ def replay_one(request: HttpRequest, dead_letter_id: int, **corrections: Any) ->
 
 
 @admin.register(DeadLetter)
-class DeadLetterAdmin(admin.ModelAdmin):
+class DeadLetterAdmin(ReadOnlyRows, DeleteThroughAction, admin.ModelAdmin):
     list_display = [
         "id",
         "task_path",
@@ -139,23 +141,8 @@ class DeadLetterAdmin(admin.ModelAdmin):
 
     # --- permissions ------------------------------------------------------------
 
-    def has_add_permission(self, request: HttpRequest) -> bool:
-        return False
-
-    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return False
-
-    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        # Deleting goes through the "Delete" action (services.delete_dead_letters).
-        return obj is None and super().has_delete_permission(request)
-
     def has_replay_permission(self, request: HttpRequest) -> bool:
         return has_perm(request, "replay_deadletter")
-
-    def get_actions(self, request, action_location=admin.ActionLocation.CHANGE_LIST):
-        actions = super().get_actions(request, action_location=action_location)
-        actions.pop("delete_selected", None)  # replaced by delete_entries
-        return actions
 
     # --- search: the arguments are JSON, searched as their text -------------------
 

@@ -23,6 +23,8 @@ from ..states import JobState
 from .common import (
     CHANGE_LIST_TEMPLATE,
     CappedPaginator,
+    DeleteThroughAction,
+    ReadOnlyRows,
     RecentValuesFilter,
     change_url,
     has_perm,
@@ -41,7 +43,7 @@ BOTH = [admin.ActionLocation.CHANGE_LIST, admin.ActionLocation.CHANGE_FORM]
 
 
 @admin.register(Job)
-class JobAdmin(admin.ModelAdmin):
+class JobAdmin(ReadOnlyRows, DeleteThroughAction, admin.ModelAdmin):
     list_display = [
         "id",
         "state",
@@ -127,27 +129,11 @@ class JobAdmin(admin.ModelAdmin):
 
     # --- permissions: read-only rows; state changes only through actions ----
 
-    def has_add_permission(self, request: HttpRequest) -> bool:
-        return False
-
-    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return False
-
-    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        # The per-object delete page would delete a live job; only the
-        # "Delete finished" action (which skips live jobs) deletes.
-        return obj is None and super().has_delete_permission(request)
-
     def has_cancel_permission(self, request: HttpRequest) -> bool:
         return has_perm(request, "cancel_job")
 
     def has_retry_permission(self, request: HttpRequest) -> bool:
         return has_perm(request, "retry_job")
-
-    def get_actions(self, request, action_location=admin.ActionLocation.CHANGE_LIST):
-        actions = super().get_actions(request, action_location=action_location)
-        actions.pop("delete_selected", None)  # replaced by delete_finished_jobs
-        return actions
 
     # --- detail page ----------------------------------------------------------
 

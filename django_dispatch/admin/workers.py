@@ -12,10 +12,11 @@ from django.contrib import admin
 from django.http import HttpRequest
 
 from ..models import Worker
+from .common import ReadOnlyRows
 
 
 @admin.register(Worker)
-class WorkerAdmin(admin.ModelAdmin):
+class WorkerAdmin(ReadOnlyRows, admin.ModelAdmin):
     list_display = [
         "id",
         "hostname",
@@ -28,12 +29,6 @@ class WorkerAdmin(admin.ModelAdmin):
     ]
     search_fields = ["id", "hostname"]
     actions = None
-
-    def has_add_permission(self, request: HttpRequest) -> bool:
-        return False
-
-    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return False
 
     def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
         return False
