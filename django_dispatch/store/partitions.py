@@ -22,7 +22,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 from django.db import connections
-from django.db.models import Q, Subquery
+from django.db.models import Q
 
 from ..models import Job
 from ..states import JobState
@@ -91,6 +91,31 @@ def lock_blockers(db: str, blocker_ids: Iterable[int]) -> set[int]:
     )
 
 
+#: The one promotion: each listed key's oldest live job, if blocked, becomes
+#: pending. ``{keys}`` is a table of keys in a column ``partition_key``. Plain
+#: SQL because the ORM cannot join a list of values to a correlated subquery;
+#: PostgreSQL and SQLite alike.
+_PROMOTE_SQL = """
+UPDATE django_dispatch_job SET state = 'pending'
+WHERE state = 'blocked' AND id IN (
+    SELECT (SELECT j.id FROM django_dispatch_job j
+             WHERE j.partition_key = k.partition_key
+               AND j.state IN ('pending', 'blocked', 'running')
+             ORDER BY j.id LIMIT 1)
+    FROM ({keys}) AS k
+)
+"""
+
+
+def _promote(db: str, keys_sql: str, params: list[str]) -> int:
+    with connections[db].cursor() as cursor:
+        cursor.execute(_PROMOTE_SQL.format(keys=keys_sql), params)
+        promoted = cursor.rowcount
+    if promoted:
+        notify(db)
+    return promoted
+
+
 def partition_promote(db: str, key: str) -> bool:
     """Make ``key``'s oldest live job pending if it is blocked.
 
@@ -98,35 +123,7 @@ def partition_promote(db: str, key: str) -> bool:
     key: a head finishing, failing for good or being cancelled, and a
     cancelled job's worker letting go.
     """
-    head = (
-        Job.objects.using(db)
-        .filter(partition_key=key, state__in=[JobState.PENDING, JobState.BLOCKED, JobState.RUNNING])
-        .order_by("id")
-        .values("id")[:1]
-    )
-    promoted = (
-        Job.objects.using(db)
-        .filter(id=Subquery(head), state=JobState.BLOCKED)
-        .update(state=JobState.PENDING)
-    )
-    if promoted:
-        notify(db)
-    return bool(promoted)
-
-
-#: ``partition_promote`` for many keys in one statement: each key's oldest
-#: live job, if blocked, becomes pending. Plain SQL because the ORM cannot
-#: join a list of values to a correlated subquery; PostgreSQL and SQLite alike.
-_PROMOTE_MANY_SQL = """
-UPDATE django_dispatch_job SET state = 'pending'
-WHERE state = 'blocked' AND id IN (
-    SELECT (SELECT j.id FROM django_dispatch_job j
-             WHERE j.partition_key = k.column1
-               AND j.state IN ('pending', 'blocked', 'running')
-             ORDER BY j.id LIMIT 1)
-    FROM (VALUES {values}) AS k
-)
-"""
+    return partitions_promote(db, [key]) > 0
 
 
 def partitions_promote(db: str, keys: Iterable[str]) -> int:
@@ -138,28 +135,8 @@ def partitions_promote(db: str, keys: Iterable[str]) -> int:
     keys = sorted(set(keys))
     if not keys:
         return 0
-    sql = _PROMOTE_MANY_SQL.format(values=", ".join(["(%s)"] * len(keys)))
-    with connections[db].cursor() as cursor:
-        cursor.execute(sql, keys)
-        promoted = cursor.rowcount
-    if promoted:
-        notify(db)
-    return promoted
-
-
-#: Every key whose oldest live job is blocked: nothing ahead of it can ever
-#: promote it. See ``partitions_promote_stalled``.
-_PROMOTE_STALLED_SQL = """
-UPDATE django_dispatch_job SET state = 'pending'
-WHERE state = 'blocked' AND id IN (
-    SELECT (SELECT j.id FROM django_dispatch_job j
-             WHERE j.partition_key = k.partition_key
-               AND j.state IN ('pending', 'blocked', 'running')
-             ORDER BY j.id LIMIT 1)
-    FROM (SELECT DISTINCT partition_key FROM django_dispatch_job
-          WHERE state = 'blocked') AS k
-)
-"""
+    values = " UNION ALL ".join(["SELECT %s AS partition_key"] * len(keys))
+    return _promote(db, values, keys)
 
 
 def partitions_promote_stalled(db: str) -> int:
@@ -173,9 +150,5 @@ def partitions_promote_stalled(db: str) -> int:
     Such a key would otherwise wait forever. Promoting too much is harmless:
     the claim checks again that a job is runnable before it runs it.
     """
-    with connections[db].cursor() as cursor:
-        cursor.execute(_PROMOTE_STALLED_SQL)
-        promoted = cursor.rowcount
-    if promoted:
-        notify(db)
-    return promoted
+    keys = "SELECT DISTINCT partition_key FROM django_dispatch_job WHERE state = 'blocked'"
+    return _promote(db, keys, [])
