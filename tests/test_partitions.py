@@ -173,7 +173,12 @@ def test_deep_backlogs_leave_the_claim_index():
 
 @pytest.mark.slow
 def test_fifo_per_key_across_processes_with_unkeyed_flowing(start_worker):
-    keys, per_key = 50, 40
+    # Fewer keys than the 8 slots of the two workers: at most 6 heads are
+    # runnable at once, so unkeyed jobs must flow beside them throughout. (With
+    # more keys than slots, FIFO by enqueue time rightly runs the older keyed
+    # jobs first, and whether any unkeyed one finished before the last keyed
+    # one was down to timing.)
+    keys, per_key = 6, 40
     calls = [(f"key-{k}", seq) for seq in range(per_key) for k in range(keys)]
     random.Random(7).shuffle(calls)  # interleave keys; per key, enqueue order = seq order
     by_key: dict[str, int] = defaultdict(int)
