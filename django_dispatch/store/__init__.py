@@ -17,7 +17,8 @@ Modules: ``enqueue`` (inserts), ``claim`` (the claim query), ``leases``
 ``maintenance`` (rescue, cancel, retry now), ``dead_letters`` (failures
 kept for replay, retention), ``schedules`` (cron entries), ``leadership``
 (the maintenance lease), ``workers`` (Worker rows), ``handover`` (a
-recycled worker's leases read back by the process that replaced it).
+recycled worker's leases read back by the process that replaced it),
+``interruptions`` (an attempt cut short by the database, run again).
 """
 
 from .base import NOTIFY_CHANNEL, db_alias, db_now, error_entry, notify
@@ -40,6 +41,7 @@ from .dead_letters import (
 )
 from .enqueue import job_insert_idempotent, jobs_insert
 from .handover import job_claimed_if_leased
+from .interruptions import job_interrupt_if_leased
 from .leadership import leadership_acquire, leadership_holder, leadership_release
 from .leases import (
     job_ack_cancelled,
@@ -89,6 +91,7 @@ __all__ = [
     "job_fail_if_leased",
     "job_finish_if_leased",
     "job_insert_idempotent",
+    "job_interrupt_if_leased",
     "job_progress_if_leased",
     "job_release_if_leased",
     "jobs_claim",
