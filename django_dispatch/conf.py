@@ -36,6 +36,11 @@ class DispatchSettings:
     #: How many times a job may lose its worker (SIGKILL, OOM, segfault)
     #: before it is failed as "worker lost" instead of run again.
     MAX_WORKER_LOST: int = 3
+    #: Run a job again, without spending an attempt, when its database
+    #: connection broke under its task code (restart, failover, PgBouncer
+    #: restart); counted against MAX_WORKER_LOST instead. False: such a
+    #: failure is an ordinary exception under the task's retry policy.
+    RETRY_ON_CONNECTION_LOSS: bool = True
     #: Default worker threads per process (``--concurrency``).
     CONCURRENCY: int = 4
     #: Default grace period on SIGTERM (``--shutdown-timeout``).
