@@ -15,6 +15,7 @@ from django.tasks.signals import task_finished
 
 from .. import store
 from ..backend import DispatchBackend, send_robust
+from .connections import recover_after_error
 from .executor import Outcome
 
 logger = logging.getLogger("django_dispatch.worker")
@@ -27,6 +28,14 @@ def _write(claimed: store.ClaimedJob, outcome: Outcome) -> bool:
     if outcome.kind == "discarded":
         store.job_ack_cancelled(lease, partition_key=key)
         return False
+    if outcome.kind == "interrupted":
+        assert outcome.retry_in is not None
+        return store.job_interrupt_if_leased(lease, outcome.errors, retry_in=outcome.retry_in)
+    if outcome.kind == "released":
+        row = claimed.row
+        return store.job_release_if_leased(
+            lease, attempts=row["attempts"] - 1, worker_ids=row["worker_ids"][:-1]
+        )
     return store.job_fail_if_leased(lease, outcome.errors, outcome.retry_in, partition_key=key)
 
 
@@ -56,8 +65,7 @@ def persist(
             logger.warning(
                 "job %s: recording outcome failed; retrying", lease.job_id, exc_info=True
             )
-            for conn in connections.all(initialized_only=True):
-                conn.close_if_unusable_or_obsolete()
+            recover_after_error()
             time.sleep(pause)
             pause = min(pause * 2, 2.0)
     if outcome.kind == "discarded":
@@ -66,6 +74,16 @@ def persist(
     if not won:
         log_lost(lease, outcome)
         return False
+    if outcome.kind in ("interrupted", "released"):
+        logger.warning(
+            "job %s: %s; back in the queue without spending an attempt",
+            lease.job_id,
+            "its database connection broke under the task code (run again in "
+            f"{outcome.retry_in:g} s)"
+            if outcome.kind == "interrupted"
+            else "the database could not be reached before its task code started",
+        )
+        return True
     if signal:
         signal_finished(outcome)
     return True

@@ -1,9 +1,20 @@
 """Run one claimed job and classify what happened. No database I/O here.
 
 The outcome is one of: succeeded (with a JSON return value), retry (with a
-delay), failed (for good), or discarded (the job was cancelled or lost while
-it ran, so whatever it produced must not be written). Persisting the outcome
-is the completer's job.
+delay), failed (for good), discarded (the job was cancelled or lost while
+it ran, so whatever it produced must not be written), interrupted (the
+database connection broke under the task code: run again, counted as a lost
+worker, see ``store.interruptions``) or released (task code never started:
+hand the job back as if it had not been claimed). Persisting the outcome is
+the completer's job.
+
+Where the line is for database faults: before the task function is called
+(connection checks, task resolution), a fault costs the job nothing, it is
+*released*. Once task code has run it may have had side effects, so a second
+run is an at-least-once re-execution; it is still the default
+(``DISPATCH["RETRY_ON_CONNECTION_LOSS"]``), because the alternative loses the
+job to a fault that was not its own, and tasks must be idempotent anyway
+(any worker crash re-runs them).
 """
 
 from __future__ import annotations
@@ -18,6 +29,7 @@ from inspect import iscoroutinefunction
 from typing import Any, Literal
 
 from asgiref.sync import async_to_sync
+from django.db import DatabaseError, InterfaceError
 from django.tasks import Task, TaskResult, TaskResultStatus
 from django.tasks.base import TaskError
 from django.tasks.exceptions import InvalidTask
@@ -32,15 +44,17 @@ from ..backend import (
     task_for_row,
     to_json,
 )
+from ..conf import get_settings
 from ..context import DispatchTaskContext
 from ..exceptions import JobCancelled, TaskTimeout, UnknownTask
 from ..retry import exponential_backoff, next_delay
 from ..states import JobState
 from ..store import ClaimedJob, error_entry
+from .connections import connection_broke
 
 logger = logging.getLogger("django_dispatch.worker")
 
-Kind = Literal["succeeded", "retry", "failed", "discarded"]
+Kind = Literal["succeeded", "retry", "failed", "discarded", "interrupted", "released"]
 
 
 @dataclass
@@ -151,6 +165,42 @@ def classify_failure(
     )
 
 
+def _lost_its_connection(exception: BaseException) -> bool:
+    """Whether the attempt failed because the database went away under it.
+
+    A database error somewhere in the exception's chain (the task may have
+    wrapped it) *and* a connection of this thread that is now broken: an
+    error the task's own SQL caused leaves its connection working.
+    """
+    seen: set[int] = set()
+    error: BaseException | None = exception
+    while error is not None and id(error) not in seen:
+        if isinstance(error, DatabaseError | InterfaceError):
+            return connection_broke()
+        seen.add(id(error))
+        error = error.__cause__ or error.__context__
+    return False
+
+
+def classify_interruption(claimed: ClaimedJob, exception: BaseException, *, task: Task) -> Outcome:
+    """Run again without spending an attempt, unless the lost-worker budget is spent."""
+    cfg = get_settings()
+    row = claimed.row
+    lost = row["worker_lost_count"] + 1
+    if not cfg.RETRY_ON_CONNECTION_LOSS or lost >= cfg.MAX_WORKER_LOST:
+        # Off: an ordinary exception under the task's retry policy. Budget spent:
+        # this job probably breaks its own connection; fail it for good.
+        return classify_failure(
+            claimed, exception, task=task, retryable=not cfg.RETRY_ON_CONNECTION_LOSS
+        )
+    return Outcome(
+        kind="interrupted",
+        exception=exception,
+        errors=[*row["errors"], _error_for(exception)],
+        retry_in=min(30.0, 0.5 * 2**lost),
+    )
+
+
 def execute(claimed: ClaimedJob, running: RunningJob) -> Outcome:
     """Run the job's task function once and classify the result."""
     row = claimed.row
@@ -190,6 +240,8 @@ def execute(claimed: ClaimedJob, running: RunningJob) -> Outcome:
             return Outcome(kind="discarded", exception=e, task_result=result)
         return classify_failure(claimed, e, task=task)  # raised on its own: an error
     except BaseException as e:  # SystemExit from a task fails the job, not the thread
+        if _lost_its_connection(e):
+            return classify_interruption(claimed, e, task=task)
         return classify_failure(claimed, e, task=task)
     if running.cancel_event.is_set() or running.abandoned:
         return Outcome(kind="discarded", task_result=result)

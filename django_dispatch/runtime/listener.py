@@ -15,6 +15,7 @@ from typing import Any
 import psycopg
 
 from ..store import NOTIFY_CHANNEL
+from .connections import database_went_away
 
 logger = logging.getLogger("django_dispatch.worker")
 
@@ -56,6 +57,7 @@ class Listener(threading.Thread):
                 if self.stopping.is_set():
                     break
                 logger.warning("LISTEN connection lost; polling until it is back", exc_info=True)
+                database_went_away()  # the job threads' connections may be broken too
             self.connected.clear()
             self.stopping.wait(pause)
             pause = min(pause * 2, 5.0)

@@ -33,6 +33,7 @@ from django.db import DatabaseError, InterfaceError, connections, transaction
 from .. import store
 from ..conf import DispatchSettings, get_settings
 from . import completer, executor, scheduler, timeouts
+from .connections import ThreadConnections, database_went_away
 from .listener import Listener, listener_params
 from .maintenance import Maintenance
 
@@ -123,13 +124,14 @@ class JobThreads:
 
     def _loop(self) -> None:
         me = threading.current_thread()
+        conns = ThreadConnections()
         try:
             while me not in self.retired:
                 running = self.inbox.get()
                 if running is None:
                     return
                 try:
-                    self.worker.run_job(running)
+                    self.worker.run_job(running, conns)
                 except BaseException:  # never lose a job thread silently
                     logger.exception("job thread crashed; it carries on")
         finally:
@@ -173,14 +175,28 @@ class Worker:
 
     # --- job threads ---------------------------------------------------------
 
-    def run_job(self, running: executor.RunningJob) -> None:
-        """Executed on a job thread: run, persist, free the slot."""
+    def run_job(self, running: executor.RunningJob, conns: ThreadConnections) -> None:
+        """Executed on a job thread: check the connection, run, persist, free the slot."""
         job_id = running.claimed.id
         with self.lock:
             if running.abandoned:  # handed back before a thread picked it up
                 return
             self.threads_by_job[job_id] = threading.current_thread()
+        outcome: executor.Outcome | None = None
         try:
+            try:
+                conns.ready_for_task(self.db)
+            except (DatabaseError, InterfaceError):
+                # The database is unreachable and task code has not started:
+                # the job goes back as if never claimed (written once the
+                # database answers, or reclaimed if it never does).
+                logger.warning("job %s: database unreachable before it started", job_id)
+                database_went_away()
+                outcome = executor.Outcome(kind="released")
+                completer.persist(
+                    running.claimed, outcome, give_up_after=self.settings.LEASE_SECONDS
+                )
+                return
             self.overseer.started(running)
             outcome = executor.execute(running.claimed, running)
             overtime = self.overseer.returned(running)
@@ -202,7 +218,10 @@ class Worker:
             outcome = executor.classify_failure(running.claimed, e, task=None, retryable=False)
             self._guard(lambda: completer.persist(running.claimed, outcome, give_up_after=1))
         finally:
+            if outcome is not None and outcome.kind == "interrupted":
+                database_went_away()  # the other threads' connections may be broken too
             self._reset_connections()
+            conns.done()
             with self.lock:
                 if self.running.get(job_id) is running:
                     del self.running[job_id]
@@ -447,6 +466,7 @@ class Worker:
             return step()
         except (DatabaseError, InterfaceError):
             logger.warning("database error in the worker loop; will retry", exc_info=True)
+            database_went_away()  # job threads check their connections before their next job
             for conn in connections.all(initialized_only=True):
                 conn.close()
             time.sleep(min(1.0, self.settings.POLL_INTERVAL))

@@ -1,0 +1,118 @@
+"""Database connections of a worker: a connection a fault broke never reaches task code.
+
+A job thread keeps its connection from one job to the next (a connect per job
+would cost more than a no-op job). A connection can break while it sits idle:
+the server restarted or failed over, PgBouncer restarted, a firewall dropped
+an idle socket. The client learns it only at its next query, and without the
+check below that query is the task's own: the attempt fails with
+``OperationalError`` through no fault of the job.
+
+So before each attempt a job thread checks its connections when there is a
+reason to doubt them, as Django does for a request with
+``CONN_HEALTH_CHECKS``, but without a round trip per job on a busy worker:
+
+- the thread was idle longer than ``IDLE_CHECK_SECONDS`` (a busy thread's
+  connection was used successfully an instant ago);
+- an error occurred on the connection;
+- another part of this process saw the database go away since the thread
+  last checked (the *generation*, bumped by the control loop, the listener
+  and the completer whenever a database error reaches them);
+- the database's ``CONN_HEALTH_CHECKS`` is True: the site asked for a check
+  before every unit of work, and pays its round trip.
+
+The check is Django's own ``is_usable()``. A connection that fails it is
+closed and opened again at once, so a database that is still down shows up
+*before* task code, where the job is handed back without spending an attempt
+(see ``worker.Worker.run_job``). ``CONN_MAX_AGE`` is honoured as a maximum
+age between jobs when it is a positive number; ``0`` (Django's default, "close
+after each request") and ``None`` keep the connection, since a worker's unit
+of work is not a request.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+
+from django.db import connections
+from django.db.backends.base.base import BaseDatabaseWrapper
+
+#: A job thread idle longer than this checks its connection before its next job.
+IDLE_CHECK_SECONDS = 1.0
+
+_lock = threading.Lock()
+_generation = 0
+
+
+def generation() -> int:
+    return _generation
+
+
+def database_went_away() -> None:
+    """Record that this process saw the database fail: every job thread rechecks."""
+    global _generation
+    with _lock:
+        _generation += 1
+
+
+def recover_after_error() -> None:
+    """After a database error on this thread: drop its broken connections, warn the others.
+
+    The control loop, the listener and the completer call this, so that one
+    reconnect path serves them all: the next query on this thread opens a new
+    connection, and the job threads check theirs before their next attempt.
+    """
+    database_went_away()
+    for conn in connections.all(initialized_only=True):
+        if conn.connection is not None and not conn.in_atomic_block and not conn.is_usable():
+            conn.close()
+
+
+def connection_broke() -> bool:
+    """Whether a connection of this thread was cut under it (no I/O: psycopg's flag).
+
+    True after the server closed the socket, a failover, ``pg_terminate_backend``:
+    what a restart does to a task's queries, as opposed to an error the task's
+    own SQL caused on a connection that still works.
+    """
+    for conn in connections.all(initialized_only=True):
+        raw = conn.connection
+        if raw is not None and (getattr(raw, "broken", False) or getattr(raw, "closed", False)):
+            return True
+    return False
+
+
+class ThreadConnections:
+    """What one job thread knows about its connections: when they were last proven good."""
+
+    def __init__(self) -> None:
+        self.seen_generation = _generation
+        self.last_used = time.monotonic()
+
+    def ready_for_task(self, db: str) -> None:
+        """Make this thread's connections usable before task code runs.
+
+        Raises ``DatabaseError`` when the database cannot be reached: the
+        caller hands the job back, no attempt spent.
+        """
+        now = time.monotonic()
+        doubt = self.seen_generation != _generation or now - self.last_used > IDLE_CHECK_SECONDS
+        for conn in connections.all(initialized_only=True):
+            if conn.connection is not None and _should_check(conn, doubt, now):
+                if not conn.is_usable():
+                    conn.close()
+                else:
+                    conn.errors_occurred = False
+        connections[db].ensure_connection()
+        self.seen_generation = _generation
+
+    def done(self) -> None:
+        self.last_used = time.monotonic()
+
+
+def _should_check(conn: BaseDatabaseWrapper, doubt: bool, now: float) -> bool:
+    max_age = conn.settings_dict.get("CONN_MAX_AGE")
+    if max_age and conn.close_at is not None and now >= conn.close_at:
+        conn.close()  # too old: ``ensure_connection`` opens a fresh one
+        return False
+    return doubt or conn.errors_occurred or bool(conn.settings_dict.get("CONN_HEALTH_CHECKS"))
