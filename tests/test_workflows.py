@@ -389,9 +389,9 @@ def test_cancelling_a_run_voids_its_running_steps_claim(tmp_path):
 def test_a_stale_attempt_cannot_write_after_its_claim_was_swept():
     run = wfs.counting.start({"key": "stale"})
     items = step(run, "count_items")
-    claimed = wf_store.workflow_task_claim(items.pk, 1, items.job_id)
+    claimed = wf_store.workflow_step_claim(items.pk, 1, items.job_id)
     assert claimed is not None and claimed.attempt == 1
-    assert wf_store.workflow_task_progress(items.pk, claimed.claim_id, 1)
+    assert wf_store.workflow_step_progress(items.pk, claimed.claim_id, 1)
     # The job ends without finishing the step (here: cancelled from the jobs
     # admin), and the step shows no sign of life for a while.
     assert store.job_cancel(items.job_id)
@@ -405,9 +405,9 @@ def test_a_stale_attempt_cannot_write_after_its_claim_was_swept():
     assert items.errors[-1]["exception_class_path"].endswith("StepJobLost")
     # The old attempt wakes up: every write it tries is rejected.
     old = claimed.claim_id
-    assert not wf_store.workflow_task_progress(items.pk, old, 99)
-    assert not wf_store.workflow_task_succeed(items.pk, old, "stale", build_job=build_step_job)
-    assert not wf_store.workflow_task_fail(
+    assert not wf_store.workflow_step_progress(items.pk, old, 99)
+    assert not wf_store.workflow_step_succeed(items.pk, old, "stale", build_job=build_step_job)
+    assert not wf_store.workflow_step_fail(
         items.pk, old, {"message": "x"}, None, build_job=build_step_job
     )
     items.refresh_from_db()
@@ -421,15 +421,15 @@ def test_a_stale_attempt_cannot_write_after_its_claim_was_swept():
 def test_the_rerun_of_a_lost_job_reclaims_its_step_and_fences_the_old_attempt():
     run = wfs.three.start({"key": "reclaim"})
     fetch = step(run, "fetch")
-    first = wf_store.workflow_task_claim(fetch.pk, 1, fetch.job_id)
-    second = wf_store.workflow_task_claim(fetch.pk, 1, fetch.job_id)  # the job's re-run
+    first = wf_store.workflow_step_claim(fetch.pk, 1, fetch.job_id)
+    second = wf_store.workflow_step_claim(fetch.pk, 1, fetch.job_id)  # the job's re-run
     assert first and second and first.claim_id != second.claim_id
-    assert wf_store.workflow_task_claim(fetch.pk, 1, fetch.job_id + 1000) is None  # other job
-    assert wf_store.workflow_task_claim(fetch.pk, 2, fetch.job_id) is None  # other generation
-    assert not wf_store.workflow_task_succeed(
+    assert wf_store.workflow_step_claim(fetch.pk, 1, fetch.job_id + 1000) is None  # other job
+    assert wf_store.workflow_step_claim(fetch.pk, 2, fetch.job_id) is None  # other generation
+    assert not wf_store.workflow_step_succeed(
         fetch.pk, first.claim_id, "old", build_job=build_step_job
     )
-    assert wf_store.workflow_task_succeed(
+    assert wf_store.workflow_step_succeed(
         fetch.pk, second.claim_id, "new", build_job=build_step_job
     )
     fetch.refresh_from_db()

@@ -1,9 +1,10 @@
 """Workflow runs and their steps.
 
 A ``WorkflowRun`` is one execution of a workflow defined in code; each of its
-steps is a ``WorkflowTask`` row, all inserted with the run (a snapshot of the
-definition: name, handler path, order, dependencies, options). A step runs as
-a job of the internal task ``django_dispatch.workflows.tasks.run_step``.
+steps is a row of the ``WorkflowTask`` model (a *step* everywhere else: see
+its docstring for the class name), all inserted with the run (a snapshot of
+the definition: name, handler path, order, dependencies, options). A step
+runs as a job of the internal task ``django_dispatch.workflows.tasks.run_step``.
 
 Invariants kept by the database:
 
@@ -19,6 +20,9 @@ Only ``django_dispatch.store.workflows`` changes ``state``, ``generation``,
 from django.db import models
 from django.db.models import Q
 from django.db.models.functions import Now
+
+#: Width of a run's idempotency key (checked before insert, with a clear error).
+KEY_MAX_LENGTH = 255
 
 
 class RunState(models.TextChoices):
@@ -93,9 +97,10 @@ class WorkflowRun(models.Model):
     output = models.JSONField(null=True, blank=True)
     #: Bumped by every reopen (a compare-and-set); step jobs carry it.
     generation = models.PositiveIntegerField(default=1)
-    idempotency_key = models.CharField(max_length=255, null=True, blank=True)
+    idempotency_key = models.CharField(max_length=KEY_MAX_LENGTH, null=True, blank=True)
     queue_name = models.CharField(max_length=100, default="default")
-    #: The run and step that started this one (child runs only).
+    #: The run and step that started this one (child runs only). ``parent_task``
+    #: points to a step; it keeps the model's name (see ``WorkflowTask``).
     parent_run = models.ForeignKey(
         "self", on_delete=models.CASCADE, null=True, blank=True, related_name="children"
     )
@@ -139,7 +144,16 @@ class WorkflowRun(models.Model):
 
 
 class WorkflowTask(models.Model):
-    """One step of one run."""
+    """One step of one run.
+
+    The unit of work of a workflow is called a *step* throughout the code,
+    the admin ("workflow steps") and the docs. Only this class, its table,
+    its admin URL (``/admin/django_dispatch/workflowtask/``) and the
+    ``WorkflowRun.parent_task`` field keep "task": the model name is part of
+    the public contract (design.md), and renaming it would rename the table,
+    the content type, the permissions and the admin URLs that projects and
+    bookmarks already use.
+    """
 
     id = models.BigAutoField(primary_key=True)
     run = models.ForeignKey(WorkflowRun, on_delete=models.CASCADE, related_name="steps")
@@ -184,6 +198,8 @@ class WorkflowTask(models.Model):
 
     class Meta:
         app_label = "django_dispatch"
+        verbose_name = "workflow step"
+        verbose_name_plural = "workflow steps"
         ordering = ["run_id", "sequence"]
         indexes = [
             # The autoscaling metric: the oldest runnable step.

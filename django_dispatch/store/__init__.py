@@ -18,7 +18,8 @@ Modules: ``enqueue`` (inserts), ``claim`` (the claim query), ``leases``
 kept for replay, retention), ``schedules`` (cron entries), ``leadership``
 (the maintenance lease), ``workers`` (Worker rows), ``handover`` (a
 recycled worker's leases read back by the process that replaced it),
-``interruptions`` (an attempt cut short by the database, run again).
+``interruptions`` (an attempt cut short by the database, run again),
+``workflows`` (workflow runs and steps: a package of its own).
 """
 
 from .base import NOTIFY_CHANNEL, db_alias, db_now, error_entry, notify
@@ -63,13 +64,31 @@ from .schedules import (
     cron_sync_from_settings,
 )
 from .workers import worker_deregister, worker_register, worker_touch, workers_delete_stale
+from .workflows import (
+    ClaimedStep,
+    StepSpec,
+    step_jobs_retry_now,
+    sweep_stale_steps,
+    workflow_run_cancel,
+    workflow_run_insert,
+    workflow_run_reopen,
+    workflow_run_unpark,
+    workflow_step_claim,
+    workflow_step_fail,
+    workflow_step_progress,
+    workflow_step_skip,
+    workflow_step_succeed,
+    workflow_step_wait_child,
+)
 
 __all__ = [
     "CLAIM_FIELDS",
     "NOTIFY_CHANNEL",
     "WORKER_LOST_PATH",
     "ClaimedJob",
+    "ClaimedStep",
     "Lease",
+    "StepSpec",
     "claim_candidates",
     "cron_entries_claim_due",
     "cron_entries_delete",
@@ -108,8 +127,20 @@ __all__ = [
     "leadership_release",
     "notify",
     "partitions_promote_stalled",
+    "step_jobs_retry_now",
+    "sweep_stale_steps",
     "worker_deregister",
     "worker_register",
     "worker_touch",
     "workers_delete_stale",
+    "workflow_run_cancel",
+    "workflow_run_insert",
+    "workflow_run_reopen",
+    "workflow_run_unpark",
+    "workflow_step_claim",
+    "workflow_step_fail",
+    "workflow_step_progress",
+    "workflow_step_skip",
+    "workflow_step_succeed",
+    "workflow_step_wait_child",
 ]

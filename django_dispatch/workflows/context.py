@@ -47,7 +47,7 @@ class StepContext:
     outputs: Mapping[str, Any]
     attempt: int
     generation: int
-    task_id: int
+    step_id: int
     claim_id: str
     saved_checkpoint: Any = None
     #: Set when the attempt timed out or lost its claim.
@@ -83,7 +83,7 @@ class StepContext:
         if self.cancelled:
             raise StepLost(self._gone())
         value = to_json(value, "A step checkpoint")
-        if not wf_store.workflow_task_progress(self.task_id, self.claim_id, value):
+        if not wf_store.workflow_step_progress(self.step_id, self.claim_id, value):
             self.stop_event.set()
             raise StepLost(self._gone())
         self.saved_checkpoint = value

@@ -16,10 +16,10 @@ from django.core.exceptions import ImproperlyConfigured
 
 from ..backend import DispatchBackend, to_json
 from ..models import Job, WorkflowRun
+from ..models.workflow import KEY_MAX_LENGTH
 from ..store import workflows as wf_store
 from .context import StartChild, StepContext
-from .definition import StepDef, Workflow, backoff_delay, default_backoff, get_workflow
-from .definition import resolve_step as _resolve
+from .definition import Workflow, backoff_delay, default_backoff, get_workflow, resolve_step
 from .exceptions import UnknownWorkflow, WorkflowDefinitionError
 from .runner import Outcome, error_of, run_attempt
 
@@ -28,10 +28,8 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger("django_dispatch.workflows")
 
-KEY_MAX_LENGTH = 255
 
-
-def build_step_job(task_id: int, generation: int, queue_name: str) -> Job:
+def build_step_job(step_id: int, generation: int, queue_name: str) -> Job:
     """An unsaved job of ``run_step`` for one step, with no job-level retries."""
     from .tasks import run_step
 
@@ -41,7 +39,7 @@ def build_step_job(task_id: int, generation: int, queue_name: str) -> Job:
         raise ImproperlyConfigured(
             "workflows need TASKS['default'] to use django_dispatch.backend.DispatchBackend."
         )
-    job = backend.build_job(task, [task_id, generation], {})
+    job = backend.build_job(task, [step_id, generation], {})
     job.max_attempts = 1  # step attempts are the engine's, not the job's
     return job
 
@@ -85,16 +83,16 @@ def start_run(workflow: Workflow, input: Any, *, idempotency_key: str | None = N
     return run
 
 
-def execute_step(job_context: DispatchTaskContext, task_id: int, generation: int) -> dict[str, Any]:
+def execute_step(job_context: DispatchTaskContext, step_id: int, generation: int) -> dict[str, Any]:
     """Claim the step, run one attempt, record its outcome. Returns a summary for the job.
 
     A job that cannot claim its step (reset, skipped, cancelled, already
     done) does nothing and succeeds: it was superseded.
     """
     job_id = int(job_context.task_result.id)
-    claimed = wf_store.workflow_task_claim(task_id, generation, job_id)
+    claimed = wf_store.workflow_step_claim(step_id, generation, job_id)
     if claimed is None:
-        return {"step": task_id, "outcome": "superseded"}
+        return {"step": step_id, "outcome": "superseded"}
     summary = {"run": claimed.run_id, "step": claimed.name, "attempt": claimed.attempt}
     ctx = StepContext(
         run_id=claimed.run_id,
@@ -103,13 +101,13 @@ def execute_step(job_context: DispatchTaskContext, task_id: int, generation: int
         outputs=claimed.outputs,
         attempt=claimed.attempt,
         generation=claimed.generation,
-        task_id=claimed.task_id,
+        step_id=claimed.step_id,
         claim_id=claimed.claim_id,
         saved_checkpoint=claimed.checkpoint,
         job_cancel_event=job_context.cancel_event,
     )
     try:
-        step = _resolve(claimed.workflow_name, claimed.name, claimed.handler_path)
+        step = resolve_step(claimed.workflow_name, claimed.name, claimed.handler_path)
     except UnknownWorkflow as e:
         outcome = Outcome(kind="failed", exception=e, retryable=False)
     else:
@@ -120,17 +118,17 @@ def execute_step(job_context: DispatchTaskContext, task_id: int, generation: int
 
 def record(claimed: wf_store.ClaimedStep, outcome: Outcome) -> bool:
     """Persist one attempt's outcome, fenced by its claim. False: the claim was void."""
-    task_id, claim_id = claimed.task_id, claimed.claim_id
+    step_id, claim_id = claimed.step_id, claimed.claim_id
     if outcome.kind == "succeeded":
-        won = wf_store.workflow_task_succeed(
-            task_id, claim_id, outcome.value, build_job=build_step_job
+        won = wf_store.workflow_step_succeed(
+            step_id, claim_id, outcome.value, build_job=build_step_job
         )
     elif outcome.kind == "child":
         won = _start_child(claimed, outcome.value)
     elif outcome.kind == "failed":
         assert outcome.exception is not None
-        won = wf_store.workflow_task_fail(
-            task_id,
+        won = wf_store.workflow_step_fail(
+            step_id,
             claim_id,
             error_of(outcome.exception, claimed.attempt),
             _retry_in(claimed, outcome),
@@ -169,15 +167,15 @@ def _start_child(claimed: wf_store.ClaimedStep, request: StartChild) -> bool:
         child = get_workflow(request.workflow_name)
         specs = step_specs(child)
     except (UnknownWorkflow, WorkflowDefinitionError) as e:
-        return wf_store.workflow_task_fail(
-            claimed.task_id,
+        return wf_store.workflow_step_fail(
+            claimed.step_id,
             claimed.claim_id,
             error_of(e, claimed.attempt),
             None,
             build_job=build_step_job,
         )
-    child_id = wf_store.workflow_task_wait_child(
-        claimed.task_id,
+    child_id = wf_store.workflow_step_wait_child(
+        claimed.step_id,
         claimed.claim_id,
         name=child.name,
         input=request.input,
@@ -186,10 +184,6 @@ def _start_child(claimed: wf_store.ClaimedStep, request: StartChild) -> bool:
         build_job=build_step_job,
     )
     return child_id is not None
-
-
-def resolve_step(workflow_name: str, step_name: str, handler_path: str) -> StepDef:
-    return _resolve(workflow_name, step_name, handler_path)
 
 
 def sweep_stale_steps(older_than_seconds: float) -> list[int]:

@@ -20,6 +20,14 @@ class StepLost(JobCancelled):
     skipped or swept): stop; whatever the step returns is discarded."""
 
 
+class StepJobLost(DispatchError):
+    """A step's job ended (failed, cancelled, purged) without finishing the step.
+
+    Recorded on the step by the maintenance sweep, which counts it as a
+    failed attempt; never raised.
+    """
+
+
 class ChildRunCancelled(DispatchError):
     """The child run a step was waiting for was cancelled."""
 

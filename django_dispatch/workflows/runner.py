@@ -46,7 +46,7 @@ class Outcome:
 
 
 def error_of(exception: BaseException, attempt: int) -> dict[str, Any]:
-    """The JSON shape of one failed attempt, as stored in ``WorkflowTask.errors``."""
+    """The JSON shape of one failed attempt, as stored in a step's ``errors``."""
     cls = type(exception)
     return {
         "exception_class_path": f"{cls.__module__}.{cls.__qualname__}",
@@ -121,7 +121,7 @@ def _call_on_thread(func: Callable[[StepContext], Any], ctx: StepContext, timeou
         finally:
             connections.close_all()  # this thread's connections only
 
-    thread = threading.Thread(target=target, name=f"dispatch-step-{ctx.task_id}", daemon=True)
+    thread = threading.Thread(target=target, name=f"dispatch-step-{ctx.step_id}", daemon=True)
     thread.start()
     thread.join(timeout)
     if thread.is_alive():

@@ -33,7 +33,7 @@ def retry_run(run_id: int) -> bool:
 
 def skip_step(run_id: int, step_name: str) -> bool:
     """Skip an unfinished step: dependents go on as if it succeeded with no output."""
-    return wf_store.workflow_task_skip(run_id, step_name, build_job=build_step_job)
+    return wf_store.workflow_step_skip(run_id, step_name, build_job=build_step_job)
 
 
 def stuck_steps(run_id: int) -> list[str]:

@@ -11,6 +11,10 @@ from .engine import execute_step
 
 
 @task(takes_context=True)
-def run_step(context, workflow_task_id: int, generation: int) -> dict:
-    """Run one attempt of workflow step ``workflow_task_id`` (see ``engine.execute_step``)."""
-    return execute_step(context, workflow_task_id, generation)
+def run_step(context, step_id: int, generation: int) -> dict:
+    """Run one attempt of workflow step ``step_id`` (see ``engine.execute_step``).
+
+    Step jobs pass both arguments by position, so jobs enqueued before the
+    parameter was renamed (from ``workflow_task_id``) run unchanged.
+    """
+    return execute_step(context, step_id, generation)

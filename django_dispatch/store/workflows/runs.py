@@ -1,0 +1,266 @@
+"""Run transitions: start, cancel, unpark (retry) and reopen (replay from a step)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
+
+from django.db import IntegrityError, transaction
+from django.db.models import F
+from django.db.models.functions import Now
+
+from ...models import WorkflowRun, WorkflowTask
+from ...models.workflow import (
+    RUN_ACTIVE,
+    RUN_REOPENABLE,
+    STEP_LIVE,
+    STEP_UNFINISHED,
+    RunState,
+    StepState,
+)
+from ..maintenance import job_cancel
+from .common import (
+    StepJobBuilder,
+    StepSpec,
+    advance,
+    child_cancelled,
+    db_or_default,
+    descendants,
+    enqueue_steps,
+    lock_run,
+    locked_run,
+    write_transaction,
+)
+
+#: What ``stop_steps`` needs to know of each step it stops.
+STOP_FIELDS = ("id", "state", "job_id", "child_run_id")
+
+
+def insert_run(
+    db: str,
+    *,
+    name: str,
+    input: Any,
+    steps: Sequence[StepSpec],
+    queue_name: str,
+    idempotency_key: str | None,
+    build_job: StepJobBuilder,
+    parent_step: tuple[int, int] | None = None,
+) -> WorkflowRun:
+    """Insert a run, its steps and the jobs of its first steps, in the caller's transaction.
+
+    ``parent_step`` is (run id, step id) of the step starting a child run.
+    """
+    run = WorkflowRun(
+        name=name,
+        state=RunState.RUNNING,
+        input=input,
+        queue_name=queue_name,
+        idempotency_key=idempotency_key,
+        parent_run_id=parent_step[0] if parent_step else None,
+        parent_task_id=parent_step[1] if parent_step else None,
+    )
+    run.save(using=db, force_insert=True)
+    rows = WorkflowTask.objects.using(db).bulk_create(
+        [
+            WorkflowTask(
+                run=run,
+                name=s.name,
+                sequence=s.sequence,
+                handler_path=s.handler_path,
+                depends_on=list(s.depends_on),
+                max_attempts=s.max_attempts,
+                backoff=s.backoff,
+                timeout=s.timeout,
+                generation=run.generation,
+            )
+            for s in steps
+        ]
+    )
+    fields = {"id": run.pk, "queue_name": queue_name}
+    enqueue_steps(db, fields, [(r.pk, r.generation) for r in rows if not r.depends_on], build_job)
+    return run
+
+
+def workflow_run_insert(
+    *,
+    name: str,
+    input: Any,
+    steps: Sequence[StepSpec],
+    queue_name: str,
+    idempotency_key: str | None,
+    build_job: StepJobBuilder,
+    db: str | None = None,
+) -> tuple[WorkflowRun, bool]:
+    """Insert a run, all its steps, and the jobs of its first steps; return (run, created).
+
+    One transaction (a savepoint inside the caller's). With an idempotency
+    key held by a run of the same workflow, nothing is inserted and that run
+    is returned: the unique constraint decides, so of two concurrent starts
+    one inserts and the other waits for its commit, then gets its run. The
+    conflict is rolled back to the savepoint, so the caller's transaction
+    stays usable.
+    """
+    db = db_or_default(db)
+    try:
+        with write_transaction(db):
+            run = insert_run(
+                db,
+                name=name,
+                input=input,
+                steps=steps,
+                queue_name=queue_name,
+                idempotency_key=idempotency_key,
+                build_job=build_job,
+            )
+        return run, True
+    except IntegrityError:
+        if idempotency_key is None:
+            raise
+        existing = (
+            WorkflowRun.objects.using(db).filter(name=name, idempotency_key=idempotency_key).first()
+        )
+        if existing is None:
+            raise
+        return existing, False
+
+
+def stop_steps(db: str, steps: Iterable[Mapping[str, Any]]) -> None:
+    """Stop the work behind steps just moved out of their state (``STOP_FIELDS`` read before).
+
+    Jobs of ready and running steps are cancelled (a running attempt's claim
+    is already void, so its next write matches nothing). Child runs of
+    waiting steps are cancelled after commit: a child run is locked only
+    after its parent is released, keeping the lock order.
+    """
+    children = []
+    for step in steps:
+        if step["job_id"] and step["state"] in (StepState.READY, StepState.RUNNING):
+            job_cancel(step["job_id"], db=db)
+        if step["state"] == StepState.WAITING and step["child_run_id"]:
+            children.append(step["child_run_id"])
+    if children:
+        transaction.on_commit(lambda: [workflow_run_cancel(c, db=db) for c in children], using=db)
+
+
+def workflow_run_cancel(run_id: int, *, db: str | None = None) -> bool:
+    """running|stuck -> cancelled. True only if this call made the change.
+
+    Unfinished steps are cancelled and their claims voided (a running step's
+    next write matches nothing); queued and running step jobs are cancelled;
+    child runs being waited for are cancelled after commit. A child run's
+    cancellation fails its parent's waiting step and parks the parent.
+    """
+    db = db_or_default(db)
+    with locked_run(db, run_id=run_id) as run:
+        if run is None or run["state"] not in RUN_ACTIVE:
+            return False
+        live = list(
+            WorkflowTask.objects.using(db)
+            .filter(run_id=run_id, state__in=list(STEP_LIVE))
+            .values(*STOP_FIELDS)
+        )
+        WorkflowTask.objects.using(db).filter(id__in=[s["id"] for s in live]).update(
+            state=StepState.CANCELLED, claim_id=None, finished_at=Now(), updated_at=Now()
+        )
+        WorkflowRun.objects.using(db).filter(id=run_id).update(
+            state=RunState.CANCELLED, finished_at=Now()
+        )
+        stop_steps(db, live)
+        if run["parent_task_id"]:
+            child_cancelled(db, run_id, run["parent_task_id"])
+    return True
+
+
+def workflow_run_unpark(run_id: int, *, build_job: StepJobBuilder, db: str | None = None) -> bool:
+    """stuck -> running: every failed step gets a fresh attempt budget and a job.
+
+    True only if this call made the change (the run was stuck).
+    """
+    db = db_or_default(db)
+    with locked_run(db, run_id=run_id) as run:
+        if run is None or run["state"] != RunState.STUCK:
+            return False
+        failed = list(
+            WorkflowTask.objects.using(db)
+            .filter(run_id=run_id, state=StepState.FAILED)
+            .values_list("id", "generation")
+        )
+        WorkflowTask.objects.using(db).filter(id__in=[i for i, _ in failed]).update(
+            failures=0, child_run_id=None
+        )
+        WorkflowRun.objects.using(db).filter(id=run_id).update(state=RunState.RUNNING)
+        run = {**run, "state": RunState.RUNNING}
+        enqueue_steps(db, run, failed, build_job)
+        advance(db, run, build_job)
+    return True
+
+
+def workflow_run_reopen(
+    run_id: int,
+    from_step: str,
+    generation: int,
+    *,
+    build_job: StepJobBuilder,
+    db: str | None = None,
+) -> bool:
+    """Replay a finished or stuck run from ``from_step``: one compare-and-set.
+
+    Wins only if the run is still at ``generation`` (so of two concurrent
+    reopens exactly one wins) and succeeded, stuck or cancelled. The run goes
+    to ``generation + 1``; ``from_step``, every step depending on it
+    (transitively) and every unfinished step restart from scratch (attempts,
+    output, checkpoint and errors cleared); other steps keep their outputs.
+    Old jobs of restarted steps are cancelled (their claims are void) and
+    live child runs of restarted steps cancelled after commit. Raises
+    ``WorkflowTask.DoesNotExist`` (changing nothing) for an unknown step.
+    """
+    db = db_or_default(db)
+    with write_transaction(db):
+        # The compare-and-set is this transition's opening: its UPDATE takes
+        # the run's row lock, which ``lock_run`` then holds and reads.
+        won = (
+            WorkflowRun.objects.using(db)
+            .filter(id=run_id, generation=generation, state__in=list(RUN_REOPENABLE))
+            .update(
+                generation=F("generation") + 1,
+                state=RunState.RUNNING,
+                output=None,
+                finished_at=None,
+                updated_at=Now(),
+            )
+        )
+        if not won:
+            return False
+        run = lock_run(db, run_id=run_id)
+        assert run is not None
+        steps = list(
+            WorkflowTask.objects.using(db)
+            .filter(run_id=run_id)
+            .values("name", "depends_on", *STOP_FIELDS)
+        )
+        graph = {s["name"]: s["depends_on"] for s in steps}
+        if from_step not in graph:
+            raise WorkflowTask.DoesNotExist(f"run {run_id} has no step {from_step!r}")
+        names = {from_step} | descendants(graph, from_step)
+        reset = [s for s in steps if s["name"] in names or s["state"] in STEP_UNFINISHED]
+        WorkflowTask.objects.using(db).filter(id__in=[s["id"] for s in reset]).update(
+            state=StepState.PENDING,
+            generation=run["generation"],
+            attempts=0,
+            failures=0,
+            claim_id=None,
+            job_id=None,
+            child_run_id=None,
+            output=None,
+            checkpoint=None,
+            errors=[],
+            ready_at=None,
+            heartbeat_at=None,
+            started_at=None,
+            finished_at=None,
+            updated_at=Now(),
+        )
+        stop_steps(db, reset)
+        advance(db, run, build_job)
+    return True

@@ -1,0 +1,293 @@
+"""Step transitions: the step job's claim and its fenced writes, and the operator's skip.
+
+A step job first *claims* its step (a compare-and-set only the job entrusted
+with the step, for the step's current generation, can win), getting a fresh
+random ``claim_id``. Every later write of that attempt goes through
+``claim_fence``, so it changes nothing once the claim is void.
+"""
+
+from __future__ import annotations
+
+import secrets
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from django.db.models import F
+from django.db.models.functions import Coalesce, Now
+
+from ...models import WorkflowRun, WorkflowTask
+from ...models.workflow import RUN_ACTIVE, STEP_DONE, STEP_SKIPPABLE, StepState
+from ...sql import JSONAppend
+from ..base import db_now
+from ..maintenance import WORKER_LOST_PATH
+from .common import (
+    StepJobBuilder,
+    StepSpec,
+    advance,
+    ancestors,
+    claim_fence,
+    db_or_default,
+    enqueue_steps,
+    error_at,
+    locked_run,
+    park,
+)
+from .runs import STOP_FIELDS, insert_run, stop_steps
+
+
+@dataclass(frozen=True, slots=True)
+class ClaimedStep:
+    """A step as it stands right after its job's claim; ``claim_id`` fences writes."""
+
+    step_id: int
+    claim_id: str
+    run_id: int
+    workflow_name: str
+    name: str
+    handler_path: str
+    generation: int
+    attempt: int  # attempts started, this one included
+    failures: int  # failed attempts so far, counted against max_attempts
+    max_attempts: int
+    backoff: float | str | None
+    timeout: float | None
+    checkpoint: Any
+    input: Any
+    outputs: dict[str, Any]  # every ancestor's output (None when skipped)
+    queue_name: str
+
+
+def workflow_step_claim(
+    step_id: int, generation: int, job_id: int, *, db: str | None = None
+) -> ClaimedStep | None:
+    """ready|running -> running with a fresh claim id, for the job entrusted with the step.
+
+    Returns None when this job has no business with the step any more (it
+    was reset by a reopen, skipped, cancelled, swept and given to another
+    job, or already finished). Re-claiming a ``running`` step is how the
+    re-run of a job whose worker was lost (lease expired, or handed back on
+    shutdown) takes its step over: the old attempt's claim id stops matching,
+    so anything it still writes is rejected. Such a lost attempt is recorded
+    as a ``WorkerLost`` error but not counted against ``max_attempts``. No
+    run lock: what the claim may change is this step row only.
+    """
+    db = db_or_default(db)
+    row = (
+        WorkflowTask.objects.using(db)
+        .filter(id=step_id, generation=generation, job_id=job_id)
+        .values("run_id", "state", "claim_id")
+        .first()
+    )
+    if row is None or row["state"] not in (StepState.READY, StepState.RUNNING):
+        return None
+    claim_id = secrets.token_hex(16)
+    changes: dict[str, Any] = {
+        "state": StepState.RUNNING,
+        "claim_id": claim_id,
+        "attempts": F("attempts") + 1,
+        "heartbeat_at": Now(),
+        "started_at": Coalesce(F("started_at"), Now()),
+        "updated_at": Now(),
+    }
+    if row["state"] == StepState.RUNNING:
+        message = (
+            f"the previous attempt's worker lost job {job_id} (died, or handed the job back "
+            "on shutdown); the job's re-run took the step over"
+        )
+        changes["errors"] = JSONAppend("errors", error_at(db, WORKER_LOST_PATH, message))
+    won = (
+        WorkflowTask.objects.using(db)
+        .filter(
+            id=step_id,
+            generation=generation,
+            job_id=job_id,
+            state=row["state"],
+            claim_id=row["claim_id"],
+        )
+        .update(**changes)
+    )
+    if not won:
+        return None
+    return _claimed_step(db, step_id, claim_id)
+
+
+def _claimed_step(db: str, step_id: int, claim_id: str) -> ClaimedStep | None:
+    step = WorkflowTask.objects.using(db).filter(id=step_id, claim_id=claim_id).values().first()
+    if step is None:  # voided between the claim and this read
+        return None
+    run = WorkflowRun.objects.using(db).values("name", "input", "queue_name").get(id=step["run_id"])
+    others = WorkflowTask.objects.using(db).filter(run_id=step["run_id"])
+    graph = {s["name"]: s for s in others.values("name", "depends_on", "state", "output")}
+    deps = {name: s["depends_on"] for name, s in graph.items()}
+    outputs = {
+        name: graph[name]["output"]
+        for name in ancestors(deps, step["name"])
+        if graph[name]["state"] in STEP_DONE
+    }
+    return ClaimedStep(
+        step_id=step_id,
+        claim_id=claim_id,
+        run_id=step["run_id"],
+        workflow_name=run["name"],
+        name=step["name"],
+        handler_path=step["handler_path"],
+        generation=step["generation"],
+        attempt=step["attempts"],
+        failures=step["failures"],
+        max_attempts=step["max_attempts"],
+        backoff=step["backoff"],
+        timeout=step["timeout"],
+        checkpoint=step["checkpoint"],
+        input=run["input"],
+        outputs=outputs,
+        queue_name=run["queue_name"],
+    )
+
+
+def workflow_step_progress(
+    step_id: int, claim_id: str, checkpoint: Any, *, db: str | None = None
+) -> bool:
+    """Persist a step's resume cursor (and heartbeat), fenced by its claim."""
+    return (
+        claim_fence(db_or_default(db), step_id, claim_id).update(
+            checkpoint=checkpoint, heartbeat_at=Now(), updated_at=Now()
+        )
+        == 1
+    )
+
+
+def workflow_step_succeed(
+    step_id: int, claim_id: str, output: Any, *, build_job: StepJobBuilder, db: str | None = None
+) -> bool:
+    """running -> succeeded with its output; dependents that became runnable get
+    their jobs, and the run may succeed, all in one transaction."""
+    db = db_or_default(db)
+    with locked_run(db, step_id=step_id) as run:
+        if run is None:
+            return False
+        won = claim_fence(db, step_id, claim_id).update(
+            state=StepState.SUCCEEDED,
+            output=output,
+            claim_id=None,
+            finished_at=Now(),
+            updated_at=Now(),
+        )
+        if won:
+            advance(db, run, build_job)
+    return bool(won)
+
+
+def workflow_step_fail(
+    step_id: int,
+    claim_id: str,
+    error: dict[str, Any],
+    retry_in: float | None,
+    *,
+    build_job: StepJobBuilder,
+    db: str | None = None,
+) -> bool:
+    """Record a failed attempt: retry with a new job after ``retry_in`` seconds,
+    or (None) running -> failed, parking the run as stuck for a person to decide.
+
+    ``error`` is the attempt's exception_class_path, message and traceback;
+    the database time is added.
+    """
+    db = db_or_default(db)
+    with locked_run(db, step_id=step_id) as run:
+        if run is None:
+            return False
+        entry = {**error, "at": db_now(db).isoformat()}
+        changes: dict[str, Any] = {
+            "errors": JSONAppend("errors", entry),
+            "failures": F("failures") + 1,
+            "claim_id": None,
+            "updated_at": Now(),
+        }
+        if retry_in is None:
+            changes.update(state=StepState.FAILED, finished_at=Now())
+        else:
+            changes.update(state=StepState.READY, job_id=None)
+        if not claim_fence(db, step_id, claim_id).update(**changes):
+            return False
+        if retry_in is None:
+            park(db, run["id"])
+        else:
+            generation = (
+                WorkflowTask.objects.using(db).values_list("generation", flat=True).get(id=step_id)
+            )
+            enqueue_steps(db, run, [(step_id, generation)], build_job, delay=retry_in)
+    return True
+
+
+def workflow_step_wait_child(
+    step_id: int,
+    claim_id: str,
+    *,
+    name: str,
+    input: Any,
+    steps: Sequence[StepSpec],
+    queue_name: str,
+    build_job: StepJobBuilder,
+    db: str | None = None,
+) -> int | None:
+    """running -> waiting, inserting the child run; return its id (None: claim lost).
+
+    The step and the child commit together, so a step can never start two
+    children for one attempt, nor a child exist for a step that lost its claim.
+    """
+    db = db_or_default(db)
+    with locked_run(db, step_id=step_id) as run:
+        if run is None:
+            return None
+        if not claim_fence(db, step_id, claim_id).update(
+            state=StepState.WAITING, claim_id=None, updated_at=Now()
+        ):
+            return None
+        child = insert_run(
+            db,
+            name=name,
+            input=input,
+            steps=steps,
+            queue_name=queue_name,
+            idempotency_key=None,
+            build_job=build_job,
+            parent_step=(run["id"], step_id),
+        )
+        WorkflowTask.objects.using(db).filter(id=step_id).update(child_run_id=child.pk)
+    return child.pk
+
+
+def workflow_step_skip(
+    run_id: int, step_name: str, *, build_job: StepJobBuilder, db: str | None = None
+) -> bool:
+    """An unfinished step -> skipped: it counts as succeeded, with no output.
+
+    Its job is cancelled and a running attempt's claim voided; a child run it
+    waited for is cancelled after commit. Dependents that became runnable get
+    their jobs; a stuck run with no failed step left runs again; a run whose
+    steps are all done succeeds. False when the run is finished or the step
+    is already done. Raises ``WorkflowTask.DoesNotExist`` for an unknown step.
+    """
+    db = db_or_default(db)
+    with locked_run(db, run_id=run_id) as run:
+        # Locked: a concurrent claim (which takes no run lock) waits for us.
+        step = (
+            WorkflowTask.objects.using(db)
+            .filter(run_id=run_id, name=step_name)
+            .select_for_update()
+            .values(*STOP_FIELDS)
+            .get()
+        )
+        if run is None or run["state"] not in RUN_ACTIVE or step["state"] not in STEP_SKIPPABLE:
+            return False
+        WorkflowTask.objects.using(db).filter(id=step["id"]).update(
+            state=StepState.SKIPPED,
+            output=None,
+            claim_id=None,
+            finished_at=Now(),
+            updated_at=Now(),
+        )
+        stop_steps(db, [step])
+        advance(db, run, build_job)
+    return True
