@@ -7,7 +7,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 LINT_PATHS := django_dispatch tests example_project $(wildcard benchmarks)
 
-.PHONY: demo worker test test-postgres test-sqlite lint typecheck bench bench-quick clean
+.PHONY: demo worker test test-postgres test-pgbouncer test-sqlite lint typecheck bench bench-quick clean
 
 $(STAMP): pyproject.toml
 	@$(PYTHON) -c 'import sys; assert sys.version_info >= (3, 12), "django_dispatch needs Python 3.12+; run with PYTHON=/path/to/python3.12"'
@@ -27,15 +27,22 @@ demo: $(STAMP)
 worker: $(STAMP)
 	cd example_project && ../$(PY) manage.py rundispatch
 
-## test: the whole suite on a throwaway PostgreSQL and on SQLite, then lint and type checks
+## test: the whole suite on a throwaway PostgreSQL, again through PgBouncer (the
+## `pgbouncer` tier), the chaos suite in its bounded form, on SQLite, then lint
+## and type checks. What CI runs (.ci/run).
 test: $(STAMP)
 	scripts/ensure-chromium
-	scripts/with-postgres $(MAKE) --no-print-directory test-postgres
+	scripts/with-postgres $(MAKE) --no-print-directory test-postgres test-pgbouncer
 	$(MAKE) --no-print-directory test-sqlite
 	$(MAKE) --no-print-directory lint typecheck
 
+## test-postgres, test-pgbouncer: run under scripts/with-postgres (DATABASE_URL, PGBOUNCER_URL)
 test-postgres: $(STAMP)
 	DISPATCH_TEST_DB=postgres $(PY) -m pytest $(PYTEST_ARGS)
+
+## test-pgbouncer: the tier marked `pgbouncer`, through PgBouncer in transaction mode, LISTEN off
+test-pgbouncer: $(STAMP)
+	DISPATCH_TEST_DB=pgbouncer $(PY) -m pytest -m pgbouncer $(PYTEST_ARGS)
 
 test-sqlite: $(STAMP)
 	DISPATCH_TEST_DB=sqlite $(PY) -m pytest $(PYTEST_ARGS)

@@ -15,9 +15,66 @@ import pytest
 from django.db import connection
 
 ROOT = Path(__file__).resolve().parent.parent
-ON_POSTGRES = os.environ.get("DISPATCH_TEST_DB", "postgres") != "sqlite"
+TEST_DB = os.environ.get("DISPATCH_TEST_DB", "postgres")
+ON_POSTGRES = TEST_DB != "sqlite"
 
 postgres_only = pytest.mark.skipif(not ON_POSTGRES, reason="needs PostgreSQL")
+
+#: What runs through PgBouncer in transaction mode (DISPATCH_TEST_DB=pgbouncer,
+#: `make test-pgbouncer`): whole modules, or single tests as "module::name".
+PGBOUNCER_TIER = {
+    "test_backend.py",
+    "test_pgbouncer.py",
+    "test_partitions.py",
+    "test_scheduler.py",
+    "test_workflows.py",
+    "test_processes.py::test_two_processes_four_threads_run_each_job_exactly_once",
+}
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Mark the PgBouncer tier; keep each run to its tier.
+
+    ``DISPATCH_TEST_DB=pgbouncer`` runs only the ``pgbouncer`` tier, and
+    ``DISPATCH_TEST_DB=chaos`` only the chaos suite (it starts servers of its
+    own); every other run leaves the chaos suite out.
+    """
+    keep, drop = [], []
+    for item in items:
+        module = item.nodeid.split("::", 1)[0].rsplit("/", 1)[-1]
+        if module in PGBOUNCER_TIER or f"{module}::{item.originalname}" in PGBOUNCER_TIER:
+            item.add_marker(pytest.mark.pgbouncer)
+        if TEST_DB == "chaos":
+            wanted = item.get_closest_marker("chaos") is not None
+        elif TEST_DB == "pgbouncer":
+            wanted = item.get_closest_marker("pgbouncer") is not None
+        else:
+            wanted = item.get_closest_marker("chaos") is None
+        (keep if wanted else drop).append(item)
+    if drop:
+        config.hook.pytest_deselected(items=drop)
+        items[:] = keep
+
+
+if TEST_DB == "pgbouncer":
+
+    @pytest.fixture(scope="session")
+    def django_db_setup(django_db_setup, django_db_blocker):
+        """Let the test database be dropped although PgBouncer pools sessions to it.
+
+        PgBouncer keeps idle server sessions open to every database it served,
+        so DROP DATABASE would fail; end them directly on the server first.
+        """
+        yield
+        import psycopg
+
+        name = connection.settings_dict["NAME"]
+        with psycopg.connect(os.environ["DATABASE_URL"], autocommit=True) as direct:
+            direct.execute(
+                "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+                "WHERE datname = %s AND pid <> pg_backend_pid()",
+                [name],
+            )
 
 
 def wait_until(condition: Callable[[], object], timeout: float = 20.0, what: str = "") -> object:

@@ -1,9 +1,17 @@
 """Settings for the test suite.
 
-``DISPATCH_TEST_DB=sqlite`` runs on a SQLite file; otherwise PostgreSQL from
-``DATABASE_URL`` (``scripts/with-postgres`` starts a throwaway one). Worker
-subprocesses started by tests get ``DISPATCH_DB_NAME`` so that they use the
-test database pytest-django created.
+``DISPATCH_TEST_DB`` picks the database:
+
+- ``postgres`` (default): PostgreSQL at ``DATABASE_URL`` (``scripts/with-postgres``
+  starts a throwaway one);
+- ``pgbouncer``: the same server through PgBouncer in transaction mode at
+  ``PGBOUNCER_URL`` (also started by ``scripts/with-postgres``), with LISTEN off;
+- ``chaos``: servers the chaos suite starts, crashes and restarts itself
+  (tests/chaos/servers.py points this connection at them);
+- ``sqlite``: a SQLite file.
+
+Worker subprocesses started by tests get ``DISPATCH_DB_NAME`` so that they use
+the test database pytest-django created.
 """
 
 import json
@@ -67,11 +75,18 @@ if ENGINE == "sqlite":
         }
     }
 else:
-    url = os.environ.get("DATABASE_URL")
+    # ``pgbouncer``: through PgBouncer in transaction mode (scripts/with-postgres
+    # starts one and sets PGBOUNCER_URL), configured as a site behind such a
+    # pooler must be (docs/deployment.md#pgbouncer).
+    url_variable = "PGBOUNCER_URL" if ENGINE == "pgbouncer" else "DATABASE_URL"
+    url = os.environ.get(url_variable)
+    if ENGINE == "chaos":  # set by tests/chaos/conftest.py once its server runs
+        url = "postgres://postgres@chaos-server-not-started.invalid/postgres"
     if not url:
         raise RuntimeError(
-            "DATABASE_URL is not set. Run the tests with `make test` (it starts a throwaway "
-            "PostgreSQL), or set DISPATCH_TEST_DB=sqlite."
+            f"{url_variable} is not set. Run the tests with `make test` (scripts/with-postgres "
+            "starts a throwaway PostgreSQL and a PgBouncer in front of it), or set "
+            "DISPATCH_TEST_DB=sqlite."
         )
     parts = urlparse(url)
     DATABASES = {
@@ -85,6 +100,12 @@ else:
             "TEST": {"NAME": f"test_dispatch_{RUN_ID}"},
         }
     }
+    if ENGINE == "pgbouncer":
+        # A WITH HOLD cursor opened by .iterator() outside a transaction would
+        # be fetched from on another server session. Prepared statements stay
+        # off as Django leaves them (OPTIONS["prepare_threshold"] = None): the
+        # PgBouncer 1.18 of Debian 12 cannot track them in transaction mode.
+        DATABASES["default"]["DISABLE_SERVER_SIDE_CURSORS"] = True
 
 TASKS = {
     "default": {
@@ -102,6 +123,8 @@ DISPATCH = {
     "POLL_INTERVAL": 0.1,
     "SHUTDOWN_TIMEOUT": 5.0,
 }
+if ENGINE == "pgbouncer":
+    DISPATCH["LISTEN"] = False  # LISTEN needs a session of its own
 # Worker subprocesses started by a test may get different values.
 DISPATCH.update(json.loads(os.environ.get("DISPATCH_OVERRIDES", "{}")))
 
