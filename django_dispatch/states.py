@@ -1,7 +1,9 @@
 """The job state vocabulary and the transitions allowed between states.
 
-One table, read by the store (which performs transitions) and by tests (which
-check that the store never performs one that is not listed here). Django's
+One table, read by the store (which performs transitions) and by the test
+suite, which runs with a PostgreSQL trigger generated from it
+(``tests/transitions.py``): a store statement that makes a transition not
+listed here fails the test that caused it. Django's
 four ``TaskResultStatus`` values are a coarser view, mapped in ``to_status``.
 """
 

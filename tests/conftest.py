@@ -14,6 +14,10 @@ from pathlib import Path
 import pytest
 from django.db import connection
 
+# The whole suite runs with a trigger that rejects any job state change not
+# listed in states.TRANSITIONS (PostgreSQL): see tests/transitions.py.
+from tests.transitions import transition_guard  # noqa: F401
+
 ROOT = Path(__file__).resolve().parent.parent
 TEST_DB = os.environ.get("DISPATCH_TEST_DB", "postgres")
 ON_POSTGRES = TEST_DB != "sqlite"

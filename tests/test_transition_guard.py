@@ -1,0 +1,35 @@
+"""The suite runs with a trigger that rejects state changes ``TRANSITIONS`` does not list."""
+
+from __future__ import annotations
+
+import pytest
+from django.db import DatabaseError, transaction
+
+from django_dispatch.models import Job
+from django_dispatch.states import TRANSITIONS, JobState
+from tests.conftest import postgres_only
+from tests.testapp import tasks
+from tests.transitions import allowed_pairs
+
+pytestmark = [postgres_only, pytest.mark.django_db]
+
+
+def test_the_guard_is_generated_from_the_table():
+    assert len(allowed_pairs()) == sum(len(dsts) for dsts in TRANSITIONS.values())
+    assert ("pending", "running") in allowed_pairs()
+    assert ("succeeded", "pending") not in allowed_pairs()
+
+
+def test_an_unlisted_transition_is_rejected_by_the_database():
+    job_id = tasks.add.enqueue(1, 2).id
+    with (
+        pytest.raises(DatabaseError, match="transition pending -> succeeded"),
+        transaction.atomic(),
+    ):
+        Job.objects.filter(pk=job_id).update(state=JobState.SUCCEEDED)
+    Job.objects.filter(pk=job_id).update(state=JobState.CANCELLED)  # listed: allowed
+    with (
+        pytest.raises(DatabaseError, match="transition cancelled -> pending"),
+        transaction.atomic(),
+    ):
+        Job.objects.filter(pk=job_id).update(state=JobState.PENDING)

@@ -1,0 +1,57 @@
+"""A test-only PostgreSQL trigger that rejects any job state change not in ``TRANSITIONS``.
+
+``states.TRANSITIONS`` is the one table of allowed state changes. The store
+is the only writer, but its statements are many (ORM updates, raw SQL on the
+hot path); rather than trust each, the whole suite runs with this trigger on
+the job table, generated from the table itself: a transition the table does
+not list raises inside the statement that tried it, in the test process or in
+any worker process the test started.
+"""
+
+from __future__ import annotations
+
+import pytest
+from django.db import connection
+
+FUNCTION = "dispatch_test_check_transition"
+TRIGGER = "dispatch_test_transitions"
+
+
+def allowed_pairs() -> list[tuple[str, str]]:
+    from django_dispatch.states import TRANSITIONS  # imported late: a pytest plugin
+
+    return sorted((str(src), str(dst)) for src, dsts in TRANSITIONS.items() for dst in dsts)
+
+
+def install() -> None:
+    """Create (or replace) the trigger on the job table of the current database."""
+    from django_dispatch.models import Job
+
+    table = connection.ops.quote_name(Job._meta.db_table)
+    pairs = ", ".join(f"('{src}', '{dst}')" for src, dst in allowed_pairs())
+    with connection.cursor() as cursor:
+        cursor.execute(
+            f"""
+            CREATE OR REPLACE FUNCTION {FUNCTION}() RETURNS trigger AS $$
+            BEGIN
+                IF (OLD.state, NEW.state) NOT IN ({pairs}) THEN
+                    RAISE EXCEPTION 'job %: transition % -> % is not in states.TRANSITIONS',
+                        OLD.id, OLD.state, NEW.state;
+                END IF;
+                RETURN NEW;
+            END $$ LANGUAGE plpgsql
+            """
+        )
+        cursor.execute(f"DROP TRIGGER IF EXISTS {TRIGGER} ON {table}")
+        cursor.execute(
+            f"CREATE TRIGGER {TRIGGER} BEFORE UPDATE OF state ON {table} FOR EACH ROW "
+            f"WHEN (OLD.state IS DISTINCT FROM NEW.state) EXECUTE FUNCTION {FUNCTION}()"
+        )
+
+
+@pytest.fixture(scope="session", autouse=True)
+def transition_guard(django_db_setup, django_db_blocker):
+    """Install the guard once the test database exists (PostgreSQL only)."""
+    if connection.vendor == "postgresql":
+        with django_db_blocker.unblock():
+            install()
