@@ -22,6 +22,7 @@ recycled worker's leases read back by the process that replaced it),
 ``workflows`` (workflow runs and steps: a package of its own).
 """
 
+from . import workflows
 from .base import NOTIFY_CHANNEL, db_alias, db_now, error_entry, notify
 from .claim import (
     CLAIM_FIELDS,
@@ -64,31 +65,14 @@ from .schedules import (
     cron_sync_from_settings,
 )
 from .workers import worker_deregister, worker_register, worker_touch, workers_delete_stale
-from .workflows import (
-    ClaimedStep,
-    StepSpec,
-    step_jobs_retry_now,
-    sweep_stale_steps,
-    workflow_run_cancel,
-    workflow_run_insert,
-    workflow_run_reopen,
-    workflow_run_unpark,
-    workflow_step_claim,
-    workflow_step_fail,
-    workflow_step_progress,
-    workflow_step_skip,
-    workflow_step_succeed,
-    workflow_step_wait_child,
-)
+from .workflows import *  # noqa: F403 (the workflow store's public names: its __all__)
 
 __all__ = [
     "CLAIM_FIELDS",
     "NOTIFY_CHANNEL",
     "WORKER_LOST_PATH",
     "ClaimedJob",
-    "ClaimedStep",
     "Lease",
-    "StepSpec",
     "claim_candidates",
     "cron_entries_claim_due",
     "cron_entries_delete",
@@ -127,20 +111,9 @@ __all__ = [
     "leadership_release",
     "notify",
     "partitions_promote_stalled",
-    "step_jobs_retry_now",
-    "sweep_stale_steps",
     "worker_deregister",
     "worker_register",
     "worker_touch",
     "workers_delete_stale",
-    "workflow_run_cancel",
-    "workflow_run_insert",
-    "workflow_run_reopen",
-    "workflow_run_unpark",
-    "workflow_step_claim",
-    "workflow_step_fail",
-    "workflow_step_progress",
-    "workflow_step_skip",
-    "workflow_step_succeed",
-    "workflow_step_wait_child",
 ]
+__all__ += workflows.__all__

@@ -44,10 +44,13 @@ def build_step_job(step_id: int, generation: int, queue_name: str) -> Job:
     return job
 
 
-def step_specs(workflow: Workflow) -> list[wf_store.StepSpec]:
+def run_spec(
+    workflow: Workflow, input: Any, *, idempotency_key: str | None = None
+) -> wf_store.RunSpec:
+    """A run of ``workflow`` to insert, with the snapshot of its steps as defined now."""
     if not workflow.steps:
         raise WorkflowDefinitionError(f"workflow {workflow.name!r} has no steps to run.")
-    return [
+    steps = [
         wf_store.StepSpec(
             name=s.name,
             handler_path=s.handler_path,
@@ -59,6 +62,7 @@ def step_specs(workflow: Workflow) -> list[wf_store.StepSpec]:
         )
         for s in workflow.steps
     ]
+    return wf_store.RunSpec(workflow.name, input, steps, workflow.queue_name, idempotency_key)
 
 
 def start_run(workflow: Workflow, input: Any, *, idempotency_key: str | None = None) -> WorkflowRun:
@@ -72,14 +76,10 @@ def start_run(workflow: Workflow, input: Any, *, idempotency_key: str | None = N
             f"idempotency_key must be a non-empty string of at most {KEY_MAX_LENGTH} "
             f"characters, got {idempotency_key!r}."
         )
-    run, _created = wf_store.workflow_run_insert(
-        name=workflow.name,
-        input=to_json(input, "A workflow run's input"),
-        steps=step_specs(workflow),
-        queue_name=workflow.queue_name,
-        idempotency_key=idempotency_key,
-        build_job=build_step_job,
+    spec = run_spec(
+        workflow, to_json(input, "A workflow run's input"), idempotency_key=idempotency_key
     )
+    run, _created = wf_store.workflow_run_insert(spec, build_job=build_step_job)
     return run
 
 
@@ -164,8 +164,7 @@ def _retry_in(claimed: wf_store.ClaimedStep, outcome: Outcome) -> float | None:
 
 def _start_child(claimed: wf_store.ClaimedStep, request: StartChild) -> bool:
     try:
-        child = get_workflow(request.workflow_name)
-        specs = step_specs(child)
+        child = run_spec(get_workflow(request.workflow_name), request.input)
     except (UnknownWorkflow, WorkflowDefinitionError) as e:
         return wf_store.workflow_step_fail(
             claimed.step_id,
@@ -175,13 +174,7 @@ def _start_child(claimed: wf_store.ClaimedStep, request: StartChild) -> bool:
             build_job=build_step_job,
         )
     child_id = wf_store.workflow_step_wait_child(
-        claimed.step_id,
-        claimed.claim_id,
-        name=child.name,
-        input=request.input,
-        steps=specs,
-        queue_name=child.queue_name,
-        build_job=build_step_job,
+        claimed.step_id, claimed.claim_id, child, build_job=build_step_job
     )
     return child_id is not None
 

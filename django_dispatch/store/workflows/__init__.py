@@ -28,6 +28,7 @@ and writes, skip), ``sweep`` (recovering steps whose job ended).
 from .common import (
     CHILD_CANCELLED_PATH,
     STEP_JOB_LOST_PATH,
+    RunSpec,
     StepJobBuilder,
     StepSpec,
     ancestors,
@@ -54,6 +55,7 @@ __all__ = [
     "CHILD_CANCELLED_PATH",
     "STEP_JOB_LOST_PATH",
     "ClaimedStep",
+    "RunSpec",
     "StepJobBuilder",
     "StepSpec",
     "ancestors",

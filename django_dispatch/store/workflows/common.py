@@ -55,6 +55,17 @@ class StepSpec:
     timeout: float | None
 
 
+@dataclass(frozen=True, slots=True)
+class RunSpec:
+    """A run to insert: which workflow, its input and step snapshot, its queue."""
+
+    name: str
+    input: Any
+    steps: Sequence[StepSpec]
+    queue_name: str
+    idempotency_key: str | None = None
+
+
 # --- the dependency graph ---------------------------------------------------------
 
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 from django.db import IntegrityError, transaction
@@ -20,8 +20,8 @@ from ...models.workflow import (
 )
 from ..maintenance import job_cancel
 from .common import (
+    RunSpec,
     StepJobBuilder,
-    StepSpec,
     advance,
     child_cancelled,
     db_or_default,
@@ -38,13 +38,9 @@ STOP_FIELDS = ("id", "state", "job_id", "child_run_id")
 
 def insert_run(
     db: str,
-    *,
-    name: str,
-    input: Any,
-    steps: Sequence[StepSpec],
-    queue_name: str,
-    idempotency_key: str | None,
+    spec: RunSpec,
     build_job: StepJobBuilder,
+    *,
     parent_step: tuple[int, int] | None = None,
 ) -> WorkflowRun:
     """Insert a run, its steps and the jobs of its first steps, in the caller's transaction.
@@ -52,11 +48,11 @@ def insert_run(
     ``parent_step`` is (run id, step id) of the step starting a child run.
     """
     run = WorkflowRun(
-        name=name,
+        name=spec.name,
         state=RunState.RUNNING,
-        input=input,
-        queue_name=queue_name,
-        idempotency_key=idempotency_key,
+        input=spec.input,
+        queue_name=spec.queue_name,
+        idempotency_key=spec.idempotency_key,
         parent_run_id=parent_step[0] if parent_step else None,
         parent_task_id=parent_step[1] if parent_step else None,
     )
@@ -74,23 +70,16 @@ def insert_run(
                 timeout=s.timeout,
                 generation=run.generation,
             )
-            for s in steps
+            for s in spec.steps
         ]
     )
-    fields = {"id": run.pk, "queue_name": queue_name}
+    fields = {"id": run.pk, "queue_name": spec.queue_name}
     enqueue_steps(db, fields, [(r.pk, r.generation) for r in rows if not r.depends_on], build_job)
     return run
 
 
 def workflow_run_insert(
-    *,
-    name: str,
-    input: Any,
-    steps: Sequence[StepSpec],
-    queue_name: str,
-    idempotency_key: str | None,
-    build_job: StepJobBuilder,
-    db: str | None = None,
+    spec: RunSpec, *, build_job: StepJobBuilder, db: str | None = None
 ) -> tuple[WorkflowRun, bool]:
     """Insert a run, all its steps, and the jobs of its first steps; return (run, created).
 
@@ -104,21 +93,15 @@ def workflow_run_insert(
     db = db_or_default(db)
     try:
         with write_transaction(db):
-            run = insert_run(
-                db,
-                name=name,
-                input=input,
-                steps=steps,
-                queue_name=queue_name,
-                idempotency_key=idempotency_key,
-                build_job=build_job,
-            )
+            run = insert_run(db, spec, build_job)
         return run, True
     except IntegrityError:
-        if idempotency_key is None:
+        if spec.idempotency_key is None:
             raise
         existing = (
-            WorkflowRun.objects.using(db).filter(name=name, idempotency_key=idempotency_key).first()
+            WorkflowRun.objects.using(db)
+            .filter(name=spec.name, idempotency_key=spec.idempotency_key)
+            .first()
         )
         if existing is None:
             raise

@@ -9,7 +9,6 @@ random ``claim_id``. Every later write of that attempt goes through
 from __future__ import annotations
 
 import secrets
-from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -22,8 +21,8 @@ from ...sql import JSONAppend
 from ..base import db_now
 from ..maintenance import WORKER_LOST_PATH
 from .common import (
+    RunSpec,
     StepJobBuilder,
-    StepSpec,
     advance,
     ancestors,
     claim_fence,
@@ -223,18 +222,16 @@ def workflow_step_fail(
 def workflow_step_wait_child(
     step_id: int,
     claim_id: str,
+    child: RunSpec,
     *,
-    name: str,
-    input: Any,
-    steps: Sequence[StepSpec],
-    queue_name: str,
     build_job: StepJobBuilder,
     db: str | None = None,
 ) -> int | None:
     """running -> waiting, inserting the child run; return its id (None: claim lost).
 
     The step and the child commit together, so a step can never start two
-    children for one attempt, nor a child exist for a step that lost its claim.
+    children for one attempt, nor a child exist for a step that lost its claim
+    (which is also why a child run needs no idempotency key: give it none).
     """
     db = db_or_default(db)
     with locked_run(db, step_id=step_id) as run:
@@ -244,18 +241,9 @@ def workflow_step_wait_child(
             state=StepState.WAITING, claim_id=None, updated_at=Now()
         ):
             return None
-        child = insert_run(
-            db,
-            name=name,
-            input=input,
-            steps=steps,
-            queue_name=queue_name,
-            idempotency_key=None,
-            build_job=build_job,
-            parent_step=(run["id"], step_id),
-        )
-        WorkflowTask.objects.using(db).filter(id=step_id).update(child_run_id=child.pk)
-    return child.pk
+        inserted = insert_run(db, child, build_job, parent_step=(run["id"], step_id))
+        WorkflowTask.objects.using(db).filter(id=step_id).update(child_run_id=inserted.pk)
+    return inserted.pk
 
 
 def workflow_step_skip(
