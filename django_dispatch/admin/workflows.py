@@ -3,31 +3,27 @@
 Rows are read-only here. Cancel, retry (unpark), skip and replay call
 ``django_dispatch.workflows.services``, which check the state they act on;
 the admin reports what changed and what was skipped because it no longer
-fitted (a run that finished meanwhile, a step already done).
+fitted (a run that finished meanwhile, a step already done). The replay
+page is in ``workflow_replay``.
 """
 
 from __future__ import annotations
 
-import logging
+from collections.abc import Callable, Iterable
 from typing import Any
 
-from django import forms
 from django.contrib import admin, messages
-from django.core.exceptions import PermissionDenied
-from django.db.models import OuterRef, QuerySet, Subquery
-from django.http import Http404, HttpRequest, HttpResponse, HttpResponseRedirect
-from django.template import engines
-from django.template.response import TemplateResponse
-from django.urls import path, reverse
+from django.db.models import Model, OuterRef, QuerySet, Subquery
+from django.http import HttpRequest
 from django.utils.html import format_html, format_html_join
 from django.utils.text import Truncator
 
 from ..models import Job, WorkflowRun, WorkflowTask
-from ..models.workflow import STEP_DONE, RunState, StepState
+from ..models.workflow import STEP_DONE, StepState
 from ..workflows import services
-from ..workflows.exceptions import ActionNotAllowed, AlreadyReopened
 from .common import (
     CappedPaginator,
+    ReadOnlyRows,
     RecentValuesFilter,
     change_url,
     has_perm,
@@ -36,24 +32,9 @@ from .common import (
     render_errors,
     selected_ids,
 )
-
-logger = logging.getLogger("django_dispatch.admin")
+from .workflow_replay import ReplayFromStep
 
 BOTH = [admin.ActionLocation.CHANGE_LIST, admin.ActionLocation.CHANGE_FORM]
-
-#: The replay page, kept here (one small form) rather than as a template file.
-REPLAY_TEMPLATE = """{% extends "admin/base_site.html" %}
-{% block breadcrumbs %}<div class="breadcrumbs">
-<a href="{% url 'admin:index' %}">Home</a> &rsaquo;
-<a href="{{ changelist_url }}">Workflow runs</a> &rsaquo;
-<a href="{{ run_url }}">{{ run }}</a> &rsaquo; Replay</div>{% endblock %}
-{% block content %}
-<p>The chosen step and every step depending on it run again with the code deployed
-now; the other steps keep their outputs. Unfinished steps restart too.</p>
-<form method="post">{% csrf_token %}{{ form.as_div }}
-<div class="submit-row"><input type="submit" value="Replay" class="default"></div>
-</form>{% endblock %}
-"""
 
 
 def _current_step() -> Subquery:
@@ -66,16 +47,30 @@ def _current_step() -> Subquery:
     )
 
 
-def _run_link(run_id: int | None) -> str:
-    if run_id is None:
+def _link(model: type[Model], pk: int | None) -> str:
+    """``#pk`` linking to the row's admin page ("-" for none)."""
+    if pk is None:
         return "-"
-    return format_html('<a href="{}">#{}</a>', change_url(WorkflowRun, run_id), run_id)
+    return format_html('<a href="{}">#{}</a>', change_url(model, pk), pk)
 
 
-def _job_link(job_id: int | None) -> str:
-    if job_id is None:
-        return "-"
-    return format_html('<a href="{}">#{}</a>', change_url(Job, job_id), job_id)
+def _split[T](items: Iterable[T], act: Callable[[T], bool]) -> tuple[list[T], list[T]]:
+    """Apply an operator service to each selected item: (changed, left as they were).
+
+    Each item is its own service call, so one that no longer fits (finished
+    meanwhile) never stops the others; it is listed in the report instead.
+    """
+    done: list[T] = []
+    skipped: list[T] = []
+    for item in items:
+        (done if act(item) else skipped).append(item)
+    return done, skipped
+
+
+def _skip_current_step(run_id: int) -> bool:
+    """A stuck run: its failed steps; a running one: its first unfinished step."""
+    names = services.stuck_steps(run_id) or services.current_steps(run_id)[:1]
+    return bool([name for name in names if services.skip_step(run_id, name)])
 
 
 def _last_error(errors: list[dict[str, Any]]) -> str:
@@ -86,20 +81,31 @@ def _last_error(errors: list[dict[str, Any]]) -> str:
     return f"{name}: {last.get('message', '')}"
 
 
-class ReplayForm(forms.Form):
-    step = forms.ChoiceField(label="Replay from step")
-    #: The generation the operator saw: a reopen by someone else in between
-    #: makes this one fail instead of replaying twice.
-    generation = forms.IntegerField(widget=forms.HiddenInput)
+class StepDisplays:
+    """The read-only fields a step shows, on the run page and on its own page."""
 
-    def __init__(self, *args: Any, steps: list[str], **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        field = self.fields["step"]
-        assert isinstance(field, forms.ChoiceField)
-        field.choices = [(name, name) for name in steps]
+    @admin.display(description="Job")
+    def job_link(self, step: WorkflowTask) -> str:
+        return _link(Job, step.job_id)
+
+    @admin.display(description="Child run")
+    def child_link(self, step: WorkflowTask) -> str:
+        return _link(WorkflowRun, step.child_run_id)
+
+    @admin.display(description="Output")
+    def output_display(self, step: WorkflowTask) -> str:
+        return pretty_json(step.output)
+
+    @admin.display(description="Checkpoint")
+    def checkpoint_display(self, step: WorkflowTask) -> str:
+        return pretty_json(step.checkpoint)
+
+    @admin.display(description="Errors (one per failed or lost attempt)")
+    def errors_display(self, step: WorkflowTask) -> str:
+        return render_errors(step.errors)
 
 
-class WorkflowTaskInline(admin.StackedInline):
+class StepInline(StepDisplays, ReadOnlyRows, admin.StackedInline):
     model = WorkflowTask
     fk_name = "run"
     verbose_name = "step"
@@ -131,45 +137,13 @@ class WorkflowTaskInline(admin.StackedInline):
         "errors_display",
     ]
 
-    def has_add_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return False
-
-    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return False
-
     @admin.display(description="Attempts (failed / max)")
     def attempts_display(self, step: WorkflowTask) -> str:
         return f"{step.attempts} ({step.failures} / {step.max_attempts})"
 
-    @admin.display(description="Job")
-    def job_link(self, step: WorkflowTask) -> str:
-        return _job_link(step.job_id)
 
-    @admin.display(description="Child run")
-    def child_link(self, step: WorkflowTask) -> str:
-        return _run_link(step.child_run_id)
-
-    @admin.display(description="Output")
-    def output_display(self, step: WorkflowTask) -> str:
-        return pretty_json(step.output)
-
-    @admin.display(description="Checkpoint")
-    def checkpoint_display(self, step: WorkflowTask) -> str:
-        return pretty_json(step.checkpoint)
-
-    @admin.display(description="Errors (one per failed or lost attempt)")
-    def errors_display(self, step: WorkflowTask) -> str:
-        return render_errors(step.errors)
-
-
-class OperatorPermissions:
-    """Permission hooks shared by both admins (used by ``@admin.action``)."""
-
-    def has_add_permission(self, request: HttpRequest) -> bool:
-        return False
-
-    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return False
+class OperatorActions(ReadOnlyRows):
+    """Permission hooks (used by ``@admin.action``) and the report shared by both admins."""
 
     def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
         return False
@@ -180,12 +154,27 @@ class OperatorPermissions:
     def has_retry_permission(self, request: HttpRequest) -> bool:
         return has_perm(request, "retry_workflowrun")
 
-    def has_replay_permission(self, request: HttpRequest) -> bool:
-        return has_perm(request, "replay_workflowrun")
+    def report(
+        self, request: HttpRequest, done: list[Any], verb: str, skipped: list[int], why: str
+    ) -> None:
+        """One message: how many changed, then which were left alone and why.
+
+        ``why`` is formatted with ``n`` (how many were left alone) and ``ids``.
+        A warning unless something changed and nothing was left alone.
+        """
+        text = f"{len(done)} {verb}"
+        if skipped:
+            text += why.format(n=len(skipped), ids=id_list(skipped))
+        level = messages.SUCCESS if done and not skipped else messages.WARNING
+        self.message_user(request, text + ".", level)  # type: ignore[attr-defined]
+
+
+#: Why a run action left a run alone.
+RUN_NOT_FITTING = ", {n} skipped ({ids}: not in a state this fits)"
 
 
 @admin.register(WorkflowRun)
-class WorkflowRunAdmin(OperatorPermissions, admin.ModelAdmin):
+class WorkflowRunAdmin(OperatorActions, ReplayFromStep):
     list_display = [
         "id",
         "name",
@@ -202,7 +191,7 @@ class WorkflowRunAdmin(OperatorPermissions, admin.ModelAdmin):
     paginator = CappedPaginator
     show_full_result_count = False
     show_facets = admin.ShowFacets.NEVER
-    inlines = [WorkflowTaskInline]
+    inlines = [StepInline]
     actions = ["cancel_runs", "retry_runs", "skip_current_steps"]
     fields = [
         ("id", "name", "state", "generation"),
@@ -232,7 +221,7 @@ class WorkflowRunAdmin(OperatorPermissions, admin.ModelAdmin):
 
     @admin.display(description="Started by")
     def parent_link(self, run: WorkflowRun) -> str:
-        return _run_link(run.parent_run_id)
+        return _link(WorkflowRun, run.parent_run_id)
 
     @admin.display(description="Child runs")
     def children_links(self, run: WorkflowRun) -> str:
@@ -276,37 +265,17 @@ class WorkflowRunAdmin(OperatorPermissions, admin.ModelAdmin):
     def output_display(self, run: WorkflowRun) -> str:
         return pretty_json(run.output)
 
-    @admin.display(description="Replay")
-    def replay_link(self, run: WorkflowRun) -> str:
-        if run.state == RunState.RUNNING:
-            return "Runs can be replayed once they succeeded, got stuck or were cancelled."
-        url = reverse("admin:django_dispatch_workflowrun_replay", args=[run.pk])
-        return format_html('<a class="button" href="{}">Replay from a step…</a>', url)
-
-    # --- actions ------------------------------------------------------------------
-
-    def _report(self, request: HttpRequest, verb: str, done: list[int], skipped: list[int]) -> None:
-        text = f"{len(done)} {verb}"
-        if skipped:
-            text += f", {len(skipped)} skipped ({id_list(skipped)}: not in a state this fits)"
-        level = messages.SUCCESS if not skipped else messages.WARNING
-        self.message_user(request, text + ".", level if done else messages.WARNING)
+    # --- actions: each run on its own (see ``_split``) ------------------------------------
 
     @admin.action(description="Cancel selected runs", permissions=["cancel"], location=BOTH)
     def cancel_runs(self, request: HttpRequest, queryset: Any) -> None:
-        done: list[int] = []
-        skipped: list[int] = []
-        for run_id in selected_ids(queryset):
-            (done if services.cancel_run(run_id) else skipped).append(run_id)
-        self._report(request, "cancelled", done, skipped)
+        done, skipped = _split(selected_ids(queryset), services.cancel_run)
+        self.report(request, done, "cancelled", skipped, RUN_NOT_FITTING)
 
     @admin.action(description="Retry selected stuck runs", permissions=["retry"], location=BOTH)
     def retry_runs(self, request: HttpRequest, queryset: Any) -> None:
-        done: list[int] = []
-        skipped: list[int] = []
-        for run_id in selected_ids(queryset):
-            (done if services.retry_run(run_id) else skipped).append(run_id)
-        self._report(request, "retried", done, skipped)
+        done, skipped = _split(selected_ids(queryset), services.retry_run)
+        self.report(request, done, "retried", skipped, RUN_NOT_FITTING)
 
     @admin.action(
         description="Skip the stuck (or current) step of selected runs",
@@ -314,75 +283,18 @@ class WorkflowRunAdmin(OperatorPermissions, admin.ModelAdmin):
         location=BOTH,
     )
     def skip_current_steps(self, request: HttpRequest, queryset: Any) -> None:
-        """A stuck run: its failed steps; a running one: its first unfinished step."""
-        done: list[int] = []
-        skipped: list[int] = []
-        for run_id in selected_ids(queryset):
-            names = services.stuck_steps(run_id) or services.current_steps(run_id)[:1]
-            won = [name for name in names if services.skip_step(run_id, name)]
-            (done if won else skipped).append(run_id)
-        self._report(request, "had their step skipped", done, skipped)
-
-    # --- replay from a step -----------------------------------------------------------
-
-    def get_urls(self):
-        urls = [
-            path(
-                "<path:object_id>/replay/",
-                self.admin_site.admin_view(self.replay_view),
-                name="django_dispatch_workflowrun_replay",
-            )
-        ]
-        return urls + super().get_urls()
-
-    def replay_view(self, request: HttpRequest, object_id: str) -> HttpResponse:
-        if not (self.has_view_permission(request) and self.has_replay_permission(request)):
-            raise PermissionDenied
-        run = self.get_object(request, object_id)
-        if run is None:
-            raise Http404(f"No workflow run with id {object_id!r}.")
-        steps = list(run.steps.order_by("sequence").values_list("name", flat=True))
-        if request.method == "POST":
-            form = ReplayForm(request.POST, steps=steps)
-            if form.is_valid():
-                try:
-                    services.replay_run(
-                        run.pk,
-                        form.cleaned_data["step"],
-                        generation=form.cleaned_data["generation"],
-                    )
-                except (ActionNotAllowed, AlreadyReopened) as e:
-                    form.add_error(None, str(e))
-                else:
-                    self.message_user(
-                        request,
-                        f"Run #{run.pk} replayed from step {form.cleaned_data['step']!r}.",
-                        messages.SUCCESS,
-                    )
-                    return HttpResponseRedirect(change_url(WorkflowRun, run.pk))
-        else:
-            first = services.stuck_steps(run.pk)[:1] or steps[:1]
-            form = ReplayForm(
-                initial={"generation": run.generation, "step": first[0] if first else None},
-                steps=steps,
-            )
-        context = {
-            **self.admin_site.each_context(request),
-            "title": f"Replay {run.name} run #{run.pk} from a step",
-            "opts": self.opts,
-            "run": run,
-            "form": form,
-            "run_url": change_url(WorkflowRun, run.pk),
-            "changelist_url": reverse("admin:django_dispatch_workflowrun_changelist"),
-        }
-        request.current_app = self.admin_site.name
-        template = engines["django"].from_string(REPLAY_TEMPLATE)
-        return TemplateResponse(request, template, context)  # type: ignore[arg-type]
+        done, skipped = _split(selected_ids(queryset), _skip_current_step)
+        self.report(request, done, "had their step skipped", skipped, RUN_NOT_FITTING)
 
 
 @admin.register(WorkflowTask)
-class WorkflowTaskAdmin(OperatorPermissions, admin.ModelAdmin):
-    """Every step of every run, to find stuck or failing steps across runs."""
+class WorkflowTaskAdmin(StepDisplays, OperatorActions, admin.ModelAdmin):
+    """Every step of every run, to find stuck or failing steps across runs.
+
+    Named after its model, like every ModelAdmin (see ``WorkflowTask`` for
+    why the model of a step keeps that name); the admin calls it "workflow
+    steps".
+    """
 
     list_display = ["id", "run_link", "name", "state", "attempts", "failures", "updated_at"]
     list_filter = ["state", ("name", RecentValuesFilter)]
@@ -415,39 +327,19 @@ class WorkflowTaskAdmin(OperatorPermissions, admin.ModelAdmin):
 
     @admin.display(description="Run", ordering="run_id")
     def run_link(self, step: WorkflowTask) -> str:
-        return _run_link(step.run_id)
-
-    @admin.display(description="Job")
-    def job_link(self, step: WorkflowTask) -> str:
-        return _job_link(step.job_id)
-
-    @admin.display(description="Child run")
-    def child_link(self, step: WorkflowTask) -> str:
-        return _run_link(step.child_run_id)
-
-    @admin.display(description="Output")
-    def output_display(self, step: WorkflowTask) -> str:
-        return pretty_json(step.output)
-
-    @admin.display(description="Checkpoint")
-    def checkpoint_display(self, step: WorkflowTask) -> str:
-        return pretty_json(step.checkpoint)
-
-    @admin.display(description="Errors (one per failed or lost attempt)")
-    def errors_display(self, step: WorkflowTask) -> str:
-        return render_errors(step.errors)
+        return _link(WorkflowRun, step.run_id)
 
     @admin.action(description="Skip selected steps", permissions=["retry"], location=BOTH)
     def skip_steps(self, request: HttpRequest, queryset: Any) -> None:
-        done: list[int] = []
-        skipped: list[int] = []
         rows = queryset.order_by("pk").values_list("pk", "run_id", "name", "state").iterator()
-        for step_id, run_id, name, state in rows:
-            fits = state != StepState.SUCCEEDED and services.skip_step(run_id, name)
-            (done if fits else skipped).append(step_id)
-        text = f"{len(done)} skipped"
-        if skipped:
-            text += f"; {len(skipped)} left alone ({id_list(skipped)}: already done or run over)"
-        self.message_user(
-            request, text + ".", messages.SUCCESS if not skipped else messages.WARNING
+        done, skipped = _split(
+            rows,
+            lambda row: row[3] != StepState.SUCCEEDED and services.skip_step(row[1], row[2]),
+        )
+        self.report(
+            request,
+            done,
+            "skipped",
+            [row[0] for row in skipped],
+            "; {n} left alone ({ids}: already done or run over)",
         )

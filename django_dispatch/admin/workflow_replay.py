@@ -1,0 +1,107 @@
+"""The workflow run admin's "Replay from a step…" page.
+
+A replay is one compare-and-set on the run's generation
+(``services.replay_run``); the form carries the generation the operator saw,
+so of two operators replaying the same run one wins and the other is told
+so on the form, with nothing changed.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django import forms
+from django.contrib import admin, messages
+from django.core.exceptions import PermissionDenied
+from django.http import Http404, HttpRequest, HttpResponse, HttpResponseRedirect
+from django.template.response import TemplateResponse
+from django.urls import path, reverse
+from django.utils.html import format_html
+
+from ..models import WorkflowRun
+from ..models.workflow import RunState
+from ..workflows import services
+from ..workflows.exceptions import ActionNotAllowed, AlreadyReopened
+from .common import change_url, has_perm
+
+REPLAY_TEMPLATE = "django_dispatch/admin/workflowrun_replay.html"
+
+
+class ReplayForm(forms.Form):
+    step = forms.ChoiceField(label="Replay from step")
+    #: The generation the operator saw: a reopen by someone else in between
+    #: makes this one fail instead of replaying twice.
+    generation = forms.IntegerField(widget=forms.HiddenInput)
+
+    def __init__(self, *args: Any, steps: list[str], **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        field = self.fields["step"]
+        assert isinstance(field, forms.ChoiceField)
+        field.choices = [(name, name) for name in steps]
+
+
+class ReplayFromStep(admin.ModelAdmin):
+    """The replay page of ``WorkflowRunAdmin``: its URL, permission, link and view."""
+
+    def has_replay_permission(self, request: HttpRequest) -> bool:
+        return has_perm(request, "replay_workflowrun")
+
+    @admin.display(description="Replay")
+    def replay_link(self, run: WorkflowRun) -> str:
+        if run.state == RunState.RUNNING:
+            return "Runs can be replayed once they succeeded, got stuck or were cancelled."
+        url = reverse("admin:django_dispatch_workflowrun_replay", args=[run.pk])
+        return format_html('<a class="button" href="{}">Replay from a step…</a>', url)
+
+    def get_urls(self):
+        urls = [
+            path(
+                "<path:object_id>/replay/",
+                self.admin_site.admin_view(self.replay_view),
+                name="django_dispatch_workflowrun_replay",
+            )
+        ]
+        return urls + super().get_urls()
+
+    def replay_view(self, request: HttpRequest, object_id: str) -> HttpResponse:
+        if not (self.has_view_permission(request) and self.has_replay_permission(request)):
+            raise PermissionDenied
+        run = self.get_object(request, object_id)
+        if run is None:
+            raise Http404(f"No workflow run with id {object_id!r}.")
+        steps = list(run.steps.order_by("sequence").values_list("name", flat=True))
+        if request.method == "POST":
+            form = ReplayForm(request.POST, steps=steps)
+            if form.is_valid():
+                try:
+                    services.replay_run(
+                        run.pk,
+                        form.cleaned_data["step"],
+                        generation=form.cleaned_data["generation"],
+                    )
+                except (ActionNotAllowed, AlreadyReopened) as e:
+                    form.add_error(None, str(e))
+                else:
+                    self.message_user(
+                        request,
+                        f"Run #{run.pk} replayed from step {form.cleaned_data['step']!r}.",
+                        messages.SUCCESS,
+                    )
+                    return HttpResponseRedirect(change_url(WorkflowRun, run.pk))
+        else:
+            first = services.stuck_steps(run.pk)[:1] or steps[:1]
+            form = ReplayForm(
+                initial={"generation": run.generation, "step": first[0] if first else None},
+                steps=steps,
+            )
+        context = {
+            **self.admin_site.each_context(request),
+            "title": f"Replay {run.name} run #{run.pk} from a step",
+            "subtitle": None,
+            "opts": self.opts,
+            "original": run,
+            "form": form,
+            "has_view_permission": self.has_view_permission(request, run),
+        }
+        request.current_app = self.admin_site.name
+        return TemplateResponse(request, REPLAY_TEMPLATE, context)
