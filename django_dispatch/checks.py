@@ -38,7 +38,10 @@ def check_dispatch_settings(app_configs: Any = None, **kwargs: Any) -> list[chec
         messages += _check_cron_entries(cron_entries)
     from .models import Job
 
-    vendor = connections[router.db_for_write(Job)].vendor
+    db = router.db_for_write(Job) or DEFAULT_DB_ALIAS
+    vendor = connections[db].vendor
+    if vendor == "sqlite":
+        messages += _check_sqlite_requests(db)
     if vendor not in SUPPORTED_VENDORS:
         messages.append(
             checks.Error(
@@ -49,6 +52,30 @@ def check_dispatch_settings(app_configs: Any = None, **kwargs: Any) -> list[chec
             )
         )
     return messages
+
+
+def _check_sqlite_requests(db: str) -> list[checks.CheckMessage]:
+    """ATOMIC_REQUESTS on SQLite needs transactions that start as the writer.
+
+    A request's transaction reads (the session, the user) before any view
+    code runs; on SQLite it then cannot write once a worker has committed in
+    between ("database is locked" at once). The admin's own remedy, taking
+    the write lock before its first read, comes too late inside it.
+    """
+    settings_dict = connections[db].settings_dict
+    mode = str(settings_dict.get("OPTIONS", {}).get("transaction_mode") or "").upper()
+    if not settings_dict.get("ATOMIC_REQUESTS") or mode in ("IMMEDIATE", "EXCLUSIVE"):
+        return []
+    return [
+        checks.Warning(
+            f"Database {db!r} is SQLite with ATOMIC_REQUESTS: requests that read and then "
+            "write (admin actions among them) fail with 'database is locked' whenever a "
+            "worker commits in between.",
+            hint=f"Set DATABASES[{db!r}]['OPTIONS']['transaction_mode'] = 'IMMEDIATE', "
+            "or turn ATOMIC_REQUESTS off.",
+            id="django_dispatch.W014",
+        )
+    ]
 
 
 def unapplied_migrations(db: str) -> list[str]:

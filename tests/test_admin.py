@@ -12,16 +12,18 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 from django.contrib.auth.models import Permission
-from django.db import connection
+from django.db import connection, connections
 from django.test.utils import CaptureQueriesContext
 from django.urls import reverse
 from django.utils import timezone
 
 from django_dispatch import enqueue_many, services, store
 from django_dispatch.admin.common import CappedPaginator
+from django_dispatch.checks import check_dispatch_settings
 from django_dispatch.models import CronEntry, DeadLetter, Job, Worker
 from django_dispatch.states import JobState
 from django_dispatch.testing import drain
+from tests.conftest import wait_until
 from tests.testapp import tasks
 
 FAIL_ALWAYS = "tests.testapp.tasks.fail_always"
@@ -606,3 +608,90 @@ def test_cron_delete_keeps_entries_still_defined_in_settings(client, login, sett
     assert list(CronEntry.objects.values_list("name", flat=True)) == ["from-settings"]
     # No per-object delete page: it would bypass the service.
     assert client.get(url("cronentry", "delete", in_settings.pk)).status_code == 403
+
+
+# --- beside a busy worker (SQLite's single writer) ------------------------------------------
+
+
+def post_change_form_action(client, model: str, pk: int, action: str) -> str:
+    """Run ``action`` from the object's change page; the page it redirects to, as text."""
+    change = url(model, "change", pk)
+    response = client.post(
+        change, {"CHANGE_FORM-action": action, "_selected_action": str(pk), "index": "0"}
+    )
+    assert response.status_code == 302 and response["Location"] == change, (model, action)
+    return page(client.get(change))
+
+
+@pytest.mark.django_db(transaction=True)
+def test_change_page_actions_succeed_while_a_worker_commits(client, login, start_worker):
+    """Every change-page action succeeds while a worker drains jobs beside it.
+
+    Django runs change-page actions inside ``changeform_view``'s transaction,
+    after reading the object. On SQLite such a transaction cannot later
+    become a writer if a worker committed in between ("database is locked",
+    at once, no busy timeout), so without taking the write lock first most
+    of these requests failed while a worker was busy. A failing action
+    raises here (the test client re-raises the view's exception).
+    """
+    rounds = 3
+    to_replay = [tasks.fail_always.enqueue(f"letter {i}") for i in range(rounds)]
+    to_retry = [tasks.fail_always.enqueue(f"job {i}") for i in range(rounds)]
+    drain()
+    letters = [dead_letter_of(result) for result in to_replay]
+    later = timezone.now() + timedelta(hours=1)
+    deferred = [tasks.noop.using(run_after=later).enqueue(i) for i in range(rounds * 3)]
+    entry = CronEntry.objects.create(
+        name="busy", schedule="0 3 * * *", timezone="UTC", task_path="tests.testapp.tasks.noop"
+    )
+    login(superuser=True)
+
+    def succeeded() -> int:
+        return Job.objects.filter(state=JobState.SUCCEEDED).count()
+
+    enqueue_many(tasks.noop, [([i], {}) for i in range(1000)])
+    worker = start_worker("--concurrency", "4")
+    wait_until(lambda: succeeded() or worker.popen.poll() is not None, what="the worker")
+    assert worker.popen.poll() is None, worker.output()
+    done_before = succeeded()
+    for i in range(rounds):
+        enqueue_many(tasks.noop, [([i], {}) for i in range(300)])  # the worker stays busy
+        text = post_change_form_action(client, "job", deferred[i].id, "cancel_jobs")
+        assert "1 cancelled, 0 skipped" in text
+        text = post_change_form_action(client, "job", to_retry[i].id, "retry_jobs")
+        assert "0 retried, 1 replayed, 0 skipped." in text
+        text = post_change_form_action(client, "deadletter", letters[i].pk, "replay_entries")
+        assert "1 replayed." in text
+        text = post_change_form_action(client, "cronentry", entry.pk, "run_now")
+        assert "1 enqueued: job" in text
+        text = post_change_form_action(client, "cronentry", entry.pk, "disable_entries")
+        assert "1 disabled." in text
+        text = post_change_form_action(client, "cronentry", entry.pk, "enable_entries")
+        assert "1 enabled" in text
+        response = client.post(  # the change form's own Save button
+            url("cronentry", "change", entry.pk),
+            cron_form(name="busy", task_path="tests.testapp.tasks.noop", args=f"[{i}]"),
+        )
+        assert response.status_code == 302, page(response)
+        pair = [deferred[rounds + 2 * i].id, deferred[rounds + 2 * i + 1].id]
+        assert "2 cancelled, 0 skipped" in page(run_action(client, "job", "cancel_jobs", pair))
+    # The worker committed all along: the requests really ran beside it.
+    assert succeeded() - done_before >= rounds
+    assert CronEntry.objects.get(pk=entry.pk).args == [rounds - 1]
+    assert not Job.objects.filter(pk__in=[j.id for j in deferred]).exclude(state=JobState.CANCELLED)
+
+
+def test_atomic_requests_on_sqlite_are_warned_about_without_immediate(monkeypatch):
+    """Under ATOMIC_REQUESTS the admin's write-lock-first comes too late on SQLite."""
+    db = connections["default"]
+    on_sqlite = db.vendor == "sqlite"
+
+    def warned() -> bool:
+        return "django_dispatch.W014" in {m.id for m in check_dispatch_settings()}
+
+    assert not warned()
+    monkeypatch.setitem(db.settings_dict, "ATOMIC_REQUESTS", True)
+    assert warned() == on_sqlite
+    options = {**db.settings_dict.get("OPTIONS", {}), "transaction_mode": "IMMEDIATE"}
+    monkeypatch.setitem(db.settings_dict, "OPTIONS", options)
+    assert not warned()

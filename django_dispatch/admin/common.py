@@ -3,6 +3,9 @@
 The job table can hold millions of finished rows, so nothing here may cost a
 scan of it: the paginator counts at most ``COUNT_CAP`` rows, and the value
 filters sample recent rows instead of ``SELECT DISTINCT`` over the table.
+
+Workers commit all the time, so nothing here may hold a read open across a
+write on SQLite either (see ``SQLiteWriteLockFirst`` and ``selected_rows``).
 """
 
 from __future__ import annotations
@@ -13,12 +16,15 @@ from typing import Any
 
 from django.contrib import admin
 from django.core.paginator import Paginator
+from django.db import connections, router, transaction
 from django.db.models import Model, QuerySet
-from django.http import HttpRequest
+from django.http import HttpRequest, HttpResponse
 from django.urls import reverse
 from django.utils.functional import cached_property
 from django.utils.html import format_html, format_html_join
 from django.utils.safestring import SafeString
+
+from ..store.base import take_sqlite_write_lock
 
 #: The changelist counts at most this many matching rows (then shows "more
 #: than"); pages beyond it are reached by narrowing with filters or search.
@@ -28,6 +34,10 @@ COUNT_CAP = 10_000
 FILTER_SAMPLE = 5_000
 #: Changelist templates that explain a capped count.
 CHANGE_LIST_TEMPLATE = "django_dispatch/admin/change_list.html"
+#: Rows an action reads per query (see ``selected_rows``).
+SELECTION_BATCH = 1000
+#: Request methods that never write (Django's own list in ``changeform_view``).
+SAFE_METHODS = ("GET", "HEAD", "OPTIONS", "TRACE")
 
 
 class CappedPaginator(Paginator):
@@ -107,9 +117,68 @@ class DeleteThroughAction:
         return actions
 
 
+class SQLiteWriteLockFirst:
+    """A change page's POST starts as SQLite's writer, before its first read.
+
+    Django runs a change page's POST (saving the form, or an action run from
+    the page) inside one transaction, ``changeform_view``'s, which reads the
+    object first and writes later. SQLite cannot turn a transaction that
+    read into a writer once another connection (a worker completing jobs)
+    committed in between: it answers "database is locked" at once, without
+    waiting out the busy timeout, and the operator's action fails whenever a
+    worker is busy. Taking the write lock before that first read makes the
+    request wait its turn behind the workers' short transactions instead (up
+    to the connection's ``timeout``), then run as the only writer. Nothing
+    changes on other databases, nor for pages that only read.
+
+    Under ``ATOMIC_REQUESTS`` the request's transaction has already read (the
+    session, the user) before this runs, so it cannot help there: configure
+    SQLite with ``"OPTIONS": {"transaction_mode": "IMMEDIATE"}`` then (see
+    docs/operating.md).
+    """
+
+    model: type[Model]
+
+    def changeform_view(
+        self,
+        request: HttpRequest,
+        object_id: str | None = None,
+        form_url: str = "",
+        extra_context: dict[str, Any] | None = None,
+    ) -> HttpResponse:
+        view = super().changeform_view  # type: ignore[misc]
+        db = router.db_for_write(self.model)
+        if request.method in SAFE_METHODS or connections[db].vendor != "sqlite":
+            return view(request, object_id, form_url, extra_context)
+        with transaction.atomic(using=db):
+            take_sqlite_write_lock(db)
+            return view(request, object_id, form_url, extra_context)
+
+
+def selected_rows(queryset: QuerySet[Any], *fields: str) -> Iterator[tuple[Any, ...]]:
+    """``(pk, *fields)`` of an action's selection, in pk order, read in batches.
+
+    The selection may be "select all" over millions of rows, so it is not
+    loaded at once; nor is it streamed through one open cursor, because on
+    SQLite a statement left open keeps its read transaction open, and the
+    writes the action makes between two fetches would then fail with
+    "database is locked" as soon as a worker commits. Each batch is a
+    complete query of its own (keyset pagination on the primary key).
+    """
+    ordered = queryset.order_by("pk")
+    last = None
+    while True:
+        batch = ordered if last is None else ordered.filter(pk__gt=last)
+        rows = list(batch.values_list("pk", *fields)[:SELECTION_BATCH])
+        yield from rows
+        if len(rows) < SELECTION_BATCH:
+            return
+        last = rows[-1][0]
+
+
 def selected_ids(queryset: QuerySet[Any]) -> Iterator[int]:
-    """The primary keys of an action's selection, streamed (it may be "select all")."""
-    return queryset.order_by("pk").values_list("pk", flat=True).iterator()
+    """The primary keys of an action's selection (see ``selected_rows``)."""
+    return (row[0] for row in selected_rows(queryset))
 
 
 def pretty_json(value: Any) -> SafeString:

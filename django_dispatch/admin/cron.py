@@ -22,7 +22,7 @@ from django.utils.html import format_html, format_html_join
 
 from .. import cron, services
 from ..models import CronEntry, Job
-from .common import DeleteThroughAction, change_url, selected_ids
+from .common import DeleteThroughAction, SQLiteWriteLockFirst, change_url, selected_ids
 from .forms import CronEntryForm
 
 logger = logging.getLogger("django_dispatch.admin")
@@ -60,7 +60,7 @@ DEFINITION_FIELDS = set(CronEntryForm.Meta.fields) - {"enabled"}
 
 
 @admin.register(CronEntry)
-class CronEntryAdmin(DeleteThroughAction, admin.ModelAdmin):
+class CronEntryAdmin(SQLiteWriteLockFirst, DeleteThroughAction, admin.ModelAdmin):
     form = CronEntryForm
     list_display = [
         "name",

@@ -31,6 +31,7 @@ from .common import (
     DeleteThroughAction,
     ReadOnlyRows,
     RecentValuesFilter,
+    SQLiteWriteLockFirst,
     change_url,
     has_perm,
     id_list,
@@ -67,7 +68,7 @@ def replay_one(request: HttpRequest, dead_letter_id: int, **corrections: Any) ->
 
 
 @admin.register(DeadLetter)
-class DeadLetterAdmin(ReadOnlyRows, DeleteThroughAction, admin.ModelAdmin):
+class DeadLetterAdmin(SQLiteWriteLockFirst, ReadOnlyRows, DeleteThroughAction, admin.ModelAdmin):
     list_display = [
         "id",
         "task_path",

@@ -26,12 +26,14 @@ from .common import (
     DeleteThroughAction,
     ReadOnlyRows,
     RecentValuesFilter,
+    SQLiteWriteLockFirst,
     change_url,
     has_perm,
     id_list,
     pretty_json,
     render_errors,
     selected_ids,
+    selected_rows,
     username,
 )
 
@@ -43,7 +45,7 @@ BOTH = [admin.ActionLocation.CHANGE_LIST, admin.ActionLocation.CHANGE_FORM]
 
 
 @admin.register(Job)
-class JobAdmin(ReadOnlyRows, DeleteThroughAction, admin.ModelAdmin):
+class JobAdmin(SQLiteWriteLockFirst, ReadOnlyRows, DeleteThroughAction, admin.ModelAdmin):
     list_display = [
         "id",
         "state",
@@ -202,8 +204,7 @@ class JobAdmin(ReadOnlyRows, DeleteThroughAction, admin.ModelAdmin):
         retried = replayed = 0
         skipped: list[int] = []
         failed: list[str] = []
-        rows = queryset.order_by("pk").values_list("pk", "state").iterator()
-        for job_id, state in rows:
+        for job_id, state in selected_rows(queryset, "state"):
             if state == JobState.FAILED:
                 outcome = self._replay_failed_job(request, job_id)
                 if outcome is True:
