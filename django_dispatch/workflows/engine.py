@@ -21,7 +21,7 @@ from ..store import workflows as wf_store
 from .context import StartChild, StepContext
 from .definition import Workflow, backoff_delay, default_backoff, get_workflow, resolve_step
 from .exceptions import UnknownWorkflow, WorkflowDefinitionError
-from .runner import Outcome, error_of, run_attempt
+from .runner import StepOutcome, error_of, run_attempt
 
 if TYPE_CHECKING:
     from ..context import DispatchTaskContext
@@ -109,14 +109,14 @@ def execute_step(job_context: DispatchTaskContext, step_id: int, generation: int
     try:
         step = resolve_step(claimed.workflow_name, claimed.name, claimed.handler_path)
     except UnknownWorkflow as e:
-        outcome = Outcome(kind="failed", exception=e, retryable=False)
+        outcome = StepOutcome(kind="failed", exception=e, retryable=False)
     else:
         outcome = run_attempt(step.func, ctx, claimed.timeout)
     recorded = record(claimed, outcome)
     return {**summary, "outcome": outcome.kind if recorded else "discarded"}
 
 
-def record(claimed: wf_store.ClaimedStep, outcome: Outcome) -> bool:
+def record(claimed: wf_store.ClaimedStep, outcome: StepOutcome) -> bool:
     """Persist one attempt's outcome, fenced by its claim. False: the claim was void."""
     step_id, claim_id = claimed.step_id, claimed.claim_id
     if outcome.kind == "succeeded":
@@ -150,7 +150,7 @@ def record(claimed: wf_store.ClaimedStep, outcome: Outcome) -> bool:
     return won
 
 
-def _retry_in(claimed: wf_store.ClaimedStep, outcome: Outcome) -> float | None:
+def _retry_in(claimed: wf_store.ClaimedStep, outcome: StepOutcome) -> float | None:
     """Seconds before the next attempt, or None when the step is out of attempts."""
     failures = claimed.failures + 1
     if not outcome.retryable or failures >= claimed.max_attempts:

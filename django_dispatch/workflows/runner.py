@@ -31,6 +31,7 @@ from django.tasks.exceptions import InvalidTask
 
 from ..backend import to_json
 from ..exceptions import JobCancelled
+from ..store import error_entry
 from .context import StartChild, StepContext
 from .exceptions import StepTimeout
 
@@ -38,7 +39,9 @@ Kind = Literal["succeeded", "child", "failed", "lost"]
 
 
 @dataclass
-class Outcome:
+class StepOutcome:
+    """What one attempt of a step came to (a job's outcome is ``runtime.executor``'s)."""
+
     kind: Kind
     value: Any = None
     exception: BaseException | None = None
@@ -46,19 +49,19 @@ class Outcome:
 
 
 def error_of(exception: BaseException, attempt: int) -> dict[str, Any]:
-    """The JSON shape of one failed attempt, as stored in a step's ``errors``."""
+    """One failed attempt as stored in a step's ``errors``: a job error entry plus its number."""
     cls = type(exception)
-    return {
-        "exception_class_path": f"{cls.__module__}.{cls.__qualname__}",
-        "message": str(exception),
-        "traceback": "".join(traceback.format_exception(exception)),
-        "attempt": attempt,
-    }
+    entry = error_entry(
+        f"{cls.__module__}.{cls.__qualname__}",
+        str(exception),
+        "".join(traceback.format_exception(exception)),
+    )
+    return {**entry, "attempt": attempt}
 
 
 def run_attempt(
     func: Callable[[StepContext], Any], ctx: StepContext, timeout: float | None
-) -> Outcome:
+) -> StepOutcome:
     """Call the step function once and classify the result."""
     try:
         if iscoroutinefunction(func):
@@ -69,19 +72,19 @@ def run_attempt(
             value = func(ctx)
     except StepTimeout as e:
         ctx.stop_event.set()
-        return Outcome(kind="failed", exception=e)
+        return StepOutcome(kind="failed", exception=e)
     except (JobCancelled, asyncio.CancelledError) as e:
         if ctx.cancelled:  # stopped on purpose: discard
-            return Outcome(kind="lost", exception=e)
-        return Outcome(kind="failed", exception=e)  # raised by the step itself
+            return StepOutcome(kind="lost", exception=e)
+        return StepOutcome(kind="failed", exception=e)  # raised by the step itself
     except BaseException as e:  # SystemExit from a step fails the attempt, not the worker
-        return Outcome(kind="failed", exception=e)
+        return StepOutcome(kind="failed", exception=e)
     if ctx.cancelled:
-        return Outcome(kind="lost")
+        return StepOutcome(kind="lost")
     if isinstance(value, StartChild):
-        return Outcome(kind="child", value=value)
+        return StepOutcome(kind="child", value=value)
     if ctx.child_requested is not None:
-        return Outcome(
+        return StepOutcome(
             kind="failed",
             retryable=False,
             exception=InvalidTask(
@@ -90,9 +93,11 @@ def run_attempt(
             ),
         )
     try:
-        return Outcome(kind="succeeded", value=to_json(value, f"The output of step {ctx.step!r}"))
+        return StepOutcome(
+            kind="succeeded", value=to_json(value, f"The output of step {ctx.step!r}")
+        )
     except InvalidTask as e:  # the same code would return the same value again
-        return Outcome(kind="failed", exception=e, retryable=False)
+        return StepOutcome(kind="failed", exception=e, retryable=False)
 
 
 async def _call_async(
