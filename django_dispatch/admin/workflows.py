@@ -22,6 +22,7 @@ from ..models import Job, WorkflowRun, WorkflowTask
 from ..models.workflow import STEP_DONE, StepState
 from ..workflows import services
 from .common import (
+    CHANGE_LIST_TEMPLATE,
     CappedPaginator,
     ReadOnlyRows,
     RecentValuesFilter,
@@ -35,6 +36,8 @@ from .common import (
 from .workflow_replay import ReplayFromStep
 
 BOTH = [admin.ActionLocation.CHANGE_LIST, admin.ActionLocation.CHANGE_FORM]
+#: The dispatch change form: readable JSON and tracebacks, as on the jobs pages.
+CHANGE_FORM_TEMPLATE = "django_dispatch/admin/change_form.html"
 
 
 def _current_step() -> Subquery:
@@ -189,6 +192,8 @@ class WorkflowRunAdmin(OperatorActions, ReplayFromStep):
     search_help_text = "Run id (exact), workflow name or idempotency key."
     list_per_page = 100
     paginator = CappedPaginator
+    change_list_template = CHANGE_LIST_TEMPLATE
+    change_form_template = CHANGE_FORM_TEMPLATE
     show_full_result_count = False
     show_facets = admin.ShowFacets.NEVER
     inlines = [StepInline]
@@ -303,6 +308,8 @@ class WorkflowTaskAdmin(StepDisplays, OperatorActions, admin.ModelAdmin):
     list_select_related = False
     list_per_page = 100
     paginator = CappedPaginator
+    change_list_template = CHANGE_LIST_TEMPLATE
+    change_form_template = CHANGE_FORM_TEMPLATE
     show_full_result_count = False
     show_facets = admin.ShowFacets.NEVER
     actions = ["skip_steps"]
