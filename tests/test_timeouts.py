@@ -7,17 +7,22 @@ every 10 ms until it is killed; row ids (assigned at insert) order its side
 effects against those of the jobs that must not overlap it.
 """
 
+import json
+import os
 import signal
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
+from django.db import connection
 from django.tasks import TaskResultStatus
 
 from django_dispatch import cancel
 from django_dispatch.models import Job
 from django_dispatch.states import JobState
 from django_dispatch.testing import drain
-from tests.conftest import wait_until
+from tests.conftest import ROOT, wait_until
 from tests.testapp import tasks
 from tests.testapp.models import SideEffect
 
@@ -205,3 +210,62 @@ def test_an_async_task_that_blocks_its_event_loop_is_killed_too(start_worker, tm
     assert lines.read_text().splitlines() == written
     worker.signal(signal.SIGTERM)
     assert worker.wait(30) == 0, worker.output()
+
+
+def _probe(*args: str, overrides: dict | None = None, **env: str) -> subprocess.CompletedProcess:
+    """Run ``tests/recycle_probe.py`` on the test database; its output is in stdout."""
+    connection.ensure_connection()
+    return subprocess.run(
+        [sys.executable, "-m", "tests.recycle_probe", *args],
+        cwd=ROOT,
+        env={
+            **os.environ,
+            "DJANGO_SETTINGS_MODULE": "tests.settings",
+            "DISPATCH_DB_NAME": str(connection.settings_dict["NAME"]),
+            "DISPATCH_OVERRIDES": json.dumps(overrides or {}),
+            "PYTHONUNBUFFERED": "1",
+            **env,
+        },
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        timeout=90,
+    )
+
+
+@pytest.mark.slow
+def test_a_handover_past_the_environment_limit_reaches_the_successor(tmp_path):
+    """Thousands of entries with long partition keys: more than one environment
+    variable may hold (128 KiB on Linux), passed on through a real execve."""
+    scratch = tmp_path / "tmp"  # the successor's temporary directory
+    scratch.mkdir()
+    probe = _probe("handover", str(tmp_path), "1000", TMPDIR=str(scratch))
+    assert probe.returncode == 0, probe.stdout
+    assert "recycling the worker process" in probe.stdout
+    sent = json.loads((tmp_path / "sent.json").read_text())
+    received = json.loads((tmp_path / "received.json").read_text())
+    assert len(sent["handover"]) > 128 * 1024
+    assert sent["fits_in_env"] is False  # in one variable, execve fails with E2BIG
+    assert received["pid"] == sent["pid"]  # the same process, re-executed
+    assert received["handover"] == sent["handover"], probe.stdout
+    # Read once: gone from the environment, the descriptor closed, nothing on disk.
+    assert not received["env_left"] and not received["fd_still_open"]
+    assert list(scratch.iterdir()) == []
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("mode", ["call-command", "management-utility"])
+def test_a_script_whose_command_line_mentions_rundispatch_does_not_recycle(mode):
+    """Recycling re-executes the process's own command line, which is only
+    right when that command line started ``rundispatch`` (``pytest -k
+    rundispatch`` is not one): the script gives the stuck thread up instead."""
+    zombie = tasks.ignores_timeout.enqueue(f"script-{mode}")
+    probe = _probe(mode, "-k", "rundispatch", overrides=OVERRIDES)
+    assert probe.returncode == 0, probe.stdout
+    assert "recycling the worker process" not in probe.stdout
+    # The timeout is recorded by the script's own worker (its retry waits for
+    # its backoff, after the burst ended), not by a re-executed successor.
+    job = Job.objects.get(pk=zombie.id)
+    assert job.state == JobState.PENDING and job.attempts == 1, probe.stdout
+    assert [e["exception_class_path"] for e in job.errors] == [TIMEOUT]
+    assert "given up on" in job.errors[0]["message"]

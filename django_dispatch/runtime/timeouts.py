@@ -17,8 +17,9 @@ If it does not, a Python thread cannot be killed, so ``rundispatch``
 **recycles its process**: it stops claiming, lets the other jobs finish
 (up to the shutdown timeout), writes the successes already returned, renews
 every lease it holds once more, lists each running job in a ``Handover``
-and re-executes its own command line with ``os.execve`` (the same PID, so
-systemd and the ``--processes`` supervisor keep their worker).
+(passed on in an unnamed temporary file, whatever its size) and re-executes
+its own command line with ``os.execve`` (the same PID, so systemd and the
+``--processes`` supervisor keep their worker).
 ``execve`` ends every thread of the process, the zombie's included, before
 the new program starts. Only then does the new process (the *successor*),
 before it claims anything, settle the handover through the lease fence:
@@ -39,8 +40,9 @@ window. What remains:
   worker.
 - Jobs handed back by a recycle are re-run from their last checkpoint (no
   attempt spent); a job that saves no checkpoint starts over.
-- Only a process started as ``rundispatch`` recycles (re-executing any other
-  command line, a test runner's for instance, would be wrong). A ``Worker``
+- Only a process started as ``rundispatch`` from its command line recycles
+  (re-executing any other command line, a test runner's for instance, would
+  be wrong: see ``can_recycle``). A ``Worker``
   run in-process (``testing.drain()``, ``call_command``) falls back to giving
   up on a timed-out thread after the grace period: it records the timeout and
   lets the thread run on, fenced out but free to cause side effects, as
@@ -62,12 +64,14 @@ import json
 import logging
 import os
 import signal
+import stat
 import sys
+import tempfile
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from inspect import iscoroutinefunction
-from typing import TYPE_CHECKING, Any, Literal, NoReturn
+from typing import IO, TYPE_CHECKING, Any, Literal, NoReturn
 
 from django.tasks import Task
 
@@ -84,18 +88,25 @@ logger = logging.getLogger("django_dispatch.worker")
 #: Extra seconds an async task gets past its timeout before the worker asks
 #: it to stop from outside (its own asyncio timeout should have fired first).
 ASYNC_TIMEOUT_GRACE = 1.0
-#: The environment variable carrying a ``Handover`` to the successor process.
+#: The environment variable telling the successor process where its
+#: ``Handover`` is: ``"<fd>:<pid>"``, a file descriptor inherited across
+#: ``execve`` by the process ``pid`` (see ``Handover.pass_on``).
 HANDOVER_ENV = "DISPATCH_HANDOVER"
 
 
-def can_recycle() -> bool:
+def can_recycle(argv: Sequence[str] | None) -> bool:
     """Whether this process may replace itself by re-executing its command line.
 
-    Only when that command line is ``rundispatch`` (``manage.py rundispatch``,
-    ``python -m django rundispatch``): re-executing a test runner or a script
-    that calls ``call_command("rundispatch")`` would not bring a worker back.
+    ``argv`` is the command line Django's entry point (``manage.py``,
+    ``django-admin``, ``python -m django``) handed to ``rundispatch``
+    (``BaseCommand.run_from_argv``), None when the command was called from
+    code (``call_command``). Only when that is this process's own command
+    line does re-executing it bring the same worker back. Not when a test
+    runner or a script runs the command: ``pytest -k rundispatch`` has the
+    word in its arguments, but re-executing it would rerun the tests. The
+    successor re-executes the same command line, so it decides the same way.
     """
-    return hasattr(os, "execve") and "rundispatch" in sys.orig_argv[1:]
+    return hasattr(os, "execve") and argv is not None and list(argv) == sys.argv
 
 
 def timeout_of(row: dict[str, Any]) -> float | None:
@@ -190,16 +201,60 @@ class Handover:
             released=entries("released"),
         )
 
+    def pass_on(self) -> tuple[IO[bytes], str]:
+        """Write this handover for the successor: (the open file, the value for ``HANDOVER_ENV``).
+
+        Not in the environment itself: one environment variable is limited
+        to 128 KiB on Linux (``execve`` fails with E2BIG), which a worker
+        with many threads running jobs with long partition keys exceeds. An
+        unnamed temporary file instead (``TemporaryFile``: created 0600 and
+        unlinked at once, so nobody else can open it and nothing is left on
+        disk whatever happens to either process) whose descriptor survives
+        ``execve``; only its number travels in the environment. Keep the
+        file object open until ``execve``.
+        """
+        handle = tempfile.TemporaryFile(prefix="dispatch-handover-")  # noqa: SIM115 - see above
+        handle.write(self.dumps().encode())
+        handle.flush()
+        os.set_inheritable(handle.fileno(), True)
+        return handle, f"{handle.fileno()}:{os.getpid()}"
+
     @classmethod
     def from_environ(cls) -> Handover | None:
-        """The handover left by the process this one replaced (removed from the environment)."""
-        text = os.environ.pop(HANDOVER_ENV, None)
-        if not text:
+        """The handover left by the process this one replaced, if any.
+
+        The variable is removed from the environment (a task's subprocess
+        must not take it for its own) and the descriptor is closed once read,
+        which frees the file. A value left for another process (its pid is
+        not ours: ``execve`` keeps the pid, anything else changes it) or
+        naming no regular file is ignored, with an error in the log.
+        """
+        value = os.environ.pop(HANDOVER_ENV, None)
+        if not value:
             return None
         try:
-            return cls.loads(text)
-        except (ValueError, KeyError, TypeError):
-            logger.exception("ignoring an unreadable %s", HANDOVER_ENV)
+            fd_text, pid_text = value.split(":")
+            fd, pid = int(fd_text), int(pid_text)
+        except ValueError:
+            logger.error("ignoring %s=%r: expected '<fd>:<pid>'", HANDOVER_ENV, value)
+            return None
+        if pid != os.getpid():
+            logger.error(
+                "ignoring %s=%r: it was left for process %s, not this one (%s)",
+                HANDOVER_ENV,
+                value,
+                pid,
+                os.getpid(),
+            )
+            return None
+        try:
+            if not stat.S_ISREG(os.fstat(fd).st_mode):
+                raise OSError(f"descriptor {fd} is not a regular file")
+            with os.fdopen(fd, "rb") as handle:
+                handle.seek(0)
+                return cls.loads(handle.read().decode())
+        except (OSError, ValueError, KeyError, TypeError):
+            logger.exception("ignoring an unreadable handover (%s=%r)", HANDOVER_ENV, value)
             return None
 
     def jobs(self) -> int:
@@ -230,11 +285,11 @@ def exec_successor(handover: Handover) -> NoReturn:
     """Replace this process by a fresh run of the same command line (same PID).
 
     Every other thread of the process ends here, task code included. The
-    successor reads ``handover`` from its environment and settles it. Call
-    ``hold_stop_signals`` first (and read whether a stop was requested after
-    it), so that no stop request falls between the two programs.
+    successor finds ``handover`` through its environment (``from_environ``)
+    and settles it. Call ``hold_stop_signals`` first (and read whether a stop
+    was requested after it), so that no stop request falls between the two
+    programs.
     """
-    env = {**os.environ, HANDOVER_ENV: handover.dumps()}
     os.chdir(START_DIRECTORY)
     argv = [sys.executable, *sys.orig_argv[1:]]
     logger.warning(
@@ -243,9 +298,11 @@ def exec_successor(handover: Handover) -> NoReturn:
         os.getpid(),
         handover.jobs(),
     )
-    for stream in (sys.stdout, sys.stderr):
-        stream.flush()
     try:
+        _handle, where = handover.pass_on()  # the file stays open until execve
+        env = {**os.environ, HANDOVER_ENV: where}
+        for stream in (sys.stdout, sys.stderr):
+            stream.flush()
         os.execve(sys.executable, argv, env)
     except OSError:
         # The process must end anyway: the leases expire and the leader

@@ -2,12 +2,15 @@
 
 A worker process that has to end task code ignoring its timeout or its
 cancel re-executes this same command line (see ``runtime.timeouts``); the
-new program finds a handover in its environment and carries on as the same
-worker: under ``--processes``, as the same child, not as a new supervisor.
+new program finds a handover through its environment and carries on as the
+same worker: under ``--processes``, as the same child, not as a new
+supervisor. Only a process whose own command line started the command may do
+that (``run_from_argv`` below; not ``call_command`` from a script or a test).
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
@@ -30,6 +33,14 @@ def _positive_int(value: str) -> int:
 class Command(BaseCommand):
     help = "Run django_dispatch jobs: claim, run, retry; SIGTERM drains gracefully."
     requires_system_checks: list[str] = []  # run below, with a clearer failure
+    #: The command line that started this command, None when called from
+    #: code: decides whether the worker may recycle its process.
+    command_line: Sequence[str] | None = None
+
+    def run_from_argv(self, argv: list[str]) -> None:
+        """Started from a command line (``manage.py``, ``django-admin``, ``python -m django``)."""
+        self.command_line = list(argv)
+        super().run_from_argv(argv)
 
     def add_arguments(self, parser: CommandParser) -> None:
         cfg = get_settings()
@@ -88,7 +99,7 @@ class Command(BaseCommand):
         self._check_queues(queues)
         base_id = options["worker_id"] or default_worker_id()
         predecessor = timeouts.Handover.from_environ()
-        recycle = timeouts.can_recycle()
+        recycle = timeouts.can_recycle(self.command_line)
 
         def run_one(index: int | None, predecessor: timeouts.Handover | None = None) -> int:
             if predecessor is not None:
