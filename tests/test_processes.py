@@ -319,3 +319,79 @@ def test_concurrent_claimers_in_threads_never_share(transactional_db):
         t.join()
     ids = [i for batch in claimed for i in batch]
     assert len(ids) == len(set(ids)) == 300
+
+
+def _finished(task, result_id):
+    return lambda: task.get_result(result_id).is_finished
+
+
+def test_a_dead_leaders_jobs_are_reclaimed_as_soon_as_another_worker_takes_office(
+    start_worker, tmp_path
+):
+    """The new leader reclaims on taking office, not at its next RECLAIM_INTERVAL
+    (30 s here): the dead leader's jobs run again about a lease after its death."""
+    release = tmp_path / "release"
+    jobs = [tasks.wait_for_file.enqueue(f"led-{i}", str(release)) for i in range(2)]
+    leader = start_worker("--worker-id", "leader", "--concurrency", "2")
+    wait_until(lambda: store.leadership_holder() == ("leader", True), what="a leader")
+    starts = SideEffect.objects.filter(key__startswith="led-", note="start")
+    wait_until(lambda: starts.count() == 2, what="the leader to run both jobs")
+    survivor = start_worker(
+        "--worker-id", "survivor", "--concurrency", "2", overrides={"RECLAIM_INTERVAL": 30.0}
+    )
+    wait_until(lambda: Worker.objects.filter(id="survivor").exists(), what="a second worker")
+
+    leader.signal(signal.SIGKILL)
+    leader.wait()
+    killed_at = time.monotonic()
+    wait_until(lambda: starts.count() == 4, timeout=15, what="the dead leader's jobs to run again")
+    # A lease (2 s) and an election (0.3 s), plus start-up and polling slack.
+    assert time.monotonic() - killed_at < 8, survivor.output()
+    assert "worker survivor took leadership" in survivor.output()
+    for enqueued in jobs:
+        job = Job.objects.get(pk=enqueued.id)
+        assert job.worker_id == "survivor" and job.worker_lost_count == 1
+    release.touch()
+    for enqueued in jobs:
+        wait_until(_finished(tasks.wait_for_file, enqueued.id))
+        result = tasks.wait_for_file.get_result(enqueued.id)
+        assert result.status == TaskResultStatus.SUCCESSFUL
+    survivor.signal(signal.SIGTERM)
+    assert survivor.wait(30) == 0, survivor.output()
+
+
+def test_a_deleted_worker_row_comes_back_at_the_next_heartbeat(start_worker):
+    worker = start_worker("--worker-id", "phoenix", "--concurrency", "3", "--queues", "default")
+    rows = Worker.objects.filter(id="phoenix")
+    wait_until(rows.exists, what="the worker to register")
+    rows.delete()  # as the leader's stale-worker sweep does after a long pause
+    row = wait_until(rows.first, timeout=5, what="the row to come back")
+    assert (row.pid, row.concurrency, row.queues) == (worker.pid, 3, ["default"])
+    assert "recreated it" in worker.output()
+    seen = row.last_seen_at
+    wait_until(lambda: rows.get().last_seen_at > seen, what="heartbeats to go on")
+    worker.signal(signal.SIGTERM)
+    assert worker.wait(30) == 0, worker.output()
+    assert not rows.exists()  # still deregistered on exit
+
+
+@postgres_only  # a process frozen inside a SQLite write would block every other writer
+def test_a_worker_paused_past_the_stale_window_registers_again(start_worker):
+    sweeper = start_worker(
+        "--worker-id", "sweeper", "--concurrency", "1", overrides={"WORKER_STALE_SECONDS": 1.5}
+    )
+    wait_until(lambda: store.leadership_holder() == ("sweeper", True), what="a leader")
+    sleeper = start_worker("--worker-id", "sleeper", "--concurrency", "1")
+    rows = Worker.objects.filter(id="sleeper")
+    wait_until(rows.exists, what="the second worker to register")
+    sleeper.signal(signal.SIGSTOP)
+    try:
+        wait_until(lambda: not rows.exists(), timeout=10, what="the leader to delete the row")
+    finally:
+        sleeper.signal(signal.SIGCONT)
+    wait_until(rows.exists, timeout=5, what="the resumed worker's row to come back")
+    assert rows.get().pid == sleeper.pid
+    assert "recreated it" in sleeper.output()
+    for worker in (sleeper, sweeper):
+        worker.signal(signal.SIGTERM)
+        assert worker.wait(30) == 0, worker.output()

@@ -4,6 +4,10 @@ Reclaiming expired leases, deleting stale Worker rows and the retention
 purge must not run on every worker at once (they would compete for the same
 rows). Each step is still safe to run twice, so a leader that loses its lease
 mid-step does no harm.
+
+A worker that takes leadership reclaims at once, not at its next
+``RECLAIM_INTERVAL``: when the previous leader died, its own jobs' leases ran
+out with its leadership, so they are due when a successor takes office.
 """
 
 from __future__ import annotations
@@ -19,6 +23,8 @@ logger = logging.getLogger("django_dispatch.maintenance")
 
 #: Longest a purge may run on the control loop per PURGE_INTERVAL.
 PURGE_MAX_SECONDS = 2.0
+#: Elections, from the one that takes office, that also reclaim (see ``elect``).
+TAKEOVER_SWEEPS = 3
 
 
 class Maintenance:
@@ -27,9 +33,19 @@ class Maintenance:
         self.settings = settings
         self.db = db
         self.leader = False
+        self.takeover_sweeps = 0  # how many of the next elections also reclaim
 
     def elect(self) -> bool:
-        """Take or renew leadership; log transitions."""
+        """Take or renew leadership; log transitions; reclaim at once on taking office.
+
+        A dead leader renewed its jobs' leases and its leadership in the same
+        loop, every ``HEARTBEAT_INTERVAL``, so the last of its jobs' leases
+        ends at most about one interval after its leadership does. The
+        election that takes office and the next two (one interval apart)
+        each sweep: every job of a dead leader is back in the queue within
+        about a heartbeat of its lease's expiry, not at the new leader's
+        next ``RECLAIM_INTERVAL``.
+        """
         was_leader = self.leader
         self.leader = False  # until the database confirms: a failed election demotes us
         self.leader = store.leadership_acquire(
@@ -39,6 +55,13 @@ class Maintenance:
             logger.info(
                 "worker %s %s leadership", self.worker_id, "took" if self.leader else "lost"
             )
+        if not self.leader:
+            self.takeover_sweeps = 0
+        elif not was_leader:
+            self.takeover_sweeps = TAKEOVER_SWEEPS
+        if self.takeover_sweeps:
+            self.takeover_sweeps -= 1
+            self.reclaim()
         return self.leader
 
     def reclaim(self) -> None:

@@ -2,13 +2,17 @@
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Sequence
+from typing import Any
 
 from django.db import IntegrityError
 from django.db.models.functions import Now
 
 from ..models import Worker
 from .base import db_alias, now_plus
+
+logger = logging.getLogger("django_dispatch.store")
 
 
 def worker_register(
@@ -27,26 +31,61 @@ def worker_register(
     while a lone statement waits for the lock.
     """
     db = db or db_alias()
-    fields = {
+    fields = _fields(hostname, pid, queues, concurrency, running_jobs=0)
+    workers = Worker.objects.using(db)
+    if not workers.filter(id=worker_id).update(started_at=Now(), last_seen_at=Now(), **fields):
+        _create(worker_id, fields, db)
+
+
+def worker_touch(
+    worker_id: str,
+    *,
+    running_jobs: int,
+    hostname: str,
+    pid: int,
+    queues: Sequence[str],
+    concurrency: int,
+    db: str | None = None,
+) -> bool:
+    """The heartbeat's write to the worker's row; True if the row had to be recreated.
+
+    The leader deletes rows not seen for ``WORKER_STALE_SECONDS``. A worker
+    that was only paused that long (SIGSTOP, a suspended VM, a host frozen
+    under swap) and carries on must show up again, so the heartbeat brings
+    its row back. One UPDATE as usual; an INSERT only once the row is gone
+    (its ``started_at`` is then the time it came back).
+    """
+    db = db or db_alias()
+    row = Worker.objects.using(db).filter(id=worker_id)
+    if row.update(last_seen_at=Now(), running_jobs=running_jobs):
+        return False
+    _create(worker_id, _fields(hostname, pid, queues, concurrency, running_jobs=running_jobs), db)
+    logger.warning(
+        "worker %s: its row was gone (deleted as stale while the worker was paused?); recreated it",
+        worker_id,
+    )
+    return True
+
+
+def _fields(
+    hostname: str, pid: int, queues: Sequence[str], concurrency: int, *, running_jobs: int
+) -> dict[str, Any]:
+    return {
         "hostname": hostname,
         "pid": pid,
         "queues": list(queues),
         "concurrency": concurrency,
-        "running_jobs": 0,
+        "running_jobs": running_jobs,
     }
+
+
+def _create(worker_id: str, fields: dict[str, Any], db: str) -> None:
+    """Insert the row; if the same id was inserted meanwhile, update that one."""
     workers = Worker.objects.using(db)
-    if workers.filter(id=worker_id).update(started_at=Now(), last_seen_at=Now(), **fields):
-        return
     try:
         workers.create(id=worker_id, **fields)
     except IntegrityError:  # registered concurrently under the same id
         workers.filter(id=worker_id).update(last_seen_at=Now(), **fields)
-
-
-def worker_touch(worker_id: str, *, running_jobs: int, db: str | None = None) -> None:
-    Worker.objects.using(db or db_alias()).filter(id=worker_id).update(
-        last_seen_at=Now(), running_jobs=running_jobs
-    )
 
 
 def worker_deregister(worker_id: str, *, db: str | None = None) -> None:
