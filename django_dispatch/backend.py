@@ -28,6 +28,7 @@ from django.utils.module_loading import import_string
 
 from . import store
 from .exceptions import InvalidTaskArguments, UnknownTask
+from .limits import JSONTooLarge, check_size
 from .models import Job
 from .retry import Backoff, exponential_backoff
 from .states import JobState, to_status
@@ -100,12 +101,8 @@ JSON_ENCODER = json.JSONEncoder(allow_nan=False)
 JSON_DECODER = json.JSONDecoder()
 
 
-def encode_json(value: Any, what: str) -> tuple[str, Any]:
-    """(JSON text of ``value``, ``value`` after a strict JSON round trip), or InvalidTaskArguments.
-
-    The round trip is what the worker will see (tuples become lists), so the
-    TaskResult returned at enqueue equals the one read back later.
-    """
+def json_text(value: Any, what: str) -> str:
+    """The strict JSON text of ``value``, storable by any database, or InvalidTaskArguments."""
     try:
         text = JSON_ENCODER.encode(value)
         check_storable_json(text)
@@ -114,6 +111,20 @@ def encode_json(value: Any, what: str) -> tuple[str, Any]:
             f"{what} must be JSON-serializable ({e}). Pass ids and plain data "
             "(str, int, float, bool, None, lists, dicts with str keys), not objects."
         ) from e
+    return text
+
+
+def encode_json(value: Any, what: str, limit: str | None = None) -> tuple[str, Any]:
+    """(JSON text of ``value``, ``value`` after a strict JSON round trip), or InvalidTaskArguments.
+
+    The round trip is what the worker will see (tuples become lists), so the
+    TaskResult returned at enqueue equals the one read back later. ``limit``
+    names the ``DISPATCH`` setting bounding the text's size (see
+    ``limits``); it is checked before the text is decoded.
+    """
+    text = json_text(value, what)
+    if limit is not None:
+        check_size(len(text), what, limit)
     return text, JSON_DECODER.decode(text)
 
 
@@ -142,9 +153,15 @@ def check_storable_json(text: str) -> None:
             ) from None
 
 
-def to_json(value: Any, what: str) -> Any:
-    """``value`` after a strict JSON round trip, or InvalidTaskArguments (see ``encode_json``)."""
-    return encode_json(value, what)[1]
+def to_json(value: Any, what: str, limit: str | None = "MAX_RESULT_BYTES") -> Any:
+    """``value`` after a strict JSON round trip, or InvalidTaskArguments (see ``encode_json``).
+
+    Bounded by ``DISPATCH["MAX_RESULT_BYTES"]`` unless ``limit`` names
+    another size limit: the executor stores a task's return value through
+    here, so a value too big to store fails its job (not retried: the same
+    code would return it again) before anything is written.
+    """
+    return encode_json(value, what, limit)[1]
 
 
 @functools.lru_cache(maxsize=1024)
@@ -202,9 +219,19 @@ class EnqueuePlan:
     def encode_call(
         self, args: Sequence[Any], kwargs: Mapping[str, Any]
     ) -> tuple[list[Any], dict[str, Any], str, str]:
-        """Validate one call: (args, kwargs) after the JSON round trip, and their JSON text."""
-        args_text, json_args = encode_json(list(args), "Task arguments")
-        kwargs_text, json_kwargs = encode_json(dict(kwargs), "Task keyword arguments")
+        """Validate one call: (args, kwargs) after the JSON round trip, and their JSON text.
+
+        The arguments' size is measured on the text about to be stored (a
+        ``len()``), before it is decoded: an oversized call costs no decode.
+        """
+        args_text = json_text(list(args), "Task arguments")
+        kwargs_text = json_text(dict(kwargs), "Task keyword arguments")
+        check_size(
+            len(args_text) + len(kwargs_text),
+            f"The arguments of {self.task.module_path}",
+            "MAX_ARGS_BYTES",
+        )
+        json_args, json_kwargs = JSON_DECODER.decode(args_text), JSON_DECODER.decode(kwargs_text)
         self.check(json_args, json_kwargs)
         return json_args, json_kwargs, args_text, kwargs_text
 
@@ -277,7 +304,10 @@ class DispatchBackend(BaseTaskBackend):
         return getattr(task, "max_attempts", None) or self.default_max_attempts
 
     def backoff_for(self, task: Task) -> Backoff:
-        return getattr(task, "backoff", None) or self.default_backoff
+        """The task's backoff (or the default), never retrying a value over a size limit."""
+        return functools.partial(
+            _no_retry_when_too_large, getattr(task, "backoff", None) or self.default_backoff
+        )
 
     # --- enqueue -------------------------------------------------------------
 
@@ -407,6 +437,22 @@ class DispatchBackend(BaseTaskBackend):
                 )
             )
         return messages
+
+
+def _no_retry_when_too_large(
+    backoff: Backoff, exception: BaseException, task_result: TaskResult
+) -> float | None:
+    """``backoff``'s answer, except None (stop) for a value over its size limit.
+
+    A checkpoint too big for ``DISPATCH["MAX_CHECKPOINT_BYTES"]`` (raised by
+    ``context.progress()`` through the task), or a child job's arguments too
+    big to enqueue, would be just as big on the next attempt: retrying only
+    spends attempts. (A return value too big is failed without retry by the
+    executor itself.)
+    """
+    if isinstance(exception, JSONTooLarge):
+        return None
+    return backoff(exception, task_result)
 
 
 def send_robust(signal: Any, backend: BaseTaskBackend | type, task_result: TaskResult) -> None:

@@ -9,8 +9,12 @@ from dataclasses import dataclass, field, fields
 from typing import Any
 
 from django.conf import settings
+from django.core.signals import setting_changed
+from django.dispatch import receiver
 
 DAY = 86400.0
+KIB = 1024
+MIB = 1024 * KIB
 
 
 def _default_retention() -> dict[str, float | None]:
@@ -61,6 +65,18 @@ class DispatchSettings:
     DEAD_LETTER_RETENTION: float = 90 * DAY
     #: Seconds finished jobs are kept, per final state; None keeps them forever.
     JOB_RETENTION: dict[str, float | None] = field(default_factory=_default_retention)
+    #: Largest JSON, in bytes, of one job's arguments (args and kwargs
+    #: together). A bigger call is refused at enqueue (InvalidTaskArguments).
+    MAX_ARGS_BYTES: int = MIB
+    #: Largest JSON, in bytes, of a job's return value. A bigger one fails the
+    #: job at completion, without retry (the same code returns it again).
+    MAX_RESULT_BYTES: int = 10 * MIB
+    #: Largest JSON, in bytes, of a checkpoint: ``context.progress()`` raises
+    #: InvalidTaskArguments for a bigger one, and saves nothing.
+    MAX_CHECKPOINT_BYTES: int = 10 * MIB
+    #: Longest error message, and longest traceback, kept per failed attempt
+    #: (UTF-8 bytes). Longer ones are cut in the middle, not refused.
+    MAX_ERROR_BYTES: int = 64 * KIB
     #: Cron entries: {name: {"schedule", "task", "args", "kwargs", "timezone",
     #: "queue_name", "priority", "misfire_policy", "enabled"}}.
     CRON: dict[str, dict[str, Any]] = field(default_factory=dict)
@@ -123,7 +139,9 @@ class DispatchSettings:
 
 
 _FIELD_NAMES = {f.name for f in fields(DispatchSettings)}
-_WHOLE_NUMBERS = {"MAX_WORKER_LOST", "CONCURRENCY", "PURGE_BATCH"}
+#: The size limits, read through ``size_limit()`` (cached) on hot paths.
+SIZE_LIMITS = ("MAX_ARGS_BYTES", "MAX_RESULT_BYTES", "MAX_CHECKPOINT_BYTES", "MAX_ERROR_BYTES")
+_WHOLE_NUMBERS = {"MAX_WORKER_LOST", "CONCURRENCY", "PURGE_BATCH", *SIZE_LIMITS}
 _OTHER_KEYS: set[str] = set()
 
 
@@ -137,3 +155,29 @@ def get_settings() -> DispatchSettings:
     if isinstance(values.get("JOB_RETENTION"), dict):  # partial overrides keep the defaults
         values["JOB_RETENTION"] = {**_default_retention(), **values["JOB_RETENTION"]}
     return DispatchSettings(**values)
+
+
+_size_limits: dict[str, int] | None = None
+
+
+def size_limit(name: str) -> int:
+    """One of ``SIZE_LIMITS``, read once per settings change.
+
+    Every enqueue checks its arguments' size, and building the whole
+    ``DispatchSettings`` each time would be a measurable part of an enqueue;
+    the values are kept until Django reports a change of ``DISPATCH``
+    (``override_settings`` in tests sends ``setting_changed``).
+    """
+    global _size_limits
+    limits = _size_limits
+    if limits is None:
+        values = get_settings()
+        limits = _size_limits = {limit: getattr(values, limit) for limit in SIZE_LIMITS}
+    return limits[name]
+
+
+@receiver(setting_changed)
+def _forget_size_limits(*, setting: str, **kwargs: Any) -> None:
+    global _size_limits
+    if setting == "DISPATCH":
+        _size_limits = None

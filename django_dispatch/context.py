@@ -47,11 +47,14 @@ class DispatchTaskContext(TaskContext):  # type: ignore[misc]
 
         Raises ``JobCancelled`` once the job is cancelled or this worker no
         longer holds it: stop work then; whatever the task returns afterwards
-        is discarded. From async tasks use ``await context.aprogress(value)``.
+        is discarded. Raises ``InvalidTaskArguments``, saving nothing, when
+        ``value`` is not JSON or its JSON is over
+        ``DISPATCH["MAX_CHECKPOINT_BYTES"]``. From async tasks use
+        ``await context.aprogress(value)``.
         """
         if self.cancel_event.is_set():
             raise JobCancelled(self._gone())
-        value = to_json(value, "A checkpoint")
+        value = to_json(value, "A checkpoint", "MAX_CHECKPOINT_BYTES")
         if not store.job_progress_if_leased(self.lease, value, lease_seconds=self.lease_seconds):
             self.cancel_event.set()
             raise JobCancelled(self._gone())

@@ -8,6 +8,7 @@ from django.db import connections, router
 from django.db.models import DateTimeField, ExpressionWrapper, Value
 from django.db.models.functions import Now
 
+from ..limits import truncate_error_text
 from ..models import Job
 
 NOTIFY_CHANNEL = "django_dispatch"
@@ -57,9 +58,14 @@ def take_sqlite_write_lock(db: str) -> None:
 
 
 def error_entry(exception_class_path: str, message: str, traceback: str) -> dict[str, str]:
-    """The JSON shape of one attempt's error, as stored in ``Job.errors``."""
+    """The JSON shape of one attempt's error, as stored in ``Job.errors``.
+
+    The message and the traceback are each cut to ``DISPATCH["MAX_ERROR_BYTES"]``
+    (start and end kept; see ``limits.truncate_error_text``): an error is
+    never refused, however big, since refusing it would lose the failure.
+    """
     return {
         "exception_class_path": exception_class_path,
-        "message": message,
-        "traceback": traceback,
+        "message": truncate_error_text(message),
+        "traceback": truncate_error_text(traceback),
     }

@@ -28,6 +28,8 @@ from typing import Any
 from django.db import IntegrityError, connections, transaction
 from django.db.models import Field
 
+from ..conf import size_limit
+from ..limits import call_sizes, too_large
 from ..models import Job
 from ..states import LIVE, JobState
 
@@ -221,10 +223,25 @@ def job_insert_call(
 @dataclass(frozen=True, slots=True)
 class CallChunk:
     """Some calls of one task: ``text`` is a JSON array of ``[args, kwargs]``
-    pairs, ``values`` the same array decoded (one fresh list per call)."""
+    pairs, ``values`` the same array decoded (one fresh list per call).
+
+    A chunk holding a call whose arguments are over
+    ``DISPATCH["MAX_ARGS_BYTES"]`` cannot be made (InvalidTaskArguments), so
+    no such call is ever inserted. A chunk's text is at least as long as any
+    of its calls', so the check is one comparison unless the whole chunk is
+    over the limit.
+    """
 
     text: str
     values: list[list[Any]]
+
+    def __post_init__(self) -> None:
+        limit = size_limit("MAX_ARGS_BYTES")
+        if len(self.text) <= limit:
+            return
+        for size in call_sizes(self.text, self.values):
+            if size > limit:
+                raise too_large("The arguments of one of the calls", size, "MAX_ARGS_BYTES")
 
 
 def jobs_insert_calls(

@@ -256,3 +256,32 @@ async def async_blocks_its_loop(context, path, seconds=60):
             out.flush()
             time.sleep(0.01)
     return "late"
+
+
+# --- size limits (tests/test_limits.py) ---------------------------------------------
+
+
+@task(max_attempts=3)
+def returns_text(size):
+    """Returns ``size`` characters; three attempts, so a retry would show."""
+    return "x" * size
+
+
+@task(max_attempts=3, takes_context=True)
+def checkpoints_text(context, size):
+    """Saves a small checkpoint, then one of ``size`` characters, then returns."""
+    context.progress({"done": 1})
+    context.progress("x" * size)
+    return "saved"
+
+
+@task()
+def raises_long_message(size):
+    """Fails with a message of ``size`` characters (with a recognisable start and end)."""
+    raise ValueError("START" + "é" * size + "END")
+
+
+@task()
+def raises_nul():
+    """Fails with a message holding a NUL character, which jsonb cannot store."""
+    raise ValueError("before\x00after")
