@@ -517,7 +517,15 @@ class Worker:
                 logger.info("job %s: cancelled or lost; asking it to stop", job_id)
                 running.stop()
                 self.overseer.asked_to_stop(running, time.monotonic())
-        store.worker_touch(self.options.worker_id, running_jobs=len(leases), db=self.db)
+        store.worker_touch(  # recreates the row if the leader deleted it (a long pause)
+            self.options.worker_id,
+            running_jobs=len(leases),
+            hostname=socket.gethostname(),
+            pid=os.getpid(),
+            queues=self.options.queues,
+            concurrency=self.options.concurrency,
+            db=self.db,
+        )
 
     def recycle(self) -> None:
         """Stop claiming; once the other jobs are done, ``run()`` prepares the handover."""
