@@ -8,6 +8,7 @@ import signal
 import threading
 import time
 from collections import defaultdict
+from contextlib import contextmanager
 
 import pytest
 from django.db import IntegrityError, connection, transaction
@@ -17,7 +18,7 @@ from django_dispatch import cancel, enqueue_many, store
 from django_dispatch.models import Job
 from django_dispatch.states import JobState
 from django_dispatch.testing import drain
-from tests.conftest import wait_until
+from tests.conftest import postgres_only, wait_until
 from tests.testapp import tasks
 from tests.testapp.models import SideEffect, Step
 
@@ -103,17 +104,114 @@ def test_cancelling_a_pending_head_promotes_the_next():
     assert [c.id for c in claim()] == [int(a[2].id)]
 
 
-def test_only_live_or_still_held_rows_are_locked_as_blockers():
-    from django_dispatch.store.partitions import lock_blockers
+def test_the_demotion_checks_again_under_the_key_lock():
+    """The claim's first look at the heads takes no lock; the demotion itself
+    checks again, so a job found runnable by then is not demoted."""
+    from django_dispatch.store.partitions import partitions_demote
 
+    def demote(key, *jobs):
+        with transaction.atomic():
+            return partitions_demote("default", [(int(j.id), key) for j in jobs])
+
+    a = keyed("A", 2)
+    assert demote("A", *a) == {int(a[1].id)}  # the head, with nothing running, stays
+    assert (state(a[0]), state(a[1])) == (JobState.PENDING, JobState.BLOCKED)
+
+    held, freed = keyed("H", 2), keyed("F", 2)
+    # A cancelled job still held by its worker keeps its key busy; once let go, not.
+    Job.objects.filter(pk=held[0].id).update(
+        state=JobState.CANCELLED, lease_expires_at="2999-01-01T00:00:00Z"
+    )
+    Job.objects.filter(pk=freed[0].id).update(state=JobState.CANCELLED)
+    assert demote("H", held[1]) == {int(held[1].id)}
+    assert demote("F", freed[1]) == set()
+
+
+@contextmanager
+def key_locked_elsewhere(key):
+    """Another connection holds ``key``'s partition lock until the block ends."""
+    from django_dispatch.store.partitions import lock_partitions
+
+    locked, release = threading.Event(), threading.Event()
+
+    def hold():
+        try:
+            with transaction.atomic():
+                lock_partitions("default", [key])
+                locked.set()
+                release.wait(20)
+        finally:
+            connection.close()
+
+    holder = threading.Thread(target=hold)
+    holder.start()
+    try:
+        assert locked.wait(20)
+        yield
+    finally:
+        release.set()
+        holder.join(20)
+
+
+@postgres_only
+def test_a_claim_never_waits_for_a_busy_key_and_leaves_its_jobs_pending():
     a = keyed("A", 3)
-    claim()  # a[0] runs (held by w)
-    assert cancel(a[2].id)  # a pending job cancelled: finished, blocks nothing
+    free = tasks.add.enqueue(1, 1)
+    (head,) = claim(limit=1)
+    assert head.id == int(a[0].id)
+    with key_locked_elsewhere("A"):
+        started = time.monotonic()
+        assert [c.id for c in claim()] == [int(free.id)]  # not the busy key's jobs...
+        assert time.monotonic() - started < 1
+        assert state(a[1]) == state(a[2]) == JobState.PENDING  # ...nor demoted
+    assert claim() == []
+    assert state(a[1]) == state(a[2]) == JobState.BLOCKED  # demoted once the key was free
+
+
+@postgres_only
+@pytest.mark.parametrize("how", ["finish", "fail", "cancel_next", "release"])
+def test_transitions_that_can_free_a_key_wait_for_its_lock(how):
+    a = keyed("A", 3)
+    (head,) = claim(limit=1)
+    unkeyed = tasks.add.enqueue(1, 1)
+    (other,) = claim(limit=1)
+    assert other.id == int(unkeyed.id)
+    transitions = {
+        "finish": lambda: store.job_finish_if_leased(head.lease, 1, partition_key="A"),
+        "fail": lambda: store.job_fail_if_leased(head.lease, [], None, partition_key="A"),
+        "cancel_next": lambda: cancel(a[1].id),
+        "release": lambda: store.job_release_if_leased(head.lease, attempts=0, worker_ids=[]),
+    }
+    done = threading.Event()
+
+    def run():
+        try:
+            assert transitions[how]()
+            done.set()
+        finally:
+            connection.close()
+
+    with key_locked_elsewhere("A"):
+        # An unkeyed job's transition takes no partition lock: it goes through.
+        assert store.job_finish_if_leased(other.lease, 1)
+        worker = threading.Thread(target=run)
+        worker.start()
+        assert not done.wait(0.3)  # waits for the key's lock
+    worker.join(20)
+    assert done.is_set()
+
+
+def test_a_batch_with_a_lease_that_lost_its_key_still_promotes(caplog):
+    """A lease built by hand without its job's key: the batch learns the key
+    from its UPDATE and takes the key's lock then (without waiting)."""
+    a = keyed("A", 2)
+    (head,) = claim()
+    bare = store.Lease(head.lease.job_id, head.lease.worker_id, head.lease.epoch)
+    assert bare == head.lease and bare.partition_key is None
     with transaction.atomic():
-        assert lock_blockers("default", [int(a[0].id), int(a[2].id)]) == {int(a[0].id)}
-    assert cancel(a[0].id)  # running: cancelled but still held by its worker
-    with transaction.atomic():
-        assert lock_blockers("default", [int(a[0].id)]) == {int(a[0].id)}
+        assert store.jobs_finish_many_if_leased([(bare, 1)]) == {head.id}
+    assert state(a[1]) == JobState.PENDING
+    assert "did not carry their partition key" in caplog.text
 
 
 def test_a_cancelled_job_still_held_is_not_deleted():

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -24,7 +24,7 @@ from ..models import Job
 from ..sql import JSONAppend
 from ..states import JobState
 from .base import db_alias, take_sqlite_write_lock
-from .partitions import lock_blockers, partition_heads
+from .partitions import partition_heads, partitions_demote
 
 #: At most this many blocked jobs are demoted per claim transaction, which
 #: bounds its length; each demotion takes a job out of the claim index for
@@ -37,11 +37,18 @@ DEMOTE_WINDOW = 64
 
 @dataclass(frozen=True, slots=True)
 class Lease:
-    """The token a claim hands out; every later write by the worker carries it."""
+    """The token a claim hands out; every later write by the worker carries it.
+
+    ``partition_key`` is the job's key, carried along (not part of the fence,
+    nor of equality) so that a batch of completions can take its keys' locks
+    before its UPDATE (see ``partitions``). A lease built without it is an
+    unkeyed job's as far as ``jobs_finish_many_if_leased`` knows.
+    """
 
     job_id: int
     worker_id: str
     epoch: int
+    partition_key: str | None = field(default=None, compare=False)
 
 
 #: Columns a worker needs to run a job; read in the claim so that running a
@@ -287,9 +294,12 @@ def _sort_out_partitions(
 ) -> tuple[list[dict[str, Any]], int]:
     """Split locked candidates into runnable ones and ones to demote.
 
-    Demotes (in this transaction) the keyed candidates that are not their
-    partition's runnable head, once their blocker is locked; the others are
-    added to ``passed``. Returns (runnable rows, number demoted).
+    A first look at the keys' heads, without locks, picks the runnable heads
+    (leasing one takes no key lock: a key with a running job is not stalled)
+    and the jobs that wait behind something. Those are demoted in this transaction by
+    ``partitions_demote``, which takes their keys' locks without waiting and
+    checks again under them; jobs of a busy key, or found runnable after all,
+    are added to ``passed``. Returns (runnable rows, number demoted).
     """
     heads = partition_heads(db, [r["partition_key"] for r in rows if r["partition_key"]])
     taken = {r["partition_key"] for r in chosen if r["partition_key"]}
@@ -305,15 +315,9 @@ def _sort_out_partitions(
             blocked.append(row)
     if not blocked:
         return runnable, 0
-    blockers = {row["id"]: heads[row["partition_key"]].blocker() for row in blocked}
-    locked = lock_blockers(db, [b for b in blockers.values() if b is not None])
-    demote = [job_id for job_id, blocker in blockers.items() if blocker in locked]
-    passed += [job_id for job_id in blockers if job_id not in demote]
-    if demote:
-        Job.objects.using(db).filter(id__in=demote, state=JobState.PENDING).update(
-            state=JobState.BLOCKED
-        )
-    return runnable, len(demote)
+    demoted = partitions_demote(db, [(row["id"], row["partition_key"]) for row in blocked])
+    passed += [row["id"] for row in blocked if row["id"] not in demoted]
+    return runnable, len(demoted)
 
 
 def jobs_due_exist(*, queues: Sequence[str], db: str | None = None) -> bool:
@@ -337,5 +341,10 @@ def _claimed(row: dict[str, Any], worker_id: str, now: datetime) -> ClaimedJob:
     row["started_at"] = row["started_at"] or now
     row["last_attempted_at"] = now
     row["worker_ids"] = [*row["worker_ids"], worker_id]
-    lease = Lease(job_id=row["id"], worker_id=worker_id, epoch=row["lease_epoch"])
+    lease = Lease(
+        job_id=row["id"],
+        worker_id=worker_id,
+        epoch=row["lease_epoch"],
+        partition_key=row["partition_key"],
+    )
     return ClaimedJob(lease=lease, row=row, claimed_at=now)

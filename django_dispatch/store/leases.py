@@ -3,11 +3,18 @@
 ``_leased`` is the fence: the row only while this exact claim still holds
 it. A write that matches nothing returns False and the worker must drop what
 it was about to record.
+
+Every write that takes a keyed job out of ``running`` (or lets go of a
+cancelled one) runs under its key's lock and promotes the key's head in the
+same transaction (see ``partitions``: the lock is what keeps two such
+transitions of one key from both missing each other's change). Unkeyed jobs
+take no lock: their writes are one statement, as before.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 from collections.abc import Iterable, Sequence
 from typing import Any
 
@@ -20,7 +27,9 @@ from ..states import JobState
 from .base import db_alias, notify, now_plus
 from .claim import Lease
 from .dead_letters import dead_letter_insert
-from .partitions import partition_promote, partitions_promote
+from .partitions import lock_partitions, partitions_promote, try_lock_partitions
+
+logger = logging.getLogger("django_dispatch.store")
 
 
 def _leased(lease: Lease, db: str):
@@ -33,16 +42,23 @@ def _leased(lease: Lease, db: str):
 
 
 def _update_then_promote(
-    lease: Lease, partition_key: str | None, db: str | None, frees_partition: bool, **changes: Any
+    lease: Lease, partition_key: str | None, db: str | None, **changes: Any
 ) -> bool:
-    """A fenced update; if it won and frees the job's partition, promote the next job."""
+    """A fenced update of a running job; for a keyed one, under its key's lock,
+    followed by the promotion of its key's head if it won.
+
+    The key is ``partition_key`` or, when the caller did not pass it, the one
+    the lease carries. Unkeyed: one UPDATE and nothing else.
+    """
     db = db or db_alias()
-    if not (partition_key and frees_partition):
+    key = partition_key or lease.partition_key
+    if not key:
         return _leased(lease, db).update(**changes) == 1
     with transaction.atomic(using=db):
+        lock_partitions(db, [key])
         won = _leased(lease, db).update(**changes) == 1
         if won:
-            partition_promote(db, partition_key)
+            partitions_promote(db, [key])
     return won
 
 
@@ -54,7 +70,6 @@ def job_finish_if_leased(
         lease,
         partition_key,
         db,
-        True,
         state=JobState.SUCCEEDED,
         return_value=return_value,
         finished_at=Now(),
@@ -86,12 +101,16 @@ def jobs_finish_many_if_leased(
     of finished jobs instead of one each. Each row is still fenced by its own
     (id, worker_id, lease_epoch); jobs lost meanwhile are left alone and not
     in the result. The partitions the winners free get their next jobs
-    promoted in the same transaction, as ``job_finish_if_leased`` does.
+    promoted in the same transaction, as ``job_finish_if_leased`` does, under
+    their keys' locks: taken before the UPDATE, in one statement, from the
+    keys the leases carry, so a wave of unkeyed jobs takes none.
     """
     if not results:
         return set()
     db = db or db_alias()
+    keys = {lease.partition_key for lease, _ in results if lease.partition_key}
     with transaction.atomic(using=db, savepoint=False):
+        lock_partitions(db, keys)
         if connections[db].vendor == "postgresql":
             with connections[db].cursor() as cursor:
                 cursor.execute(
@@ -107,8 +126,27 @@ def jobs_finish_many_if_leased(
                 winners = dict(cursor.fetchall())
         else:
             winners = _finish_many_orm(results, db)
-        partitions_promote(db, [key for key in winners.values() if key])
+        freed = {key for key in winners.values() if key}
+        if freed - keys:
+            freed = keys & freed | _lock_late(db, freed - keys)
+        partitions_promote(db, freed)
     return set(winners)
+
+
+def _lock_late(db: str, keys: set[str]) -> set[str]:
+    """The keys of winners whose lease did not carry them: lock what we can now.
+
+    Their rows are locked already, so waiting for a key's lock here could
+    deadlock; only free keys are taken (and promoted). A busy one is left to
+    the leader's sweep. Only leases built by hand without their key get here.
+    """
+    locked = try_lock_partitions(db, keys)
+    logger.warning(
+        "finished jobs of partitions %s with leases that did not carry their partition key; %s",
+        sorted(keys),
+        "promoted" if locked == keys else f"left {sorted(keys - locked)} to the leader's sweep",
+    )
+    return locked
 
 
 def _finish_many_orm(results: Sequence[tuple[Lease, Any]], db: str) -> dict[int, str | None]:
@@ -153,21 +191,25 @@ def job_fail_if_leased(
     ``errors`` is the job's whole error history including this attempt; the
     worker read the earlier entries in its claim, and the fence guarantees
     nobody else appended since. A job waiting for its retry stays its
-    partition's head, so it keeps blocking the jobs behind it. A job failed
-    for good gets its dead letter in the same transaction.
+    partition's head, so it keeps blocking the jobs behind it; it still
+    promotes its key, under the key's lock, in case an older job (committed
+    after it was enqueued) was demoted behind it. A job failed for good gets
+    its dead letter in the same transaction.
     """
     db = db or db_alias()
+    key = partition_key or lease.partition_key
     if retry_in is not None:
-        return (
-            _leased(lease, db).update(
-                state=JobState.PENDING,
-                run_after=now_plus(retry_in),
-                errors=errors,
-                lease_expires_at=None,
-            )
-            == 1
+        return _update_then_promote(
+            lease,
+            key,
+            db,
+            state=JobState.PENDING,
+            run_after=now_plus(retry_in),
+            errors=errors,
+            lease_expires_at=None,
         )
     with transaction.atomic(using=db):
+        lock_partitions(db, [key])
         won = (
             _leased(lease, db).update(
                 state=JobState.FAILED, finished_at=Now(), errors=errors, lease_expires_at=None
@@ -176,8 +218,7 @@ def job_fail_if_leased(
         )
         if won:
             dead_letter_insert(db, lease.job_id)
-            if partition_key:
-                partition_promote(db, partition_key)
+            partitions_promote(db, [key])
     return won
 
 
@@ -195,25 +236,32 @@ def job_progress_if_leased(
 
 
 def job_release_if_leased(
-    lease: Lease, *, attempts: int, worker_ids: list[str], db: str | None = None
+    lease: Lease,
+    *,
+    attempts: int,
+    worker_ids: list[str],
+    db: str | None = None,
+    partition_key: str | None = None,
 ) -> bool:
     """running -> pending without spending an attempt (graceful shutdown).
 
     ``attempts`` and ``worker_ids`` are the values from before the claim, so
     the hand-back leaves no trace in the retry budget or the attempt history.
-    The job stays its partition's head.
+    The job stays its partition's head; like a retry, it promotes its key
+    (``partition_key``, or the lease's) in case an older job was demoted
+    behind it.
     """
     db = db or db_alias()
-    released = (
-        _leased(lease, db).update(
-            state=JobState.PENDING,
-            worker_id=None,
-            lease_expires_at=None,
-            lease_epoch=F("lease_epoch") + 1,
-            attempts=attempts,
-            worker_ids=worker_ids,
-        )
-        == 1
+    released = _update_then_promote(
+        lease,
+        partition_key,
+        db,
+        state=JobState.PENDING,
+        worker_id=None,
+        lease_expires_at=None,
+        lease_epoch=F("lease_epoch") + 1,
+        attempts=attempts,
+        worker_ids=worker_ids,
     )
     if released:
         notify(db)
@@ -227,9 +275,12 @@ def job_ack_cancelled(
 
     Until this (or the lease's expiry), a cancelled job keeps its partition
     busy, so the next job of the key never overlaps the cancelled code.
+    Letting go frees the key: under its lock, its head is promoted.
     """
     db = db or db_alias()
+    key = partition_key or lease.partition_key
     with transaction.atomic(using=db):
+        lock_partitions(db, [key])
         acked = (
             Job.objects.using(db)
             .filter(
@@ -242,8 +293,8 @@ def job_ack_cancelled(
             .update(lease_expires_at=None)
             == 1
         )
-        if acked and partition_key:
-            partition_promote(db, partition_key)
+        if acked:
+            partitions_promote(db, [key])
     return acked
 
 

@@ -1,4 +1,10 @@
-"""Transitions not made by a job's own worker: rescue, cancel, retry now."""
+"""Transitions not made by a job's own worker: rescue, cancel, retry now.
+
+Rescue and cancel can free a partition; like the worker's own transitions
+they take the keys' locks first and promote in the same transaction (see
+``partitions``). ``retry_now`` only moves ``run_after`` of pending jobs, which
+neither frees nor stalls a key, and takes none.
+"""
 
 from __future__ import annotations
 
@@ -15,7 +21,7 @@ from ..sql import JSONAppend
 from ..states import LIVE, JobState
 from .base import db_alias, error_entry, notify, take_sqlite_write_lock
 from .dead_letters import dead_letter_insert
-from .partitions import partition_promote
+from .partitions import lock_partition_of_job, lock_partitions, partitions_promote
 
 logger = logging.getLogger("django_dispatch.store")
 
@@ -39,18 +45,28 @@ def jobs_rescue_expired(
     db = db or db_alias()
     requeued: list[int] = []
     failed: list[int] = []
+    expired = Job.objects.using(db).filter(
+        state__in=[JobState.RUNNING, JobState.CANCELLED], lease_expires_at__lt=Now()
+    )
     with transaction.atomic(using=db):
         take_sqlite_write_lock(db)
-        expired = list(
-            Job.objects.using(db)
-            .filter(state__in=[JobState.RUNNING, JobState.CANCELLED], lease_expires_at__lt=Now())
+        # Every row taken here frees its key or goes back to the queue, so
+        # their keys are locked first: read them without locking rows, lock
+        # them (waiting, in key order), then lock the rows, skipping rows
+        # another rescuer took meanwhile.
+        seen = list(expired.order_by("lease_expires_at").values_list("id", "partition_key")[:limit])
+        if not seen:
+            return [], []
+        lock_partitions(db, [key for _, key in seen])
+        rows = list(
+            expired.filter(id__in=[job_id for job_id, _ in seen])
             .order_by("lease_expires_at")
             .select_for_update(skip_locked=True)
             .values(
                 "id", "state", "worker_id", "worker_lost_count", "lease_expires_at", "partition_key"
-            )[:limit]
+            )
         )
-        for row in expired:
+        for row in rows:
             jobs = Job.objects.using(db).filter(id=row["id"], state=row["state"])
             if row["state"] == JobState.CANCELLED:
                 jobs.update(lease_expires_at=None)
@@ -59,9 +75,9 @@ def jobs_rescue_expired(
                 failed.append(row["id"])
             else:
                 requeued.append(row["id"])
-                continue  # still its partition's head
-            if row["partition_key"]:
-                partition_promote(db, row["partition_key"])
+        # A requeued job stays its key's head, but an older job may have been
+        # demoted behind it (see ``job_fail_if_leased``): promote every key.
+        partitions_promote(db, [row["partition_key"] for row in rows])
         if requeued:
             notify(db)
     for job_id in requeued:
@@ -108,6 +124,9 @@ def job_cancel(job_id: int, *, db: str | None = None) -> bool:
     db = db or db_alias()
     with transaction.atomic(using=db):
         take_sqlite_write_lock(db)
+        # The key's lock before the row's (see ``partitions``): a cancel can
+        # free the key, and must see, and be seen by, its other transitions.
+        lock_partition_of_job(db, job_id)
         row = (
             Job.objects.using(db)
             .filter(id=job_id, state__in=list(LIVE))
@@ -121,8 +140,8 @@ def job_cancel(job_id: int, *, db: str | None = None) -> bool:
         if row["state"] != JobState.RUNNING:
             changes["lease_expires_at"] = None
         Job.objects.using(db).filter(id=job_id).update(**changes)
-        if row["partition_key"] and row["state"] != JobState.RUNNING:
-            partition_promote(db, row["partition_key"])
+        if row["state"] != JobState.RUNNING:  # a running one keeps its key until let go
+            partitions_promote(db, [row["partition_key"]])
     return True
 
 

@@ -8,12 +8,49 @@ enforces the first half in the database whatever the claim does.
 
 To keep claims from rescanning deep backlogs, a claim that meets a pending
 job that is not runnable *demotes* it to ``blocked``, which takes it out of
-the claim index; finishing a partition's head *promotes* the next job back to
-pending. The race between the two is closed by a lock: a claim demotes a job
-only after locking (``FOR NO KEY UPDATE SKIP LOCKED``) the row that blocks
-it, so a head being finished concurrently either makes the claim skip the
-demotion, or makes the finisher wait until the demotion is committed and
-then see it when it promotes. Enqueue takes no lock at all.
+the claim index; the transitions that free a key *promote* its head back to
+pending. The guarantee: **no key is ever left with a blocked head and no
+active job** (a *stalled* key, which nothing would ever promote).
+
+How it holds: every transaction that demotes or promotes a key's jobs, or
+takes a job of the key out of ``running`` or out of the live states, first
+takes the key's lock, ``pg_advisory_xact_lock`` on the key's hash
+(``lock_partitions``), before any row lock and, for several keys, in one
+statement in hash order. Those transactions are therefore serialised per
+key, and each reads the key (the head to promote, the jobs ahead of one to
+demote) in a statement that starts after its lock was granted, so after the
+previous holder committed: it sees every earlier transition of the key, and
+the one after it sees its own. Without the lock, two of them (a head
+finishing while the job behind it is cancelled, two cancels, a final failure
+or a reclaim racing a cancel) each promoted from a snapshot that missed the
+other's change, and the key stalled.
+
+- The ending transitions take the lock and wait for it: finishing (one job
+  or a batch: one lock statement per batch), failing (for good, or for a
+  retry), cancelling, letting go of a cancelled job, handing a job back, and
+  the reclaim of expired leases. A job going back to ``pending`` must promote
+  too: ids are handed out before commit, so an older job of the key can
+  appear (and be demoted) while a newer one runs; when the newer one returns
+  to the queue, the older one is the head again.
+- The claim never waits: it *tries* the lock of each key it wants to demote
+  in (``try_lock_partitions``) and leaves that key's jobs pending if the key
+  is busy; the demotion itself checks again, after the lock, that something
+  runs or waits ahead of the job (``partitions_demote``).
+- Transitions that cannot stall a key take no lock: an enqueue inserts a
+  pending job, a claim's lease makes a pending job running (the key is then
+  active), a heartbeat, progress and ``retry_now`` change no state, the
+  purge deletes only finished rows. So unkeyed jobs, and the claim and
+  heartbeat of keyed ones, pay nothing.
+
+The lock is transaction-level, so it is released by the commit or rollback
+itself and works through PgBouncer in transaction mode; a session-level
+advisory lock would not. It uses the two-key form with a constant first key
+(``LOCK_CLASS``), a space apart from the one-key form most code uses; two
+keys whose hashes collide merely share a lock. On SQLite, which has one
+writer at a time, every such transaction begins by writing (or by
+``take_sqlite_write_lock``), so they are serialised already and the lock
+functions do nothing. ``partitions_promote_stalled``, run by the leader,
+stays as a safety net that should never find anything.
 """
 
 from __future__ import annotations
@@ -22,11 +59,67 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 from django.db import connections
-from django.db.models import Q
 
-from ..models import Job
-from ..states import JobState
-from .base import notify
+from .base import NOTIFY_CHANNEL
+
+#: The first key of every partition lock (``pg_advisory_xact_lock(int, int)``),
+#: the second being ``hashtext(partition_key)``. Arbitrary; it only keeps our
+#: locks apart from other users of the two-key form.
+LOCK_CLASS = 0x44535054  # "DSPT"
+
+#: Lock several keys, waiting, in one statement: in hash order, so that two
+#: transactions locking overlapping sets of keys cannot deadlock.
+_LOCK_SQL = """
+SELECT pg_advisory_xact_lock(%s, h.h) FROM (
+    SELECT DISTINCT hashtext(k) AS h FROM unnest(%s::text[]) AS k ORDER BY 1
+) AS h
+"""
+
+#: Try to lock keys without waiting; returns the keys locked.
+_TRY_LOCK_SQL = """
+SELECT k FROM unnest(%s::text[]) AS k WHERE pg_try_advisory_xact_lock(%s, hashtext(k))
+"""
+
+#: Lock a job's key, if it has one, before its row is locked: one statement.
+_LOCK_JOB_SQL = """
+SELECT pg_advisory_xact_lock(%s, hashtext(partition_key)) FROM django_dispatch_job
+WHERE id = %s AND partition_key IS NOT NULL
+"""
+
+
+def lock_partitions(db: str, keys: Iterable[str | None]) -> None:
+    """Take the locks of ``keys`` (None ignored) for the rest of the transaction.
+
+    Waits for transactions holding any of them. Call it inside a transaction,
+    before locking or changing any job row of those keys: rows first, key
+    second could deadlock against a transaction doing it the right way.
+    """
+    wanted = sorted({key for key in keys if key})
+    if wanted and connections[db].vendor == "postgresql":
+        with connections[db].cursor() as cursor:
+            cursor.execute(_LOCK_SQL, [LOCK_CLASS, wanted])
+
+
+def lock_partition_of_job(db: str, job_id: int) -> None:
+    """``lock_partitions`` for the key of job ``job_id`` (read without a row lock:
+    a job's key never changes)."""
+    if connections[db].vendor == "postgresql":
+        with connections[db].cursor() as cursor:
+            cursor.execute(_LOCK_JOB_SQL, [LOCK_CLASS, job_id])
+
+
+def try_lock_partitions(db: str, keys: Iterable[str]) -> set[str]:
+    """Take the locks of those ``keys`` no one else holds; return those keys.
+
+    Never waits, so it may be called after locking rows (the claim does).
+    """
+    wanted = sorted(set(keys))
+    if not wanted or connections[db].vendor != "postgresql":
+        return set(wanted)
+    with connections[db].cursor() as cursor:
+        cursor.execute(_TRY_LOCK_SQL, [wanted, LOCK_CLASS])
+        return {key for (key,) in cursor.fetchall()}
+
 
 #: One probe per key, each an index lookup: the head (oldest live job) and
 #: an active job, if any. Plain SQL because the ORM cannot join a list of
@@ -52,12 +145,9 @@ class Head:
     def runnable(self, job_id: int) -> bool:
         return self.active_id is None and self.head_id == job_id
 
-    def blocker(self) -> int | None:
-        """The row whose change would unblock the key's other jobs."""
-        return self.active_id if self.active_id is not None else self.head_id
-
 
 def partition_heads(db: str, keys: Iterable[str]) -> dict[str, Head]:
+    """Each key's head and active job, read without locks (the claim's first look)."""
     keys = sorted(set(keys))
     if not keys:
         return {}
@@ -67,28 +157,42 @@ def partition_heads(db: str, keys: Iterable[str]) -> dict[str, Head]:
         return {key: Head(head_id, active_id) for key, head_id, active_id in cursor.fetchall()}
 
 
-def lock_blockers(db: str, blocker_ids: Iterable[int]) -> set[int]:
-    """Lock the rows that block demoted jobs; return those locked.
+#: The demotion: pending -> blocked for the listed jobs that are (still) not
+#: runnable, re-checked by this statement itself: a job of the key is active,
+#: or an older one is live. Run under the keys' locks, after they were
+#: granted, so it sees every promotion committed before. Plain SQL (a
+#: correlated EXISTS on the same table); PostgreSQL and SQLite alike.
+_DEMOTE_SQL = """
+UPDATE django_dispatch_job SET state = 'blocked'
+WHERE id IN ({ids}) AND state = 'pending' AND EXISTS (
+    SELECT 1 FROM django_dispatch_job o
+    WHERE o.partition_key = django_dispatch_job.partition_key
+      AND o.id <> django_dispatch_job.id
+      AND (o.state = 'running'
+           OR (o.state = 'cancelled' AND o.lease_expires_at IS NOT NULL)
+           OR (o.state IN ('pending', 'blocked') AND o.id < django_dispatch_job.id))
+)
+RETURNING id
+"""
 
-    A row we cannot lock at once is being finished (or claimed) by someone
-    else right now: the jobs it blocks stay pending, to be looked at again.
+
+def partitions_demote(db: str, jobs: Iterable[tuple[int, str]]) -> set[int]:
+    """Demote the pending ``(job id, key)`` that wait behind something; return their ids.
+
+    For the claim, on rows it has locked. Only jobs whose key's lock this
+    transaction gets without waiting are touched (a key held by another
+    transaction is being changed right now; its jobs stay pending, to be
+    looked at again); each is demoted only if, after the lock, a job of its
+    key is still active or an older one still live.
     """
-    ids = sorted(set(blocker_ids))
+    jobs = list(jobs)
+    locked = try_lock_partitions(db, [key for _, key in jobs])
+    ids = [job_id for job_id, key in jobs if key in locked]
     if not ids:
         return set()
-    # A cancelled row blocks only while its worker still holds it; a plain
-    # cancelled (or any finished) row must not be locked as a blocker, or a
-    # demotion could race with its cancel or release and leave the next job
-    # blocked with nothing ahead of it to promote it.
-    still_blocking = Q(state__in=[JobState.PENDING, JobState.BLOCKED, JobState.RUNNING]) | Q(
-        state=JobState.CANCELLED, lease_expires_at__isnull=False
-    )
-    return set(
-        Job.objects.using(db)
-        .filter(still_blocking, id__in=ids)
-        .select_for_update(skip_locked=True, no_key=True)
-        .values_list("id", flat=True)
-    )
+    with connections[db].cursor() as cursor:
+        cursor.execute(_DEMOTE_SQL.format(ids=", ".join(["%s"] * len(ids))), ids)
+        return {job_id for (job_id,) in cursor.fetchall()}
 
 
 #: The one promotion: each listed key's oldest live job, if blocked, becomes
@@ -107,48 +211,60 @@ WHERE state = 'blocked' AND id IN (
 """
 
 
+#: ``_PROMOTE_SQL`` and the wake-up of idle workers (``notify``) when it
+#: promoted anything, in one statement: PostgreSQL.
+_PROMOTE_NOTIFY_SQL = """
+WITH promoted AS ({promote} RETURNING 1), n AS (SELECT count(*) AS c FROM promoted)
+SELECT c, CASE WHEN c > 0 THEN pg_notify(%s, '') END FROM n
+"""
+
+
 def _promote(db: str, keys_sql: str, params: list[str]) -> int:
+    promote = _PROMOTE_SQL.format(keys=keys_sql)
     with connections[db].cursor() as cursor:
-        cursor.execute(_PROMOTE_SQL.format(keys=keys_sql), params)
-        promoted = cursor.rowcount
-    if promoted:
-        notify(db)
-    return promoted
+        if connections[db].vendor == "postgresql":
+            cursor.execute(_PROMOTE_NOTIFY_SQL.format(promote=promote), [*params, NOTIFY_CHANNEL])
+            return int(cursor.fetchone()[0])
+        cursor.execute(promote, params)
+        return cursor.rowcount
 
 
-def partition_promote(db: str, key: str) -> bool:
-    """Make ``key``'s oldest live job pending if it is blocked.
+def partitions_promote(db: str, keys: Iterable[str | None]) -> int:
+    """Make each key's oldest live job pending if it is blocked; return how many were.
 
-    Called in the same transaction as every transition that may free the
-    key: a head finishing, failing for good or being cancelled, and a
-    cancelled job's worker letting go.
+    Called, in the same transaction and under the keys' locks
+    (``lock_partitions``, taken before the transition's own row changes), by
+    every transition that may free a key or change its head. One statement
+    for any number of keys.
     """
-    return partitions_promote(db, [key]) > 0
-
-
-def partitions_promote(db: str, keys: Iterable[str]) -> int:
-    """``partition_promote`` for every key in ``keys``; returns how many were promoted.
-
-    Used by the batched completion of a wave of jobs: the same transaction,
-    the same lock protocol (see the module docstring), one statement.
-    """
-    keys = sorted(set(keys))
-    if not keys:
+    wanted = sorted({key for key in keys if key})
+    if not wanted:
         return 0
-    values = " UNION ALL ".join(["SELECT %s AS partition_key"] * len(keys))
-    return _promote(db, values, keys)
+    values = " UNION ALL ".join(["SELECT %s AS partition_key"] * len(wanted))
+    return _promote(db, values, wanted)
+
+
+#: Keys with a blocked job and none active. A key with an active job is not
+#: stalled (its blocked head waits for that job, whose end promotes it).
+_STALLED_KEYS_SQL = """
+SELECT DISTINCT b.partition_key FROM django_dispatch_job b
+WHERE b.state = 'blocked' AND NOT EXISTS (
+    SELECT 1 FROM django_dispatch_job a
+    WHERE a.partition_key = b.partition_key
+      AND (a.state = 'running' OR (a.state = 'cancelled' AND a.lease_expires_at IS NOT NULL))
+)
+"""
 
 
 def partitions_promote_stalled(db: str) -> int:
-    """Promote every blocked job that is its partition's oldest live job.
+    """Promote the blocked head of every key with nothing active; return how many.
 
-    The safety net of the promote protocol, run by the leader now and then.
-    The lock protocol closes the race between a claim's demotion and a head
-    finishing, but not every pair of concurrent transitions: a head finishing
-    while the job behind it is cancelled can leave the next one blocked, each
-    transaction promoting from a snapshot that did not see the other's change.
-    Such a key would otherwise wait forever. Promoting too much is harmless:
-    the claim checks again that a job is runnable before it runs it.
+    The safety net, run by the leader every ``PURGE_INTERVAL``, which logs a
+    warning when it finds something. Since every transition that could stall
+    a key takes the key's lock (see the module docstring), it should find
+    nothing; a result above zero means a write bypassed the protocol (a
+    caller that did not pass a job's partition key, an edit of the table by
+    hand). It takes no lock itself: promoting a job that is not runnable
+    after all is harmless, the claim checks again before running it.
     """
-    keys = "SELECT DISTINCT partition_key FROM django_dispatch_job WHERE state = 'blocked'"
-    return _promote(db, keys, [])
+    return _promote(db, _STALLED_KEYS_SQL, [])
