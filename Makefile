@@ -7,7 +7,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 LINT_PATHS := django_dispatch tests example_project $(wildcard benchmarks)
 
-.PHONY: demo worker test test-postgres test-pgbouncer test-sqlite lint typecheck bench bench-quick clean
+.PHONY: demo worker test test-postgres test-pgbouncer test-chaos test-sqlite lint typecheck bench bench-quick clean
 
 $(STAMP): pyproject.toml
 	@$(PYTHON) -c 'import sys; assert sys.version_info >= (3, 12), "django_dispatch needs Python 3.12+; run with PYTHON=/path/to/python3.12"'
@@ -33,6 +33,7 @@ worker: $(STAMP)
 test: $(STAMP)
 	scripts/ensure-chromium
 	scripts/with-postgres $(MAKE) --no-print-directory test-postgres test-pgbouncer
+	$(MAKE) --no-print-directory test-chaos CHAOS_ROUNDS=1
 	$(MAKE) --no-print-directory test-sqlite
 	$(MAKE) --no-print-directory lint typecheck
 
@@ -43,6 +44,14 @@ test-postgres: $(STAMP)
 ## test-pgbouncer: the tier marked `pgbouncer`, through PgBouncer in transaction mode, LISTEN off
 test-pgbouncer: $(STAMP)
 	DISPATCH_TEST_DB=pgbouncer $(PY) -m pytest -m pgbouncer $(PYTEST_ARGS)
+
+## test-chaos: workers SIGKILLed and frozen, PostgreSQL crashed, PgBouncer restarted, low
+## server timeouts, on servers of its own (tests/chaos/); CHAOS_ROUNDS faults per scenario
+## (`make test` runs it with 1), CHAOS_SEED to replay the random choices
+CHAOS_ROUNDS ?= 3
+test-chaos: $(STAMP)
+	scripts/ensure-postgres
+	DISPATCH_TEST_DB=chaos CHAOS_ROUNDS=$(CHAOS_ROUNDS) $(PY) -m pytest tests/chaos $(PYTEST_ARGS)
 
 test-sqlite: $(STAMP)
 	DISPATCH_TEST_DB=sqlite $(PY) -m pytest $(PYTEST_ARGS)

@@ -122,8 +122,12 @@ def start_worker(transactional_db, tmp_path) -> Iterator[Callable[..., WorkerPro
     started: list[WorkerProcess] = []
 
     def start(
-        *args: str, overrides: dict | None = None, db_name: str | None = None
+        *args: str,
+        overrides: dict | None = None,
+        db_name: str | None = None,
+        env: dict[str, str] | None = None,
     ) -> WorkerProcess:
+        """``env`` adds to the worker's environment (e.g. another DATABASE_URL)."""
         connection.ensure_connection()
         env = {
             **os.environ,
@@ -131,6 +135,7 @@ def start_worker(transactional_db, tmp_path) -> Iterator[Callable[..., WorkerPro
             "DISPATCH_DB_NAME": db_name or str(connection.settings_dict["NAME"]),
             "DISPATCH_OVERRIDES": json.dumps(overrides or {}),
             "PYTHONUNBUFFERED": "1",
+            **(env or {}),
         }
         log = tmp_path / f"worker-{len(started)}.log"
         popen = subprocess.Popen(
