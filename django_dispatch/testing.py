@@ -15,7 +15,8 @@ from dataclasses import replace
 from . import store
 from .conf import get_settings
 from .models import Job
-from .runtime.worker import Worker, WorkerOptions
+from .runtime.options import WorkerOptions
+from .runtime.worker import Worker
 from .states import JobState
 
 

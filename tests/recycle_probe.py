@@ -4,7 +4,7 @@
 ``execve``. The first program builds one of ``ENTRIES`` entries with
 255-character partition keys, notes whether that text could travel in one
 environment variable (it cannot past 128 KiB: E2BIG), writes what it sends to
-``OUT/sent.json`` and re-executes itself with ``timeouts.exec_successor``.
+``OUT/sent.json`` and re-executes itself with ``recycling.exec_successor``.
 The successor (same PID) reads the handover back and writes what it got to
 ``OUT/received.json``.
 
@@ -32,14 +32,14 @@ django.setup()
 
 from django.core.management import ManagementUtility, call_command  # noqa: E402
 
-from django_dispatch.runtime import timeouts  # noqa: E402
+from django_dispatch.runtime import recycling  # noqa: E402
 
 
 def handover(out: Path, entries: int) -> None:
     sent = out / "sent.json"
     if sent.exists():  # the successor
-        where = os.environ.get(timeouts.HANDOVER_ENV)
-        received = timeouts.Handover.from_environ()
+        where = os.environ.get(recycling.HANDOVER_ENV)
+        received = recycling.Handover.from_environ()
         fd = int(where.split(":")[0]) if where else None
         (out / "received.json").write_text(
             json.dumps(
@@ -47,14 +47,14 @@ def handover(out: Path, entries: int) -> None:
                     "pid": os.getpid(),
                     "where": where,
                     "handover": received.dumps() if received else None,
-                    "env_left": timeouts.HANDOVER_ENV in os.environ,
+                    "env_left": recycling.HANDOVER_ENV in os.environ,
                     "fd_still_open": fd is not None and _is_open(fd),
                 }
             )
         )
         return
     key = "k" * 255
-    data = timeouts.Handover(
+    data = recycling.Handover(
         worker_id="w" * 100,
         child=3,
         claimed=entries,
@@ -66,13 +66,13 @@ def handover(out: Path, entries: int) -> None:
     sent.write_text(
         json.dumps({"pid": os.getpid(), "handover": text, "fits_in_env": _fits_in_env(text)})
     )
-    timeouts.exec_successor(data)  # does not return
+    recycling.exec_successor(data)  # does not return
 
 
 def _fits_in_env(text: str) -> bool:
     """Whether ``execve`` accepts this text as one environment variable."""
     try:
-        subprocess.run(["true"], env={timeouts.HANDOVER_ENV: text}, check=True)
+        subprocess.run(["true"], env={recycling.HANDOVER_ENV: text}, check=True)
     except OSError as e:
         if e.errno == errno.E2BIG:
             return False

@@ -1,4 +1,9 @@
-"""Persist a job's outcome: one fenced write, then the ``task_finished`` signal.
+"""Persist jobs' outcomes: fenced writes, then the ``task_finished`` signal.
+
+Successes go in waves (``BatchCompleter``): one fenced UPDATE per wave,
+inside the transaction in which the control loop claims the slots they free.
+Every other outcome, and a success whose wave could not be written, is
+written one by one (``persist``).
 
 A write that matches no row means this worker no longer holds the job (it
 was cancelled, timed out, or reclaimed after missed heartbeats): the result
@@ -8,6 +13,8 @@ is discarded and logged, never forced in.
 from __future__ import annotations
 
 import logging
+import queue
+import threading
 import time
 
 from django.db import DatabaseError, InterfaceError, connections
@@ -15,10 +22,102 @@ from django.tasks.signals import task_finished
 
 from .. import store
 from ..backend import DispatchBackend, send_robust
+from . import timeouts
 from .connections import recover_after_error
-from .executor import Outcome
+from .executor import Outcome, RunningJob
 
 logger = logging.getLogger("django_dispatch.worker")
+
+#: Most successes written by one batched UPDATE.
+COMPLETION_BATCH = 200
+#: Longest wait for the rest of a wave of finishing jobs (see ``coalesce``).
+COALESCE_SECONDS = 0.002
+
+
+class BatchCompleter:
+    """Successes written in waves, in the transaction that claims the slots they free.
+
+    A job thread hands its success over (``submit``) and waits. The control
+    loop takes a wave (``take``), writes it with one fenced UPDATE inside the
+    transaction in which it also claims (``write``): one commit, one WAL
+    flush, per wave of jobs. After the commit it tells each thread whether
+    its write won (``settle``); if the transaction failed (``abort``), each
+    thread writes its own outcome, one by one. ``task_finished`` is sent from
+    the job's own thread, never from the control loop: its receivers are
+    user code.
+    """
+
+    def __init__(self, wakeup: threading.Event, wait_seconds: float) -> None:
+        self.wakeup = wakeup
+        self.wait_seconds = wait_seconds  # about a lease: then write it yourself
+        self.waiting: queue.SimpleQueue[RunningJob] = queue.SimpleQueue()
+
+    def submit(self, running: RunningJob, outcome: Outcome) -> bool:
+        """On a job thread: have a success written by the next wave; False if not batchable."""
+        if outcome.kind != "succeeded":
+            return False
+        running.finished = outcome
+        self.waiting.put(running)
+        self.wakeup.set()
+        if not running.persisted.wait(timeout=self.wait_seconds):
+            return False  # the control loop is stuck: write it ourselves (fenced)
+        if running.won is None:  # the wave failed: write it ourselves
+            return False
+        if running.won:
+            signal_finished(outcome)
+        else:
+            log_lost(running.claimed.lease, outcome)
+            # If it was cancelled, let go of it (which frees its partition).
+            store.job_ack_cancelled(
+                running.claimed.lease, partition_key=running.claimed.row["partition_key"]
+            )
+        return True
+
+    def take(self) -> list[RunningJob]:
+        """The successes waiting now, at most ``COMPLETION_BATCH``."""
+        batch: list[RunningJob] = []
+        while len(batch) < COMPLETION_BATCH:
+            try:
+                batch.append(self.waiting.get_nowait())
+            except queue.Empty:
+                break
+        return batch
+
+    @staticmethod
+    def write(batch: list[RunningJob], db: str) -> set[int]:
+        """Inside the caller's transaction: the ids whose fenced write won."""
+        if not batch:
+            return set()
+        results = [(r.claimed.lease, r.finished.return_value) for r in batch if r.finished]
+        return set(store.jobs_finish_many_if_leased(results, db=db))
+
+    @staticmethod
+    def settle(batch: list[RunningJob], won: set[int]) -> None:
+        """After the commit: wake each thread with its result."""
+        for running in batch:
+            running.won = running.claimed.id in won
+            running.persisted.set()
+
+    @staticmethod
+    def abort(batch: list[RunningJob]) -> None:
+        """The wave's transaction failed: each thread writes its own outcome."""
+        for running in batch:
+            running.won = None
+            running.persisted.set()
+
+    def coalesce(self, running: int) -> None:
+        """Let a wave of finishing jobs gather before writing it.
+
+        Short jobs finish within microseconds of each other; waiting up to
+        ``COALESCE_SECONDS`` for the rest of the wave (until as many are
+        waiting as ``running`` jobs) turns many one-row completions, each a
+        transaction and a claim, into one.
+        """
+        if self.waiting.empty():
+            return
+        deadline = time.monotonic() + COALESCE_SECONDS
+        while self.waiting.qsize() < running and time.monotonic() < deadline:
+            time.sleep(COALESCE_SECONDS / 8)
 
 
 def _write(claimed: store.ClaimedJob, outcome: Outcome) -> bool:
@@ -87,6 +186,52 @@ def persist(
     if signal:
         signal_finished(outcome)
     return True
+
+
+def record_timeout(
+    claimed: store.ClaimedJob, timeout: float, *, how: str, give_up_after: float
+) -> bool:
+    """From the control loop: record an attempt over its timeout (retry or fail, fenced).
+
+    ``task_finished`` goes out on a thread of its own: its receivers are user
+    code, never run on the control loop.
+    """
+    outcome = timeouts.timeout_outcome(claimed, timeout, how=how)
+    won = persist(claimed, outcome, give_up_after=give_up_after, signal=False)
+    if won:
+        threading.Thread(target=signal_finished_and_close, args=(outcome,), daemon=True).start()
+    logger.warning(
+        "job %s: timed out after %s s; %s",
+        claimed.id,
+        timeout,
+        "recorded" if won else "already finished or lost",
+    )
+    return won
+
+
+def hand_back(claimed: store.ClaimedJob, *, timed_out: float | None, give_up_after: float) -> bool:
+    """At the end of a shutdown: back to the queue without spending an attempt (fenced).
+
+    A job cancelled meanwhile is let go of instead, which frees its partition.
+    A job already over its ``timed_out`` seconds has its timeout recorded:
+    that attempt counts.
+    """
+    if timed_out is not None:
+        return record_timeout(
+            claimed, timed_out, how="its worker shut down meanwhile", give_up_after=give_up_after
+        )
+    row = claimed.row
+    released = store.job_release_if_leased(
+        claimed.lease, attempts=row["attempts"] - 1, worker_ids=row["worker_ids"][:-1]
+    )
+    if not released:
+        store.job_ack_cancelled(claimed.lease, partition_key=row["partition_key"])
+    logger.warning(
+        "job %s: %s",
+        claimed.id,
+        "handed back to the queue" if released else "already finished or lost",
+    )
+    return released
 
 
 def signal_finished_and_close(outcome: Outcome) -> None:

@@ -13,7 +13,9 @@ import time
 from typing import Any
 
 import psycopg
+from django.db import connections
 
+from ..conf import DispatchSettings
 from ..store import NOTIFY_CHANNEL
 from .connections import database_went_away
 
@@ -69,3 +71,16 @@ def listener_params(connection: Any) -> dict[str, Any]:
     for django_only in ("cursor_factory", "context", "prepare_threshold"):
         params.pop(django_only, None)
     return params
+
+
+def start_listener(db: str, settings: DispatchSettings, wakeup: threading.Event) -> Listener | None:
+    """Start the LISTEN thread for the database ``db``, where it applies (PostgreSQL, LISTEN on)."""
+    connection = connections[db]
+    if not settings.LISTEN or connection.vendor != "postgresql":
+        return None
+    connection.ensure_connection()
+    listener = Listener(
+        listener_params(connection), wakeup, health_interval=settings.HEARTBEAT_INTERVAL
+    )
+    listener.start()
+    return listener

@@ -1,7 +1,7 @@
 """``manage.py rundispatch``: argument parsing and start-up checks only.
 
 A worker process that has to end task code ignoring its timeout or its
-cancel re-executes this same command line (see ``runtime.timeouts``); the
+cancel re-executes this same command line (see ``runtime.recycling``); the
 new program finds a handover through its environment and carries on as the
 same worker: under ``--processes``, as the same child, not as a new
 supervisor. Only a process whose own command line started the command may do
@@ -18,9 +18,10 @@ from django.core.management.base import BaseCommand, CommandError, CommandParser
 from ... import store
 from ...checks import unapplied_migrations
 from ...conf import get_settings
-from ...runtime import timeouts
+from ...runtime import recycling
+from ...runtime.options import WorkerOptions, default_worker_id
 from ...runtime.supervisor import supervise
-from ...runtime.worker import Worker, WorkerOptions, default_worker_id
+from ...runtime.worker import Worker
 
 
 def _positive_int(value: str) -> int:
@@ -98,10 +99,10 @@ class Command(BaseCommand):
         queues = [q.strip() for q in options["queues"].split(",") if q.strip()]
         self._check_queues(queues)
         base_id = options["worker_id"] or default_worker_id()
-        predecessor = timeouts.Handover.from_environ()
-        recycle = timeouts.can_recycle(self.command_line)
+        predecessor = recycling.Handover.from_environ()
+        recycle = recycling.can_recycle(self.command_line)
 
-        def run_one(index: int | None, predecessor: timeouts.Handover | None = None) -> int:
+        def run_one(index: int | None, predecessor: recycling.Handover | None = None) -> int:
             if predecessor is not None:
                 worker_id = predecessor.worker_id
             else:
@@ -121,15 +122,15 @@ class Command(BaseCommand):
             )
             worker.install_signal_handlers()
             # Stop signals held across a predecessor's recycle arrive now.
-            timeouts.release_stop_signals()
+            recycling.release_stop_signals()
             if predecessor is not None and predecessor.stop:
                 worker.request_stop("a stop signal during the recycle")
             code = worker.run()
             if worker.handover is not None:
-                timeouts.hold_stop_signals()  # from here on, a stop request waits
+                recycling.hold_stop_signals()  # from here on, a stop request waits
                 worker.handover.child = index
                 worker.handover.stop = worker.signalled_at is not None
-                timeouts.exec_successor(worker.handover)  # does not return
+                recycling.exec_successor(worker.handover)  # does not return
             return code
 
         if predecessor is not None:  # this process replaced itself

@@ -1,0 +1,181 @@
+"""The job threads of a worker: where task code runs, one job at a time per thread.
+
+``Slots`` is the state the control loop and the job threads share: the jobs
+this process holds, under one lock. ``JobRunner`` is what a job thread does
+with one claimed job: make sure its connection works (``connections``), run
+it (``executor``), persist the outcome (``completer``: a success joins the
+next wave, anything else is written at once), and free its slot.
+``JobThreads`` is the pool of long-lived threads, each keeping its database
+connection from one job to the next.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+import time
+
+from django.db import DatabaseError, InterfaceError, connections
+
+from . import completer, executor, timeouts
+from .connections import ThreadConnections, database_went_away
+from .executor import Outcome, RunningJob
+
+logger = logging.getLogger("django_dispatch.worker")
+
+
+class Slots:
+    """The jobs a worker process holds, shared by its control loop and its job threads."""
+
+    def __init__(self, concurrency: int) -> None:
+        self.concurrency = concurrency
+        self.lock = threading.Lock()
+        self.running: dict[int, RunningJob] = {}
+        #: The thread running each job, once one picked it up.
+        self.threads: dict[int, threading.Thread] = {}
+
+    def free(self) -> int:
+        with self.lock:
+            return self.concurrency - len(self.running)
+
+
+class JobRunner:
+    """Runs one claimed job on the calling thread, from connection check to freed slot."""
+
+    def __init__(
+        self,
+        slots: Slots,
+        overseer: timeouts.Overseer,
+        batch: completer.BatchCompleter,
+        *,
+        lease_seconds: float,
+        db: str,
+        wakeup: threading.Event,
+    ) -> None:
+        self.slots = slots
+        self.overseer = overseer
+        self.completer = batch
+        self.lease_seconds = lease_seconds
+        self.db = db
+        self.wakeup = wakeup
+
+    def run(self, running: RunningJob, conns: ThreadConnections) -> None:
+        """On a job thread: check the connection, run, persist, free the slot."""
+        job_id = running.claimed.id
+        with self.slots.lock:
+            if running.abandoned:  # handed back before a thread picked it up
+                return
+            self.slots.threads[job_id] = threading.current_thread()
+        outcome: Outcome | None = None
+        try:
+            try:
+                conns.ready_for_task(self.db)
+            except (DatabaseError, InterfaceError):
+                # The database is unreachable and task code has not started:
+                # the job goes back as if never claimed (written once the
+                # database answers, or reclaimed if it never does).
+                logger.warning("job %s: database unreachable before it started", job_id)
+                database_went_away()
+                outcome = Outcome(kind="released")
+                completer.persist(running.claimed, outcome, give_up_after=self.lease_seconds)
+                return
+            self.overseer.started(running)
+            outcome = executor.execute(running.claimed, running)
+            overtime = self.overseer.returned(running)
+            if running.abandoned:
+                outcome = Outcome(kind="discarded", task_result=outcome.task_result)
+            elif overtime is not None and overtime.reason == "timeout":
+                # Stopped within the grace period; the lease was held meanwhile.
+                outcome = timeouts.timeout_outcome(
+                    running.claimed, overtime.timeout, how="it was asked to stop, and did"
+                )
+            if not self.completer.submit(running, outcome):
+                completer.persist(running.claimed, outcome, give_up_after=self.lease_seconds)
+        except Exception as e:
+            # A bug of ours must not kill the thread, nor leave the job
+            # running until its lease expires: fail it (fenced) and go on.
+            logger.exception("job %s: unexpected error in the worker", job_id)
+            outcome = executor.classify_failure(running.claimed, e, task=None, retryable=False)
+            try:
+                completer.persist(running.claimed, outcome, give_up_after=1)
+            except Exception:
+                logger.exception("job %s: could not record the error", job_id)
+        finally:
+            if outcome is not None and outcome.kind == "interrupted":
+                database_went_away()  # the other threads' connections may be broken too
+            _reset_connections()
+            conns.done()
+            with self.slots.lock:
+                if self.slots.running.get(job_id) is running:
+                    del self.slots.running[job_id]
+                self.slots.threads.pop(job_id, None)
+            self.wakeup.set()
+
+
+def _reset_connections() -> None:
+    """Keep a job thread's connection across jobs unless a task broke it."""
+    for conn in connections.all(initialized_only=True):
+        if conn.in_atomic_block:
+            logger.error("a task left a transaction open; rolling it back")
+            conn.close()
+        elif conn.errors_occurred and not conn.is_usable():
+            conn.close()
+        else:
+            conn.errors_occurred = False
+
+
+class JobThreads:
+    """Long-lived job threads, each keeping its own database connection.
+
+    In a worker that cannot recycle its process, a thread given up on after a
+    timeout is *retired*: it no longer counts as a slot, finishes its task
+    function in the background, gets its late write rejected by the fence,
+    and exits. A fresh thread takes its place so the worker keeps its
+    concurrency.
+    """
+
+    def __init__(self, runner: JobRunner, size: int) -> None:
+        self.runner = runner
+        self.inbox: queue.SimpleQueue[RunningJob | None] = queue.SimpleQueue()
+        self.retired: set[threading.Thread] = set()
+        self.threads: list[threading.Thread] = []
+        for _ in range(size):
+            self._spawn()
+
+    def _spawn(self) -> None:
+        thread = threading.Thread(target=self._loop, name="dispatch-job", daemon=True)
+        self.threads.append(thread)
+        thread.start()
+
+    def submit(self, running: RunningJob) -> None:
+        self.inbox.put(running)
+
+    def retire(self, thread: threading.Thread | None) -> None:
+        if thread is not None and thread in self.threads:
+            self.threads.remove(thread)
+            self.retired.add(thread)
+            self._spawn()
+
+    def stop(self, timeout: float = 5.0) -> None:
+        """Stop idle threads and wait for them (retired ones may be stuck in task code)."""
+        for _ in self.threads:
+            self.inbox.put(None)
+        deadline = time.monotonic() + timeout
+        for thread in self.threads:
+            thread.join(max(0.0, deadline - time.monotonic()))
+
+    def _loop(self) -> None:
+        me = threading.current_thread()
+        conns = ThreadConnections()
+        try:
+            while me not in self.retired:
+                running = self.inbox.get()
+                if running is None:
+                    return
+                try:
+                    self.runner.run(running, conns)
+                except BaseException:  # never lose a job thread silently
+                    logger.exception("job thread crashed; it carries on")
+        finally:
+            connections.close_all()
