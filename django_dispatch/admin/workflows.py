@@ -26,12 +26,14 @@ from .common import (
     CappedPaginator,
     ReadOnlyRows,
     RecentValuesFilter,
+    SQLiteWriteLockFirst,
     change_url,
     has_perm,
     id_list,
     pretty_json,
     render_errors,
     selected_ids,
+    selected_rows,
 )
 from .workflow_replay import ReplayFromStep
 
@@ -145,8 +147,12 @@ class StepInline(StepDisplays, ReadOnlyRows, admin.StackedInline):
         return f"{step.attempts} ({step.failures} / {step.max_attempts})"
 
 
-class OperatorActions(ReadOnlyRows):
-    """Permission hooks (used by ``@admin.action``) and the report shared by both admins."""
+class OperatorActions(SQLiteWriteLockFirst, ReadOnlyRows):
+    """Permission hooks (used by ``@admin.action``) and the report shared by both admins.
+
+    Actions run from a change page write inside its transaction: on SQLite
+    it starts as the writer (``SQLiteWriteLockFirst``).
+    """
 
     def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
         return False
@@ -338,9 +344,8 @@ class WorkflowTaskAdmin(StepDisplays, OperatorActions, admin.ModelAdmin):
 
     @admin.action(description="Skip selected steps", permissions=["retry"], location=BOTH)
     def skip_steps(self, request: HttpRequest, queryset: Any) -> None:
-        rows = queryset.order_by("pk").values_list("pk", "run_id", "name", "state").iterator()
         done, skipped = _split(
-            rows,
+            selected_rows(queryset, "run_id", "name", "state"),
             lambda row: row[3] != StepState.SUCCEEDED and services.skip_step(row[1], row[2]),
         )
         self.report(
