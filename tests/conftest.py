@@ -30,6 +30,7 @@ PGBOUNCER_TIER = {
     "test_backend.py",
     "test_pgbouncer.py",
     "test_partitions.py",
+    "test_partition_race.py",
     "test_scheduler.py",
     "test_workflows.py",
     "test_processes.py::test_two_processes_four_threads_run_each_job_exactly_once",

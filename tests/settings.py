@@ -17,6 +17,7 @@ the test database pytest-django created.
 import json
 import os
 from pathlib import Path
+from typing import Any
 from urllib.parse import unquote, urlparse
 
 BASE_DIR = Path(__file__).resolve().parent
@@ -66,7 +67,7 @@ RUN_ID = os.environ.setdefault("DISPATCH_TEST_RUN", str(os.getpid()))
 if ENGINE == "sqlite":
     sqlite_dir = BASE_DIR / ".sqlite"
     sqlite_dir.mkdir(exist_ok=True)
-    DATABASES = {
+    DATABASES: dict[str, dict[str, Any]] = {
         "default": {
             "ENGINE": "django.db.backends.sqlite3",
             "NAME": os.environ.get("DISPATCH_DB_NAME", str(sqlite_dir / "dispatch.sqlite3")),

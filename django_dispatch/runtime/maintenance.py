@@ -78,8 +78,8 @@ class Maintenance:
         promoted = store.partitions_promote_stalled(self.db)
         if promoted:
             logger.warning(
-                "partitions: %s blocked jobs had nothing ahead of them (two transitions "
-                "raced); promoted them",
+                "partitions: %s blocked jobs had nothing ahead of them (a write bypassed "
+                "the partition lock: please report it); promoted them",
                 promoted,
             )
 

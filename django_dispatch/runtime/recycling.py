@@ -251,13 +251,19 @@ def settle(handover: Handover, *, lease_seconds: float, db: str) -> None:
     finished, cancelled or reclaimed meanwhile is left as it is.
     """
     for job_id, epoch, key in handover.timed_out:
-        lease = store.Lease(job_id=job_id, worker_id=handover.worker_id, epoch=epoch)
+        lease = store.Lease(
+            job_id=job_id, worker_id=handover.worker_id, epoch=epoch, partition_key=key
+        )
         _settle_one(lease, key, "timed_out", lease_seconds, db)
     for job_id, epoch, key in handover.stopped:
-        lease = store.Lease(job_id=job_id, worker_id=handover.worker_id, epoch=epoch)
+        lease = store.Lease(
+            job_id=job_id, worker_id=handover.worker_id, epoch=epoch, partition_key=key
+        )
         _settle_one(lease, key, "stopped", lease_seconds, db)
     for job_id, epoch, key in handover.released:
-        lease = store.Lease(job_id=job_id, worker_id=handover.worker_id, epoch=epoch)
+        lease = store.Lease(
+            job_id=job_id, worker_id=handover.worker_id, epoch=epoch, partition_key=key
+        )
         _settle_one(lease, key, "released", lease_seconds, db)
 
 

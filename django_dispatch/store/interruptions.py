@@ -18,7 +18,7 @@ from django.db.models import F
 from ..states import JobState
 from .base import db_alias, notify, now_plus
 from .claim import Lease
-from .leases import _leased
+from .leases import _update_then_promote
 
 
 def job_interrupt_if_leased(
@@ -26,22 +26,23 @@ def job_interrupt_if_leased(
 ) -> bool:
     """running -> pending after ``retry_in`` s, one more lost worker recorded; fenced.
 
-    The job stays its partition's head (it is still the oldest live job of
-    its key), so nothing is promoted. The epoch bump fences out anything the
-    interrupted attempt might still try to write.
+    Under its key's lock, like every transition that takes a keyed job out
+    of ``running`` (see ``partitions``): an older job of the key, demoted
+    while this one ran, is promoted back. The epoch bump fences out anything
+    the interrupted attempt might still try to write.
     """
     db = db or db_alias()
-    won = (
-        _leased(lease, db).update(
-            state=JobState.PENDING,
-            worker_id=None,
-            run_after=now_plus(retry_in),
-            errors=errors,
-            lease_expires_at=None,
-            lease_epoch=F("lease_epoch") + 1,
-            worker_lost_count=F("worker_lost_count") + 1,
-        )
-        == 1
+    won = _update_then_promote(
+        lease,
+        None,
+        db,
+        state=JobState.PENDING,
+        worker_id=None,
+        run_after=now_plus(retry_in),
+        errors=errors,
+        lease_expires_at=None,
+        lease_epoch=F("lease_epoch") + 1,
+        worker_lost_count=F("worker_lost_count") + 1,
     )
     if won:
         notify(db)
