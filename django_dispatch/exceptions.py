@@ -34,9 +34,10 @@ class UnknownTask(DispatchError):
     """A job names a task path that no longer imports to a registered Task."""
 
 
-class InvalidTaskArguments(InvalidTask):
-    """Arguments given at enqueue cannot be stored as JSON."""
+class InvalidTaskArguments(InvalidTask, TypeError):
+    """Arguments given at enqueue cannot be stored as JSON, or do not fit the task.
 
-
-class ImproperlyConfiguredDispatch(DispatchError):
-    """A DISPATCH or TASKS setting is invalid."""
+    An ``InvalidTask`` and a ``TypeError``: Django's own backends raise
+    ``TypeError`` for arguments that are not JSON, so code written for them
+    catches what we raise.
+    """

@@ -36,14 +36,15 @@ _ADVICE = {
 }
 
 
-class JSONTooLarge(InvalidTaskArguments, TypeError):
+class JSONTooLarge(InvalidTaskArguments):
     """A value's JSON is over its size limit.
 
-    An ``InvalidTaskArguments`` (catch that), and a ``TypeError`` as the
-    design wants every bad-arguments error to be, like Django's own
-    backends'. ``enqueue_many`` relies on the latter: it answers a
-    ``TypeError`` from building its chunks by checking the calls one by
-    one, which names the first bad call (``call #i: …``).
+    An ``InvalidTaskArguments`` (catch that), hence a ``TypeError``.
+    ``enqueue_many`` relies on the latter: it answers a ``TypeError`` from
+    building its chunks by checking the calls one by one, which names the
+    first bad call (``call #i: …``). The class of its own tells a retry
+    policy that the next attempt would be just as big (see
+    ``enqueue.DispatchBackendBase.backoff_for``).
     """
 
 
@@ -95,11 +96,11 @@ def call_sizes(text: str, calls: Sequence[Sequence[Any]]) -> list[int]:
 
 
 def json_size(value: Any) -> int:
-    """The length of ``value``'s JSON as ``backend.JSON_ENCODER`` writes it."""
+    """The length of ``value``'s JSON as ``encoding.JSON_ENCODER`` writes it."""
     return len(_ENCODER.encode(value))
 
 
-_ENCODER = json.JSONEncoder()  # the same text as backend.JSON_ENCODER for valid JSON
+_ENCODER = json.JSONEncoder()  # the same text as encoding.JSON_ENCODER for valid JSON
 
 
 def truncate_error_text(text: str) -> str:

@@ -21,6 +21,10 @@ from ..states import JobState
 
 LIVE_STATES = [JobState.PENDING, JobState.BLOCKED, JobState.RUNNING]
 
+#: Width of a partition or idempotency key, a job's or a workflow run's
+#: (checked before insert, with a clear error).
+KEY_MAX_LENGTH = 255
+
 
 class Job(models.Model):
     id = models.BigAutoField(primary_key=True)
@@ -38,8 +42,8 @@ class Job(models.Model):
     #: The ``run_after`` the task was enqueued with (None when not deferred),
     #: kept so that get_result() rebuilds exactly the Task that was enqueued.
     deferred_until = models.DateTimeField(null=True, blank=True)
-    partition_key = models.CharField(max_length=255, null=True, blank=True)
-    idempotency_key = models.CharField(max_length=255, null=True, blank=True)
+    partition_key = models.CharField(max_length=KEY_MAX_LENGTH, null=True, blank=True)
+    idempotency_key = models.CharField(max_length=KEY_MAX_LENGTH, null=True, blank=True)
 
     attempts = models.PositiveIntegerField(default=0, help_text="Attempts started.")
     max_attempts = models.PositiveIntegerField(default=1)

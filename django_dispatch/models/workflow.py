@@ -21,8 +21,7 @@ from django.db import models
 from django.db.models import Q
 from django.db.models.functions import Now
 
-#: Width of a run's idempotency key (checked before insert, with a clear error).
-KEY_MAX_LENGTH = 255
+from .job import KEY_MAX_LENGTH
 
 
 class RunState(models.TextChoices):
