@@ -19,11 +19,16 @@ __all__ = [
 ]
 
 if TYPE_CHECKING:
-    from .services import cancel, enqueue_many, replay, retry_now
+    from .enqueue import enqueue_many
+    from .services import cancel, replay, retry_now
 
 
 def __getattr__(name: str) -> Any:
-    if name in {"cancel", "enqueue_many", "replay", "retry_now"}:
+    if name == "enqueue_many":
+        from .enqueue import enqueue_many
+
+        return enqueue_many
+    if name in {"cancel", "replay", "retry_now"}:
         from . import services
 
         return getattr(services, name)

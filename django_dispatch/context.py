@@ -10,7 +10,7 @@ from asgiref.sync import sync_to_async
 from django.tasks import TaskContext
 
 from . import store
-from .backend import to_json
+from .encoding import to_json
 from .exceptions import JobCancelled
 
 

@@ -2,32 +2,34 @@
 
 from __future__ import annotations
 
-import time
-from collections.abc import Iterable, Iterator, Mapping, Sequence
-from contextlib import contextmanager
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from django.db import transaction
 from django.tasks import Task, TaskResult
-from django.tasks.exceptions import InvalidTask
-from django.tasks.signals import task_enqueued
 
 from . import store
-from .backend import (
-    JSON_DECODER,
-    JSON_ENCODER,
-    DispatchBackend,
-    check_storable_json,
-    enqueued_signal_is_silent,
-    ready_results,
-    send_robust,
-    task_for_row,
-    to_json,
-)
 from .conf import get_settings
+from .dispatch_task import task_for_row
+from .encoding import to_json
+from .enqueue import enqueue_many
 from .exceptions import AlreadyReplayed
 from .models import CronEntry, DeadLetter
-from .store.enqueue import CallChunk, jobs_insert_calls
+from .store.dead_letters import purge_past_retention
+
+__all__ = [
+    "cancel",
+    "cron_task",
+    "delete_cron_entries",
+    "delete_dead_letters",
+    "delete_finished_jobs",
+    "enqueue_many",
+    "purge",
+    "replay",
+    "retry_now",
+    "run_cron_entry_now",
+    "set_cron_enabled",
+]
 
 
 def cancel(result_id: str | int) -> bool:
@@ -42,160 +44,6 @@ def cancel(result_id: str | int) -> bool:
     except (TypeError, ValueError):
         return False
     return store.job_cancel(job_id)
-
-
-#: Calls per INSERT statement (and per JSON document) in ``enqueue_many``.
-ENQUEUE_CHUNK = 10_000
-#: A chunk whose JSON is longer than this (characters) is split in two.
-ENQUEUE_CHUNK_CHARS = 32 * 1024 * 1024
-
-
-def enqueue_many(
-    task: Task, calls: Iterable[tuple[Sequence[Any], Mapping[str, Any]]]
-) -> list[TaskResult]:
-    """Enqueue many calls of one task in one INSERT (chunked when very large).
-
-    Every call is validated before anything is written: one bad call rejects
-    the whole batch with an error naming its index (the first bad one, as if
-    the calls were checked one by one). Runs in the caller's transaction, all
-    or nothing. Returns TaskResults in input order, equal to what
-    ``get_result`` returns for them.
-
-    The task is validated once, not once per call; the calls are JSON-encoded
-    and decoded a chunk at a time (one C-speed pass each), which validates
-    them and gives the round-tripped values the worker will see; then each
-    decoded call is checked against the function's signature.
-
-    ``task_enqueued`` is sent once per job, as ``Task.enqueue()`` does, except
-    when sending would do nothing a user could observe: the only receiver
-    connected is Django's own ``log_task_enqueued`` and its logger
-    (``django.tasks``) is not enabled for DEBUG, so it would log nothing.
-    Skipping those sends is then indistinguishable from making them and saves
-    a few percent of a large batch. Connect any receiver, or enable DEBUG on
-    ``django.tasks``, and every job's signal is sent.
-    """
-    backend = task.get_backend()
-    if not isinstance(backend, DispatchBackend):
-        raise InvalidTask(
-            f"enqueue_many needs a task on a DispatchBackend; {task.module_path} uses "
-            f"{type(backend).__name__}."
-        )
-    if getattr(task, "idempotency_key", None):
-        raise InvalidTask(
-            "enqueue_many cannot use an idempotency_key: every call would share it. "
-            "Enqueue such calls one by one with task.using(idempotency_key=...).enqueue()."
-        )
-    pairs = _collect_calls(backend, task, calls)
-    if not pairs:
-        return []
-    with _naming_call(0):
-        plan = backend.enqueue_plan(task)
-    try:
-        chunks = list(_encode(pairs))
-    except (TypeError, ValueError):
-        _check_in_order(backend, task, pairs)  # raises the first bad call's error
-        raise
-    index = 0
-    check = plan.check
-    for chunk in chunks:
-        for args, kwargs in chunk.values:
-            try:
-                check(args, kwargs)
-            except InvalidTask as e:
-                raise type(e)(f"call #{index}: {e}") from e
-            index += 1
-    ids, enqueued_ats = jobs_insert_calls(plan.spec, chunks, db=store.db_alias())
-    results = ready_results(
-        task, ids, enqueued_ats, (v for chunk in chunks for v in chunk.values), backend.alias
-    )
-    if not enqueued_signal_is_silent(backend):
-        for result in results:
-            send_robust(task_enqueued, backend, result)
-    return results
-
-
-@contextmanager
-def _naming_call(index: int) -> Iterator[None]:
-    """Prefix an InvalidTask raised inside with the call's index."""
-    try:
-        yield
-    except InvalidTask as e:
-        raise type(e)(f"call #{index}: {e}") from e
-
-
-def _collect_calls(
-    backend: DispatchBackend, task: Task, calls: Iterable[Any]
-) -> list[tuple[Any, Any]]:
-    """Each call's (args, kwargs), in the shape ``encode_call`` encodes.
-
-    A list, tuple or dict is kept as is (its JSON is its copy's); anything
-    else goes through ``list()``/``dict()`` here, once. If a call is
-    malformed, the calls before it are checked first, so that the error is
-    the one validating the calls one by one would give.
-    """
-    pairs: list[tuple[Any, Any]] = []
-    for index, call in enumerate(calls):
-        try:
-            args, kwargs = call
-        except (TypeError, ValueError) as e:
-            _check_in_order(backend, task, pairs)
-            raise InvalidTask(f"call #{index} must be a pair (args, kwargs): {e}") from e
-        try:
-            if type(args) is not list and type(args) is not tuple:
-                args = list(args)
-        except Exception:
-            _check_in_order(backend, task, pairs, then=index)
-            raise
-        try:
-            if type(kwargs) is not dict:
-                kwargs = dict(kwargs)
-        except Exception:
-            _check_in_order(backend, task, pairs, then=index, then_args=args)
-            raise
-        pairs.append((args, kwargs))
-    return pairs
-
-
-def _check_in_order(
-    backend: DispatchBackend,
-    task: Task,
-    pairs: Sequence[tuple[Any, Any]],
-    *,
-    then: int | None = None,
-    then_args: Any = None,
-) -> None:
-    """The slow path, taken only once a problem was found: validate the calls
-    one by one, as ``Task.enqueue()`` would, and raise the first error.
-
-    ``then``: the index of a call whose args or kwargs could not even be
-    turned into a list or dict; its task (and, with ``then_args``, its args)
-    are checked as they would have been before that failure.
-    """
-    for index, (args, kwargs) in enumerate(pairs):
-        with _naming_call(index):
-            backend.enqueue_plan(task).encode_call(args, kwargs)
-    if then is not None:
-        with _naming_call(then):
-            backend.enqueue_plan(task)
-            if then_args is not None:
-                to_json(list(then_args), "Task arguments")
-
-
-def _encode(pairs: list[tuple[Any, Any]]) -> Iterator[CallChunk]:
-    """The calls as chunks of JSON (strict, as ``to_json``); TypeError/ValueError if one is not."""
-    for start in range(0, len(pairs), ENQUEUE_CHUNK):
-        yield from _encode_chunk(pairs[start : start + ENQUEUE_CHUNK])
-
-
-def _encode_chunk(pairs: list[tuple[Any, Any]]) -> Iterator[CallChunk]:
-    text = JSON_ENCODER.encode(pairs)
-    check_storable_json(text)
-    if len(text) > ENQUEUE_CHUNK_CHARS and len(pairs) > 1:
-        middle = len(pairs) // 2
-        yield from _encode_chunk(pairs[:middle])
-        yield from _encode_chunk(pairs[middle:])
-    else:
-        yield CallChunk(text, JSON_DECODER.decode(text))
 
 
 def _dead_letter_task(dead_letter: DeadLetter) -> Task:
@@ -274,18 +122,12 @@ def purge(*, max_seconds: float = 30.0) -> tuple[int, int]:
     Returns (jobs deleted, dead letters deleted).
     """
     cfg = get_settings()
-    deadline = time.monotonic() + max_seconds
-    jobs = letters = 0
-    while time.monotonic() < deadline:
-        batch_jobs = store.jobs_purge(cfg.JOB_RETENTION, batch=cfg.PURGE_BATCH)
-        batch_letters = store.dead_letters_purge(
-            older_than=cfg.DEAD_LETTER_RETENTION, batch=cfg.PURGE_BATCH
-        )
-        jobs += batch_jobs
-        letters += batch_letters
-        if batch_jobs < cfg.PURGE_BATCH and batch_letters < cfg.PURGE_BATCH:
-            break
-    return jobs, letters
+    return purge_past_retention(
+        cfg.JOB_RETENTION,
+        dead_letter_retention=cfg.DEAD_LETTER_RETENTION,
+        batch=cfg.PURGE_BATCH,
+        max_seconds=max_seconds,
+    )
 
 
 def run_cron_entry_now(entry_id: int) -> TaskResult:

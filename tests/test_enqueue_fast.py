@@ -18,18 +18,18 @@ from django.tasks.exceptions import InvalidTask
 from django.tasks.signals import task_enqueued
 from django.utils import timezone
 
-from django_dispatch import enqueue_many, services, store
-from django_dispatch.backend import (
-    PLAN_CACHE_SIZE,
-    DispatchBackend,
-    check_arguments,
+from django_dispatch import enqueue, enqueue_many, store
+from django_dispatch.backend import DispatchBackend
+from django_dispatch.dispatch_task import check_arguments
+from django_dispatch.enqueue import PLAN_CACHE_SIZE
+from django_dispatch.exceptions import InvalidTaskArguments
+from django_dispatch.models import Job
+from django_dispatch.results import (
     enqueued_signal_is_silent,
     ready_result,
     ready_results,
     result_from_job,
 )
-from django_dispatch.exceptions import InvalidTaskArguments
-from django_dispatch.models import Job
 from tests.conftest import postgres_only
 from tests.testapp import tasks
 
@@ -87,7 +87,7 @@ def _orm_job(task, args, kwargs) -> Job:
 @pytest.fixture
 def small_chunks(monkeypatch):
     """Several INSERT statements (and JSON documents) per enqueue_many."""
-    monkeypatch.setattr(services, "ENQUEUE_CHUNK", 700)
+    monkeypatch.setattr(enqueue, "ENQUEUE_CHUNK", 700)
 
 
 # --- round trips -----------------------------------------------------------------
@@ -117,7 +117,7 @@ def test_enqueue_many_positional_args_round_trip():
 
 
 def test_enqueue_many_splits_chunks_whose_json_is_too_long(monkeypatch):
-    monkeypatch.setattr(services, "ENQUEUE_CHUNK_CHARS", 1000)
+    monkeypatch.setattr(enqueue, "ENQUEUE_CHUNK_CHARS", 1000)
     results = enqueue_many(tasks.echo, [(("x" * 100 + str(i),), {}) for i in range(57)])
     assert [r.args for r in results] == [["x" * 100 + str(i)] for i in range(57)]
     assert [tasks.echo.get_result(r.id) for r in results] == results

@@ -18,9 +18,9 @@ from django.conf import settings
 from django.test import override_settings
 
 from django_dispatch import enqueue_many, services
-from django_dispatch.backend import JSON_ENCODER
 from django_dispatch.checks import check_dispatch_settings
 from django_dispatch.conf import size_limit
+from django_dispatch.encoding import JSON_ENCODER
 from django_dispatch.exceptions import InvalidTaskArguments
 from django_dispatch.limits import call_sizes, truncate_error_text
 from django_dispatch.models import DeadLetter, Job

@@ -18,7 +18,7 @@ from django.tasks.exceptions import InvalidTask
 from django.utils.module_loading import import_string
 
 from .. import cron
-from ..backend import check_arguments
+from ..dispatch_task import check_arguments
 from ..models import CronEntry
 from ..services import cron_task
 

@@ -18,10 +18,11 @@ import threading
 import time
 
 from django.db import DatabaseError, InterfaceError, connections
+from django.tasks import Task
 from django.tasks.signals import task_finished
 
 from .. import store
-from ..backend import DispatchBackend, send_robust
+from ..results import send_robust, signal_sender
 from . import timeouts
 from .connections import recover_after_error
 from .executor import Outcome, RunningJob
@@ -189,14 +190,20 @@ def persist(
 
 
 def record_timeout(
-    claimed: store.ClaimedJob, timeout: float, *, how: str, give_up_after: float
+    claimed: store.ClaimedJob,
+    timeout: float,
+    *,
+    how: str,
+    give_up_after: float,
+    task: Task | None,
 ) -> bool:
     """From the control loop: record an attempt over its timeout (retry or fail, fenced).
 
-    ``task_finished`` goes out on a thread of its own: its receivers are user
-    code, never run on the control loop.
+    ``task`` is the job's resolved Task (``RunningJob.task``). ``task_finished``
+    goes out on a thread of its own: its receivers are user code, never run
+    on the control loop.
     """
-    outcome = timeouts.timeout_outcome(claimed, timeout, how=how)
+    outcome = timeouts.timeout_outcome(claimed, timeout, how=how, task=task)
     won = persist(claimed, outcome, give_up_after=give_up_after, signal=False)
     if won:
         threading.Thread(target=signal_finished_and_close, args=(outcome,), daemon=True).start()
@@ -209,16 +216,26 @@ def record_timeout(
     return won
 
 
-def hand_back(claimed: store.ClaimedJob, *, timed_out: float | None, give_up_after: float) -> bool:
+def hand_back(
+    claimed: store.ClaimedJob,
+    *,
+    timed_out: float | None,
+    give_up_after: float,
+    task: Task | None,
+) -> bool:
     """At the end of a shutdown: back to the queue without spending an attempt (fenced).
 
     A job cancelled meanwhile is let go of instead, which frees its partition.
     A job already over its ``timed_out`` seconds has its timeout recorded:
-    that attempt counts.
+    that attempt counts (``task``: as in ``record_timeout``).
     """
     if timed_out is not None:
         return record_timeout(
-            claimed, timed_out, how="its worker shut down meanwhile", give_up_after=give_up_after
+            claimed,
+            timed_out,
+            how="its worker shut down meanwhile",
+            give_up_after=give_up_after,
+            task=task,
         )
     row = claimed.row
     released = store.job_release_if_leased(
@@ -256,7 +273,11 @@ def signal_finished(outcome: Outcome) -> None:
     result = outcome.task_result
     if result is None:
         return
-    sender = DispatchBackend
+    try:
+        sender = signal_sender(result.task)
+    except Exception:  # its backend alias is gone from TASKS: the outcome is written anyway
+        logger.exception("job %s: task_finished not sent (no backend to send it)", result.id)
+        return
     if outcome.exception is None:
         send_robust(task_finished, sender, result)
         return

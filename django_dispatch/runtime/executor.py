@@ -23,7 +23,6 @@ import asyncio
 import contextlib
 import logging
 import threading
-import traceback
 from dataclasses import dataclass, field
 from inspect import iscoroutinefunction
 from typing import Any, Literal
@@ -35,21 +34,16 @@ from django.tasks.base import TaskError
 from django.tasks.exceptions import InvalidTask
 from django.tasks.signals import task_started
 
-from ..backend import (
-    DispatchBackend,
-    backend_for,
-    check_arguments,
-    result_from_values,
-    send_robust,
-    task_for_row,
-    to_json,
-)
 from ..conf import get_settings
 from ..context import DispatchTaskContext
+from ..dispatch_task import check_arguments, task_for_row
+from ..encoding import to_json
+from ..enqueue import backend_for
 from ..exceptions import JobCancelled, TaskTimeout, UnknownTask
+from ..results import error_of, result_from_values, send_robust, signal_sender
 from ..retry import exponential_backoff, next_delay
 from ..states import JobState
-from ..store import ClaimedJob, error_entry
+from ..store import ClaimedJob
 from .connections import connection_broke
 
 logger = logging.getLogger("django_dispatch.worker")
@@ -73,6 +67,11 @@ class RunningJob:
 
     claimed: ClaimedJob
     lease_seconds: float
+    #: The Task its row names, resolved once per job (``resolve``, on the job
+    #: thread, before its clock starts) for the executor and the timeouts;
+    #: None until then, or when it cannot be resolved (``unknown`` says why).
+    task: Task | None = None
+    unknown: UnknownTask | None = None
     deadline: float | None = None  # monotonic; None: no timeout or not started
     cancel_event: threading.Event = field(default_factory=threading.Event)
     abandoned: bool = False  # timed out or handed back: its result is dropped
@@ -93,13 +92,18 @@ class RunningJob:
                 loop.call_soon_threadsafe(atask.cancel)
 
 
-def _error_for(exception: BaseException) -> dict[str, str]:
-    cls = type(exception)
-    return error_entry(
-        f"{cls.__module__}.{cls.__qualname__}",
-        str(exception),
-        "".join(traceback.format_exception(exception)),
-    )
+def resolve(running: RunningJob) -> Task | None:
+    """The job's Task, imported and rebuilt from its row once: later calls return it.
+
+    None when the row names no task that can run (``running.unknown`` holds
+    the error, which fails the job when it would start).
+    """
+    if running.task is None and running.unknown is None:
+        try:
+            running.task = task_for_row(running.claimed.row)
+        except UnknownTask as e:
+            running.unknown = e
+    return running.task
 
 
 def _with_status(result: TaskResult, status: TaskResultStatus, **changes: Any) -> TaskResult:
@@ -127,7 +131,7 @@ def classify_failure(
 ) -> Outcome:
     """Decide retry or failure for an attempt that raised ``exception``."""
     row = claimed.row
-    errors = [*row["errors"], _error_for(exception)]
+    errors = [*row["errors"], error_of(exception)]
     result = running_result(claimed, task) if task is not None else None
     delay = None
     if retryable and task is not None and result is not None:
@@ -196,7 +200,7 @@ def classify_interruption(claimed: ClaimedJob, exception: BaseException, *, task
     return Outcome(
         kind="interrupted",
         exception=exception,
-        errors=[*row["errors"], _error_for(exception)],
+        errors=[*row["errors"], error_of(exception)],
         retry_in=min(30.0, 0.5 * 2**lost),
     )
 
@@ -206,19 +210,19 @@ def execute(claimed: ClaimedJob, running: RunningJob) -> Outcome:
     row = claimed.row
     if running.cancel_event.is_set():  # cancelled while waiting for a thread
         return Outcome(kind="discarded")
+    # Retrying cannot help a task that does not import or arguments that do
+    # not fit: fail the job, keep the worker.
+    task = resolve(running)
+    if task is None:
+        assert running.unknown is not None
+        return classify_failure(claimed, running.unknown, task=None, retryable=False)
     try:
-        task = task_for_row(row)
         check_arguments(task, row["args"], row["kwargs"])
-    except (UnknownTask, InvalidTask) as e:
-        # Retrying cannot help a task that does not import or arguments that
-        # do not fit: fail the job, keep the worker.
+    except InvalidTask as e:
         return classify_failure(claimed, e, task=None, retryable=False)
 
     result = running_result(claimed, task)
-    backend = task.get_backend()
-    send_robust(
-        task_started, backend if isinstance(backend, DispatchBackend) else type(backend), result
-    )
+    send_robust(task_started, signal_sender(task), result)
     timeout = getattr(task, "timeout", None)
     args, kwargs = list(row["args"]), dict(row["kwargs"])
     if task.takes_context:

@@ -80,6 +80,7 @@ class JobRunner:
                 outcome = Outcome(kind="released")
                 completer.persist(running.claimed, outcome, give_up_after=self.lease_seconds)
                 return
+            executor.resolve(running)  # once per job: the timeouts use it too
             self.overseer.started(running)
             outcome = executor.execute(running.claimed, running)
             overtime = self.overseer.returned(running)
@@ -88,7 +89,10 @@ class JobRunner:
             elif overtime is not None and overtime.reason == "timeout":
                 # Stopped within the grace period; the lease was held meanwhile.
                 outcome = timeouts.timeout_outcome(
-                    running.claimed, overtime.timeout, how="it was asked to stop, and did"
+                    running.claimed,
+                    overtime.timeout,
+                    how="it was asked to stop, and did",
+                    task=running.task,
                 )
             if not self.completer.submit(running, outcome):
                 completer.persist(running.claimed, outcome, give_up_after=self.lease_seconds)

@@ -13,10 +13,10 @@ out with its leadership, so they are due when a successor takes office.
 from __future__ import annotations
 
 import logging
-import time
 
 from .. import store
 from ..conf import DispatchSettings
+from ..store.dead_letters import purge_past_retention
 from ..workflows.engine import sweep_stale_steps
 
 logger = logging.getLogger("django_dispatch.maintenance")
@@ -93,16 +93,13 @@ class Maintenance:
         if not self.leader:
             return
         cfg = self.settings
-        deadline = time.monotonic() + PURGE_MAX_SECONDS
-        jobs = letters = 0
-        while time.monotonic() < deadline:
-            batch_jobs = store.jobs_purge(cfg.JOB_RETENTION, batch=cfg.PURGE_BATCH, db=self.db)
-            batch_letters = store.dead_letters_purge(
-                older_than=cfg.DEAD_LETTER_RETENTION, batch=cfg.PURGE_BATCH, db=self.db
-            )
-            jobs, letters = jobs + batch_jobs, letters + batch_letters
-            if batch_jobs < cfg.PURGE_BATCH and batch_letters < cfg.PURGE_BATCH:
-                break
+        jobs, letters = purge_past_retention(
+            cfg.JOB_RETENTION,
+            dead_letter_retention=cfg.DEAD_LETTER_RETENTION,
+            batch=cfg.PURGE_BATCH,
+            max_seconds=PURGE_MAX_SECONDS,
+            db=self.db,
+        )
         if jobs or letters:
             logger.info("retention: deleted %s jobs and %s dead letters", jobs, letters)
 

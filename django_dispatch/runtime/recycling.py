@@ -59,9 +59,13 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import IO, NoReturn
 
+from django.tasks import Task
+
 from .. import store
+from ..dispatch_task import task_for_row, timeout_of
+from ..exceptions import UnknownTask
 from . import completer, executor
-from .timeouts import timeout_of, timeout_outcome
+from .timeouts import timeout_outcome
 
 logger = logging.getLogger("django_dispatch.worker")
 
@@ -276,9 +280,15 @@ def _settle_one(
             store.job_ack_cancelled(lease, partition_key=key, db=db)
             logger.info("job %s: let go after the recycle (cancelled or lost)", lease.job_id)
         elif what == "timed_out":
-            timeout = timeout_of(claimed.row) or 0.0
+            try:
+                task: Task | None = task_for_row(claimed.row)
+            except UnknownTask:
+                task = None
             outcome = timeout_outcome(
-                claimed, timeout, how="its worker process was recycled to stop it"
+                claimed,
+                timeout_of(task) or 0.0,
+                how="its worker process was recycled to stop it",
+                task=task,
             )
             won = completer.persist(claimed, outcome, give_up_after=lease_seconds)
             logger.warning(

@@ -19,9 +19,10 @@ from django.tasks import TaskResult
 from django.tasks.signals import task_enqueued
 
 from .. import cron, store
-from ..backend import DispatchBackend, result_from_job, send_robust
 from ..conf import get_settings
+from ..enqueue import DispatchBackendBase
 from ..models import CronEntry
+from ..results import result_from_job, send_robust, signal_sender
 from ..services import cron_task
 
 logger = logging.getLogger("django_dispatch.scheduler")
@@ -80,7 +81,7 @@ def tick() -> int:
 def _signal_enqueued(results: list[TaskResult]) -> None:
     try:
         for result in results:
-            send_robust(task_enqueued, DispatchBackend, result)
+            send_robust(task_enqueued, signal_sender(result.task), result)
     finally:
         connections.close_all()
 
@@ -147,7 +148,7 @@ def _enqueue(entry: CronEntry, key: str, db: str) -> TaskResult | None:
     """Insert one slot's job (no signal here); None if its key was already live."""
     task = cron_task(entry, idempotency_key=key)
     backend = task.get_backend()
-    if not isinstance(backend, DispatchBackend):
+    if not isinstance(backend, DispatchBackendBase):
         raise TypeError(f"{entry.task_path} does not use a DispatchBackend")
     job, created = store.job_insert_idempotent(
         backend.build_job(task, entry.args, entry.kwargs), db=db

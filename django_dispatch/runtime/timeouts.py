@@ -26,13 +26,13 @@ import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from inspect import iscoroutinefunction
-from typing import Any, Literal
+from typing import Literal
 
 from django.tasks import Task
 
 from .. import store
-from ..backend import task_for_row
-from ..exceptions import TaskTimeout, UnknownTask
+from ..dispatch_task import timeout_of
+from ..exceptions import TaskTimeout
 from . import executor
 
 logger = logging.getLogger("django_dispatch.worker")
@@ -42,34 +42,21 @@ logger = logging.getLogger("django_dispatch.worker")
 ASYNC_TIMEOUT_GRACE = 1.0
 
 
-def timeout_of(row: dict[str, Any]) -> float | None:
-    """The job's task ``timeout`` in seconds, None without one (or unknown task)."""
-    try:
-        task = task_for_row(row)
-    except UnknownTask:
+def allowance(task: Task | None) -> float | None:
+    """Seconds an attempt of ``task`` may run before it is asked to stop, None: no limit."""
+    timeout = timeout_of(task)
+    if timeout is None or task is None:
         return None
-    timeout = getattr(task, "timeout", None)
-    return None if timeout is None else float(timeout)
+    return timeout + ASYNC_TIMEOUT_GRACE if iscoroutinefunction(task.func) else timeout
 
 
-def allowance(row: dict[str, Any]) -> float | None:
-    """Seconds an attempt may run before it is asked to stop, None: no limit."""
-    timeout = timeout_of(row)
-    if timeout is None:
-        return None
-    try:
-        is_async = iscoroutinefunction(task_for_row(row).func)
-    except UnknownTask:
-        is_async = False
-    return timeout + ASYNC_TIMEOUT_GRACE if is_async else timeout
+def timeout_outcome(
+    claimed: store.ClaimedJob, timeout: float, *, how: str, task: Task | None
+) -> executor.Outcome:
+    """The outcome of an attempt that overran its timeout: retry or fail, with ``TaskTimeout``.
 
-
-def timeout_outcome(claimed: store.ClaimedJob, timeout: float, *, how: str) -> executor.Outcome:
-    """The outcome of an attempt that overran its timeout: retry or fail, with ``TaskTimeout``."""
-    try:
-        task: Task | None = task_for_row(claimed.row)
-    except UnknownTask:
-        task = None
+    ``task`` is the job's Task (None: its row names none that imports).
+    """
     exception = TaskTimeout(
         f"{claimed.row['task_path']} ran longer than its timeout of {timeout:g} s; {how}"
     )
@@ -126,7 +113,7 @@ class Overseer:
 
     def started(self, running: executor.RunningJob) -> None:
         """Before the task runs: start its clock."""
-        limit = allowance(running.claimed.row)
+        limit = allowance(running.task)  # resolved by the job runner (``executor.resolve``)
         with self.lock:
             running.deadline = None if limit is None else time.monotonic() + limit
             self.in_task.add(running.claimed.id)
@@ -169,7 +156,7 @@ class Overseer:
                 deadline = running.deadline
                 overdue = deadline is not None and now >= deadline
                 if overdue and job_id in self.in_task and job_id not in self.overtime:
-                    timeout = timeout_of(running.claimed.row) or 0.0
+                    timeout = timeout_of(running.task) or 0.0
                     over = Overtime(reason="timeout", asked_at=now, timeout=timeout)
                     self.overtime[job_id] = over
                     verdict.asked.append((running, over))

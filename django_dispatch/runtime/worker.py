@@ -366,6 +366,7 @@ class Worker:
                 how="its thread was given up on (it may still be running, but can no longer "
                 "write to the job)",
                 give_up_after=self.settings.LEASE_SECONDS,
+                task=running.task,
             )
         )
 
@@ -384,6 +385,9 @@ class Worker:
             timed_out = over.timeout if over is not None and over.reason == "timeout" else None
             self._guard(
                 lambda running=running, timed_out=timed_out: completer.hand_back(
-                    running.claimed, timed_out=timed_out, give_up_after=self.settings.LEASE_SECONDS
+                    running.claimed,
+                    timed_out=timed_out,
+                    give_up_after=self.settings.LEASE_SECONDS,
+                    task=running.task,
                 )
             )

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -108,6 +109,32 @@ def dead_letters_purge(*, older_than: float, batch: int, db: str | None = None) 
     if not ids:
         return 0
     return DeadLetter.objects.using(db).filter(id__in=ids).delete()[0]
+
+
+def purge_past_retention(
+    job_retention: Mapping[str, float | None],
+    *,
+    dead_letter_retention: float,
+    batch: int,
+    max_seconds: float,
+    db: str | None = None,
+) -> tuple[int, int]:
+    """Delete finished jobs and dead letters past their retention; (jobs, dead letters) deleted.
+
+    Not one transaction but a loop of ``jobs_purge`` and ``dead_letters_purge``
+    batches, each its own short statement, until both are caught up or
+    ``max_seconds`` pass: a busy site's purge keeps up with its finishing
+    rate, and no delete holds locks for long.
+    """
+    deadline = time.monotonic() + max_seconds
+    jobs = letters = 0
+    while time.monotonic() < deadline:
+        batch_jobs = jobs_purge(job_retention, batch=batch, db=db)
+        batch_letters = dead_letters_purge(older_than=dead_letter_retention, batch=batch, db=db)
+        jobs, letters = jobs + batch_jobs, letters + batch_letters
+        if batch_jobs < batch and batch_letters < batch:
+            break
+    return jobs, letters
 
 
 def jobs_delete_finished(job_ids: Sequence[int], *, db: str | None = None) -> int:

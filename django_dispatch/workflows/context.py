@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any
 
 from asgiref.sync import sync_to_async
 
-from ..backend import to_json
+from ..encoding import to_json
 from ..store import workflows as wf_store
 from .exceptions import StepLost
 

@@ -14,9 +14,10 @@ from typing import TYPE_CHECKING, Any
 
 from django.core.exceptions import ImproperlyConfigured
 
-from ..backend import DispatchBackend, to_json
+from ..encoding import to_json
+from ..enqueue import DispatchBackendBase
 from ..models import Job, WorkflowRun
-from ..models.workflow import KEY_MAX_LENGTH
+from ..models.job import KEY_MAX_LENGTH
 from ..store import workflows as wf_store
 from .context import StartChild, StepContext
 from .definition import Workflow, backoff_delay, default_backoff, get_workflow, resolve_step
@@ -35,7 +36,7 @@ def build_step_job(step_id: int, generation: int, queue_name: str) -> Job:
 
     task = run_step if queue_name == run_step.queue_name else run_step.using(queue_name=queue_name)
     backend = task.get_backend()
-    if not isinstance(backend, DispatchBackend):
+    if not isinstance(backend, DispatchBackendBase):
         raise ImproperlyConfigured(
             "workflows need TASKS['default'] to use django_dispatch.backend.DispatchBackend."
         )

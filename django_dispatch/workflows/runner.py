@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import asyncio
 import threading
-import traceback
 from collections.abc import Callable
 from dataclasses import dataclass
 from inspect import iscoroutinefunction
@@ -29,9 +28,9 @@ from asgiref.sync import async_to_sync
 from django.db import connections
 from django.tasks.exceptions import InvalidTask
 
-from ..backend import to_json
+from ..encoding import to_json
 from ..exceptions import JobCancelled
-from ..store import error_entry
+from ..results import error_of as job_error_of
 from .context import StartChild, StepContext
 from .exceptions import StepTimeout
 
@@ -50,13 +49,7 @@ class StepOutcome:
 
 def error_of(exception: BaseException, attempt: int) -> dict[str, Any]:
     """One failed attempt as stored in a step's ``errors``: a job error entry plus its number."""
-    cls = type(exception)
-    entry = error_entry(
-        f"{cls.__module__}.{cls.__qualname__}",
-        str(exception),
-        "".join(traceback.format_exception(exception)),
-    )
-    return {**entry, "attempt": attempt}
+    return {**job_error_of(exception), "attempt": attempt}
 
 
 def run_attempt(

@@ -1,0 +1,85 @@
+"""Strict JSON: what arguments, results, checkpoints and outputs are stored as.
+
+Every value a job stores goes through here on its way in: encoded once
+(``allow_nan=False``, ``ensure_ascii``), checked storable by every database
+(no NUL, no unpaired surrogate), measured against its size limit (see
+``limits``) on the text itself, then decoded, so that the caller keeps the
+value the worker will see (tuples become lists).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from typing import Any
+
+from .exceptions import InvalidTaskArguments
+from .limits import check_size
+
+#: What ``json.dumps(value, allow_nan=False)`` and ``json.loads(text)`` use,
+#: made once: ``json.dumps`` builds a new encoder per call when given options.
+JSON_ENCODER = json.JSONEncoder(allow_nan=False)
+JSON_DECODER = json.JSONDecoder()
+
+
+def json_text(value: Any, what: str) -> str:
+    """The strict JSON text of ``value``, storable by any database, or InvalidTaskArguments."""
+    try:
+        text = JSON_ENCODER.encode(value)
+        check_storable_json(text)
+    except (TypeError, ValueError) as e:
+        raise InvalidTaskArguments(
+            f"{what} must be JSON-serializable ({e}). Pass ids and plain data "
+            "(str, int, float, bool, None, lists, dicts with str keys), not objects."
+        ) from e
+    return text
+
+
+def encode_json(value: Any, what: str, limit: str | None = None) -> tuple[str, Any]:
+    """(JSON text of ``value``, ``value`` after a strict JSON round trip), or InvalidTaskArguments.
+
+    The round trip is what the worker will see (tuples become lists), so the
+    TaskResult returned at enqueue equals the one read back later. ``limit``
+    names the ``DISPATCH`` setting bounding the text's size (see
+    ``limits``); it is checked before the text is decoded.
+    """
+    text = json_text(value, what)
+    if limit is not None:
+        check_size(len(text), what, limit)
+    return text, JSON_DECODER.decode(text)
+
+
+#: ``\u0000`` as an escape, not as the text of an escaped backslash (``\\u0000``).
+_NUL_ESCAPE = re.compile(r"(?<!\\)(?:\\\\)*\\u0000")
+
+
+def check_storable_json(text: str) -> None:
+    """ValueError if JSON text holds what a JSON column cannot store.
+
+    PostgreSQL's jsonb refuses the NUL character and unpaired UTF-16
+    surrogates. Caught here, a task's bad argument is a clear error at
+    enqueue, and a bad return value fails its job (not retried) instead of
+    failing the whole wave of completions it was written with. ``text`` is
+    ASCII (``ensure_ascii``): both show up as ``\\u`` escapes, so the common
+    case is two substring searches.
+    """
+    if "\\u0000" in text and _NUL_ESCAPE.search(text):
+        raise ValueError("it contains a NUL character (\\u0000), which databases cannot store")
+    if "\\ud" in text or "\\uD" in text:
+        try:
+            json.dumps(JSON_DECODER.decode(text), ensure_ascii=False).encode("utf-8")
+        except UnicodeEncodeError:
+            raise ValueError(
+                "it contains an unpaired UTF-16 surrogate, which databases cannot store"
+            ) from None
+
+
+def to_json(value: Any, what: str, limit: str | None = "MAX_RESULT_BYTES") -> Any:
+    """``value`` after a strict JSON round trip, or InvalidTaskArguments (see ``encode_json``).
+
+    Bounded by ``DISPATCH["MAX_RESULT_BYTES"]`` unless ``limit`` names
+    another size limit: the executor stores a task's return value through
+    here, so a value too big to store fails its job (not retried: the same
+    code would return it again) before anything is written.
+    """
+    return encode_json(value, what, limit)[1]
