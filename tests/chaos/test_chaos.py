@@ -44,6 +44,7 @@ def test_random_sigkills_of_workers_under_load(chaos: Chaos):
         chaos.start_worker()
     chaos.wait_finished(ids)
     outcome = chaos.check(ids, faulted_pids=chaos.killed_pids)
+    assert outcome.lost_attempts > 0, "no kill hit a running job: the scenario tested nothing"
     chaos.stop_workers()
     _report("sigkill", chaos, outcome, started)
 
@@ -114,8 +115,11 @@ def test_a_worker_frozen_past_its_lease_is_fenced(chaos: Chaos):
     """
     started = time.monotonic()
     victim, *_ = chaos.start_workers(3)
-    ids = chaos.enqueue(150 * ROUNDS, "freeze", seconds=(0.3, 0.6))
-    for _ in range(ROUNDS):
+    ids: list[int] = []
+    for round_ in range(ROUNDS):
+        # A short backlog per round, so that the frozen worker's jobs, once
+        # reclaimed, are not queued behind hundreds of others.
+        ids += chaos.enqueue(48, f"freeze-{round_}", seconds=(0.3, 0.6))
         _freeze_past_the_lease(chaos, victim)
     chaos.wait_finished(ids)
     outcome = chaos.check(ids, faulted_pids={victim.pid})
@@ -151,6 +155,14 @@ def _freeze_past_the_lease(chaos: Chaos, victim) -> None:
             LEASE * 6,
             "the frozen worker's jobs to succeed elsewhere",
         )
+    except AssertionError as e:
+        rows = list(
+            Job.objects.filter(pk__in=held).values(
+                "id", "state", "worker_id", "lease_expires_at", "worker_lost_count"
+            )
+        )
+        logs = "\n".join(w.output()[-4000:] for w in chaos.workers if w is not victim)
+        raise AssertionError(f"{e}: {rows}\n{logs}") from None
     finally:
         victim.signal(signal.SIGCONT)
     chaos.wait(
