@@ -11,15 +11,18 @@ write on SQLite either (see ``SQLiteWriteLockFirst`` and ``selected_rows``).
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
+from django import forms
 from django.contrib import admin
+from django.core.exceptions import PermissionDenied
 from django.core.paginator import Paginator
 from django.db import connections, router, transaction
 from django.db.models import Model, QuerySet
-from django.http import HttpRequest, HttpResponse
-from django.urls import reverse
+from django.http import Http404, HttpRequest, HttpResponse
+from django.template.response import TemplateResponse
+from django.urls import URLPattern, path, reverse
 from django.utils.functional import cached_property
 from django.utils.html import format_html, format_html_join
 from django.utils.safestring import SafeString
@@ -34,6 +37,10 @@ COUNT_CAP = 10_000
 FILTER_SAMPLE = 5_000
 #: Changelist templates that explain a capped count.
 CHANGE_LIST_TEMPLATE = "django_dispatch/admin/change_list.html"
+#: The change form with readable JSON and tracebacks.
+CHANGE_FORM_TEMPLATE = "django_dispatch/admin/change_form.html"
+#: Where an operator action is offered: the changelist and the row's own page.
+BOTH = [admin.ActionLocation.CHANGE_LIST, admin.ActionLocation.CHANGE_FORM]
 #: Rows an action reads per query (see ``selected_rows``).
 SELECTION_BATCH = 1000
 #: Request methods that never write (Django's own list in ``changeform_view``).
@@ -87,6 +94,21 @@ class RecentValuesFilter(admin.AllValuesFieldListFilter):
         self.lookup_choices = sorted(  # type: ignore[assignment]
             values, key=lambda v: (v is None, str(v))
         )
+
+
+class BigTable(admin.ModelAdmin):
+    """A changelist that stays cheap on a table of millions of rows.
+
+    The count stops at a cap (``CappedPaginator``; the template says "more
+    than"), the unfiltered total is not counted a second time, and filters
+    show no facet counts (one more count per choice).
+    """
+
+    list_per_page = 100
+    paginator = CappedPaginator
+    show_full_result_count = False
+    show_facets = admin.ShowFacets.NEVER
+    change_list_template = CHANGE_LIST_TEMPLATE
 
 
 class ReadOnlyRows:
@@ -215,6 +237,30 @@ def change_url(model: type[Model], pk: Any) -> str:
     return reverse(f"admin:{opts.app_label}_{opts.model_name}_change", args=[pk])
 
 
+def link(model: type[Model], pk: Any, label: str | None = None) -> str:
+    """``label`` (``#pk`` by default) linking to the row's change page; "-" for no row."""
+    if pk is None:
+        return "-"
+    return format_html(
+        '<a href="{}">{}</a>', change_url(model, pk), f"#{pk}" if label is None else label
+    )
+
+
+def rendered_field(
+    field: str, description: str, render: Callable[[Any], str] = pretty_json
+) -> Callable[[Any, Model], str]:
+    """A read-only field of a change page showing ``render(obj.<field>)``.
+
+    For ``readonly_fields``: ``args_display = rendered_field("args", "Args")``.
+    """
+
+    @admin.display(description=description)
+    def display(model_admin: Any, obj: Model) -> str:
+        return render(getattr(obj, field))
+
+    return display
+
+
 def has_perm(request: HttpRequest, codename: str) -> bool:
     user = request.user
     return bool(user.is_active and user.has_perm(f"django_dispatch.{codename}"))
@@ -230,3 +276,59 @@ def id_list(ids: Iterable[int], limit: int = 20) -> str:
     ids = list(ids)
     shown = ", ".join(f"#{i}" for i in ids[:limit])
     return shown + (f" and {len(ids) - limit} more" if len(ids) > limit else "")
+
+
+class ReplayPage(admin.ModelAdmin):
+    """A row's "replay" page at ``<pk>/replay/``: URL, permission check, lookup, rendering.
+
+    Shown only to users with the model's view permission and its
+    ``replay_<model>`` permission, on GET and POST alike, so a forged POST
+    changes nothing. The admin handles its form in ``replay_page`` and
+    renders ``django_dispatch/admin/<model>_replay.html`` (an
+    ``object_page.html``) with ``render_replay_page``.
+    """
+
+    def has_replay_permission(self, request: HttpRequest) -> bool:
+        return has_perm(request, f"replay_{self.opts.model_name}")
+
+    def replay_url(self, pk: Any) -> str:
+        return reverse(f"admin:{self.opts.app_label}_{self.opts.model_name}_replay", args=[pk])
+
+    def get_urls(self) -> list[URLPattern]:
+        view = self.admin_site.admin_view(self.replay_view)
+        name = f"{self.opts.app_label}_{self.opts.model_name}_replay"
+        return [path("<path:object_id>/replay/", view, name=name), *super().get_urls()]
+
+    def replay_view(self, request: HttpRequest, object_id: str) -> HttpResponse:
+        if not (self.has_view_permission(request) and self.has_replay_permission(request)):
+            raise PermissionDenied
+        obj = self.get_object(request, object_id)
+        if obj is None:
+            return self.replay_missing(request, object_id)
+        return self.replay_page(request, obj)
+
+    def replay_missing(self, request: HttpRequest, object_id: str) -> HttpResponse:
+        """The answer for a row that does not exist (or not for this user)."""
+        raise Http404(f"No {self.opts.verbose_name} with id {object_id!r}.")
+
+    def replay_page(self, request: HttpRequest, obj: Any) -> HttpResponse:
+        """The page for ``obj``: its form shown, or handled and redirected."""
+        raise NotImplementedError
+
+    def render_replay_page(
+        self, request: HttpRequest, obj: Any, form: forms.Form, title: str, **extra: Any
+    ) -> TemplateResponse:
+        """The page in the change form's frame; ``extra`` adds to the template's context."""
+        context = {
+            **self.admin_site.each_context(request),
+            "title": title,
+            "subtitle": None,
+            "opts": self.opts,
+            "original": obj,
+            "form": form,
+            "has_view_permission": self.has_view_permission(request, obj),
+            **extra,
+        }
+        request.current_app = self.admin_site.name
+        template = f"django_dispatch/admin/{self.opts.model_name}_replay.html"
+        return TemplateResponse(request, template, context)

@@ -22,12 +22,11 @@ from django.utils.html import format_html, format_html_join
 
 from .. import cron, services
 from ..models import CronEntry, Job
-from .common import DeleteThroughAction, SQLiteWriteLockFirst, change_url, selected_ids
+from .common import BOTH, DeleteThroughAction, SQLiteWriteLockFirst, link, selected_ids
 from .forms import CronEntryForm
 
 logger = logging.getLogger("django_dispatch.admin")
 
-BOTH = [admin.ActionLocation.CHANGE_LIST, admin.ActionLocation.CHANGE_FORM]
 PREVIEW_COUNT = 5
 
 DEFINITION = [
@@ -186,9 +185,7 @@ class CronEntryAdmin(SQLiteWriteLockFirst, DeleteThroughAction, admin.ModelAdmin
             else:
                 jobs.append(int(result.id))
         if jobs:
-            links = format_html_join(
-                ", ", '<a href="{}">#{}</a>', ((change_url(Job, j), j) for j in jobs)
-            )
+            links = format_html_join(", ", "{}", ((link(Job, j),) for j in jobs))
             self.message_user(
                 request, format_html("{} enqueued: job {}.", len(jobs), links), messages.SUCCESS
             )

@@ -13,38 +13,35 @@ import logging
 from typing import Any
 
 from django.contrib import admin, messages
-from django.core.exceptions import PermissionDenied
 from django.db.models import Q, TextField
 from django.db.models.functions import Cast
 from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
-from django.template.response import TemplateResponse
-from django.urls import path, reverse
-from django.utils.html import format_html
+from django.urls import reverse
 from django.utils.text import Truncator, smart_split, unescape_string_literal
 
 from .. import services
 from ..exceptions import AlreadyReplayed
 from ..models import DeadLetter, Job
 from .common import (
-    CHANGE_LIST_TEMPLATE,
-    CappedPaginator,
+    BOTH,
+    BigTable,
     DeleteThroughAction,
     ReadOnlyRows,
     RecentValuesFilter,
+    ReplayPage,
     SQLiteWriteLockFirst,
     change_url,
-    has_perm,
     id_list,
+    link,
     pretty_json,
     render_errors,
+    rendered_field,
     selected_ids,
     username,
 )
 from .forms import ReplayForm
 
 logger = logging.getLogger("django_dispatch.admin")
-
-BOTH = [admin.ActionLocation.CHANGE_LIST, admin.ActionLocation.CHANGE_FORM]
 
 
 class ReplayedFilter(admin.SimpleListFilter):
@@ -68,7 +65,9 @@ def replay_one(request: HttpRequest, dead_letter_id: int, **corrections: Any) ->
 
 
 @admin.register(DeadLetter)
-class DeadLetterAdmin(SQLiteWriteLockFirst, ReadOnlyRows, DeleteThroughAction, admin.ModelAdmin):
+class DeadLetterAdmin(
+    SQLiteWriteLockFirst, ReadOnlyRows, DeleteThroughAction, BigTable, ReplayPage
+):
     list_display = [
         "id",
         "task_path",
@@ -87,11 +86,6 @@ class DeadLetterAdmin(SQLiteWriteLockFirst, ReadOnlyRows, DeleteThroughAction, a
     ]
     search_fields = ["task_path", "error_message", "partition_key", "args"]
     search_help_text = "Task path, error message, partition key, or text in the arguments."
-    list_per_page = 100
-    paginator = CappedPaginator
-    show_full_result_count = False
-    show_facets = admin.ShowFacets.NEVER
-    change_list_template = CHANGE_LIST_TEMPLATE
     change_form_template = "django_dispatch/admin/deadletter_change_form.html"
     actions = ["replay_entries", "delete_entries"]
 
@@ -140,11 +134,6 @@ class DeadLetterAdmin(SQLiteWriteLockFirst, ReadOnlyRows, DeleteThroughAction, a
         "replay_job",
     ]
 
-    # --- permissions ------------------------------------------------------------
-
-    def has_replay_permission(self, request: HttpRequest) -> bool:
-        return has_perm(request, "replay_deadletter")
-
     # --- search: the arguments are JSON, searched as their text -------------------
 
     def get_search_results(
@@ -182,11 +171,7 @@ class DeadLetterAdmin(SQLiteWriteLockFirst, ReadOnlyRows, DeleteThroughAction, a
 
     @admin.display(description="Replay job", ordering="replay_job_id")
     def replay_job(self, letter: DeadLetter) -> str:
-        if letter.replay_job_id is None:
-            return "-"
-        return format_html(
-            '<a href="{}">#{}</a>', change_url(Job, letter.replay_job_id), letter.replay_job_id
-        )
+        return link(Job, letter.replay_job_id)
 
     @admin.display(description="Failed job")
     def job_link(self, letter: DeadLetter) -> str:
@@ -194,23 +179,12 @@ class DeadLetterAdmin(SQLiteWriteLockFirst, ReadOnlyRows, DeleteThroughAction, a
             return "-"
         if not Job.objects.filter(pk=letter.job_id).exists():
             return f"#{letter.job_id} (deleted by retention)"
-        return format_html('<a href="{}">#{}</a>', change_url(Job, letter.job_id), letter.job_id)
+        return link(Job, letter.job_id)
 
-    @admin.display(description="Args")
-    def args_display(self, letter: DeadLetter) -> str:
-        return pretty_json(letter.args)
-
-    @admin.display(description="Kwargs")
-    def kwargs_display(self, letter: DeadLetter) -> str:
-        return pretty_json(letter.kwargs)
-
-    @admin.display(description="Errors (one per failed attempt)")
-    def errors_display(self, letter: DeadLetter) -> str:
-        return render_errors(letter.errors)
-
-    @admin.display(description="Worker ids")
-    def worker_ids_display(self, letter: DeadLetter) -> str:
-        return pretty_json(letter.worker_ids)
+    args_display = rendered_field("args", "Args")
+    kwargs_display = rendered_field("kwargs", "Kwargs")
+    errors_display = rendered_field("errors", "Errors (one per failed attempt)", render_errors)
+    worker_ids_display = rendered_field("worker_ids", "Worker ids")
 
     @admin.display(description="Replay args")
     def replay_args_display(self, letter: DeadLetter) -> str:
@@ -223,9 +197,7 @@ class DeadLetterAdmin(SQLiteWriteLockFirst, ReadOnlyRows, DeleteThroughAction, a
     def render_change_form(self, request, context, add=False, change=False, form_url="", obj=None):
         context["can_replay"] = self.has_replay_permission(request)
         if obj is not None:
-            context["replay_url"] = reverse(
-                "admin:django_dispatch_deadletter_replay", args=[obj.pk]
-            )
+            context["replay_url"] = self.replay_url(obj.pk)
         return super().render_change_form(request, context, add, change, form_url, obj)
 
     # --- actions --------------------------------------------------------------------
@@ -261,28 +233,16 @@ class DeadLetterAdmin(SQLiteWriteLockFirst, ReadOnlyRows, DeleteThroughAction, a
         deleted = services.delete_dead_letters(ids)
         self.message_user(request, f"{deleted} dead letters deleted.", messages.SUCCESS)
 
-    # --- "Replay with corrected arguments" ---------------------------------------------
+    # --- "Replay with corrected arguments" (the page: ``ReplayPage``) -----------------
 
-    def get_urls(self):
-        urls = [
-            path(
-                "<path:object_id>/replay/",
-                self.admin_site.admin_view(self.replay_view),
-                name="django_dispatch_deadletter_replay",
-            )
-        ]
-        return urls + super().get_urls()
+    def replay_missing(self, request: HttpRequest, object_id: str) -> HttpResponse:
+        self.message_user(
+            request, f"Dead letter {object_id} does not exist (deleted?).", messages.WARNING
+        )
+        return HttpResponseRedirect(reverse("admin:django_dispatch_deadletter_changelist"))
 
-    def replay_view(self, request: HttpRequest, object_id: str) -> HttpResponse:
+    def replay_page(self, request: HttpRequest, letter: DeadLetter) -> HttpResponse:
         """One entry, replayed with arguments the operator corrected (validated JSON)."""
-        if not (self.has_view_permission(request) and self.has_replay_permission(request)):
-            raise PermissionDenied
-        letter = self.get_object(request, object_id)
-        if letter is None:
-            self.message_user(
-                request, f"Dead letter {object_id} does not exist (deleted?).", messages.WARNING
-            )
-            return HttpResponseRedirect(reverse("admin:django_dispatch_deadletter_changelist"))
         if request.method == "POST":
             form = ReplayForm(request.POST)
             if form.is_valid():
@@ -307,15 +267,10 @@ class DeadLetterAdmin(SQLiteWriteLockFirst, ReadOnlyRows, DeleteThroughAction, a
             letter.refresh_from_db()  # a concurrent replay shows in the history
         else:
             form = ReplayForm(initial={"args": letter.args, "kwargs": letter.kwargs})
-        context = {
-            **self.admin_site.each_context(request),
-            "title": f"Replay dead letter #{letter.pk} with corrected arguments",
-            "subtitle": None,
-            "opts": self.opts,
-            "original": letter,
-            "form": form,
-            "has_view_permission": self.has_view_permission(request, letter),
-            "errors_html": render_errors(letter.errors[-1:], first=max(len(letter.errors), 1)),
-        }
-        request.current_app = self.admin_site.name
-        return TemplateResponse(request, "django_dispatch/admin/deadletter_replay.html", context)
+        return self.render_replay_page(
+            request,
+            letter,
+            form,
+            f"Replay dead letter #{letter.pk} with corrected arguments",
+            errors_html=render_errors(letter.errors[-1:], first=max(len(letter.errors), 1)),
+        )

@@ -14,24 +14,24 @@ from typing import Any
 
 from django.contrib import admin, messages
 from django.http import HttpRequest
-from django.utils.html import format_html
 
 from .. import services
 from ..exceptions import AlreadyReplayed
 from ..models import DeadLetter, Job
 from ..states import JobState
 from .common import (
-    CHANGE_LIST_TEMPLATE,
-    CappedPaginator,
+    BOTH,
+    CHANGE_FORM_TEMPLATE,
+    BigTable,
     DeleteThroughAction,
     ReadOnlyRows,
     RecentValuesFilter,
     SQLiteWriteLockFirst,
-    change_url,
     has_perm,
     id_list,
-    pretty_json,
+    link,
     render_errors,
+    rendered_field,
     selected_ids,
     selected_rows,
     username,
@@ -41,11 +41,10 @@ logger = logging.getLogger("django_dispatch.admin")
 
 #: Ids per delete statement, so that "select all" never builds one huge IN list.
 DELETE_BATCH = 1000
-BOTH = [admin.ActionLocation.CHANGE_LIST, admin.ActionLocation.CHANGE_FORM]
 
 
 @admin.register(Job)
-class JobAdmin(SQLiteWriteLockFirst, ReadOnlyRows, DeleteThroughAction, admin.ModelAdmin):
+class JobAdmin(SQLiteWriteLockFirst, ReadOnlyRows, DeleteThroughAction, BigTable):
     list_display = [
         "id",
         "state",
@@ -65,12 +64,7 @@ class JobAdmin(SQLiteWriteLockFirst, ReadOnlyRows, DeleteThroughAction, admin.Mo
     ]
     search_fields = ["id__exact", "task_path", "partition_key", "idempotency_key"]
     search_help_text = "Job id (exact), task path, partition key or idempotency key."
-    list_per_page = 100
-    paginator = CappedPaginator
-    show_full_result_count = False
-    show_facets = admin.ShowFacets.NEVER
-    change_list_template = CHANGE_LIST_TEMPLATE
-    change_form_template = "django_dispatch/admin/change_form.html"
+    change_form_template = CHANGE_FORM_TEMPLATE
     actions = ["cancel_jobs", "retry_jobs", "delete_finished_jobs"]
 
     # What an operator looks for first (state, errors, arguments) comes
@@ -139,29 +133,12 @@ class JobAdmin(SQLiteWriteLockFirst, ReadOnlyRows, DeleteThroughAction, admin.Mo
 
     # --- detail page ----------------------------------------------------------
 
-    @admin.display(description="Worker ids (one per attempt)")
-    def worker_ids_display(self, job: Job) -> str:
-        return pretty_json(job.worker_ids)
-
-    @admin.display(description="Args")
-    def args_display(self, job: Job) -> str:
-        return pretty_json(job.args)
-
-    @admin.display(description="Kwargs")
-    def kwargs_display(self, job: Job) -> str:
-        return pretty_json(job.kwargs)
-
-    @admin.display(description="Checkpoint")
-    def checkpoint_display(self, job: Job) -> str:
-        return pretty_json(job.checkpoint)
-
-    @admin.display(description="Return value")
-    def return_value_display(self, job: Job) -> str:
-        return pretty_json(job.return_value)
-
-    @admin.display(description="Errors (one per failed attempt)")
-    def errors_display(self, job: Job) -> str:
-        return render_errors(job.errors)
+    worker_ids_display = rendered_field("worker_ids", "Worker ids (one per attempt)")
+    args_display = rendered_field("args", "Args")
+    kwargs_display = rendered_field("kwargs", "Kwargs")
+    checkpoint_display = rendered_field("checkpoint", "Checkpoint")
+    return_value_display = rendered_field("return_value", "Return value")
+    errors_display = rendered_field("errors", "Errors (one per failed attempt)", render_errors)
 
     @admin.display(description="Dead letter")
     def dead_letter_link(self, job: Job) -> str:
@@ -170,9 +147,7 @@ class JobAdmin(SQLiteWriteLockFirst, ReadOnlyRows, DeleteThroughAction, admin.Mo
         letter = DeadLetter.objects.filter(job_id=job.pk).order_by("-id").first()
         if letter is None:
             return "none (deleted by retention)"
-        return format_html(
-            '<a href="{}">Dead letter #{}</a>', change_url(DeadLetter, letter.pk), letter.pk
-        )
+        return link(DeadLetter, letter.pk, f"Dead letter #{letter.pk}")
 
     # --- actions ----------------------------------------------------------------
 

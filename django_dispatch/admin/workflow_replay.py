@@ -12,19 +12,14 @@ from typing import Any
 
 from django import forms
 from django.contrib import admin, messages
-from django.core.exceptions import PermissionDenied
-from django.http import Http404, HttpRequest, HttpResponse, HttpResponseRedirect
-from django.template.response import TemplateResponse
-from django.urls import path, reverse
+from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
 from django.utils.html import format_html
 
 from ..models import WorkflowRun
 from ..models.workflow import RunState
 from ..workflows import services
 from ..workflows.exceptions import ActionNotAllowed, AlreadyReopened
-from .common import change_url, has_perm
-
-REPLAY_TEMPLATE = "django_dispatch/admin/workflowrun_replay.html"
+from .common import ReplayPage, change_url
 
 
 class ReplayForm(forms.Form):
@@ -40,35 +35,18 @@ class ReplayForm(forms.Form):
         field.choices = [(name, name) for name in steps]
 
 
-class ReplayFromStep(admin.ModelAdmin):
-    """The replay page of ``WorkflowRunAdmin``: its URL, permission, link and view."""
-
-    def has_replay_permission(self, request: HttpRequest) -> bool:
-        return has_perm(request, "replay_workflowrun")
+class ReplayFromStep(ReplayPage):
+    """The replay page of ``WorkflowRunAdmin``: its link and form (the rest: ``ReplayPage``)."""
 
     @admin.display(description="Replay")
     def replay_link(self, run: WorkflowRun) -> str:
         if run.state == RunState.RUNNING:
             return "Runs can be replayed once they succeeded, got stuck or were cancelled."
-        url = reverse("admin:django_dispatch_workflowrun_replay", args=[run.pk])
-        return format_html('<a class="button" href="{}">Replay from a step…</a>', url)
+        return format_html(
+            '<a class="button" href="{}">Replay from a step…</a>', self.replay_url(run.pk)
+        )
 
-    def get_urls(self):
-        urls = [
-            path(
-                "<path:object_id>/replay/",
-                self.admin_site.admin_view(self.replay_view),
-                name="django_dispatch_workflowrun_replay",
-            )
-        ]
-        return urls + super().get_urls()
-
-    def replay_view(self, request: HttpRequest, object_id: str) -> HttpResponse:
-        if not (self.has_view_permission(request) and self.has_replay_permission(request)):
-            raise PermissionDenied
-        run = self.get_object(request, object_id)
-        if run is None:
-            raise Http404(f"No workflow run with id {object_id!r}.")
+    def replay_page(self, request: HttpRequest, run: WorkflowRun) -> HttpResponse:
         steps = list(run.steps.order_by("sequence").values_list("name", flat=True))
         if request.method == "POST":
             form = ReplayForm(request.POST, steps=steps)
@@ -94,14 +72,6 @@ class ReplayFromStep(admin.ModelAdmin):
                 initial={"generation": run.generation, "step": first[0] if first else None},
                 steps=steps,
             )
-        context = {
-            **self.admin_site.each_context(request),
-            "title": f"Replay {run.name} run #{run.pk} from a step",
-            "subtitle": None,
-            "opts": self.opts,
-            "original": run,
-            "form": form,
-            "has_view_permission": self.has_view_permission(request, run),
-        }
-        request.current_app = self.admin_site.name
-        return TemplateResponse(request, REPLAY_TEMPLATE, context)
+        return self.render_replay_page(
+            request, run, form, f"Replay {run.name} run #{run.pk} from a step"
+        )

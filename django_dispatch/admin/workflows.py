@@ -13,7 +13,7 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 from django.contrib import admin, messages
-from django.db.models import Model, OuterRef, QuerySet, Subquery
+from django.db.models import OuterRef, QuerySet, Subquery
 from django.http import HttpRequest
 from django.utils.html import format_html, format_html_join
 from django.utils.text import Truncator
@@ -21,25 +21,25 @@ from django.utils.text import Truncator
 from ..models import Job, WorkflowRun, WorkflowTask
 from ..models.workflow import STEP_DONE, StepState
 from ..workflows import services
+
+# Much the same names as jobs.py imports: one toolkit shared by the admins, listed
+# name by name (an import list, not logic to fold).
 from .common import (
-    CHANGE_LIST_TEMPLATE,
-    CappedPaginator,
+    BOTH,
+    CHANGE_FORM_TEMPLATE,
+    BigTable,
     ReadOnlyRows,
     RecentValuesFilter,
     SQLiteWriteLockFirst,
-    change_url,
     has_perm,
     id_list,
-    pretty_json,
+    link,
     render_errors,
+    rendered_field,
     selected_ids,
     selected_rows,
 )
 from .workflow_replay import ReplayFromStep
-
-BOTH = [admin.ActionLocation.CHANGE_LIST, admin.ActionLocation.CHANGE_FORM]
-#: The dispatch change form: readable JSON and tracebacks, as on the jobs pages.
-CHANGE_FORM_TEMPLATE = "django_dispatch/admin/change_form.html"
 
 
 def _current_step() -> Subquery:
@@ -50,13 +50,6 @@ def _current_step() -> Subquery:
         .order_by("sequence")
         .values("name")[:1]
     )
-
-
-def _link(model: type[Model], pk: int | None) -> str:
-    """``#pk`` linking to the row's admin page ("-" for none)."""
-    if pk is None:
-        return "-"
-    return format_html('<a href="{}">#{}</a>', change_url(model, pk), pk)
 
 
 def _split[T](items: Iterable[T], act: Callable[[T], bool]) -> tuple[list[T], list[T]]:
@@ -91,23 +84,17 @@ class StepDisplays:
 
     @admin.display(description="Job")
     def job_link(self, step: WorkflowTask) -> str:
-        return _link(Job, step.job_id)
+        return link(Job, step.job_id)
 
     @admin.display(description="Child run")
     def child_link(self, step: WorkflowTask) -> str:
-        return _link(WorkflowRun, step.child_run_id)
+        return link(WorkflowRun, step.child_run_id)
 
-    @admin.display(description="Output")
-    def output_display(self, step: WorkflowTask) -> str:
-        return pretty_json(step.output)
-
-    @admin.display(description="Checkpoint")
-    def checkpoint_display(self, step: WorkflowTask) -> str:
-        return pretty_json(step.checkpoint)
-
-    @admin.display(description="Errors (one per failed or lost attempt)")
-    def errors_display(self, step: WorkflowTask) -> str:
-        return render_errors(step.errors)
+    output_display = rendered_field("output", "Output")
+    checkpoint_display = rendered_field("checkpoint", "Checkpoint")
+    errors_display = rendered_field(
+        "errors", "Errors (one per failed or lost attempt)", render_errors
+    )
 
 
 class StepInline(StepDisplays, ReadOnlyRows, admin.StackedInline):
@@ -183,7 +170,7 @@ RUN_NOT_FITTING = ", {n} skipped ({ids}: not in a state this fits)"
 
 
 @admin.register(WorkflowRun)
-class WorkflowRunAdmin(OperatorActions, ReplayFromStep):
+class WorkflowRunAdmin(OperatorActions, BigTable, ReplayFromStep):
     list_display = [
         "id",
         "name",
@@ -196,12 +183,7 @@ class WorkflowRunAdmin(OperatorActions, ReplayFromStep):
     list_filter = ["state", ("name", RecentValuesFilter), "created_at"]
     search_fields = ["id__exact", "name", "idempotency_key"]
     search_help_text = "Run id (exact), workflow name or idempotency key."
-    list_per_page = 100
-    paginator = CappedPaginator
-    change_list_template = CHANGE_LIST_TEMPLATE
     change_form_template = CHANGE_FORM_TEMPLATE
-    show_full_result_count = False
-    show_facets = admin.ShowFacets.NEVER
     inlines = [StepInline]
     actions = ["cancel_runs", "retry_runs", "skip_current_steps"]
     fields = [
@@ -232,15 +214,15 @@ class WorkflowRunAdmin(OperatorActions, ReplayFromStep):
 
     @admin.display(description="Started by")
     def parent_link(self, run: WorkflowRun) -> str:
-        return _link(WorkflowRun, run.parent_run_id)
+        return link(WorkflowRun, run.parent_run_id)
 
     @admin.display(description="Child runs")
     def children_links(self, run: WorkflowRun) -> str:
         rows = run.children.order_by("id").values_list("id", "name", "state")
         links = format_html_join(
             ", ",
-            '<a href="{}">#{} {}</a> ({})',
-            ((change_url(WorkflowRun, i), i, name, state) for i, name, state in rows),
+            "{} ({})",
+            ((link(WorkflowRun, i, f"#{i} {name}"), state) for i, name, state in rows),
         )
         return links or "-"
 
@@ -268,13 +250,8 @@ class WorkflowRunAdmin(OperatorActions, ReplayFromStep):
             rows,
         )
 
-    @admin.display(description="Input")
-    def input_display(self, run: WorkflowRun) -> str:
-        return pretty_json(run.input)
-
-    @admin.display(description="Output")
-    def output_display(self, run: WorkflowRun) -> str:
-        return pretty_json(run.output)
+    input_display = rendered_field("input", "Input")
+    output_display = rendered_field("output", "Output")
 
     # --- actions: each run on its own (see ``_split``) ------------------------------------
 
@@ -299,7 +276,7 @@ class WorkflowRunAdmin(OperatorActions, ReplayFromStep):
 
 
 @admin.register(WorkflowTask)
-class WorkflowTaskAdmin(StepDisplays, OperatorActions, admin.ModelAdmin):
+class WorkflowTaskAdmin(StepDisplays, OperatorActions, BigTable):
     """Every step of every run, to find stuck or failing steps across runs.
 
     Named after its model, like every ModelAdmin (see ``WorkflowTask`` for
@@ -312,12 +289,7 @@ class WorkflowTaskAdmin(StepDisplays, OperatorActions, admin.ModelAdmin):
     search_fields = ["run__id__exact", "name"]
     search_help_text = "Run id (exact) or step name."
     list_select_related = False
-    list_per_page = 100
-    paginator = CappedPaginator
-    change_list_template = CHANGE_LIST_TEMPLATE
     change_form_template = CHANGE_FORM_TEMPLATE
-    show_full_result_count = False
-    show_facets = admin.ShowFacets.NEVER
     actions = ["skip_steps"]
     fields = [
         ("run_link", "name", "sequence", "state"),
@@ -340,7 +312,7 @@ class WorkflowTaskAdmin(StepDisplays, OperatorActions, admin.ModelAdmin):
 
     @admin.display(description="Run", ordering="run_id")
     def run_link(self, step: WorkflowTask) -> str:
-        return _link(WorkflowRun, step.run_id)
+        return link(WorkflowRun, step.run_id)
 
     @admin.action(description="Skip selected steps", permissions=["retry"], location=BOTH)
     def skip_steps(self, request: HttpRequest, queryset: Any) -> None:
