@@ -18,11 +18,9 @@ from typing import Any
 from django.apps import apps
 from django.core import checks
 from django.db import router
-from django.tasks import Task, TaskResult
-from django.tasks.exceptions import TaskResultDoesNotExist
-from django.tasks.signals import task_enqueued
 
 from . import store
+from .compat import Task, TaskResult, TaskResultDoesNotExist, task_enqueued
 from .dispatch_task import DispatchTask
 from .enqueue import DispatchBackendBase
 from .models import Job

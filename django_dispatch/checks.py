@@ -113,10 +113,10 @@ def check_migrations_applied(
 
 def _check_cron_entries(entries: dict[str, Any]) -> list[checks.CheckMessage]:
     """Each DISPATCH["CRON"] entry: a valid schedule, time zone, policy and task."""
-    from django.tasks import Task
     from django.utils.module_loading import import_string
 
     from . import cron
+    from .compat import Task
 
     messages: list[checks.CheckMessage] = []
     for name, spec in entries.items():

@@ -7,9 +7,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from asgiref.sync import sync_to_async
-from django.tasks import TaskContext
 
 from . import store
+from .compat import TaskContext
 from .encoding import to_json
 from .exceptions import JobCancelled
 

@@ -15,10 +15,9 @@ from dataclasses import dataclass, fields, replace
 from datetime import datetime
 from typing import Any
 
-from django.tasks import Task
-from django.tasks.exceptions import InvalidTask
 from django.utils.module_loading import import_string
 
+from .compat import InvalidTask, Task
 from .exceptions import InvalidTaskArguments, UnknownTask
 from .models.job import KEY_MAX_LENGTH
 from .retry import Backoff

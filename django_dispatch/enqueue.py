@@ -17,13 +17,10 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
-from django.tasks import Task, TaskResult
-from django.tasks.backends.base import BaseTaskBackend
-from django.tasks.exceptions import InvalidTask
-from django.tasks.signals import task_enqueued
 from django.utils.module_loading import import_string
 
 from . import store
+from .compat import BaseTaskBackend, InvalidTask, Task, TaskResult, task_enqueued
 from .dispatch_task import check_arguments, plain_arity, validate_options
 from .encoding import JSON_DECODER, JSON_ENCODER, check_storable_json, json_text, to_json
 from .limits import JSONTooLarge, check_size
@@ -176,7 +173,7 @@ def _no_retry_when_too_large(
 
 def backend_for(alias: str) -> DispatchBackendBase | None:
     """The DispatchBackend configured under ``alias``, or None."""
-    from django.tasks import task_backends
+    from .compat import task_backends
 
     try:
         backend = task_backends[alias]

@@ -3,7 +3,7 @@
 Every message says what was wrong and what to do about it.
 """
 
-from django.tasks.exceptions import InvalidTask
+from .compat import InvalidTask
 
 
 class DispatchError(Exception):

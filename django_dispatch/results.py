@@ -16,11 +16,17 @@ from typing import Any
 
 from django.core.signals import setting_changed
 from django.dispatch import receiver
-from django.tasks import Task, TaskResult, TaskResultStatus
-from django.tasks.backends.base import BaseTaskBackend
-from django.tasks.base import TaskError
-from django.tasks.signals import log_task_enqueued, task_enqueued
 
+from .compat import (
+    TASKS_LOGGER,
+    BaseTaskBackend,
+    Task,
+    TaskError,
+    TaskResult,
+    TaskResultStatus,
+    log_task_enqueued,
+    task_enqueued,
+)
 from .dispatch_task import task_for_row
 from .models import Job
 from .states import JobState, to_status
@@ -240,4 +246,4 @@ def enqueued_signal_is_silent(backend: BaseTaskBackend) -> bool:
         return False
     if async_receivers or any(r is not log_task_enqueued for r in sync_receivers):
         return False
-    return not logging.getLogger("django.tasks").isEnabledFor(logging.DEBUG)
+    return not logging.getLogger(TASKS_LOGGER).isEnabledFor(logging.DEBUG)

@@ -9,7 +9,7 @@ import random
 from collections.abc import Callable
 from typing import Any
 
-from django.tasks import TaskResult
+from .compat import TaskResult
 
 Backoff = Callable[[BaseException, TaskResult], float | None]
 

@@ -6,9 +6,9 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from django.db import transaction
-from django.tasks import Task, TaskResult
 
 from . import store
+from .compat import Task, TaskResult
 from .conf import get_settings
 from .dispatch_task import task_for_row
 from .encoding import to_json

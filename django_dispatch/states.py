@@ -8,7 +8,8 @@ four ``TaskResultStatus`` values are a coarser view, mapped in ``to_status``.
 """
 
 from django.db import models
-from django.tasks import TaskResultStatus
+
+from .compat import TaskResultStatus
 
 
 class JobState(models.TextChoices):

@@ -13,11 +13,10 @@ from typing import Any
 
 from django import forms
 from django.conf import settings
-from django.tasks import Task
-from django.tasks.exceptions import InvalidTask
 from django.utils.module_loading import import_string
 
 from .. import cron
+from ..compat import InvalidTask, Task
 from ..dispatch_task import check_arguments
 from ..models import CronEntry
 from ..services import cron_task

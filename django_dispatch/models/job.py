@@ -15,8 +15,8 @@ Only ``django_dispatch.store`` changes ``state`` or any lease field.
 from django.db import models
 from django.db.models import F, Q
 from django.db.models.functions import Now
-from django.tasks.base import TASK_MAX_PRIORITY, TASK_MIN_PRIORITY
 
+from ..compat import TASK_MAX_PRIORITY, TASK_MIN_PRIORITY
 from ..states import JobState
 
 LIVE_STATES = [JobState.PENDING, JobState.BLOCKED, JobState.RUNNING]

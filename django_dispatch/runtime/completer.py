@@ -18,10 +18,9 @@ import threading
 import time
 
 from django.db import DatabaseError, InterfaceError, connections
-from django.tasks import Task
-from django.tasks.signals import task_finished
 
 from .. import store
+from ..compat import Task, task_finished
 from ..results import send_robust, signal_sender
 from . import timeouts
 from .connections import recover_after_error

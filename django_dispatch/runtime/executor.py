@@ -29,11 +29,8 @@ from typing import Any, Literal
 
 from asgiref.sync import async_to_sync
 from django.db import DatabaseError, InterfaceError
-from django.tasks import Task, TaskResult, TaskResultStatus
-from django.tasks.base import TaskError
-from django.tasks.exceptions import InvalidTask
-from django.tasks.signals import task_started
 
+from ..compat import InvalidTask, Task, TaskError, TaskResult, TaskResultStatus, task_started
 from ..conf import get_settings
 from ..context import DispatchTaskContext
 from ..dispatch_task import check_arguments, task_for_row

@@ -59,9 +59,8 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import IO, NoReturn
 
-from django.tasks import Task
-
 from .. import store
+from ..compat import Task
 from ..dispatch_task import task_for_row, timeout_of
 from ..exceptions import UnknownTask
 from . import completer, executor

@@ -15,10 +15,9 @@ from datetime import datetime, timedelta
 
 from django.conf import settings
 from django.db import IntegrityError, connections, transaction
-from django.tasks import TaskResult
-from django.tasks.signals import task_enqueued
 
 from .. import cron, store
+from ..compat import TaskResult, task_enqueued
 from ..conf import get_settings
 from ..enqueue import DispatchBackendBase
 from ..models import CronEntry

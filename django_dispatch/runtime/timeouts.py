@@ -28,9 +28,8 @@ from dataclasses import dataclass, field
 from inspect import iscoroutinefunction
 from typing import Literal
 
-from django.tasks import Task
-
 from .. import store
+from ..compat import Task
 from ..dispatch_task import timeout_of
 from ..exceptions import TaskTimeout
 from . import executor

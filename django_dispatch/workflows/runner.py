@@ -26,8 +26,8 @@ from typing import Any, Literal
 
 from asgiref.sync import async_to_sync
 from django.db import connections
-from django.tasks.exceptions import InvalidTask
 
+from ..compat import InvalidTask
 from ..encoding import to_json
 from ..exceptions import JobCancelled
 from ..results import error_of as job_error_of

@@ -5,8 +5,7 @@ read from the step row and resolved against the registered workflows, so a
 job row can never make a worker call an unregistered function.
 """
 
-from django.tasks import task
-
+from ..compat import task
 from .engine import execute_step
 
 

@@ -145,9 +145,8 @@ class Command(BaseCommand):
             raise SystemExit(code)
 
     def _check_queues(self, queues: list[str]) -> None:
-        from django.tasks import task_backends
-
         from ...backend import DispatchBackend
+        from ...compat import task_backends
 
         backends = [b for b in task_backends.all() if isinstance(b, DispatchBackend)]
         if not backends:

@@ -1,0 +1,213 @@
+"""The one place that imports Django's Tasks API, whichever Django provides it.
+
+Django 6.0 and later ship the Tasks framework as ``django.tasks``; Django 5.2
+LTS gets the same API from the ``django-tasks`` backport package, imported as
+``django_tasks`` (``pip install "django-dispatch[backport]"``). Every other
+module of django_dispatch imports ``Task``, ``TaskResult``, the signals and
+the rest from here, so a version difference is handled once, in this file,
+and nowhere else asks which Django it runs on.
+
+Differences handled here:
+
+- Module: ``django.tasks`` (6.0+) or ``django_tasks`` (5.2 + backport).
+- Exception names: the backport calls them ``InvalidTaskError`` and
+  ``InvalidTaskBackendError``; they are exported as ``InvalidTask`` and
+  ``InvalidTaskBackend``, the names Django uses.
+- Logger: records of Django's own task signals go to ``django.tasks`` or to
+  ``django_tasks``; ``TASKS_LOGGER`` names the one in use.
+- ``@task`` options: Django 6.1 and the backport pass extra keyword
+  arguments of ``task()`` (``max_attempts``, ``backoff``, ``timeout``, ...)
+  to the backend's ``task_class``; Django 6.0's ``task()`` accepts none and
+  raises ``TypeError``. ``TASK_DECORATOR_TAKES_OPTIONS`` says which, and
+  ``task_with_options`` (exported as ``django_dispatch.task``) is a
+  decorator that takes them on every supported version.
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+import django
+from django.core.exceptions import ImproperlyConfigured
+
+#: Where the Tasks API comes from: "django.tasks" or "django_tasks".
+TASKS_MODULE: str
+
+# TYPE_CHECKING: mypy runs on the newest Django and checks this branch only.
+if TYPE_CHECKING or django.VERSION >= (6, 0):
+    from django.tasks import (
+        DEFAULT_TASK_BACKEND_ALIAS,
+        DEFAULT_TASK_QUEUE_NAME,
+        Task,
+        TaskContext,
+        TaskResult,
+        TaskResultStatus,
+        default_task_backend,
+        task,
+        task_backends,
+    )
+    from django.tasks.backends.base import BaseTaskBackend
+    from django.tasks.backends.immediate import ImmediateBackend
+    from django.tasks.base import (
+        DEFAULT_TASK_PRIORITY,
+        TASK_MAX_PRIORITY,
+        TASK_MIN_PRIORITY,
+        TaskError,
+    )
+    from django.tasks.exceptions import (
+        InvalidTask,
+        InvalidTaskBackend,
+        TaskException,
+        TaskResultDoesNotExist,
+        TaskResultMismatch,
+    )
+    from django.tasks.signals import (
+        log_task_enqueued,
+        task_enqueued,
+        task_finished,
+        task_started,
+    )
+    from django.utils.json import normalize_json
+
+    TASKS_MODULE = "django.tasks"
+    TASKS_LOGGER = "django.tasks"
+else:
+    try:
+        import django_tasks  # noqa: F401
+    except ImportError as e:
+        raise ImproperlyConfigured(
+            f"django_dispatch needs Django's Tasks framework. Django {django.get_version()} "
+            "does not include it (Django 6.0 and later do): install the backport with "
+            '`pip install "django-dispatch[backport]"` (or `pip install django-tasks`) and '
+            'add "django_tasks" to INSTALLED_APPS, or upgrade Django to 6.0 or later. '
+            "See https://django-dispatch.readthedocs.io/en/latest/install/#django-52-lts"
+        ) from e
+    from django_tasks import (
+        DEFAULT_TASK_BACKEND_ALIAS,
+        DEFAULT_TASK_QUEUE_NAME,
+        Task,
+        TaskContext,
+        TaskResult,
+        TaskResultStatus,
+        default_task_backend,
+        task,
+        task_backends,
+    )
+    from django_tasks.backends.base import BaseTaskBackend
+    from django_tasks.backends.immediate import ImmediateBackend
+    from django_tasks.base import (
+        DEFAULT_TASK_PRIORITY,
+        TASK_MAX_PRIORITY,
+        TASK_MIN_PRIORITY,
+        TaskError,
+    )
+    from django_tasks.exceptions import InvalidTaskBackendError as InvalidTaskBackend
+    from django_tasks.exceptions import InvalidTaskError as InvalidTask
+    from django_tasks.exceptions import (
+        TaskException,
+        TaskResultDoesNotExist,
+        TaskResultMismatch,
+    )
+    from django_tasks.signals import (
+        log_task_enqueued,
+        task_enqueued,
+        task_finished,
+        task_started,
+    )
+    from django_tasks.utils import normalize_json
+
+    TASKS_MODULE = "django_tasks"
+    TASKS_LOGGER = "django_tasks"
+
+
+#: Whether ``task()`` passes extra keyword arguments to the backend's
+#: ``task_class`` (Django 6.1+, django-tasks 0.12+), rather than refusing
+#: them (Django 6.0). Read from the signature, not from a version number.
+TASK_DECORATOR_TAKES_OPTIONS: bool = any(
+    p.kind is inspect.Parameter.VAR_KEYWORD for p in inspect.signature(task).parameters.values()
+)
+
+
+def task_with_options(
+    function: Callable[..., Any] | None = None,
+    *,
+    priority: int = DEFAULT_TASK_PRIORITY,
+    queue_name: str = DEFAULT_TASK_QUEUE_NAME,
+    backend: str = DEFAULT_TASK_BACKEND_ALIAS,
+    takes_context: bool = False,
+    **options: Any,
+) -> Any:
+    """Django's ``@task`` decorator, taking the backend's own options on every Django.
+
+    Exported as ``django_dispatch.task``. Same arguments and result as
+    Django 6.1's ``task()``: the extra keyword ``options`` (``max_attempts``,
+    ``backoff``, ``timeout``, ...) go to the backend's ``task_class``, which
+    validates them. Needed on Django 6.0, whose ``task()`` refuses them;
+    elsewhere it builds the same Task as Django's own decorator, from an
+    import that works on every supported version.
+    """
+    if "run_after" in options:
+        raise TypeError(
+            "run_after cannot be defined statically with the @task decorator. "
+            "Use .using(run_after=...) to set it dynamically."
+        )
+
+    def wrapper(f: Callable[..., Any]) -> Any:
+        task_class = task_backends[backend].task_class
+        try:
+            return task_class(
+                func=f,
+                priority=priority,
+                queue_name=queue_name,
+                backend=backend,
+                takes_context=takes_context,
+                run_after=None,
+                **options,
+            )
+        except TypeError as e:
+            if not options:
+                raise
+            raise TypeError(
+                f"Task options {sorted(options)} are not accepted by backend {backend!r} "
+                f"({task_class.__module__}.{task_class.__qualname__}): {e}. They need "
+                "django_dispatch.backend.DispatchBackend as that backend."
+            ) from e
+
+    if function:
+        return wrapper(function)
+    return wrapper
+
+
+__all__ = [
+    "DEFAULT_TASK_BACKEND_ALIAS",
+    "DEFAULT_TASK_PRIORITY",
+    "DEFAULT_TASK_QUEUE_NAME",
+    "TASKS_LOGGER",
+    "TASKS_MODULE",
+    "TASK_DECORATOR_TAKES_OPTIONS",
+    "TASK_MAX_PRIORITY",
+    "TASK_MIN_PRIORITY",
+    "BaseTaskBackend",
+    "ImmediateBackend",
+    "InvalidTask",
+    "InvalidTaskBackend",
+    "Task",
+    "TaskContext",
+    "TaskError",
+    "TaskException",
+    "TaskResult",
+    "TaskResultDoesNotExist",
+    "TaskResultMismatch",
+    "TaskResultStatus",
+    "default_task_backend",
+    "log_task_enqueued",
+    "normalize_json",
+    "task",
+    "task_backends",
+    "task_enqueued",
+    "task_finished",
+    "task_started",
+    "task_with_options",
+]
