@@ -1,4 +1,4 @@
-"""Pieces shared by the model admins: bounded lists, readable JSON, links, replay pages.
+"""Pieces shared by the model admins: bounded lists, readable JSON, links, reports, replays.
 
 The job table can hold millions of finished rows, so nothing here may cost a
 scan of it: the paginator counts at most ``COUNT_CAP`` rows, and the value
