@@ -49,11 +49,37 @@ def test_random_sigkills_of_workers_under_load(chaos: Chaos):
     _report("sigkill", chaos, outcome, started)
 
 
-def test_postgres_crashed_under_load_and_restarted(chaos: Chaos):
-    """``pg_ctl -m immediate stop`` while jobs run: every job still succeeds, once."""
+#: Django's ``atomic`` swallows the sign that the connection broke: when its
+#: rollback fails it drops the connection and reconnects at once (failing
+#: anew while the server is down), so the worker classifies the attempt as
+#: the task's own failure instead of a connection loss
+#: (django_dispatch/runtime/executor.py ``_lost_its_connection`` looks only at
+#: the connection's state, not at the error). Remove the mark once fixed.
+ATOMIC_CONNECTION_LOSS_BUG = pytest.mark.xfail(
+    reason="a crash inside transaction.atomic() fails the job for good (issue 11 item 2)",
+    strict=False,
+)
+
+
+@pytest.mark.parametrize(
+    "task",
+    [
+        pytest.param(chaos_tasks.work, id="autocommit"),
+        pytest.param(
+            chaos_tasks.work_in_transaction, id="atomic", marks=ATOMIC_CONNECTION_LOSS_BUG
+        ),
+    ],
+)
+def test_postgres_crashed_under_load_and_restarted(chaos: Chaos, task):
+    """``pg_ctl -m immediate stop`` while jobs run: every job still succeeds, once.
+
+    The crash reaches tasks in the middle of their work: in autocommit, or
+    inside ``transaction.atomic()``. Either way the attempt was cut by the
+    database, so it runs again without spending an attempt.
+    """
     started = time.monotonic()
     chaos.start_workers(3)
-    ids = chaos.enqueue(300 * ROUNDS, "crash", seconds=(0.05, 0.15))
+    ids = chaos.enqueue(300 * ROUNDS, "crash", seconds=(0.05, 0.15), task=task)
     for round_ in range(ROUNDS):
         chaos.wait_progress(ids, (round_ + 1) * len(ids) // (ROUNDS + 2))
         chaos.crash_postgres(down_for=1.0)
@@ -61,7 +87,7 @@ def test_postgres_crashed_under_load_and_restarted(chaos: Chaos):
     outcome = chaos.check(ids)
     chaos.assert_fault_seen()
     chaos.stop_workers()
-    _report("postgres crash under load", chaos, outcome, started)
+    _report(f"postgres crash under load ({task.name})", chaos, outcome, started)
 
 
 @pytest.mark.parametrize("fault", ["postgres-crash", "pgbouncer-restart"])

@@ -24,7 +24,7 @@ from django.utils import timezone
 from .models import SideEffect
 
 #: What the "finished" receiver counts.
-COUNTED = {"tests.testapp.chaos_tasks.work"}
+COUNTED = {"tests.testapp.chaos_tasks.work", "tests.testapp.chaos_tasks.work_in_transaction"}
 
 
 def _ran(context, key: str) -> SideEffect:
@@ -47,6 +47,22 @@ def work(context, key: str, seconds: float = 0.05):
     row = _ran(context, key)
     time.sleep(seconds)
     SideEffect.objects.filter(pk=row.pk).update(finished_at=timezone.now())
+    return {"key": key, "thread": threading.get_ident()}
+
+
+@task(takes_context=True)
+def work_in_transaction(context, key: str, seconds: float = 0.05):
+    """``work`` with its work and last write inside ``transaction.atomic()``.
+
+    A fault during the work breaks the transaction: Django's ``atomic`` then
+    fails to roll back and drops the connection before the worker sees the
+    exception.
+    """
+    row = _ran(context, key)
+    with transaction.atomic():
+        SideEffect.objects.filter(pk=row.pk).select_for_update().exists()
+        time.sleep(seconds)
+        SideEffect.objects.filter(pk=row.pk).update(finished_at=timezone.now())
     return {"key": key, "thread": threading.get_ident()}
 
 
