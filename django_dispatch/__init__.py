@@ -16,9 +16,11 @@ __all__ = [
     "enqueue_many",
     "replay",
     "retry_now",
+    "task",
 ]
 
 if TYPE_CHECKING:
+    from .compat import task_with_options as task
     from .enqueue import enqueue_many
     from .services import cancel, replay, retry_now
 
@@ -32,4 +34,9 @@ def __getattr__(name: str) -> Any:
         from . import services
 
         return getattr(services, name)
+    if name == "task":
+        # Django's @task, taking our options on every supported Django (see compat).
+        from .compat import task_with_options
+
+        return task_with_options
     raise AttributeError(f"module 'django_dispatch' has no attribute {name!r}")

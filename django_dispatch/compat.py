@@ -74,8 +74,12 @@ if TYPE_CHECKING or django.VERSION >= (6, 0):
     TASKS_MODULE = "django.tasks"
     TASKS_LOGGER = "django.tasks"
 else:
+    # django.tasks registers its system checks (each backend's check()) on
+    # import; the backport only in its AppConfig.ready(). Importing them here
+    # makes our backend's checks run whether or not "django_tasks" is in
+    # INSTALLED_APPS (its signal receivers are registered by the signals import).
     try:
-        import django_tasks  # noqa: F401
+        import django_tasks.checks  # noqa: F401
     except ImportError as e:
         raise ImproperlyConfigured(
             f"django_dispatch needs Django's Tasks framework. Django {django.get_version()} "

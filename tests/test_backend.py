@@ -4,14 +4,19 @@ from datetime import timedelta
 
 import pytest
 from django.db import transaction
-from django.tasks import TaskResultStatus, task, task_backends
-from django.tasks.exceptions import InvalidTask, TaskResultDoesNotExist, TaskResultMismatch
-from django.tasks.signals import task_enqueued
 from django.test import override_settings
 from django.utils import timezone
 
-from django_dispatch import enqueue_many
+from django_dispatch import enqueue_many, task
 from django_dispatch.backend import DispatchBackend, DispatchTask
+from django_dispatch.compat import (
+    InvalidTask,
+    TaskResultDoesNotExist,
+    TaskResultMismatch,
+    TaskResultStatus,
+    task_backends,
+    task_enqueued,
+)
 from django_dispatch.exceptions import InvalidTaskArguments
 from django_dispatch.models import Job
 from tests.testapp import tasks

@@ -13,13 +13,17 @@ from typing import Any
 
 import pytest
 from django.db import DataError, transaction
-from django.tasks import TaskResultStatus, task_backends
-from django.tasks.exceptions import InvalidTask
-from django.tasks.signals import task_enqueued
 from django.utils import timezone
 
 from django_dispatch import enqueue, enqueue_many, store
 from django_dispatch.backend import DispatchBackend
+from django_dispatch.compat import (
+    TASKS_LOGGER,
+    InvalidTask,
+    TaskResultStatus,
+    task_backends,
+    task_enqueued,
+)
 from django_dispatch.dispatch_task import check_arguments
 from django_dispatch.enqueue import PLAN_CACHE_SIZE
 from django_dispatch.exceptions import InvalidTaskArguments
@@ -388,10 +392,10 @@ def test_enqueue_many_sends_task_enqueued_per_job_to_receivers():
 def test_enqueue_many_logs_each_job_when_django_tasks_logs_debug(caplog):
     backend = task_backends["default"]
     assert enqueued_signal_is_silent(backend)
-    with caplog.at_level(logging.DEBUG, logger="django.tasks"):
+    with caplog.at_level(logging.DEBUG, logger=TASKS_LOGGER):
         assert not enqueued_signal_is_silent(backend)
         results = enqueue_many(tasks.add, [((i, i), {}) for i in range(4)])
-    logged = [r.getMessage() for r in caplog.records if r.name == "django.tasks"]
+    logged = [r.getMessage() for r in caplog.records if r.name == TASKS_LOGGER]
     assert logged == [
         f"Task id={r.id} path=tests.testapp.tasks.add enqueued backend=default" for r in results
     ]

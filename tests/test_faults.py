@@ -12,9 +12,9 @@ import signal
 
 import pytest
 from django.db import connection
-from django.tasks import TaskResultStatus
 
 from django_dispatch import enqueue_many
+from django_dispatch.compat import TaskResultStatus
 from django_dispatch.models import DeadLetter, Job
 from django_dispatch.states import JobState
 from tests.conftest import postgres_only, wait_until

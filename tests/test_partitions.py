@@ -12,9 +12,9 @@ from contextlib import contextmanager
 
 import pytest
 from django.db import IntegrityError, connection, transaction
-from django.tasks import TaskResultStatus
 
 from django_dispatch import cancel, enqueue_many, store
+from django_dispatch.compat import TaskResultStatus
 from django_dispatch.models import Job
 from django_dispatch.states import JobState
 from django_dispatch.testing import drain
@@ -423,7 +423,7 @@ def test_concurrent_enqueues_with_one_key_create_one_job():
 
 
 def test_enqueue_many_refuses_an_idempotency_key():
-    from django.tasks.exceptions import InvalidTask
+    from django_dispatch.compat import InvalidTask
 
     with pytest.raises(InvalidTask, match="idempotency_key"):
         enqueue_many(tasks.add.using(idempotency_key="k"), [((1, 2), {})])

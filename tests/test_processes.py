@@ -12,10 +12,10 @@ import time
 import pytest
 from django.core.management import CommandError, call_command
 from django.db import connection
-from django.tasks import TaskResultStatus
 from django.test import override_settings
 
 from django_dispatch import enqueue_many, store
+from django_dispatch.compat import TaskResultStatus
 from django_dispatch.models import Job, Worker
 from django_dispatch.states import JobState
 from tests.conftest import ON_POSTGRES, ROOT, postgres_only, wait_until

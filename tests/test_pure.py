@@ -3,9 +3,8 @@
 from datetime import UTC, datetime
 
 import pytest
-from django.tasks import TaskResult, TaskResultStatus
-from django.tasks.base import TaskError
 
+from django_dispatch.compat import TaskError, TaskResult, TaskResultStatus
 from django_dispatch.conf import DispatchSettings, unknown_keys
 from django_dispatch.retry import exponential_backoff, next_delay
 from django_dispatch.states import TERMINAL, TRANSITIONS, JobState, can_transition, to_status

@@ -122,7 +122,7 @@ def test_concurrent_ticks_fire_each_slot_once():
 
 
 def test_cron_jobs_send_task_enqueued_after_commit_off_the_loop_thread():
-    from django.tasks.signals import task_enqueued
+    from django_dispatch.compat import task_enqueued
 
     seen: list[tuple[str, str]] = []
 

@@ -16,9 +16,9 @@ from pathlib import Path
 
 import pytest
 from django.db import connection
-from django.tasks import TaskResultStatus
 
 from django_dispatch import cancel
+from django_dispatch.compat import TaskResultStatus
 from django_dispatch.models import Job
 from django_dispatch.states import JobState
 from django_dispatch.testing import drain

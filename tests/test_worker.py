@@ -7,11 +7,10 @@ from datetime import timedelta
 
 import pytest
 from django.db import connection
-from django.tasks import TaskResultStatus
-from django.tasks.signals import task_finished, task_started
 from django.utils import timezone
 
 from django_dispatch import cancel, store
+from django_dispatch.compat import TASKS_LOGGER, TaskResultStatus, task_finished, task_started
 from django_dispatch.models import Job, Worker
 from django_dispatch.states import JobState
 from django_dispatch.testing import assert_enqueued, drain
@@ -193,9 +192,9 @@ def test_failing_signal_receiver_never_changes_the_outcome():
 
 def test_finished_signal_for_a_failure_is_sent_with_the_traceback(caplog):
     tasks.fail_always.enqueue("logged")
-    with caplog.at_level("ERROR", logger="django.tasks"):
+    with caplog.at_level("ERROR", logger=TASKS_LOGGER):
         drain()
-    records = [r for r in caplog.records if r.name == "django.tasks"]
+    records = [r for r in caplog.records if r.name == TASKS_LOGGER]
     assert records and records[-1].exc_info and records[-1].exc_info[0] is ValueError
 
 

@@ -1,4 +1,5 @@
-"""Demo tasks, written with Django's own ``@task`` decorator.
+"""Demo tasks, written with ``django_dispatch.task``: Django's ``@task``, taking
+our options (``max_attempts``, ``backoff``, ``timeout``) on every supported Django.
 
 Each task records a ``Delivery`` row so that ``manage.py show_demo`` (or the
 admin) shows what ran. Arguments and return values are plain JSON: ids,
@@ -9,7 +10,8 @@ import asyncio
 import time
 
 from django.db import transaction
-from django.tasks import task
+
+from django_dispatch import task
 
 from .models import Delivery
 

@@ -2,7 +2,7 @@
 
 import os
 
-from django.tasks import task
+from django_dispatch.compat import task
 
 SETTING = os.environ["DISPATCH_TEST_SETTING_THAT_DOES_NOT_EXIST"]
 

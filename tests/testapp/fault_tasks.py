@@ -3,7 +3,8 @@
 import os
 
 from django.db import connection
-from django.tasks import task
+
+from django_dispatch.compat import task
 
 from .models import SideEffect
 

@@ -7,8 +7,9 @@ import time
 from pathlib import Path
 
 from django.db import transaction
-from django.tasks import task
 from django.utils import timezone
+
+from django_dispatch import task
 
 from .models import Execution, SideEffect, Step
 

@@ -3,10 +3,10 @@
 from datetime import timedelta
 
 from django.core.management.base import BaseCommand
-from django.tasks import TaskResult
 from django.utils import timezone
 
 from django_dispatch import cancel, enqueue_many
+from django_dispatch.compat import TaskResult
 from shop import tasks
 
 

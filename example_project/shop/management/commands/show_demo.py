@@ -1,9 +1,9 @@
 """Show every job's outcome through Django's Tasks API, and the side effects."""
 
 from django.core.management.base import BaseCommand
-from django.tasks import TaskResultStatus, default_task_backend
 from django.utils import timezone
 
+from django_dispatch.compat import TaskResultStatus, default_task_backend
 from django_dispatch.exceptions import UnknownTask
 from django_dispatch.models import Job
 from django_dispatch.states import JobState
