@@ -34,7 +34,7 @@ from __future__ import annotations
 import threading
 import time
 
-from django.db import connections
+from django.db import DatabaseError, InterfaceError, connections
 from django.db.backends.base.base import BaseDatabaseWrapper
 
 #: A job thread idle longer than this checks its connection before its next job.
@@ -66,6 +66,51 @@ def recover_after_error() -> None:
     for conn in connections.all(initialized_only=True):
         if conn.connection is not None and not conn.in_atomic_block and not conn.is_usable():
             conn.close()
+
+
+#: SQLSTATEs of a lost connection rather than a failed statement: class 08
+#: (connection exception), 57P01 admin_shutdown, 57P02 crash_shutdown,
+#: 57P03 cannot_connect_now (the server is starting or stopping).
+_CONNECTION_SQLSTATES = ("08", "57P01", "57P02", "57P03")
+
+
+def lost_connection(exception: BaseException) -> bool:
+    """Whether ``exception`` failed because the database connection was lost.
+
+    Walks the exception's chain (Django wraps the driver's error; a task may
+    wrap Django's). A lost connection is: Django's ``InterfaceError``
+    (connection already closed); a driver error whose SQLSTATE is a
+    connection one; a driver ``OperationalError`` with no SQLSTATE at all
+    (the socket closed before the server answered); or any database error
+    while a connection of this thread is now broken. The error is read, not
+    only the connection: Django's ``atomic`` drops a connection whose
+    rollback failed and a task may reconnect, so after a loss inside
+    ``atomic`` the thread's connection may look fine, or be a new one. An
+    error the task's own SQL caused (a missing table, a constraint, a
+    statement timeout) has a statement SQLSTATE and a working connection.
+    """
+    seen: set[int] = set()
+    error: BaseException | None = exception
+    database_error = False
+    while error is not None and id(error) not in seen:
+        seen.add(id(error))
+        if isinstance(error, InterfaceError):
+            return True
+        if isinstance(error, DatabaseError):
+            database_error = True
+        if _driver_says_connection_lost(error):
+            return True
+        error = error.__cause__ or error.__context__
+    return database_error and connection_broke()
+
+
+def _driver_says_connection_lost(error: BaseException) -> bool:
+    if not type(error).__module__.startswith("psycopg"):
+        return False
+    sqlstate = getattr(error, "sqlstate", None)
+    if sqlstate is None:
+        return any(cls.__name__ == "OperationalError" for cls in type(error).__mro__)
+    return str(sqlstate).startswith(_CONNECTION_SQLSTATES)
 
 
 def connection_broke() -> bool:

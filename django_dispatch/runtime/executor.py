@@ -28,7 +28,6 @@ from inspect import iscoroutinefunction
 from typing import Any, Literal
 
 from asgiref.sync import async_to_sync
-from django.db import DatabaseError, InterfaceError
 
 from ..compat import InvalidTask, Task, TaskError, TaskResult, TaskResultStatus, task_started
 from ..conf import get_settings
@@ -41,7 +40,7 @@ from ..results import error_of, result_from_values, send_robust, signal_sender
 from ..retry import exponential_backoff, next_delay
 from ..states import JobState
 from ..store import ClaimedJob
-from .connections import connection_broke
+from .connections import lost_connection
 
 logger = logging.getLogger("django_dispatch.worker")
 
@@ -166,23 +165,6 @@ def classify_failure(
     )
 
 
-def _lost_its_connection(exception: BaseException) -> bool:
-    """Whether the attempt failed because the database went away under it.
-
-    A database error somewhere in the exception's chain (the task may have
-    wrapped it) *and* a connection of this thread that is now broken: an
-    error the task's own SQL caused leaves its connection working.
-    """
-    seen: set[int] = set()
-    error: BaseException | None = exception
-    while error is not None and id(error) not in seen:
-        if isinstance(error, DatabaseError | InterfaceError):
-            return connection_broke()
-        seen.add(id(error))
-        error = error.__cause__ or error.__context__
-    return False
-
-
 def classify_interruption(claimed: ClaimedJob, exception: BaseException, *, task: Task) -> Outcome:
     """Run again without spending an attempt, unless the lost-worker budget is spent."""
     cfg = get_settings()
@@ -241,7 +223,7 @@ def execute(claimed: ClaimedJob, running: RunningJob) -> Outcome:
             return Outcome(kind="discarded", exception=e, task_result=result)
         return classify_failure(claimed, e, task=task)  # raised on its own: an error
     except BaseException as e:  # SystemExit from a task fails the job, not the thread
-        if _lost_its_connection(e):
+        if lost_connection(e):
             return classify_interruption(claimed, e, task=task)
         return classify_failure(claimed, e, task=task)
     if running.cancel_event.is_set() or running.abandoned:

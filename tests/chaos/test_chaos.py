@@ -49,25 +49,11 @@ def test_random_sigkills_of_workers_under_load(chaos: Chaos):
     _report("sigkill", chaos, outcome, started)
 
 
-#: Django's ``atomic`` swallows the sign that the connection broke: when its
-#: rollback fails it drops the connection and reconnects at once (failing
-#: anew while the server is down), so the worker classifies the attempt as
-#: the task's own failure instead of a connection loss
-#: (django_dispatch/runtime/executor.py ``_lost_its_connection`` looks only at
-#: the connection's state, not at the error). Remove the mark once fixed.
-ATOMIC_CONNECTION_LOSS_BUG = pytest.mark.xfail(
-    reason="a crash inside transaction.atomic() fails the job for good (issue 11 item 2)",
-    strict=False,
-)
-
-
 @pytest.mark.parametrize(
     "task",
     [
         pytest.param(chaos_tasks.work, id="autocommit"),
-        pytest.param(
-            chaos_tasks.work_in_transaction, id="atomic", marks=ATOMIC_CONNECTION_LOSS_BUG
-        ),
+        pytest.param(chaos_tasks.work_in_transaction, id="atomic"),
     ],
 )
 def test_postgres_crashed_under_load_and_restarted(chaos: Chaos, task):
