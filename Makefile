@@ -7,7 +7,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 LINT_PATHS := django_dispatch tests example_project $(wildcard benchmarks)
 
-.PHONY: demo worker test test-postgres test-pgbouncer test-chaos test-sqlite lint typecheck bench bench-quick clean
+.PHONY: demo worker test test-postgres test-pgbouncer test-chaos test-sqlite docs package-check lint typecheck bench bench-quick clean
 
 $(STAMP): pyproject.toml
 	@$(PYTHON) -c 'import sys; assert sys.version_info >= (3, 12), "django_dispatch needs Python 3.12+; run with PYTHON=/path/to/python3.12"'
@@ -28,13 +28,14 @@ worker: $(STAMP)
 	cd example_project && ../$(PY) manage.py rundispatch
 
 ## test: the whole suite on a throwaway PostgreSQL, again through PgBouncer (the
-## `pgbouncer` tier), the chaos suite in its bounded form, on SQLite, then lint
-## and type checks. What CI runs (.ci/run).
+## `pgbouncer` tier), the chaos suite in its bounded form, on SQLite, the docs
+## site and the package check, then lint and type checks. What CI runs (.ci/run).
 test: $(STAMP)
 	scripts/ensure-chromium
 	scripts/with-postgres $(MAKE) --no-print-directory test-postgres test-pgbouncer
 	$(MAKE) --no-print-directory test-chaos CHAOS_ROUNDS=1
 	$(MAKE) --no-print-directory test-sqlite
+	$(MAKE) --no-print-directory docs package-check
 	$(MAKE) --no-print-directory lint typecheck
 
 ## test-postgres, test-pgbouncer: run under scripts/with-postgres (DATABASE_URL, PGBOUNCER_URL)
@@ -56,6 +57,16 @@ test-chaos: $(STAMP)
 test-sqlite: $(STAMP)
 	DISPATCH_TEST_DB=sqlite $(PY) -m pytest $(PYTEST_ARGS)
 
+## docs: build the documentation site into site/ (MkDocs, mkdocs.yml); any warning,
+## such as a broken link or anchor, fails the build
+docs: $(STAMP)
+	$(VENV)/bin/mkdocs build --strict
+
+## package-check: build the sdist and the wheel, twine check them, install the wheel
+## into a fresh virtualenv and run the example project's jobs on it (scripts/check-package)
+package-check: $(STAMP)
+	PYTHON=$(PY) scripts/check-package
+
 lint: $(STAMP)
 	$(VENV)/bin/ruff check $(LINT_PATHS)
 	$(VENV)/bin/ruff format --check $(LINT_PATHS)
@@ -71,4 +82,4 @@ bench-quick: $(STAMP)
 	$(PY) benchmarks/run.py --quick
 
 clean:
-	rm -rf $(VENV) example_project/db.sqlite3* tests/.sqlite
+	rm -rf $(VENV) example_project/db.sqlite3* tests/.sqlite site dist
