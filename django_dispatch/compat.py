@@ -91,12 +91,7 @@ else:
     from django_tasks import (
         DEFAULT_TASK_BACKEND_ALIAS,
         DEFAULT_TASK_QUEUE_NAME,
-        Task,
-        TaskContext,
-        TaskResult,
-        TaskResultStatus,
         default_task_backend,
-        task,
         task_backends,
     )
     from django_tasks.backends.base import BaseTaskBackend
@@ -105,7 +100,12 @@ else:
         DEFAULT_TASK_PRIORITY,
         TASK_MAX_PRIORITY,
         TASK_MIN_PRIORITY,
+        Task,
+        TaskContext,
         TaskError,
+        TaskResult,
+        TaskResultStatus,
+        task,
     )
     from django_tasks.exceptions import InvalidTaskBackendError as InvalidTaskBackend
     from django_tasks.exceptions import InvalidTaskError as InvalidTask
@@ -184,10 +184,66 @@ def task_with_options(
     return wrapper
 
 
+# --- The admin -----------------------------------------------------------------------
+
+#: Whether an admin action can be offered on an object's change page as well as
+#: on the change list (Django 6.1: ``@admin.action(location=[...])``). Django 5.2
+#: and 6.0 offer admin actions on the change list only.
+ADMIN_ACTIONS_ON_CHANGE_PAGE: bool = django.VERSION >= (6, 1)
+
+#: ``admin_action(location=...)``: offer the action on the change list and on
+#: each object's change page (the names of ``django.contrib.admin.ActionLocation``).
+ON_LIST_AND_PAGE: tuple[str, ...] = ("CHANGE_LIST", "CHANGE_FORM")
+
+
+def admin_action(
+    function: Callable[..., Any] | None = None,
+    *,
+    location: tuple[str, ...] = ("CHANGE_LIST",),
+    **kwargs: Any,
+) -> Any:
+    """``django.contrib.admin.action``, with ``location`` kept only where Django has it.
+
+    ``location`` names ``ActionLocation`` members. Before Django 6.1 it is
+    dropped: the action is offered on the change list only, where operators
+    select the row instead. ``django.contrib.admin`` is imported here, not at
+    module level, so that sites without the admin (and workers) never load it.
+    """
+    from django.contrib import admin
+
+    if ADMIN_ACTIONS_ON_CHANGE_PAGE:
+        kwargs["location"] = [admin.ActionLocation[name] for name in location]
+    return admin.action(function, **kwargs)
+
+
+# --- Templates -----------------------------------------------------------------------
+
+if TYPE_CHECKING or django.VERSION >= (6, 1):
+    from django.template.defaulttags import csp_nonce_attr
+else:
+
+    def csp_nonce_attr(context: Any, media: Any = None) -> str:
+        """``{% csp_nonce_attr %}`` before Django 6.1 made it a built-in tag.
+
+        The ``nonce="..."`` attribute when the context has a CSP nonce (Django
+        6.0's ``csp`` context processor puts one there as ``csp_nonce``),
+        else nothing; with ``media``, the media's tags as they are. Our admin
+        templates load it from ``dispatch_compat`` so they render on 5.2 and 6.0.
+        """
+        from django.utils.html import format_html
+
+        if media:
+            return media.render()
+        nonce = context.get("csp_nonce")
+        return "" if nonce is None else format_html('nonce="{}"', nonce)
+
+
 __all__ = [
+    "ADMIN_ACTIONS_ON_CHANGE_PAGE",
     "DEFAULT_TASK_BACKEND_ALIAS",
     "DEFAULT_TASK_PRIORITY",
     "DEFAULT_TASK_QUEUE_NAME",
+    "ON_LIST_AND_PAGE",
     "TASKS_LOGGER",
     "TASKS_MODULE",
     "TASK_DECORATOR_TAKES_OPTIONS",
@@ -205,6 +261,8 @@ __all__ = [
     "TaskResultDoesNotExist",
     "TaskResultMismatch",
     "TaskResultStatus",
+    "admin_action",
+    "csp_nonce_attr",
     "default_task_backend",
     "log_task_enqueued",
     "normalize_json",

@@ -27,6 +27,7 @@ from django.utils.functional import cached_property
 from django.utils.html import format_html, format_html_join
 from django.utils.safestring import SafeString
 
+from ..compat import ON_LIST_AND_PAGE
 from ..store.base import take_sqlite_write_lock
 
 #: The changelist counts at most this many matching rows (then shows "more
@@ -40,7 +41,7 @@ CHANGE_LIST_TEMPLATE = "django_dispatch/admin/change_list.html"
 #: The change form with readable JSON and tracebacks.
 CHANGE_FORM_TEMPLATE = "django_dispatch/admin/change_form.html"
 #: Where an operator action is offered: the changelist and the row's own page.
-BOTH = [admin.ActionLocation.CHANGE_LIST, admin.ActionLocation.CHANGE_FORM]
+BOTH = ON_LIST_AND_PAGE
 #: Rows an action reads per query (see ``selected_rows``).
 SELECTION_BATCH = 1000
 #: Request methods that never write (Django's own list in ``changeform_view``).
@@ -133,8 +134,11 @@ class DeleteThroughAction:
     def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
         return obj is None and super().has_delete_permission(request)  # type: ignore[misc]
 
-    def get_actions(self, request, action_location=admin.ActionLocation.CHANGE_LIST):
-        actions = super().get_actions(request, action_location=action_location)  # type: ignore[misc]
+    def get_actions(self, request, action_location=None):
+        # Django 6.1 passes action_location (and looks for it in this signature);
+        # 5.2 and 6.0 have no such parameter.
+        kwargs = {} if action_location is None else {"action_location": action_location}
+        actions = super().get_actions(request, **kwargs)  # type: ignore[misc]
         actions.pop("delete_selected", None)
         return actions
 

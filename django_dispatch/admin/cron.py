@@ -21,6 +21,7 @@ from django.utils import timezone
 from django.utils.html import format_html, format_html_join
 
 from .. import cron, services
+from ..compat import admin_action
 from ..models import CronEntry, Job
 from .common import BOTH, DeleteThroughAction, SQLiteWriteLockFirst, link, selected_ids
 from .forms import CronEntryForm
@@ -139,14 +140,14 @@ class CronEntryAdmin(SQLiteWriteLockFirst, DeleteThroughAction, admin.ModelAdmin
 
     # --- actions ----------------------------------------------------------------------
 
-    @admin.action(description="Enable selected cron entries", permissions=["change"], location=BOTH)
+    @admin_action(description="Enable selected cron entries", permissions=["change"], location=BOTH)
     def enable_entries(self, request: HttpRequest, queryset: Any) -> None:
         changed = services.set_cron_enabled(list(selected_ids(queryset)), True)
         self.message_user(
             request, f"{changed} enabled (they fire from their next slot).", messages.SUCCESS
         )
 
-    @admin.action(
+    @admin_action(
         description="Disable selected cron entries", permissions=["change"], location=BOTH
     )
     def disable_entries(self, request: HttpRequest, queryset: Any) -> None:
@@ -169,7 +170,7 @@ class CronEntryAdmin(SQLiteWriteLockFirst, DeleteThroughAction, admin.ModelAdmin
             messages.WARNING,
         )
 
-    @admin.action(
+    @admin_action(
         description="Run selected cron entries now", permissions=["change"], location=BOTH
     )
     def run_now(self, request: HttpRequest, queryset: Any) -> None:

@@ -20,6 +20,7 @@ from django.urls import reverse
 from django.utils.text import Truncator, smart_split, unescape_string_literal
 
 from .. import services
+from ..compat import admin_action
 from ..exceptions import AlreadyReplayed
 from ..models import DeadLetter, Job
 from .common import (
@@ -202,7 +203,7 @@ class DeadLetterAdmin(
 
     # --- actions --------------------------------------------------------------------
 
-    @admin.action(description="Replay selected dead letters", permissions=["replay"], location=BOTH)
+    @admin_action(description="Replay selected dead letters", permissions=["replay"], location=BOTH)
     def replay_entries(self, request: HttpRequest, queryset: Any) -> None:
         replayed = 0
         already: list[int] = []

@@ -16,6 +16,7 @@ from django.contrib import admin, messages
 from django.http import HttpRequest
 
 from .. import services
+from ..compat import admin_action
 from ..exceptions import AlreadyReplayed
 from ..models import DeadLetter, Job
 from ..states import JobState
@@ -151,7 +152,7 @@ class JobAdmin(SQLiteWriteLockFirst, ReadOnlyRows, DeleteThroughAction, BigTable
 
     # --- actions ----------------------------------------------------------------
 
-    @admin.action(
+    @admin_action(
         description="Cancel selected jobs",
         permissions=["cancel"],
         location=BOTH,
@@ -169,7 +170,7 @@ class JobAdmin(SQLiteWriteLockFirst, ReadOnlyRows, DeleteThroughAction, BigTable
             messages.SUCCESS if cancelled else messages.WARNING,
         )
 
-    @admin.action(
+    @admin_action(
         description="Retry selected jobs now",
         permissions=["retry"],
         location=BOTH,

@@ -18,6 +18,7 @@ from django.http import HttpRequest
 from django.utils.html import format_html, format_html_join
 from django.utils.text import Truncator
 
+from ..compat import admin_action
 from ..models import Job, WorkflowRun, WorkflowTask
 from ..models.workflow import STEP_DONE, StepState
 from ..workflows import services
@@ -255,17 +256,17 @@ class WorkflowRunAdmin(OperatorActions, BigTable, ReplayFromStep):
 
     # --- actions: each run on its own (see ``_split``) ------------------------------------
 
-    @admin.action(description="Cancel selected runs", permissions=["cancel"], location=BOTH)
+    @admin_action(description="Cancel selected runs", permissions=["cancel"], location=BOTH)
     def cancel_runs(self, request: HttpRequest, queryset: Any) -> None:
         done, skipped = _split(selected_ids(queryset), services.cancel_run)
         self.report(request, done, "cancelled", skipped, RUN_NOT_FITTING)
 
-    @admin.action(description="Retry selected stuck runs", permissions=["retry"], location=BOTH)
+    @admin_action(description="Retry selected stuck runs", permissions=["retry"], location=BOTH)
     def retry_runs(self, request: HttpRequest, queryset: Any) -> None:
         done, skipped = _split(selected_ids(queryset), services.retry_run)
         self.report(request, done, "retried", skipped, RUN_NOT_FITTING)
 
-    @admin.action(
+    @admin_action(
         description="Skip the stuck (or current) step of selected runs",
         permissions=["retry"],
         location=BOTH,
@@ -314,7 +315,7 @@ class WorkflowTaskAdmin(StepDisplays, OperatorActions, BigTable):
     def run_link(self, step: WorkflowTask) -> str:
         return link(WorkflowRun, step.run_id)
 
-    @admin.action(description="Skip selected steps", permissions=["retry"], location=BOTH)
+    @admin_action(description="Skip selected steps", permissions=["retry"], location=BOTH)
     def skip_steps(self, request: HttpRequest, queryset: Any) -> None:
         done, skipped = _split(
             selected_rows(queryset, "run_id", "name", "state"),
