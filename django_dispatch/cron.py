@@ -69,12 +69,14 @@ callers should pass a ``grace`` at least as long as a poll interval plus a hando
 
 from __future__ import annotations
 
+import difflib
 import heapq
+import re
 from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from functools import lru_cache
-from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
+from zoneinfo import ZoneInfo, ZoneInfoNotFoundError, available_timezones
 
 from croniter import croniter
 from croniter.croniter import CroniterBadDateError, CroniterError
@@ -245,14 +247,28 @@ def _compile(expression: str, timezone: str) -> _Schedule:
     if not isinstance(expression, str):
         raise CronError(f"A cron expression must be a string, got {expression!r}.")
     text = " ".join(expression.split())
-    fields = text.split(" ")
-    if not text.startswith("@") and len(fields) not in (5, 6):
-        raise _bad(expression, f"it has {len(fields) if text else 0} fields")
+    if not text:
+        raise _bad(expression, f"it is empty. {_FIVE_FIELDS}")
+    if text.startswith("@"):
+        if text.lower() not in _ALIASES:
+            raise _bad(expression, f"{text!r} is not an alias. Use one of {', '.join(_ALIASES)}")
+    else:
+        fields = text.split(" ")
+        if len(fields) not in (5, 6):
+            raise _bad(expression, f"it has {len(fields)} fields. {_FIVE_FIELDS}")
+        problems = [
+            problem
+            for spec, value in zip(_FIELDS, fields, strict=False)
+            for problem in _field_problems(spec, value)
+        ]
+        if problems:
+            raise _bad(expression, "; ".join(problems))
+        text = " ".join(_SINGLE_VALUE_RANGE.sub(r"\g<value>", value) for value in fields)
     try:
         parsed = croniter(text, _PROBE)
         hours = parsed.expanded[1]
     except (CroniterError, ValueError, KeyError, IndexError, TypeError) as exc:
-        raise _bad(expression, str(exc) or type(exc).__name__) from exc
+        raise _bad(expression, _croniter_problem(text, exc)) from exc
     try:
         parsed.get_next(datetime)
     except (CroniterBadDateError, OverflowError) as exc:
@@ -264,11 +280,129 @@ def _compile(expression: str, timezone: str) -> _Schedule:
     return _Schedule(expression=text, zone=zone, interval=interval)
 
 
+_FIVE_FIELDS = (
+    "Use five fields (minute hour day month weekday) or six with seconds last, "
+    "or an alias such as '@hourly'"
+)
+#: croniter's aliases, each with its five fields.
+_ALIASES = ("@yearly", "@annually", "@monthly", "@weekly", "@daily", "@midnight", "@hourly")
+
+
+@dataclass(frozen=True)
+class _Field:
+    """One field of an expression, for the checks croniter does not make or word well."""
+
+    name: str
+    low: int
+    high: int
+    size: int  # how many distinct values: a larger step can match only its start
+    period: str  # what the field's values divide: a step repeats within one of these
+    names: tuple[str, ...] = ()  # the names croniter accepts, worth low, low + 1...
+    specials: frozenset[str] = frozenset()  # croniter's letters for this field
+
+    @property
+    def accepted(self) -> str:
+        span = f"{self.low}-{self.high}"
+        if self.names:
+            span += f" or {self.names[0]}-{self.names[-1]}"
+        if self.name == "day-of-week":
+            span += ", where 0 and 7 are Sunday"
+        return span
+
+
+_MONTHS = ("jan", "feb", "mar", "apr", "may", "jun", "jul", "aug", "sep", "oct", "nov", "dec")
+_WEEKDAYS = ("sun", "mon", "tue", "wed", "thu", "fri", "sat")
+# In croniter's order: seconds, when present, come last.
+_FIELDS = (
+    _Field("minute", 0, 59, 60, "hour"),
+    _Field("hour", 0, 23, 24, "day"),
+    _Field("day-of-month", 1, 31, 31, "month", specials=frozenset({"l", "?"})),
+    _Field("month", 1, 12, 12, "year", names=_MONTHS),
+    _Field("day-of-week", 0, 7, 7, "week", names=_WEEKDAYS, specials=frozenset({"l", "?"})),
+    _Field("second", 0, 59, 60, "minute"),
+)
+# A range of one value, with or without a step ("5-5", "mon-mon/2"): croniter (7.0) reads it
+# as "*", every value, so it is rewritten as the value itself before croniter sees it.
+_SINGLE_VALUE_RANGE = re.compile(r"(?<![^,])(?P<value>\w+)-(?P=value)(?:/\d+)?(?![^,])", re.I)
+# One item of a comma-separated list: a value, a range or '*', and an optional step.
+_ITEM = re.compile(r"(?P<start>\*|\w+)(?:-(?P<end>\w+))?(?:/(?P<step>\w*))?")
+
+
+def _field_problems(spec: _Field, value: str) -> list[str]:
+    """What is wrong with one field, each phrased as ``"<field> field: <problem>"``.
+
+    Only the mistakes croniter misreports or lets through are looked for here: a number
+    out of range (croniter does not say which field), a word that is not a name, and a
+    step of 0 or larger than the field (croniter reads ``*/61`` in minutes as ``0``, once
+    an hour, where the user asked for something a single field cannot express). A step
+    equal to the field's size (``*/60`` minutes, ``*/24`` hours) is kept: it means once
+    per hour or day, which is what it says. Anything else (``L``, ``5#2``, ``1W``) is
+    left to croniter.
+    """
+    problems = []
+    for item in value.lower().split(","):
+        match = _ITEM.fullmatch(item)
+        if match is None:
+            continue  # croniter decides, and _croniter_problem names the field
+        for token in (match["start"], match["end"]):
+            if token is None or token == "*" or token in spec.specials:
+                continue
+            if token.isdigit():
+                if not spec.low <= int(token) <= spec.high:
+                    problems.append(
+                        f"{spec.name} field: {int(token)} is out of range {spec.low}-{spec.high}"
+                    )
+            elif token == "h":
+                problems.append(
+                    f"{spec.name} field: 'H' (a hashed value) is not supported (give "
+                    f"{spec.accepted})"
+                )
+            elif token.isalpha() and token not in spec.names:
+                kind = {"month": "a month", "day-of-week": "a day of the week"}.get(
+                    spec.name, "a number"
+                )
+                problems.append(f"{spec.name} field: {token!r} is not {kind} (use {spec.accepted})")
+        step = match["step"]
+        if step is None:
+            continue
+        if not step.isdigit():
+            problems.append(f"{spec.name} field: {item!r} needs a whole number after '/'")
+        elif int(step) == 0:
+            problems.append(f"{spec.name} field: the step in {item!r} must be at least 1")
+        elif int(step) > spec.size:
+            problems.append(
+                f"{spec.name} field: the step in {item!r} is larger than the field's range "
+                f"{spec.low}-{spec.high if spec.name != 'day-of-week' else 6} ({spec.size} "
+                f"values), so it would match once per {spec.period} only (use a step from 1 "
+                f"to {spec.size})"
+            )
+    return problems
+
+
+def _croniter_problem(text: str, exc: Exception) -> str:
+    """croniter's complaint about ``text``, attributed to the field that causes it.
+
+    croniter's messages quote the whole expression; each field is tried alone (the others
+    ``*``) to name the culprit. A mistake only in how fields combine (``?`` in both day
+    fields) keeps croniter's own words.
+    """
+    fields = text.split(" ")
+    for index, value in enumerate(fields):
+        alone = ["*"] * len(fields)
+        alone[index] = value
+        try:
+            croniter(" ".join(alone), _PROBE)
+        except (CroniterError, ValueError, KeyError, IndexError, TypeError):
+            spec = _FIELDS[index]
+            return (
+                f"{spec.name} field: {value!r} is not valid (use {spec.accepted}, "
+                "lists such as 1,3, ranges such as 1-5 and steps such as */2)"
+            )
+    return str(exc) or type(exc).__name__
+
+
 def _bad(expression: str, detail: str) -> CronError:
-    return CronError(
-        f"{expression!r} is not a valid cron expression: {detail}. Use five fields "
-        "(minute hour day month weekday) or six with seconds last."
-    )
+    return CronError(f"{expression!r} is not a valid cron expression: {detail}.")
 
 
 def _zone(timezone: str) -> ZoneInfo:
@@ -281,10 +415,17 @@ def _zone(timezone: str) -> ZoneInfo:
         return ZoneInfo(timezone)
     except (ZoneInfoNotFoundError, ValueError) as exc:
         raise CronError(
-            f"{timezone!r} is not a known IANA time zone. Use a name from "
-            "zoneinfo.available_timezones(), such as 'Europe/Paris' or 'UTC' (names are "
+            f"{timezone!r} is not a known IANA time zone.{_closest_zone(timezone)} Use a name "
+            "from zoneinfo.available_timezones(), such as 'Europe/Paris' or 'UTC' (names are "
             "case-sensitive); install the tzdata package if the system has no zone database."
         ) from exc
+
+
+def _closest_zone(timezone: str) -> str:
+    """``" Did you mean 'Europe/Paris'?"`` for a misspelt or miscased zone name, or ``""``."""
+    zones = {name.casefold(): name for name in available_timezones()}
+    match = difflib.get_close_matches(timezone.casefold(), list(zones), n=1, cutoff=0.8)
+    return f" Did you mean {zones[match[0]]!r}?" if match else ""
 
 
 def _aware_utc(value: datetime, name: str) -> datetime:

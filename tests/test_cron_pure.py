@@ -335,24 +335,211 @@ def test_sparse_expression_is_found_years_ahead():
 # --- validation ------------------------------------------------------------------------------
 
 
+FIVE_FIELDS = (
+    "Use five fields (minute hour day month weekday) or six with seconds last, "
+    "or an alias such as '@hourly'."
+)
+
+
 @pytest.mark.parametrize(
-    ("expression", "fragment"),
+    ("expression", "problem"),
     [
-        ("61 * * * *", "'61 * * * *' is not a valid cron expression: "),
-        ("* * * *", "it has 4 fields"),
-        ("* * * * * * *", "it has 7 fields"),
-        ("", "it has 0 fields"),
-        ("a b c d e", "is not a valid cron expression"),
-        ("* * * * * 61", "is not a valid cron expression"),
-        ("H * * * *", "is not a valid cron expression"),
+        # Out of range: the field is named, with its range.
+        ("61 * * * *", "minute field: 61 is out of range 0-59."),
+        ("0 24 * * *", "hour field: 24 is out of range 0-23."),
+        ("0 0 0 * *", "day-of-month field: 0 is out of range 1-31."),
+        ("0 0 * 13 *", "month field: 13 is out of range 1-12."),
+        ("0 0 * * 8", "day-of-week field: 8 is out of range 0-7."),
+        ("5-70 * * * *", "minute field: 70 is out of range 0-59."),
+        ("0,15,75 * * * *", "minute field: 75 is out of range 0-59."),
+        ("* * * * * 61", "second field: 61 is out of range 0-59."),
+        (
+            "0 25 32 * *",
+            "hour field: 25 is out of range 0-23; day-of-month field: 32 is out of range 1-31.",
+        ),
+        # Steps larger than the field: croniter reads them as the first value only.
+        (
+            "*/61 * * * *",
+            "minute field: the step in '*/61' is larger than the field's range "
+            "0-59 (60 values), so it would match once per hour only (use a step from 1 to 60).",
+        ),
+        (
+            "0 */25 * * *",
+            "hour field: the step in '*/25' is larger than the field's range "
+            "0-23 (24 values), so it would match once per day only (use a step from 1 to 24).",
+        ),
+        (
+            "0 0 */32 * *",
+            "day-of-month field: the step in '*/32' is larger than the field's "
+            "range 1-31 (31 values), so it would match once per month only (use a step from 1 "
+            "to 31).",
+        ),
+        (
+            "0 0 1 */13 *",
+            "month field: the step in '*/13' is larger than the field's range "
+            "1-12 (12 values), so it would match once per year only (use a step from 1 to 12).",
+        ),
+        (
+            "0 0 * * */8",
+            "day-of-week field: the step in '*/8' is larger than the field's "
+            "range 0-6 (7 values), so it would match once per week only (use a step from 1 to "
+            "7).",
+        ),
+        (
+            "* * * * * */61",
+            "second field: the step in '*/61' is larger than the field's "
+            "range 0-59 (60 values), so it would match once per minute only (use a step from 1 "
+            "to 60).",
+        ),
+        (
+            "10-50/61 * * * *",
+            "minute field: the step in '10-50/61' is larger than the "
+            "field's range 0-59 (60 values), so it would match once per hour only (use a step "
+            "from 1 to 60).",
+        ),
+        (
+            "0 0 * jan-dec/13 *",
+            "month field: the step in 'jan-dec/13' is larger than the "
+            "field's range 1-12 (12 values), so it would match once per year only (use a step "
+            "from 1 to 12).",
+        ),
+        ("*/0 * * * *", "minute field: the step in '*/0' must be at least 1."),
+        ("1-5/ * * * *", "minute field: '1-5/' needs a whole number after '/'."),
+        # Words that are not names.
+        ("0 0 * foo *", "month field: 'foo' is not a month (use 1-12 or jan-dec)."),
+        (
+            "0 0 * * monday",
+            "day-of-week field: 'monday' is not a day of the week (use 0-7 "
+            "or sun-sat, where 0 and 7 are Sunday).",
+        ),
+        ("x * * * *", "minute field: 'x' is not a number (use 0-59)."),
+        ("H * * * *", "minute field: 'H' (a hashed value) is not supported (give 0-59)."),
+        # Other syntax croniter refuses: the field is found by trying each one alone.
+        (
+            "0.5 * * * *",
+            "minute field: '0.5' is not valid (use 0-59, lists such as 1,3, "
+            "ranges such as 1-5 and steps such as */2).",
+        ),
+        (
+            "0 0 * * 5#6",
+            "day-of-week field: '5#6' is not valid (use 0-7 or sun-sat, where 0 "
+            "and 7 are Sunday, lists such as 1,3, ranges such as 1-5 and steps such as */2).",
+        ),
+        (
+            "0 0 ? ? *",
+            "month field: '?' is not valid (use 1-12 or jan-dec, lists such as "
+            "1,3, ranges such as 1-5 and steps such as */2).",
+        ),
+        # The shape: only a wrong number of fields gets the reminder of the format.
+        ("* * * *", f"it has 4 fields. {FIVE_FIELDS}"),
+        ("* * * * * * *", f"it has 7 fields. {FIVE_FIELDS}"),
+        ("", f"it is empty. {FIVE_FIELDS}"),
+        ("   ", f"it is empty. {FIVE_FIELDS}"),
+        (
+            "@reboot",
+            "'@reboot' is not an alias. Use one of @yearly, @annually, @monthly, "
+            "@weekly, @daily, @midnight, @hourly.",
+        ),
     ],
 )
-def test_invalid_expressions_are_rejected_with_a_helpful_message(expression, fragment):
+def test_invalid_expressions_say_what_is_wrong(expression, problem):
     with pytest.raises(CronError) as caught:
         validate(expression, PARIS)
-    message = str(caught.value)
-    assert fragment in message
-    assert "Use five fields (minute hour day month weekday) or six with seconds last." in message
+    assert str(caught.value) == f"{expression!r} is not a valid cron expression: {problem}"
+
+
+@pytest.mark.parametrize(
+    "expression", ["61 * * * *", "*/61 * * * *", "0 0 * * 8", "0.5 * * * *", "a b c d e"]
+)
+def test_five_field_expressions_are_not_told_to_use_five_fields(expression):
+    with pytest.raises(CronError) as caught:
+        validate(expression, PARIS)
+    assert "five fields" not in str(caught.value)
+
+
+@pytest.mark.parametrize(
+    "expression",
+    [
+        "*/15 * * * *",
+        "0-59/30 * * * *",
+        "*/60 * * * *",  # a step equal to the field's size: once an hour, as it says
+        "0 */24 * * *",
+        "0 0 */31 * *",
+        "0 0 1 */12 *",
+        "0 0 * * */7",
+        "* * * * * */60",
+        "*/10 * * * * 30",
+        "0 0 * * 7",
+        "0 0 * * 0-7",
+        "0 9-17 * JAN,jul MON-FRI",
+        "0 0 L * *",
+        "0 0 1W * *",
+        "0 0 * * 1#2",
+        "0 0 * * L5",
+        "0 0 ? * *",
+        "50-10 * * * *",
+        "@hourly",
+        "@DAILY",
+        "@midnight",
+        "@weekly",
+        "@monthly",
+        "@yearly",
+        "@annually",
+    ],
+)
+def test_valid_expressions_stay_valid(expression):
+    validate(expression, PARIS)
+
+
+def test_steps_up_to_the_field_size_keep_their_meaning():
+    start = utc(2026, 1, 1)
+    assert fire_times("0-59/30 * * * *", "UTC", start, utc(2026, 1, 1, 1)) == [
+        utc(2026, 1, 1, 0, 30),
+        utc(2026, 1, 1, 1),
+    ]
+    assert fire_times("*/60 * * * *", "UTC", start, utc(2026, 1, 1, 3)) == [
+        utc(2026, 1, 1, h) for h in (1, 2, 3)
+    ]
+    assert next_fire("0 0 * * */7", "UTC", start) == utc(2026, 1, 4)  # a Sunday
+
+
+def test_a_range_of_one_value_is_that_value():
+    # croniter 7 reads "5-5" as "*": every minute instead of minute 5.
+    start = utc(2026, 1, 1)
+    assert fire_times("5-5 * * * *", "UTC", start, utc(2026, 1, 1, 2)) == [
+        utc(2026, 1, 1, 0, 5),
+        utc(2026, 1, 1, 1, 5),
+    ]
+    assert fire_times("0 0 * * 3-3", "UTC", start, utc(2026, 1, 20)) == [
+        utc(2026, 1, 7),
+        utc(2026, 1, 14),
+    ]
+    assert fire_times("0 0 * * wed-WED/2,fri", "UTC", start, utc(2026, 1, 10)) == [
+        utc(2026, 1, 2),
+        utc(2026, 1, 7),
+        utc(2026, 1, 9),
+    ]
+    # "2-2" names one hour: a clock entry, not an interval one.
+    assert fire_times("0 2-2 * * *", PARIS, utc(2026, 3, 28), utc(2026, 3, 29, 12)) == [
+        utc(2026, 3, 28, 1),
+        utc(2026, 3, 29, 1),  # 02:00 does not exist that day: fired at 03:00 CEST
+    ]
+
+
+def test_misspelt_time_zones_get_a_suggestion():
+    for given, meant in [
+        ("europe/paris", "Europe/Paris"),
+        ("utc", "UTC"),
+        ("America/NewYork", "America/New_York"),
+    ]:
+        with pytest.raises(CronError) as caught:
+            validate("0 * * * *", given)
+        assert f"{given!r} is not a known IANA time zone. Did you mean {meant!r}? " in str(
+            caught.value
+        )
+    with pytest.raises(CronError) as caught:
+        validate("0 * * * *", "Mars/Olympus")
+    assert "Did you mean" not in str(caught.value)
 
 
 def test_expression_that_never_fires_is_rejected():
@@ -393,7 +580,9 @@ def test_module_is_pure():
             imported.add(node.module.split(".")[0])
     assert imported <= {
         "__future__",
+        "difflib",
         "heapq",
+        "re",
         "collections",
         "dataclasses",
         "datetime",
