@@ -8,7 +8,8 @@ from django.core import checks
 from django.db import DEFAULT_DB_ALIAS, connections, router
 from django.db.migrations.executor import MigrationExecutor
 
-from .conf import get_settings, unknown_keys
+from .conf import CRON_ENTRY_KEYS, did_you_mean, get_settings, known_keys, unknown_keys
+from .docs_links import docs_url
 
 SUPPORTED_VENDORS = {"postgresql", "sqlite"}
 
@@ -18,21 +19,32 @@ def check_dispatch_settings(app_configs: Any = None, **kwargs: Any) -> list[chec
     messages: list[checks.CheckMessage] = []
     raw = getattr(settings, "DISPATCH", None) or {}
     if not isinstance(raw, dict):
-        return [checks.Error("DISPATCH must be a dict.", id="django_dispatch.E010")]
-    unknown = unknown_keys(raw)
-    if unknown:
-        messages.append(
+        return [
             checks.Error(
-                f"DISPATCH has unknown keys {unknown}.",
-                hint="See docs/settings.md for the keys django_dispatch reads.",
-                id="django_dispatch.E011",
+                f"DISPATCH must be a dict, got {type(raw).__name__}.",
+                hint=f"Every key is optional; see {docs_url('settings', 'dispatch')}",
+                id="django_dispatch.E010",
             )
+        ]
+    # One error per key, each with its own suggestion: a typo is otherwise
+    # silently ignored and the default applies.
+    known = known_keys()
+    messages += [
+        checks.Error(
+            f"DISPATCH has an unknown key {key!r}.{did_you_mean(key, known)}",
+            hint=f"The keys django_dispatch reads are listed at {docs_url('settings', 'dispatch')}",
+            id="django_dispatch.E011",
         )
+        for key in unknown_keys(raw)
+    ]
     try:
         problems = get_settings().validate()
     except TypeError as e:
         problems = [f"DISPATCH has a value of the wrong type: {e}"]
-    messages += [checks.Error(p, id="django_dispatch.E012") for p in problems]
+    messages += [
+        checks.Error(p, hint=f"See {docs_url('settings', 'validation')}", id="django_dispatch.E012")
+        for p in problems
+    ]
     cron_entries = raw.get("CRON", {})
     if isinstance(cron_entries, dict):
         messages += _check_cron_entries(cron_entries)
@@ -47,7 +59,8 @@ def check_dispatch_settings(app_configs: Any = None, **kwargs: Any) -> list[chec
             checks.Error(
                 f"django_dispatch stores jobs on a {vendor} database; it supports "
                 "PostgreSQL and SQLite.",
-                hint="Route django_dispatch's models to a PostgreSQL or SQLite database.",
+                hint="Route django_dispatch's models to a PostgreSQL or SQLite database "
+                f"(see {docs_url('install')}).",
                 id="django_dispatch.E013",
             )
         )
@@ -72,7 +85,8 @@ def _check_sqlite_requests(db: str) -> list[checks.CheckMessage]:
             "write (admin actions among them) fail with 'database is locked' whenever a "
             "worker commits in between.",
             hint=f"Set DATABASES[{db!r}]['OPTIONS']['transaction_mode'] = 'IMMEDIATE', "
-            "or turn ATOMIC_REQUESTS off.",
+            "or turn ATOMIC_REQUESTS off. See "
+            f"{docs_url('operating', 'the-admin-on-sqlite-beside-busy-workers')}",
             id="django_dispatch.W014",
         )
     ]
@@ -119,12 +133,37 @@ def _check_cron_entries(entries: dict[str, Any]) -> list[checks.CheckMessage]:
     from .compat import Task
 
     messages: list[checks.CheckMessage] = []
+    see = f"See {docs_url('scheduling', 'declaring-entries-in-settings')}"
     for name, spec in entries.items():
         where = f"DISPATCH['CRON'][{name!r}]"
-        if not isinstance(spec, dict) or "schedule" not in spec or "task" not in spec:
+        if not isinstance(spec, dict):
             messages.append(
                 checks.Error(
-                    f"{where} must be a dict with at least 'schedule' and 'task'.",
+                    f"{where} must be a dict with at least 'schedule' and 'task', "
+                    f"got {type(spec).__name__}.",
+                    hint=see,
+                    id="django_dispatch.E030",
+                )
+            )
+            continue
+        # Unknown keys first: a misspelt 'schedule' is reported as the typo
+        # it is, not only as a missing key; a misspelt optional key
+        # ('timzone') would otherwise be ignored and its default used.
+        for key in sorted(set(spec) - set(CRON_ENTRY_KEYS), key=str):
+            messages.append(
+                checks.Error(
+                    f"{where} has an unknown key {key!r}.{did_you_mean(key, CRON_ENTRY_KEYS)}",
+                    hint=f"An entry's keys are {', '.join(map(repr, CRON_ENTRY_KEYS))}. {see}",
+                    id="django_dispatch.E035",
+                )
+            )
+        missing = [key for key in ("schedule", "task") if key not in spec]
+        if missing:
+            messages.append(
+                checks.Error(
+                    f"{where} must be a dict with at least 'schedule' and 'task'; "
+                    f"{' and '.join(map(repr, missing))} missing.",
+                    hint=see,
                     id="django_dispatch.E030",
                 )
             )
@@ -132,12 +171,13 @@ def _check_cron_entries(entries: dict[str, Any]) -> list[checks.CheckMessage]:
         try:
             cron.validate(spec["schedule"], spec.get("timezone") or settings.TIME_ZONE)
         except cron.CronError as e:
-            messages.append(checks.Error(f"{where}: {e}", id="django_dispatch.E031"))
+            messages.append(checks.Error(f"{where}: {e}", hint=see, id="django_dispatch.E031"))
         for key, kind in (("args", list), ("kwargs", dict), ("queue_name", str)):
             if key in spec and not isinstance(spec[key], kind):
                 messages.append(
                     checks.Error(
                         f"{where}: {key!r} must be a {kind.__name__}, got {spec[key]!r}.",
+                        hint=see,
                         id="django_dispatch.E034",
                     )
                 )
@@ -151,6 +191,7 @@ def _check_cron_entries(entries: dict[str, Any]) -> list[checks.CheckMessage]:
                 checks.Error(
                     f"{where}: 'priority' must be a whole number from -100 to 100, "
                     f"got {priority!r}.",
+                    hint=see,
                     id="django_dispatch.E034",
                 )
             )
@@ -158,7 +199,9 @@ def _check_cron_entries(entries: dict[str, Any]) -> list[checks.CheckMessage]:
         if policy not in cron.POLICIES:
             messages.append(
                 checks.Error(
-                    f"{where}: misfire_policy {policy!r} is not one of {list(cron.POLICIES)}.",
+                    f"{where}: misfire_policy {policy!r} is not one of {list(cron.POLICIES)}."
+                    f"{did_you_mean(policy, cron.POLICIES)}",
+                    hint=f"See {docs_url('scheduling', 'missed-slots-misfire-policies')}",
                     id="django_dispatch.E032",
                 )
             )
@@ -177,6 +220,7 @@ def _check_cron_entries(entries: dict[str, Any]) -> list[checks.CheckMessage]:
             messages.append(
                 checks.Error(
                     f"{where}: {spec['task']!r} is not a Task; decorate it with @task.",
+                    hint=see,
                     id="django_dispatch.E033",
                 )
             )

@@ -5,6 +5,8 @@ that ``override_settings`` in tests and settings changes between a task's
 definition and its enqueue are honoured.
 """
 
+import difflib
+from collections.abc import Iterable
 from dataclasses import dataclass, field, fields
 from typing import Any
 
@@ -139,14 +141,53 @@ class DispatchSettings:
 
 
 _FIELD_NAMES = {f.name for f in fields(DispatchSettings)}
+#: The keys of one ``DISPATCH["CRON"]`` entry; "schedule" and "task" are required.
+CRON_ENTRY_KEYS = (
+    "schedule",
+    "task",
+    "args",
+    "kwargs",
+    "timezone",
+    "queue_name",
+    "priority",
+    "misfire_policy",
+    "enabled",
+)
 #: The size limits, read through ``size_limit()`` (cached) on hot paths.
 SIZE_LIMITS = ("MAX_ARGS_BYTES", "MAX_RESULT_BYTES", "MAX_CHECKPOINT_BYTES", "MAX_ERROR_BYTES")
 _WHOLE_NUMBERS = {"MAX_WORKER_LOST", "CONCURRENCY", "PURGE_BATCH", *SIZE_LIMITS}
 _OTHER_KEYS: set[str] = set()
 
 
+def known_keys() -> list[str]:
+    """Every key ``DISPATCH`` may hold, sorted."""
+    return sorted(_FIELD_NAMES | _OTHER_KEYS)
+
+
 def unknown_keys(raw: dict[str, Any]) -> list[str]:
-    return sorted(set(raw) - _FIELD_NAMES - _OTHER_KEYS)
+    return sorted(set(raw) - _FIELD_NAMES - _OTHER_KEYS, key=str)
+
+
+def closest(word: object, known: Iterable[str]) -> str | None:
+    """The name in ``known`` that a misspelt ``word`` most likely meant, or None.
+
+    A typo in a settings key is otherwise silently ignored (the default
+    applies), so every "unknown key" message names the nearest known key.
+    Case is ignored (``lease_seconds`` finds ``LEASE_SECONDS``); below
+    difflib's usual similarity of 0.6 nothing is suggested, since a wrong
+    guess misleads more than none.
+    """
+    if not isinstance(word, str):
+        return None
+    folded = {name.casefold(): name for name in known}
+    matches = difflib.get_close_matches(word.casefold(), list(folded), n=1, cutoff=0.6)
+    return folded[matches[0]] if matches else None
+
+
+def did_you_mean(word: object, known: Iterable[str]) -> str:
+    """``" Did you mean 'X'?"`` for the nearest known name, or ``""``: appended to a message."""
+    match = closest(word, known)
+    return f" Did you mean {match!r}?" if match else ""
 
 
 def get_settings() -> DispatchSettings:
