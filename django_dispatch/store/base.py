@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
+from typing import Any
 
 from django.db import connections, router
 from django.db.models import DateTimeField, ExpressionWrapper, Value
@@ -10,6 +11,7 @@ from django.db.models.functions import Now
 
 from ..limits import truncate_error_text
 from ..models import Job
+from ..states import JobState
 
 NOTIFY_CHANNEL = "django_dispatch"
 
@@ -17,6 +19,50 @@ NOTIFY_CHANNEL = "django_dispatch"
 def db_alias() -> str:
     """The database holding job rows, chosen by the project's routers."""
     return router.db_for_write(Job)
+
+
+class _LeaveOthers(dict[str, str]):
+    """Format mapping that leaves a placeholder it does not know as it was."""
+
+    def __missing__(self, key: str) -> str:
+        return "{" + key + "}"
+
+
+#: Rendered raw statements, by (template, database vendor).
+_RENDERED: dict[tuple[str, str], str] = {}
+
+
+def sql_names(connection: Any) -> dict[str, str]:
+    """The names raw SQL on the job table takes from the models.
+
+    ``job``: ``Job._meta.db_table``, quoted by the database's own
+    ``quote_name``; one entry per ``JobState`` (``pending``, ``blocked``, ...):
+    its value as a SQL string literal. So a renamed table or state cannot
+    leave a raw statement behind: the ORM and the raw SQL read one source.
+    """
+    names = {"job": connection.ops.quote_name(Job._meta.db_table)}
+    for state in JobState:
+        assert "'" not in state.value  # a literal, not a parameter: keep it plain
+        names[state.name.lower()] = f"'{state.value}'"
+    return names
+
+
+def job_sql(connection: Any, template: str) -> str:
+    """``template`` with ``sql_names`` filled in for ``connection``'s database.
+
+    Raw statements are written with ``{job}`` for the job table and
+    ``{pending}``, ``{running}``, ... for the states; any other placeholder
+    (``{ids}``, ``{filters}``, ...) is left for the caller's own ``format``.
+    States go in as literals, not parameters, so that the planner matches
+    them to the partial indexes (``state = 'pending'`` for the claim index).
+    Rendered once per template and database vendor; later calls are one
+    dictionary lookup, so the hot paths pay nothing for it.
+    """
+    key = (template, connection.vendor)
+    sql = _RENDERED.get(key)
+    if sql is None:
+        sql = _RENDERED[key] = template.format_map(_LeaveOthers(sql_names(connection)))
+    return sql
 
 
 def now_plus(seconds: float) -> ExpressionWrapper:

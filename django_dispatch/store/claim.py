@@ -23,7 +23,7 @@ from django.db.models.functions import Coalesce, Now
 from ..models import Job
 from ..sql import JSONAppend
 from ..states import JobState
-from .base import db_alias, take_sqlite_write_lock
+from .base import db_alias, job_sql, take_sqlite_write_lock
 from .partitions import partition_heads, partitions_demote
 
 #: At most this many blocked jobs are demoted per claim transaction, which
@@ -119,17 +119,19 @@ def claim_candidates(db: str, queues: Sequence[str], limit: int, exclude: Sequen
 #: before the update (``_claimed`` applies the lease to them) and whether
 #: this statement leased it. Served by the partial index
 #: ``dispatch_job_claim``, like the ORM query (test_store checks the plan).
+#: Table and states come from the models (``job_sql``);
+#: tests/test_raw_sql_twins.py runs it beside the ORM path on the same rows.
 _CLAIM_SQL = """
 WITH candidates AS MATERIALIZED (
     SELECT {fields}, now() AS db_now
-    FROM django_dispatch_job
-    WHERE state = 'pending' AND run_after <= now() {filters}
+    FROM {job}
+    WHERE state = {pending} AND run_after <= now() {filters}
     ORDER BY priority DESC, run_after, id
     LIMIT %(window)s
     FOR UPDATE SKIP LOCKED
 ), leased AS (
-    UPDATE django_dispatch_job AS j SET
-        state = 'running',
+    UPDATE {job} AS j SET
+        state = {running},
         worker_id = %(worker_id)s::text,
         lease_epoch = j.lease_epoch + 1,
         lease_expires_at = c.db_now + %(lease_seconds)s * interval '1 second',
@@ -154,14 +156,16 @@ ORDER BY candidates.priority DESC, candidates.run_after, candidates.id
 _JSON_FIELDS = ("args", "kwargs", "checkpoint", "errors", "worker_ids")
 
 
-def claim_sql(*, queues: bool, exclude: bool) -> str:
-    """``_CLAIM_SQL`` with the filters in use (named parameters, see ``_claim_pg``)."""
+def claim_sql(*, queues: bool, exclude: bool, db: str | None = None) -> str:
+    """``_CLAIM_SQL`` with the filters in use (named parameters, see ``_claim_pg``),
+    for database ``db`` (default: the job table's)."""
+    connection = connections[db or db_alias()]
     filters = ""
     if queues:
         filters += " AND queue_name = ANY(%(queues)s)"
     if exclude:
         filters += " AND NOT (id = ANY(%(exclude)s))"
-    return _CLAIM_SQL.format(fields=", ".join(CLAIM_FIELDS), filters=filters)
+    return job_sql(connection, _CLAIM_SQL).format(fields=", ".join(CLAIM_FIELDS), filters=filters)
 
 
 def _claim_pg(
@@ -175,7 +179,7 @@ def _claim_pg(
     lease_seconds: float,
 ) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     """Run ``_CLAIM_SQL``: (rows it leased, rows it only locked)."""
-    sql = claim_sql(queues=bool(queues), exclude=bool(exclude))
+    sql = claim_sql(queues=bool(queues), exclude=bool(exclude), db=db)
     params: dict[str, Any] = {
         "window": window,
         "lease": lease,

@@ -32,6 +32,7 @@ from ..conf import size_limit
 from ..limits import call_sizes, too_large
 from ..models import Job
 from ..states import LIVE, JobState
+from .base import job_sql
 
 #: Rows per ``bulk_create`` batch (SQLite and other non-PostgreSQL engines).
 BULK_BATCH_SIZE = 5000
@@ -139,8 +140,10 @@ _COLUMNS = (
     "partition_key, idempotency_key, attempts, max_attempts, worker_lost_count, lease_epoch, "
     "errors, worker_ids"
 )
-_CONSTANTS = f"'{JobState.PENDING.value}'"
-_TABLE = f'"{Job._meta.db_table}"'
+#: Placeholders ``job_sql`` fills in from the models when a statement runs:
+#: the quoted ``Job._meta.db_table`` and ``JobState.PENDING`` as a literal.
+_CONSTANTS = "{pending}"
+_TABLE = "{job}"
 
 
 def _insert_one_sql(deferred: bool) -> str:
@@ -215,7 +218,7 @@ def job_insert_call(
     deferred = spec.deferred_until is not None
     params = [*_spec_params(spec), args_json, kwargs_json, *_spec_tail(spec, connection)]
     with connection.cursor() as cursor:
-        cursor.execute(_INSERT_ONE[deferred], params)
+        cursor.execute(job_sql(connection, _INSERT_ONE[deferred]), params)
         job_id, enqueued_at = cursor.fetchone()
     return job_id, enqueued_at
 
@@ -270,7 +273,7 @@ def jobs_insert_calls(
     deferred = spec.deferred_until is not None
     head = _spec_params(spec)
     tail = _spec_tail(spec, connection)
-    sql = _INSERT_MANY[deferred]
+    sql = job_sql(connection, _INSERT_MANY[deferred])
     with transaction.atomic(using=db, savepoint=False), connection.cursor() as cursor:
         for chunk in chunks:
             cursor.execute(sql, [*head, *tail, chunk.text])

@@ -24,7 +24,7 @@ from django.db.models.functions import Cast, Now
 
 from ..models import Job
 from ..states import JobState
-from .base import db_alias, notify, now_plus
+from .base import db_alias, job_sql, notify, now_plus
 from .claim import Lease
 from .dead_letters import dead_letter_insert
 from .partitions import lock_partitions, partitions_promote, try_lock_partitions
@@ -80,13 +80,14 @@ def job_finish_if_leased(
 #: ``jobs_finish_many_if_leased`` for PostgreSQL: the fenced UPDATE of a
 #: whole wave with the values as four arrays, returning the winners, so one
 #: statement (and no ORM compilation of a CASE per row) records the wave.
+#: Its twin is ``_finish_many_orm`` (tests/test_raw_sql_twins.py).
 _FINISH_MANY_SQL = """
-UPDATE django_dispatch_job AS j SET
-    state = 'succeeded', return_value = d.return_value, finished_at = now(),
+UPDATE {job} AS j SET
+    state = {succeeded}, return_value = d.return_value, finished_at = now(),
     lease_expires_at = NULL
 FROM unnest(%s::bigint[], %s::text[], %s::bigint[], %s::jsonb[])
     AS d(id, worker_id, lease_epoch, return_value)
-WHERE j.id = d.id AND j.state = 'running' AND j.worker_id = d.worker_id
+WHERE j.id = d.id AND j.state = {running} AND j.worker_id = d.worker_id
     AND j.lease_epoch = d.lease_epoch
 RETURNING j.id, j.partition_key
 """
@@ -111,10 +112,11 @@ def jobs_finish_many_if_leased(
     keys = {lease.partition_key for lease, _ in results if lease.partition_key}
     with transaction.atomic(using=db, savepoint=False):
         lock_partitions(db, keys)
-        if connections[db].vendor == "postgresql":
-            with connections[db].cursor() as cursor:
+        connection = connections[db]
+        if connection.vendor == "postgresql":
+            with connection.cursor() as cursor:
                 cursor.execute(
-                    _FINISH_MANY_SQL,
+                    job_sql(connection, _FINISH_MANY_SQL),
                     [
                         [lease.job_id for lease, _ in results],
                         [lease.worker_id for lease, _ in results],

@@ -60,7 +60,7 @@ from dataclasses import dataclass
 
 from django.db import connections
 
-from .base import NOTIFY_CHANNEL
+from .base import NOTIFY_CHANNEL, job_sql
 
 #: The first key of every partition lock (``pg_advisory_xact_lock(int, int)``),
 #: the second being ``hashtext(partition_key)``. Arbitrary; it only keeps our
@@ -82,7 +82,7 @@ SELECT k FROM unnest(%s::text[]) AS k WHERE pg_try_advisory_xact_lock(%s, hashte
 
 #: Lock a job's key, if it has one, before its row is locked: one statement.
 _LOCK_JOB_SQL = """
-SELECT pg_advisory_xact_lock(%s, hashtext(partition_key)) FROM django_dispatch_job
+SELECT pg_advisory_xact_lock(%s, hashtext(partition_key)) FROM {job}
 WHERE id = %s AND partition_key IS NOT NULL
 """
 
@@ -103,9 +103,10 @@ def lock_partitions(db: str, keys: Iterable[str | None]) -> None:
 def lock_partition_of_job(db: str, job_id: int) -> None:
     """``lock_partitions`` for the key of job ``job_id`` (read without a row lock:
     a job's key never changes)."""
-    if connections[db].vendor == "postgresql":
-        with connections[db].cursor() as cursor:
-            cursor.execute(_LOCK_JOB_SQL, [LOCK_CLASS, job_id])
+    connection = connections[db]
+    if connection.vendor == "postgresql":
+        with connection.cursor() as cursor:
+            cursor.execute(job_sql(connection, _LOCK_JOB_SQL), [LOCK_CLASS, job_id])
 
 
 def try_lock_partitions(db: str, keys: Iterable[str]) -> set[str]:
@@ -126,12 +127,12 @@ def try_lock_partitions(db: str, keys: Iterable[str]) -> set[str]:
 #: values to correlated subqueries; written for PostgreSQL and SQLite alike.
 _HEADS_SQL = """
 SELECT k.column1,
-    (SELECT j.id FROM django_dispatch_job j
-      WHERE j.partition_key = k.column1 AND j.state IN ('pending', 'blocked', 'running')
+    (SELECT j.id FROM {job} j
+      WHERE j.partition_key = k.column1 AND j.state IN ({pending}, {blocked}, {running})
       ORDER BY j.id LIMIT 1),
-    (SELECT j.id FROM django_dispatch_job j
+    (SELECT j.id FROM {job} j
       WHERE j.partition_key = k.column1
-        AND (j.state = 'running' OR (j.state = 'cancelled' AND j.lease_expires_at IS NOT NULL))
+        AND (j.state = {running} OR (j.state = {cancelled} AND j.lease_expires_at IS NOT NULL))
       LIMIT 1)
 FROM (VALUES {values}) AS k
 """
@@ -151,8 +152,9 @@ def partition_heads(db: str, keys: Iterable[str]) -> dict[str, Head]:
     keys = sorted(set(keys))
     if not keys:
         return {}
-    sql = _HEADS_SQL.format(values=", ".join(["(%s)"] * len(keys)))
-    with connections[db].cursor() as cursor:
+    connection = connections[db]
+    sql = job_sql(connection, _HEADS_SQL).format(values=", ".join(["(%s)"] * len(keys)))
+    with connection.cursor() as cursor:
         cursor.execute(sql, keys)
         return {key: Head(head_id, active_id) for key, head_id, active_id in cursor.fetchall()}
 
@@ -163,14 +165,14 @@ def partition_heads(db: str, keys: Iterable[str]) -> dict[str, Head]:
 #: granted, so it sees every promotion committed before. Plain SQL (a
 #: correlated EXISTS on the same table); PostgreSQL and SQLite alike.
 _DEMOTE_SQL = """
-UPDATE django_dispatch_job SET state = 'blocked'
-WHERE id IN ({ids}) AND state = 'pending' AND EXISTS (
-    SELECT 1 FROM django_dispatch_job o
-    WHERE o.partition_key = django_dispatch_job.partition_key
-      AND o.id <> django_dispatch_job.id
-      AND (o.state = 'running'
-           OR (o.state = 'cancelled' AND o.lease_expires_at IS NOT NULL)
-           OR (o.state IN ('pending', 'blocked') AND o.id < django_dispatch_job.id))
+UPDATE {job} SET state = {blocked}
+WHERE id IN ({ids}) AND state = {pending} AND EXISTS (
+    SELECT 1 FROM {job} o
+    WHERE o.partition_key = {job}.partition_key
+      AND o.id <> {job}.id
+      AND (o.state = {running}
+           OR (o.state = {cancelled} AND o.lease_expires_at IS NOT NULL)
+           OR (o.state IN ({pending}, {blocked}) AND o.id < {job}.id))
 )
 RETURNING id
 """
@@ -190,8 +192,10 @@ def partitions_demote(db: str, jobs: Iterable[tuple[int, str]]) -> set[int]:
     ids = [job_id for job_id, key in jobs if key in locked]
     if not ids:
         return set()
-    with connections[db].cursor() as cursor:
-        cursor.execute(_DEMOTE_SQL.format(ids=", ".join(["%s"] * len(ids))), ids)
+    connection = connections[db]
+    sql = job_sql(connection, _DEMOTE_SQL).format(ids=", ".join(["%s"] * len(ids)))
+    with connection.cursor() as cursor:
+        cursor.execute(sql, ids)
         return {job_id for (job_id,) in cursor.fetchall()}
 
 
@@ -200,11 +204,11 @@ def partitions_demote(db: str, jobs: Iterable[tuple[int, str]]) -> set[int]:
 #: SQL because the ORM cannot join a list of values to a correlated subquery;
 #: PostgreSQL and SQLite alike.
 _PROMOTE_SQL = """
-UPDATE django_dispatch_job SET state = 'pending'
-WHERE state = 'blocked' AND id IN (
-    SELECT (SELECT j.id FROM django_dispatch_job j
+UPDATE {job} SET state = {pending}
+WHERE state = {blocked} AND id IN (
+    SELECT (SELECT j.id FROM {job} j
              WHERE j.partition_key = k.partition_key
-               AND j.state IN ('pending', 'blocked', 'running')
+               AND j.state IN ({pending}, {blocked}, {running})
              ORDER BY j.id LIMIT 1)
     FROM ({keys}) AS k
 )
@@ -220,9 +224,11 @@ SELECT c, CASE WHEN c > 0 THEN pg_notify(%s, '') END FROM n
 
 
 def _promote(db: str, keys_sql: str, params: list[str]) -> int:
-    promote = _PROMOTE_SQL.format(keys=keys_sql)
-    with connections[db].cursor() as cursor:
-        if connections[db].vendor == "postgresql":
+    """Run ``_PROMOTE_SQL`` for the keys ``keys_sql`` selects; return how many it promoted."""
+    connection = connections[db]
+    promote = job_sql(connection, _PROMOTE_SQL).format(keys=keys_sql)
+    with connection.cursor() as cursor:
+        if connection.vendor == "postgresql":
             cursor.execute(_PROMOTE_NOTIFY_SQL.format(promote=promote), [*params, NOTIFY_CHANNEL])
             return int(cursor.fetchone()[0])
         cursor.execute(promote, params)
@@ -247,11 +253,11 @@ def partitions_promote(db: str, keys: Iterable[str | None]) -> int:
 #: Keys with a blocked job and none active. A key with an active job is not
 #: stalled (its blocked head waits for that job, whose end promotes it).
 _STALLED_KEYS_SQL = """
-SELECT DISTINCT b.partition_key FROM django_dispatch_job b
-WHERE b.state = 'blocked' AND NOT EXISTS (
-    SELECT 1 FROM django_dispatch_job a
+SELECT DISTINCT b.partition_key FROM {job} b
+WHERE b.state = {blocked} AND NOT EXISTS (
+    SELECT 1 FROM {job} a
     WHERE a.partition_key = b.partition_key
-      AND (a.state = 'running' OR (a.state = 'cancelled' AND a.lease_expires_at IS NOT NULL))
+      AND (a.state = {running} OR (a.state = {cancelled} AND a.lease_expires_at IS NOT NULL))
 )
 """
 
@@ -267,4 +273,4 @@ def partitions_promote_stalled(db: str) -> int:
     hand). It takes no lock itself: promoting a job that is not runnable
     after all is harmless, the claim checks again before running it.
     """
-    return _promote(db, _STALLED_KEYS_SQL, [])
+    return _promote(db, job_sql(connections[db], _STALLED_KEYS_SQL), [])
