@@ -4,14 +4,22 @@ The public entry points are imported lazily so that ``import django_dispatch``
 works before Django's app registry is ready (e.g. from settings modules).
 """
 
+from importlib.metadata import PackageNotFoundError
+from importlib.metadata import version as _version
 from typing import TYPE_CHECKING, Any
 
 from .exceptions import AlreadyReplayed, JobCancelled, TaskTimeout
+
+try:
+    __version__ = _version("django-dispatch")
+except PackageNotFoundError:  # imported from a source tree that was never installed
+    __version__ = "0+unknown"
 
 __all__ = [
     "AlreadyReplayed",
     "JobCancelled",
     "TaskTimeout",
+    "__version__",
     "cancel",
     "enqueue_many",
     "replay",

@@ -12,7 +12,6 @@ import threading
 import time
 from typing import Any
 
-import psycopg
 from django.db import connections
 
 from ..conf import DispatchSettings
@@ -40,6 +39,8 @@ class Listener(threading.Thread):
         self.stopping.set()
 
     def run(self) -> None:
+        import psycopg  # only a PostgreSQL worker gets here: psycopg is an extra
+
         pause = 0.1
         while not self.stopping.is_set():
             try:
