@@ -47,8 +47,21 @@ def cron_sync_from_settings(
     for name, spec in entries.items():
         try:
             values = _entry_values(spec, default_timezone)
-        except (KeyError, TypeError, ValueError) as e:
-            logger.error("DISPATCH['CRON'][%r] is invalid and was skipped: %r", name, e)
+        except KeyError as e:
+            logger.error(
+                "DISPATCH['CRON'][%r] was skipped: it has no %r key. Run `manage.py check` "
+                "for every problem in DISPATCH.",
+                name,
+                e.args[0],
+            )
+            continue
+        except (TypeError, ValueError) as e:
+            logger.error(
+                "DISPATCH['CRON'][%r] was skipped: a value has the wrong type (%s). Run "
+                "`manage.py check` for every problem in DISPATCH.",
+                name,
+                e,
+            )
             continue
         entry = CronEntry.objects.using(db).filter(name=name).first()
         if entry is None:
