@@ -49,6 +49,7 @@ if TYPE_CHECKING or django.VERSION >= (6, 0):
         task_backends,
     )
     from django.tasks.backends.base import BaseTaskBackend
+    from django.tasks.backends.dummy import DummyBackend
     from django.tasks.backends.immediate import ImmediateBackend
     from django.tasks.base import (
         DEFAULT_TASK_PRIORITY,
@@ -95,6 +96,7 @@ else:
         task_backends,
     )
     from django_tasks.backends.base import BaseTaskBackend
+    from django_tasks.backends.dummy import DummyBackend
     from django_tasks.backends.immediate import ImmediateBackend
     from django_tasks.base import (
         DEFAULT_TASK_PRIORITY,
@@ -250,6 +252,7 @@ __all__ = [
     "TASK_MAX_PRIORITY",
     "TASK_MIN_PRIORITY",
     "BaseTaskBackend",
+    "DummyBackend",
     "ImmediateBackend",
     "InvalidTask",
     "InvalidTaskBackend",

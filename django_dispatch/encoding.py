@@ -5,6 +5,13 @@ Every value a job stores goes through here on its way in: encoded once
 (no NUL, no unpaired surrogate), measured against its size limit (see
 ``limits``) on the text itself, then decoded, so that the caller keeps the
 value the worker will see (tuples become lists).
+
+What Django's own backends accept beyond JSON's types is accepted the same
+way, through Django's ``normalize_json``: ``bytes`` decoded as UTF-8, any
+``Mapping`` or ``Sequence`` (a ``range``, a ``deque``...). That second pass
+runs only when the first, plain one fails, so common calls pay nothing for
+it. NaN and infinity, which Django's in-process backends pass through, are
+refused: they are not JSON, and no database column stores them as such.
 """
 
 from __future__ import annotations
@@ -13,7 +20,8 @@ import json
 import re
 from typing import Any
 
-from .exceptions import InvalidTaskArguments
+from .compat import normalize_json
+from .exceptions import InvalidTaskArguments, InvalidTaskArgumentValue
 from .limits import check_size
 
 #: What ``json.dumps(value, allow_nan=False)`` and ``json.loads(text)`` use,
@@ -22,15 +30,52 @@ JSON_ENCODER = json.JSONEncoder(allow_nan=False)
 JSON_DECODER = json.JSONDecoder()
 
 
-def json_text(value: Any, what: str) -> str:
-    """The strict JSON text of ``value``, storable by any database, or InvalidTaskArguments."""
+def dumps(value: Any) -> str:
+    """The strict JSON text of ``value``, as Django's backends would normalize it.
+
+    JSON's own types go through the C encoder in one pass. Only when that
+    fails is ``value`` normalized as Django's backends do (``normalize_json``:
+    bytes decoded as UTF-8, other mappings and sequences as dicts and lists)
+    and encoded again; a value Django refuses raises what Django raises
+    (``TypeError``, or ``ValueError`` for bytes that are not UTF-8). NaN and
+    infinity raise ``ValueError``: they are not JSON.
+    """
     try:
-        text = JSON_ENCODER.encode(value)
+        return JSON_ENCODER.encode(value)
+    except TypeError as e:
+        try:
+            normalized = normalize_json(value)
+        except TypeError:
+            raise e from None  # the encoder's message names the type as clearly
+    return JSON_ENCODER.encode(normalized)
+
+
+def json_text(value: Any, what: str) -> str:
+    """The strict JSON text of ``value``, storable by any database, or InvalidTaskArguments.
+
+    ``InvalidTaskArguments`` (a ``TypeError``) for a value of a type JSON
+    has no place for, as Django's backends raise ``TypeError``; its subclass
+    ``InvalidTaskArgumentValue``, also a ``ValueError``, for a value of a
+    JSON type that cannot be stored (see ``dumps``, ``check_storable_json``).
+    """
+    try:
+        text = dumps(value)
         check_storable_json(text)
-    except (TypeError, ValueError) as e:
+    except TypeError as e:
         raise InvalidTaskArguments(
             f"{what} must be JSON-serializable ({e}). Pass ids and plain data "
             "(str, int, float, bool, None, lists, dicts with str keys), not objects."
+        ) from e
+    except ValueError as e:
+        cause = e.__cause__ or e.__context__  # normalize_json's own, or its context
+        if isinstance(cause, UnicodeDecodeError):
+            detail = f"bytes that are not UTF-8 text: {cause}"
+            advice = "Pass text, or encode binary data first (e.g. base64)."
+        else:
+            detail = str(e)
+            advice = "Pass finite numbers and text without NUL characters."
+        raise InvalidTaskArgumentValue(
+            f"{what} must be JSON-serializable ({detail}). {advice}"
         ) from e
     return text
 

@@ -22,7 +22,7 @@ from django.utils.module_loading import import_string
 from . import store
 from .compat import BaseTaskBackend, InvalidTask, Task, TaskResult, task_enqueued
 from .dispatch_task import check_arguments, plain_arity, validate_options
-from .encoding import JSON_DECODER, JSON_ENCODER, check_storable_json, json_text, to_json
+from .encoding import JSON_DECODER, check_storable_json, dumps, json_text, to_json
 from .limits import JSONTooLarge, check_size
 from .models import Job
 from .results import enqueued_signal_is_silent, ready_results, send_robust
@@ -323,7 +323,7 @@ def _encode(pairs: list[tuple[Any, Any]]) -> Iterator[CallChunk]:
 
 
 def _encode_chunk(pairs: list[tuple[Any, Any]]) -> Iterator[CallChunk]:
-    text = JSON_ENCODER.encode(pairs)
+    text = dumps(pairs)
     check_storable_json(text)
     if len(text) > ENQUEUE_CHUNK_CHARS and len(pairs) > 1:
         middle = len(pairs) // 2

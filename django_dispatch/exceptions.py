@@ -41,3 +41,14 @@ class InvalidTaskArguments(InvalidTask, TypeError):
     ``TypeError`` for arguments that are not JSON, so code written for them
     catches what we raise.
     """
+
+
+class InvalidTaskArgumentValue(InvalidTaskArguments, ValueError):
+    """An argument of a JSON type whose value cannot be stored as JSON.
+
+    Bytes that are not UTF-8 text, NaN or infinity, a NUL character or an
+    unpaired surrogate. Also a ``ValueError``: Django's ``normalize_json``
+    raises ``ValueError`` for bytes that are not UTF-8, so code written for
+    Django's own backends catches what we raise (and it stays an
+    ``InvalidTaskArguments``, a ``TypeError``, like every argument error).
+    """
