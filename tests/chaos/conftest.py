@@ -147,11 +147,15 @@ class Chaos:
     def wait_registered(self, count: int, timeout: float = 30.0) -> None:
         from django_dispatch.models import Worker
 
-        self.wait(
-            lambda: Worker.objects.count() >= count,
-            timeout,
-            f"{count} workers to register",
-        )
+        try:
+            self.wait(
+                lambda: Worker.objects.count() >= count,
+                timeout,
+                f"{count} workers to register",
+            )
+        except AssertionError as e:
+            logs = "\n".join(f"--- {w.pid}\n{w.output()[-3000:]}" for w in self.workers)
+            raise AssertionError(f"{e}\n{logs}") from None
 
     def kill(self, worker: WorkerProcess) -> None:
         worker.signal(signal.SIGKILL)
