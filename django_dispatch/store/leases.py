@@ -112,20 +112,8 @@ def jobs_finish_many_if_leased(
     keys = {lease.partition_key for lease, _ in results if lease.partition_key}
     with transaction.atomic(using=db, savepoint=False):
         lock_partitions(db, keys)
-        connection = connections[db]
-        if connection.vendor == "postgresql":
-            with connection.cursor() as cursor:
-                cursor.execute(
-                    job_sql(connection, _FINISH_MANY_SQL),
-                    [
-                        [lease.job_id for lease, _ in results],
-                        [lease.worker_id for lease, _ in results],
-                        [lease.epoch for lease, _ in results],
-                        # None as SQL NULL, as job_finish_if_leased stores it
-                        [None if value is None else json.dumps(value) for _, value in results],
-                    ],
-                )
-                winners = dict(cursor.fetchall())
+        if connections[db].vendor == "postgresql":
+            winners = _finish_many_pg(results, db)
         else:
             winners = _finish_many_orm(results, db)
         freed = {key for key in winners.values() if key}
@@ -151,8 +139,25 @@ def _lock_late(db: str, keys: set[str]) -> set[str]:
     return locked
 
 
+def _finish_many_pg(results: Sequence[tuple[Lease, Any]], db: str) -> dict[int, str | None]:
+    """``_FINISH_MANY_SQL`` (PostgreSQL): {winner id: partition key}."""
+    connection = connections[db]
+    with connection.cursor() as cursor:
+        cursor.execute(
+            job_sql(connection, _FINISH_MANY_SQL),
+            [
+                [lease.job_id for lease, _ in results],
+                [lease.worker_id for lease, _ in results],
+                [lease.epoch for lease, _ in results],
+                # None as SQL NULL, as job_finish_if_leased stores it
+                [None if value is None else json.dumps(value) for _, value in results],
+            ],
+        )
+        return dict(cursor.fetchall())
+
+
 def _finish_many_orm(results: Sequence[tuple[Lease, Any]], db: str) -> dict[int, str | None]:
-    """``jobs_finish_many_if_leased`` in the ORM (SQLite): {winner id: partition key}."""
+    """``_finish_many_pg`` in the ORM (SQLite): {winner id: partition key}."""
     fence = Q()
     for lease, _ in results:
         fence |= Q(id=lease.job_id, worker_id=lease.worker_id, lease_epoch=lease.epoch)
