@@ -22,8 +22,9 @@ from django.db import router
 from . import store
 from .compat import Task, TaskResult, TaskResultDoesNotExist, task_enqueued
 from .dispatch_task import DispatchTask
-from .enqueue import DispatchBackendBase
+from .enqueue import DispatchBackendBase, EnqueuePlan
 from .models import Job
+from .observability import metrics, tracing
 from .results import ready_result, result_from_job, send_robust
 from .store.enqueue import job_insert_call
 
@@ -48,20 +49,45 @@ class DispatchBackend(DispatchBackendBase):
         is inserted and that job's TaskResult is returned instead.
         """
         plan = self.enqueue_plan(task)
+        if tracing.AVAILABLE:  # a producer span, its context stored on the job
+            with tracing.producer(plan.spec.task_path, plan.spec.queue_name) as producer:
+                result = self._enqueue(plan, task, args, kwargs, producer.context)
+                producer.enqueued(result.id)
+                return result
+        return self._enqueue(plan, task, args, kwargs, None)
+
+    def _enqueue(
+        self,
+        plan: EnqueuePlan,
+        task: Task,
+        args: Sequence[Any],
+        kwargs: Mapping[str, Any],
+        trace_context: str | None,
+    ) -> TaskResult:
         json_args, json_kwargs, args_text, kwargs_text = plan.encode_call(args, kwargs)
         db = store.db_alias()
-        if plan.spec.idempotency_key is None:
+        spec = plan.spec
+        if spec.idempotency_key is None:
             job_id, enqueued_at = job_insert_call(
-                plan.spec, json_args, json_kwargs, args_text, kwargs_text, db=db
+                spec,
+                json_args,
+                json_kwargs,
+                args_text,
+                kwargs_text,
+                db=db,
+                trace_context=trace_context,
             )
             result = ready_result(task, job_id, enqueued_at, json_args, json_kwargs, self.alias)
         else:
-            job, created = store.job_insert_idempotent(
-                plan.spec.new_job(json_args, json_kwargs), db=db
-            )
+            job = spec.new_job(json_args, json_kwargs)
+            if trace_context is not None:
+                job.trace_context = tracing.stored_context(trace_context)
+            job, created = store.job_insert_idempotent(job, db=db)
             if not created:
                 return result_from_job(job)
             result = result_from_job(job, task=task)
+        if metrics.AVAILABLE:
+            metrics.enqueued(spec.task_path, spec.queue_name)
         send_robust(task_enqueued, self, result)
         return result
 

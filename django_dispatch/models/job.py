@@ -63,6 +63,10 @@ class Job(models.Model):
     errors = models.JSONField(default=list, blank=True)
     #: One entry per attempt started, as django.tasks' TaskResult.worker_ids.
     worker_ids = models.JSONField(default=list, blank=True)
+    #: The enqueue's OpenTelemetry context (W3C ``traceparent``/``tracestate``
+    #: headers), so each attempt's span continues the enqueuer's trace. NULL
+    #: without OpenTelemetry, or outside any trace (see observability.tracing).
+    trace_context = models.JSONField(null=True, blank=True)
 
     enqueued_at = models.DateTimeField(db_default=Now())
     started_at = models.DateTimeField(null=True, blank=True)

@@ -21,6 +21,7 @@ from django.db import DatabaseError, InterfaceError, connections
 
 from .. import store
 from ..compat import Task, task_finished
+from ..observability import events
 from ..results import send_robust, signal_sender
 from . import timeouts
 from .connections import recover_after_error
@@ -64,9 +65,10 @@ class BatchCompleter:
         if running.won is None:  # the wave failed: write it ourselves
             return False
         if running.won:
+            events.finished(running.claimed, "succeeded")
             signal_finished(outcome)
         else:
-            log_lost(running.claimed.lease, outcome)
+            events.finished(running.claimed, "lost", detail="its succeeded")
             # If it was cancelled, let go of it (which frees its partition).
             store.job_ack_cancelled(
                 running.claimed.lease, partition_key=running.claimed.row["partition_key"]
@@ -124,9 +126,8 @@ def _write(claimed: store.ClaimedJob, outcome: Outcome) -> bool:
     lease, key = claimed.lease, claimed.row["partition_key"]
     if outcome.kind == "succeeded":
         return store.job_finish_if_leased(lease, outcome.return_value, partition_key=key)
-    if outcome.kind == "discarded":
-        store.job_ack_cancelled(lease, partition_key=key)
-        return False
+    if outcome.kind == "discarded":  # True: it was cancelled (else lost)
+        return store.job_ack_cancelled(lease, partition_key=key)
     if outcome.kind == "interrupted":
         assert outcome.retry_in is not None
         return store.job_interrupt_if_leased(lease, outcome.errors, retry_in=outcome.retry_in)
@@ -138,8 +139,23 @@ def _write(claimed: store.ClaimedJob, outcome: Outcome) -> bool:
     return store.job_fail_if_leased(lease, outcome.errors, outcome.retry_in, partition_key=key)
 
 
+#: The metric state and log outcome of each kind of write (see ``observability.events``).
+_REPORTED = {
+    "succeeded": "succeeded",
+    "retry": "retried",
+    "failed": "failed",
+    "interrupted": "interrupted",
+    "released": "released",
+}
+
+
 def persist(
-    claimed: store.ClaimedJob, outcome: Outcome, *, give_up_after: float, signal: bool = True
+    claimed: store.ClaimedJob,
+    outcome: Outcome,
+    *,
+    give_up_after: float,
+    signal: bool = True,
+    report: bool = True,
 ) -> bool:
     """Write the outcome, retrying transient database errors.
 
@@ -147,6 +163,10 @@ def persist(
     is reclaimed and will run again, which is the at-least-once fallback.
     A lost job that was cancelled is let go (``job_ack_cancelled``), which
     frees its partition.
+
+    The outcome is logged and counted here (``observability.events``), once,
+    unless ``report`` is False: a job whose outcome someone else already
+    recorded (handed back, or its timeout recorded by the control loop).
     """
     lease = claimed.lease
     deadline = time.monotonic() + give_up_after
@@ -168,20 +188,24 @@ def persist(
             time.sleep(pause)
             pause = min(pause * 2, 2.0)
     if outcome.kind == "discarded":
-        logger.info("job %s: stopped (cancelled or lost); result discarded", lease.job_id)
+        if report:  # won: the ack found it cancelled
+            events.finished(claimed, "cancelled" if won else "lost", detail="its")
         return False
     if not won:
-        log_lost(lease, outcome)
+        if report:
+            events.finished(claimed, "lost", detail=f"its {outcome.kind}")
         return False
-    if outcome.kind in ("interrupted", "released"):
-        logger.warning(
-            "job %s: %s; back in the queue without spending an attempt",
-            lease.job_id,
-            "its database connection broke under the task code (run again in "
-            f"{outcome.retry_in:g} s)"
-            if outcome.kind == "interrupted"
-            else "the database could not be reached before its task code started",
+    if report:
+        events.finished(
+            claimed,
+            _REPORTED[outcome.kind],
+            exception=outcome.exception,
+            retry_in=outcome.retry_in,
+            detail="the database could not be reached before its task code started"
+            if outcome.kind == "released"
+            else "",
         )
+    if outcome.kind in ("interrupted", "released"):
         return True
     if signal:
         signal_finished(outcome)
@@ -203,15 +227,9 @@ def record_timeout(
     on the control loop.
     """
     outcome = timeouts.timeout_outcome(claimed, timeout, how=how, task=task)
-    won = persist(claimed, outcome, give_up_after=give_up_after, signal=False)
+    won = persist(claimed, outcome, give_up_after=give_up_after, signal=False)  # logs it
     if won:
         threading.Thread(target=signal_finished_and_close, args=(outcome,), daemon=True).start()
-    logger.warning(
-        "job %s: timed out after %s s; %s",
-        claimed.id,
-        timeout,
-        "recorded" if won else "already finished or lost",
-    )
     return won
 
 
@@ -240,14 +258,21 @@ def hand_back(
     released = store.job_release_if_leased(
         claimed.lease, attempts=row["attempts"] - 1, worker_ids=row["worker_ids"][:-1]
     )
-    if not released:
-        store.job_ack_cancelled(claimed.lease, partition_key=row["partition_key"])
-    logger.warning(
-        "job %s: %s",
-        claimed.id,
-        "handed back to the queue" if released else "already finished or lost",
+    cancelled = not released and store.job_ack_cancelled(
+        claimed.lease, partition_key=row["partition_key"]
     )
+    report_released(claimed, released, cancelled, why="handed back at shutdown")
     return released
+
+
+def report_released(
+    claimed: store.ClaimedJob, released: bool, cancelled: bool, *, why: str
+) -> None:
+    """Log and count a hand-back: released, or found cancelled or lost meanwhile."""
+    if released:
+        events.finished(claimed, "released", detail=why)
+    else:
+        events.finished(claimed, "cancelled" if cancelled else "lost", detail="its unfinished")
 
 
 def signal_finished_and_close(outcome: Outcome) -> None:
@@ -256,16 +281,6 @@ def signal_finished_and_close(outcome: Outcome) -> None:
         signal_finished(outcome)
     finally:
         connections.close_all()
-
-
-def log_lost(lease: store.Lease, outcome: Outcome) -> None:
-    logger.warning(
-        "job %s: lease %s lost before completion (cancelled, timed out or reclaimed); "
-        "%s result discarded",
-        lease.job_id,
-        lease.epoch,
-        outcome.kind,
-    )
 
 
 def signal_finished(outcome: Outcome) -> None:

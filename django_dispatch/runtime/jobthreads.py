@@ -18,6 +18,7 @@ import time
 
 from django.db import DatabaseError, InterfaceError, connections
 
+from ..observability import events, tracing
 from . import completer, executor, timeouts
 from .connections import ThreadConnections, database_went_away
 from .executor import Outcome, RunningJob
@@ -74,32 +75,39 @@ class JobRunner:
             except (DatabaseError, InterfaceError):
                 # The database is unreachable and task code has not started:
                 # the job goes back as if never claimed (written once the
-                # database answers, or reclaimed if it never does).
-                logger.warning("job %s: database unreachable before it started", job_id)
+                # database answers, or reclaimed if it never does); logged
+                # as "released" once written.
                 database_went_away()
                 outcome = Outcome(kind="released")
                 completer.persist(running.claimed, outcome, give_up_after=self.lease_seconds)
                 return
             executor.resolve(running)  # once per job: the timeouts use it too
-            self.overseer.started(running)
-            outcome = executor.execute(running.claimed, running)
-            overtime = self.overseer.returned(running)
-            if running.abandoned:
-                outcome = Outcome(kind="discarded", task_result=outcome.task_result)
-            elif overtime is not None and overtime.reason == "timeout":
-                # Stopped within the grace period; the lease was held meanwhile.
-                outcome = timeouts.timeout_outcome(
-                    running.claimed,
-                    overtime.timeout,
-                    how="it was asked to stop, and did",
-                    task=running.task,
-                )
+            events.started(running.claimed)
+            began = time.monotonic()
+            if tracing.AVAILABLE:  # the attempt in a consumer span, under the enqueue's
+                with tracing.consumer(running.claimed) as span:
+                    outcome = self._attempt(running)
+                    tracing.outcome(span, outcome.kind, outcome.exception)
+            else:
+                outcome = self._attempt(running)
+            events.ran(running.claimed, time.monotonic() - began)
             if not self.completer.submit(running, outcome):
-                completer.persist(running.claimed, outcome, give_up_after=self.lease_seconds)
+                # An abandoned job's outcome was recorded by whoever abandoned
+                # it (the hand-back, the timeout, the recycle's successor).
+                completer.persist(
+                    running.claimed,
+                    outcome,
+                    give_up_after=self.lease_seconds,
+                    report=not running.abandoned,
+                )
         except Exception as e:
             # A bug of ours must not kill the thread, nor leave the job
             # running until its lease expires: fail it (fenced) and go on.
-            logger.exception("job %s: unexpected error in the worker", job_id)
+            logger.exception(
+                "job %s: unexpected error in the worker",
+                job_id,
+                extra=events.job_fields(running.claimed),
+            )
             outcome = executor.classify_failure(running.claimed, e, task=None, retryable=False)
             try:
                 completer.persist(running.claimed, outcome, give_up_after=1)
@@ -115,6 +123,23 @@ class JobRunner:
                     del self.slots.running[job_id]
                 self.slots.threads.pop(job_id, None)
             self.wakeup.set()
+
+    def _attempt(self, running: RunningJob) -> Outcome:
+        """Run the task once; the outcome, as its timeout or a hand-back changed it."""
+        self.overseer.started(running)
+        outcome = executor.execute(running.claimed, running)
+        overtime = self.overseer.returned(running)
+        if running.abandoned:
+            return Outcome(kind="discarded", task_result=outcome.task_result)
+        if overtime is not None and overtime.reason == "timeout":
+            # Stopped within the grace period; the lease was held meanwhile.
+            return timeouts.timeout_outcome(
+                running.claimed,
+                overtime.timeout,
+                how="it was asked to stop, and did",
+                task=running.task,
+            )
+        return outcome
 
 
 def _reset_connections() -> None:

@@ -13,9 +13,12 @@ out with its leadership, so they are due when a successor takes office.
 from __future__ import annotations
 
 import logging
+from collections.abc import Mapping
+from typing import Any
 
 from .. import store
 from ..conf import DispatchSettings
+from ..observability import events, metrics
 from ..store.dead_letters import purge_past_retention
 from ..workflows.engine import sweep_stale_steps
 
@@ -67,9 +70,22 @@ class Maintenance:
     def reclaim(self) -> None:
         if not self.leader:
             return
-        store.jobs_rescue_expired(max_worker_lost=self.settings.MAX_WORKER_LOST, db=self.db)
+        max_lost = self.settings.MAX_WORKER_LOST
+
+        def report(row: Mapping[str, Any], failed: bool) -> None:
+            events.worker_lost(row, failed=failed, max_worker_lost=max_lost, by=self.worker_id)
+
+        store.jobs_rescue_expired(max_worker_lost=max_lost, db=self.db, report=report)
         sweep_stale_steps(older_than_seconds=self.settings.LEASE_SECONDS)
         store.workers_delete_stale(stale_seconds=self.settings.WORKER_STALE_SECONDS, db=self.db)
+
+    def publish_metrics(self) -> None:
+        """``--metrics-port``: the leader reads the cluster gauges (one bounded query
+        set per ``RECLAIM_INTERVAL``); a worker that is not the leader exports none."""
+        cfg = self.settings
+        metrics.publish_cluster(
+            self.leader, interval=cfg.RECLAIM_INTERVAL, live_within=cfg.LEASE_SECONDS, db=self.db
+        )
 
     def unstick_partitions(self) -> None:
         """Promote partitions left blocked by a race (see ``partitions_promote_stalled``)."""

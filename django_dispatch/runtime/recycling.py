@@ -289,23 +289,15 @@ def _settle_one(
                 how="its worker process was recycled to stop it",
                 task=task,
             )
-            won = completer.persist(claimed, outcome, give_up_after=lease_seconds)
-            logger.warning(
-                "job %s: timed out; %s",
-                lease.job_id,
-                "recorded after the recycle" if won else "already finished or lost",
-            )
+            completer.persist(claimed, outcome, give_up_after=lease_seconds)  # logs it
         else:
             row = claimed.row
             released = store.job_release_if_leased(
                 lease, attempts=row["attempts"] - 1, worker_ids=row["worker_ids"][:-1], db=db
             )
-            logger.warning(
-                "job %s: %s",
-                lease.job_id,
-                "handed back to the queue after the recycle"
-                if released
-                else "already finished or lost",
+            cancelled = not released and store.job_ack_cancelled(lease, partition_key=key, db=db)
+            completer.report_released(
+                claimed, released, cancelled, why="handed back after its worker's recycle"
             )
     except Exception:
         # Left to the lease's expiry: the leader returns the job to the queue.

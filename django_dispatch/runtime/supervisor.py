@@ -28,7 +28,7 @@ logger = logging.getLogger("django_dispatch.worker")
 RESTART_PAUSE = 1.0
 
 
-def _fork(run_child: Callable[[int], int], index: int) -> int:
+def _fork(run_child: Callable[[int], int], index: int, in_child: Callable[[], None] | None) -> int:
     connections.close_all()  # a child must never share the parent's sockets
     pid = os.fork()
     if pid == 0:  # pragma: no cover - runs in the child
@@ -36,6 +36,8 @@ def _fork(run_child: Callable[[int], int], index: int) -> int:
         try:
             signal.signal(signal.SIGTERM, signal.SIG_DFL)
             signal.signal(signal.SIGINT, signal.SIG_DFL)
+            if in_child is not None:
+                in_child()
             code = run_child(index)
         except BaseException:
             logger.exception("worker process %s crashed", index)
@@ -44,7 +46,20 @@ def _fork(run_child: Callable[[int], int], index: int) -> int:
     return pid
 
 
-def supervise(processes: int, run_child: Callable[[int], int], *, restart: bool) -> int:
+def supervise(
+    processes: int,
+    run_child: Callable[[int], int],
+    *,
+    restart: bool,
+    in_child: Callable[[], None] | None = None,
+    child_exited: Callable[[int], None] | None = None,
+) -> int:
+    """Run ``processes`` children until they all exit; 1 if any exited abnormally.
+
+    ``in_child`` runs first thing in each forked child, ``child_exited(pid)``
+    in the supervisor once a child is gone (``--metrics-port``: drop the
+    inherited listening socket; mark the child's live gauges dead).
+    """
     children: dict[int, int] = {}  # pid -> index
     stopping = False
     abnormal = False
@@ -59,7 +74,7 @@ def supervise(processes: int, run_child: Callable[[int], int], *, restart: bool)
     signal.signal(signal.SIGTERM, forward)
     signal.signal(signal.SIGINT, forward)
     for index in range(processes):
-        children[_fork(run_child, index)] = index
+        children[_fork(run_child, index, in_child)] = index
     while children:
         try:
             pid, status = os.wait()
@@ -70,6 +85,8 @@ def supervise(processes: int, run_child: Callable[[int], int], *, restart: bool)
         if pid not in children:
             continue
         index = children.pop(pid)
+        if child_exited is not None:
+            child_exited(pid)
         code = os.waitstatus_to_exitcode(status)
         if code == 0:
             continue
@@ -77,5 +94,5 @@ def supervise(processes: int, run_child: Callable[[int], int], *, restart: bool)
         logger.error("worker process %s (pid %s) exited abnormally with %s", index, pid, code)
         if restart and not stopping:
             time.sleep(RESTART_PAUSE)
-            children[_fork(run_child, index)] = index
+            children[_fork(run_child, index, in_child)] = index
     return 1 if abnormal else 0

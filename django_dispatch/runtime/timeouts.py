@@ -32,6 +32,7 @@ from .. import store
 from ..compat import Task
 from ..dispatch_task import timeout_of
 from ..exceptions import TaskTimeout
+from ..observability import events
 from . import executor
 
 logger = logging.getLogger("django_dispatch.worker")
@@ -194,6 +195,7 @@ def act(
             running.claimed.id,
             over.timeout,
             grace,
+            extra=events.job_fields(running.claimed),
         )
     if recycling:  # already waiting to recycle: the late ones end with it
         return

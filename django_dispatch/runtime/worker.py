@@ -32,6 +32,7 @@ from django.db import DatabaseError, InterfaceError, connections, transaction
 
 from .. import store
 from ..conf import DispatchSettings, get_settings
+from ..observability import events, metrics
 from . import completer, executor, recycling, scheduler, timeouts
 from .connections import database_went_away
 from .jobthreads import JobRunner, JobThreads, Slots
@@ -123,11 +124,18 @@ class Worker:
         first = self.signalled_at is None
         self.signalled_at = now
         if not first:
-            logger.warning("second %s: handing back running jobs now", signal.Signals(signum).name)
+            logger.warning(
+                "second %s: handing back running jobs now",
+                signal.Signals(signum).name,
+                extra=self._fields(),
+            )
             self.force_stop = True
             self.wakeup.set()
         else:
             self.request_stop(signal.Signals(signum).name)
+
+    def _fields(self, **more: object) -> dict[str, object]:
+        return events.worker_fields(self.options.worker_id, **more)
 
     def request_stop(self, why: str) -> None:
         """Stop claiming; let running jobs finish within the shutdown timeout."""
@@ -138,6 +146,7 @@ class Worker:
             "%s: no new claims; waiting up to %s s for running jobs",
             why,
             self.options.shutdown_timeout,
+            extra=self._fields(),
         )
         self.stopping = True
         self.stop_deadline = now + self.options.shutdown_timeout
@@ -168,7 +177,15 @@ class Worker:
                 opts.worker_id,
                 list(opts.queues) or "all",
                 opts.concurrency,
+                extra=events.worker_fields(
+                    opts.worker_id,
+                    dispatch_queues=list(opts.queues),
+                    dispatch_concurrency=opts.concurrency,
+                    dispatch_pid=os.getpid(),
+                ),
             )
+            if metrics.WORKER is not None:
+                metrics.WORKER.heartbeat(busy=0, slots=opts.concurrency)
             self.listener = start_listener(self.db, self.settings, self.wakeup)
             if opts.predecessor is not None:
                 recycling.settle(opts.predecessor, lease_seconds=cfg.LEASE_SECONDS, db=self.db)
@@ -189,6 +206,13 @@ class Worker:
                 self.listener.join(timeout=2.0)
             self._guard(maintenance.resign)
             self._guard(lambda: store.worker_deregister(opts.worker_id))
+            if metrics.WORKER is not None:
+                metrics.WORKER.heartbeat(busy=0, slots=0)
+                self._guard(
+                    lambda: metrics.publish_cluster(
+                        False, interval=1.0, live_within=1.0, db=self.db
+                    )
+                )
             if self.close_connections:
                 connections.close_all()
         logger.info(
@@ -196,6 +220,9 @@ class Worker:
             opts.worker_id,
             "stopped" if self.handover is None else "ends its process to recycle it",
             self.claimed_total,
+            extra=events.worker_fields(
+                opts.worker_id, dispatch_claimed=self.claimed_total, dispatch_pid=os.getpid()
+            ),
         )
         return 0
 
@@ -213,6 +240,8 @@ class Worker:
         ]
         if opts.scheduler:
             duties.append(Every(cfg.SCHEDULER_INTERVAL, scheduler.tick))
+        if metrics.SINK is not None:  # rundispatch --metrics-port: the cluster gauges
+            duties.append(Every(cfg.RECLAIM_INTERVAL, maintenance.publish_metrics))
         while True:
             now = time.monotonic()
             for duty in duties:
@@ -297,9 +326,15 @@ class Worker:
             with self.slots.lock:
                 running = self.slots.running.get(job_id)
             if running is not None and not running.cancel_event.is_set():
-                logger.info("job %s: cancelled or lost; asking it to stop", job_id)
+                logger.info(
+                    "job %s: cancelled or lost; asking it to stop",
+                    job_id,
+                    extra=events.job_fields(running.claimed),
+                )
                 running.stop()
                 self.overseer.asked_to_stop(running, time.monotonic())
+        if metrics.WORKER is not None:
+            metrics.WORKER.heartbeat(busy=len(leases), slots=self.options.concurrency)
         store.worker_touch(  # recreates the row if the leader deleted it (a long pause)
             self.options.worker_id,
             running_jobs=len(leases),

@@ -74,6 +74,7 @@ CLAIM_FIELDS = (
     "worker_ids",
     "enqueued_at",
     "started_at",
+    "trace_context",
 )
 
 
@@ -153,7 +154,7 @@ ORDER BY candidates.priority DESC, candidates.run_after, candidates.id
 """
 #: JSON columns of CLAIM_FIELDS: Django's psycopg connection hands jsonb to
 #: raw queries as text.
-_JSON_FIELDS = ("args", "kwargs", "checkpoint", "errors", "worker_ids")
+_JSON_FIELDS = ("args", "kwargs", "checkpoint", "errors", "worker_ids", "trace_context")
 
 
 def claim_sql(*, queues: bool, exclude: bool, db: str | None = None) -> str:

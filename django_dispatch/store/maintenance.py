@@ -9,7 +9,7 @@ neither frees nor stalls a key, and takes none.
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from django.db import transaction
@@ -29,7 +29,11 @@ WORKER_LOST_PATH = "django_dispatch.exceptions.WorkerLost"
 
 
 def jobs_rescue_expired(
-    *, max_worker_lost: int, limit: int = 500, db: str | None = None
+    *,
+    max_worker_lost: int,
+    limit: int = 500,
+    db: str | None = None,
+    report: Callable[[Mapping[str, Any], bool], None] | None = None,
 ) -> tuple[list[int], list[int]]:
     """Return jobs whose lease expired to the queue; fail the crash-loopers.
 
@@ -41,6 +45,11 @@ def jobs_rescue_expired(
     fences out the old worker should it wake up. Cancelled jobs whose worker
     never let go are released too, freeing their partition. Safe to run from
     every worker at once: rows are taken with SKIP LOCKED.
+
+    ``report(row, failed)`` is called after the commit for each job
+    returned to the queue or failed (the row has ``id``, ``task_path``,
+    ``queue_name``, ``attempts`` and the lost ``worker_id``), instead of
+    the log lines written here without it.
     """
     db = db or db_alias()
     requeued: list[int] = []
@@ -63,9 +72,18 @@ def jobs_rescue_expired(
             .order_by("lease_expires_at")
             .select_for_update(skip_locked=True)
             .values(
-                "id", "state", "worker_id", "worker_lost_count", "lease_expires_at", "partition_key"
+                "id",
+                "state",
+                "worker_id",
+                "worker_lost_count",
+                "lease_expires_at",
+                "partition_key",
+                "task_path",
+                "queue_name",
+                "attempts",
             )
         )
+        rescued: list[tuple[Mapping[str, Any], bool]] = []
         for row in rows:
             jobs = Job.objects.using(db).filter(id=row["id"], state=row["state"])
             if row["state"] == JobState.CANCELLED:
@@ -73,13 +91,19 @@ def jobs_rescue_expired(
             elif _rescue(jobs, row, max_worker_lost):
                 dead_letter_insert(db, row["id"])
                 failed.append(row["id"])
+                rescued.append((row, True))
             else:
                 requeued.append(row["id"])
+                rescued.append((row, False))
         # A requeued job stays its key's head, but an older job may have been
         # demoted behind it (see ``job_fail_if_leased``): promote every key.
         partitions_promote(db, [row["partition_key"] for row in rows])
         if requeued:
             notify(db)
+    if report is not None:
+        for entry, gave_up in rescued:
+            report(entry, gave_up)
+        return requeued, failed
     for job_id in requeued:
         logger.warning("job %s: its worker was lost; returned to the queue", job_id)
     for job_id in failed:

@@ -18,6 +18,7 @@ from django.core.management.base import BaseCommand, CommandError, CommandParser
 from ... import store
 from ...checks import unapplied_migrations
 from ...conf import get_settings
+from ...observability import metrics
 from ...runtime import recycling
 from ...runtime.options import WorkerOptions, default_worker_id
 from ...runtime.supervisor import supervise
@@ -27,6 +28,13 @@ from ...runtime.worker import Worker
 def _positive_int(value: str) -> int:
     number = int(value)
     if number < 1:
+        raise ValueError(value)
+    return number
+
+
+def _port(value: str) -> int:
+    number = int(value)
+    if not 0 <= number <= 65535:
         raise ValueError(value)
     return number
 
@@ -76,6 +84,18 @@ class Command(BaseCommand):
             "--no-scheduler",
             action="store_true",
             help="Do not run the cron scheduler in this worker.",
+        )
+        parser.add_argument(
+            "--metrics-port",
+            type=_port,
+            default=None,
+            help="Serve Prometheus metrics on this port (needs django-dispatch[prometheus]); "
+            "with --processes, one endpoint for all of them.",
+        )
+        parser.add_argument(
+            "--metrics-addr",
+            default="",
+            help="Address the metrics endpoint listens on (default: all interfaces).",
         )
         parser.add_argument(
             "--shutdown-timeout",
@@ -133,16 +153,49 @@ class Command(BaseCommand):
                 recycling.exec_successor(worker.handover)  # does not return
             return code
 
-        if predecessor is not None:  # this process replaced itself
-            code = run_one(predecessor.child, predecessor)
-        elif options["processes"] == 1:
-            code = run_one(None)
-        else:
-            code = supervise(
-                options["processes"], run_one, restart=not (options["burst"] or options["max_jobs"])
+        port, addr = options["metrics_port"], options["metrics_addr"]
+        if port is not None and not metrics.AVAILABLE:
+            raise CommandError(
+                "--metrics-port needs prometheus-client: pip install 'django-dispatch[prometheus]'."
             )
+        server: metrics.Server | None = None
+        try:
+            if predecessor is not None:  # this process replaced itself
+                if port is not None:
+                    server = self._serve(
+                        metrics.resume_after_recycle, port, addr, predecessor.child
+                    )
+                code = run_one(predecessor.child, predecessor)
+            elif options["processes"] == 1:
+                if port is not None:
+                    server = self._serve(metrics.serve_single, port, addr)
+                code = run_one(None)
+            else:
+                if port is not None:
+                    server = self._serve(metrics.serve_multiprocess, port, addr)
+                code = supervise(
+                    options["processes"],
+                    run_one,
+                    restart=not (options["burst"] or options["max_jobs"]),
+                    in_child=server.in_child if server else None,
+                    child_exited=server.child_exited if server else None,
+                )
+        finally:
+            if server is not None:
+                server.close()
         if code:
             raise SystemExit(code)
+
+    @staticmethod
+    def _serve(start: Any, port: int, addr: str, *args: Any) -> metrics.Server | None:
+        try:
+            server: metrics.Server | None = start(port, addr, *args)
+        except OSError as e:
+            raise CommandError(
+                f"--metrics-port {port}: cannot listen on {addr or 'all interfaces'}: {e}. "
+                "Choose a free port."
+            ) from e
+        return server
 
     def _check_queues(self, queues: list[str]) -> None:
         from ...backend import DispatchBackend
