@@ -21,7 +21,9 @@ from django.db import router
 
 from . import store
 from .compat import Task, TaskResult, TaskResultDoesNotExist, task_enqueued
+from .conf import did_you_mean
 from .dispatch_task import DispatchTask
+from .docs_links import docs_url
 from .enqueue import DispatchBackendBase, EnqueuePlan
 from .models import Job
 from .observability import metrics, tracing
@@ -112,21 +114,23 @@ class DispatchBackend(DispatchBackendBase):
                     id="django_dispatch.E001",
                 )
             )
-        unknown = sorted(set(self.options) - KNOWN_OPTIONS)
-        if unknown:
-            messages.append(
-                checks.Error(
-                    f"TASKS[{self.alias!r}]['OPTIONS'] has unknown keys {unknown}.",
-                    hint=f"Known options: {sorted(KNOWN_OPTIONS)}. Check the spelling.",
-                    id="django_dispatch.E002",
-                )
+        see = f"See {docs_url('settings', 'tasks')}"
+        messages += [
+            checks.Error(
+                f"TASKS[{self.alias!r}]['OPTIONS'] has an unknown key {key!r}."
+                f"{did_you_mean(key, KNOWN_OPTIONS)}",
+                hint=f"Known options: {sorted(KNOWN_OPTIONS)}. {see}",
+                id="django_dispatch.E002",
             )
+            for key in sorted(set(self.options) - KNOWN_OPTIONS, key=str)
+        ]
         max_attempts = self.default_max_attempts
         if not isinstance(max_attempts, int) or isinstance(max_attempts, bool) or max_attempts < 1:
             messages.append(
                 checks.Error(
                     f"TASKS[{self.alias!r}]['OPTIONS']['MAX_ATTEMPTS'] must be a whole number "
                     f"of at least 1, got {max_attempts!r}.",
+                    hint=see,
                     id="django_dispatch.E003",
                 )
             )
@@ -139,6 +143,7 @@ class DispatchBackend(DispatchBackendBase):
                 checks.Error(
                     f"TASKS[{self.alias!r}]['OPTIONS']['BACKOFF'] must be a function or the "
                     f"import path of one, got {self._backoff_setting!r}.",
+                    hint=see,
                     id="django_dispatch.E004",
                 )
             )

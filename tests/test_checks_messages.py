@@ -250,6 +250,59 @@ def test_every_link_in_a_message_goes_to_an_existing_section():
             assert anchor in _anchors(page), (where, page, anchor)
 
 
+# --- TASKS[alias]["OPTIONS"] ---------------------------------------------------------------
+
+
+def test_an_unknown_backend_option_names_the_closest_known_option():
+    from django_dispatch.compat import task_backends
+
+    tasks = {
+        "default": {
+            "BACKEND": "django_dispatch.backend.DispatchBackend",
+            "QUEUES": [],
+            "OPTIONS": {"MAX_ATTEMPT": 3, "backof": "x", "COLOUR": 1},
+        }
+    }
+    with override_settings(TASKS=tasks):
+        messages = task_backends["default"].check()
+    assert [(m.id, m.msg, m.hint) for m in messages] == [
+        (
+            "django_dispatch.E002",
+            f"TASKS['default']['OPTIONS'] has an unknown key {key!r}.{suggestion}",
+            f"Known options: ['BACKOFF', 'MAX_ATTEMPTS']. See {SETTINGS_URL}#tasks",
+        )
+        for key, suggestion in [
+            ("COLOUR", ""),
+            ("MAX_ATTEMPT", " Did you mean 'MAX_ATTEMPTS'?"),
+            ("backof", " Did you mean 'BACKOFF'?"),
+        ]
+    ]
+
+
+def test_no_message_names_a_path_in_the_repository():
+    """String literals (docstrings and comments aside) must not say "docs/x.md"."""
+    found = []
+    for path in SOURCE.rglob("*.py"):
+        tree = ast.parse(path.read_text())
+        docstrings = {
+            id(node.body[0].value)
+            for node in ast.walk(tree)
+            if isinstance(node, ast.Module | ast.ClassDef | ast.FunctionDef | ast.AsyncFunctionDef)
+            and node.body
+            and isinstance(node.body[0], ast.Expr)
+            and isinstance(node.body[0].value, ast.Constant)
+        }
+        for node in ast.walk(tree):
+            if (
+                isinstance(node, ast.Constant)
+                and isinstance(node.value, str)
+                and id(node) not in docstrings
+                and re.search(r"docs/[\w/-]+\.md", node.value)
+            ):
+                found.append(f"{path.relative_to(SOURCE)}:{node.lineno}: {node.value!r}")
+    assert found == []
+
+
 # --- what a worker logs when it syncs settings the checks would refuse ---------------------
 
 

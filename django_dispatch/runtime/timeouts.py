@@ -31,6 +31,7 @@ from typing import Literal
 from .. import store
 from ..compat import Task
 from ..dispatch_task import timeout_of
+from ..docs_links import docs_url
 from ..exceptions import TaskTimeout
 from ..observability import events
 from . import executor
@@ -218,9 +219,10 @@ def act(
         else:
             logger.warning(
                 "job %s: still running %s s after it was cancelled; this process cannot end "
-                "it (see docs/tasks.md#timeouts)",
+                "it (see %s)",
                 job_id,
                 grace,
+                docs_url("tasks", "timeouts"),
             )
     if verdict.late and verdict.recycle:
         recycle()
