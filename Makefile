@@ -7,7 +7,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 LINT_PATHS := django_dispatch tests example_project $(wildcard benchmarks)
 
-.PHONY: demo worker test test-postgres test-pgbouncer test-chaos test-sqlite docs package-check lint typecheck bench bench-quick clean
+.PHONY: demo worker test test-postgres test-pgbouncer test-chaos test-sqlite test-matrix docs package-check lint typecheck bench bench-quick clean
 
 $(STAMP): pyproject.toml
 	@$(PYTHON) -c 'import sys; assert sys.version_info >= (3, 12), "django_dispatch needs Python 3.12+; run with PYTHON=/path/to/python3.12"'
@@ -35,6 +35,7 @@ test: $(STAMP)
 	scripts/with-postgres $(MAKE) --no-print-directory test-postgres test-pgbouncer
 	$(MAKE) --no-print-directory test-chaos CHAOS_ROUNDS=1
 	$(MAKE) --no-print-directory test-sqlite
+	$(MAKE) --no-print-directory test-matrix
 	$(MAKE) --no-print-directory docs package-check
 	$(MAKE) --no-print-directory lint typecheck
 
@@ -56,6 +57,13 @@ test-chaos: $(STAMP)
 
 test-sqlite: $(STAMP)
 	DISPATCH_TEST_DB=sqlite $(PY) -m pytest $(PYTEST_ARGS)
+
+## test-matrix: the other supported Djangos (the full suite runs on 6.1): the Tasks API
+## conformance, backend and worker tests on Django 5.2 LTS + django-tasks and 6.0, on SQLite
+## and PostgreSQL (.venv-django52, .venv-django60), then the wheel installed beside each of
+## 5.2, 6.0 and 6.1 runs the example project's demo jobs (scripts/test-matrix)
+test-matrix:
+	PYTHON=$(PYTHON) scripts/test-matrix $(MATRIX)
 
 ## docs: build the documentation site into site/ (MkDocs, mkdocs.yml); any warning,
 ## such as a broken link or anchor, fails the build
@@ -82,4 +90,4 @@ bench-quick: $(STAMP)
 	$(PY) benchmarks/run.py --quick
 
 clean:
-	rm -rf $(VENV) example_project/db.sqlite3* tests/.sqlite site dist
+	rm -rf $(VENV) .venv-django52 .venv-django60 example_project/db.sqlite3* tests/.sqlite site dist
