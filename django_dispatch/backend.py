@@ -51,7 +51,7 @@ class DispatchBackend(DispatchBackendBase):
         is inserted and that job's TaskResult is returned instead.
         """
         plan = self.enqueue_plan(task)
-        if tracing.AVAILABLE:  # a producer span, its context stored on the job
+        if tracing.AVAILABLE and tracing.active():  # a producer span, its context on the job
             with tracing.producer(plan.spec.task_path, plan.spec.queue_name) as producer:
                 result = self._enqueue(plan, task, args, kwargs, producer.context)
                 producer.enqueued(result.id)

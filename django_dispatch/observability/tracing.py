@@ -18,8 +18,8 @@ one: ``messaging.system = "django_dispatch"``,
 
 Without ``opentelemetry-api`` installed ``AVAILABLE`` is False, nothing is
 imported, and callers skip this module after one check of that constant.
-With the API but no SDK configured, the spans are OpenTelemetry's no-op
-spans and no context is stored.
+With the API but no tracer provider set (no SDK), ``active()`` is False and
+callers skip it too: no span is made and no context is stored.
 """
 
 from __future__ import annotations
@@ -39,6 +39,29 @@ AVAILABLE = installed("opentelemetry")
 SYSTEM = "django_dispatch"
 
 _tracer: Any = None
+_trace: Any = None  # the opentelemetry.trace module, once imported
+_active = False
+
+
+def active() -> bool:
+    """Whether the application set a tracer provider (an SDK), so spans are recorded.
+
+    Until it does, OpenTelemetry's API hands out no-op spans: making one
+    and injecting its empty context would cost an enqueue tens of
+    microseconds for nothing, so callers skip both (call only when
+    ``AVAILABLE``). Checked per call: the provider may be set after import.
+    """
+    global _trace, _active
+    if _active:
+        return True
+    if _trace is None:
+        from opentelemetry import trace
+
+        _trace = trace
+    provider = _trace.get_tracer_provider()
+    # A provider, once set, stays: OpenTelemetry allows setting it once.
+    _active = not isinstance(provider, _trace.ProxyTracerProvider | _trace.NoOpTracerProvider)
+    return _active
 
 
 def tracer() -> Any:

@@ -84,7 +84,7 @@ class JobRunner:
             executor.resolve(running)  # once per job: the timeouts use it too
             events.started(running.claimed)
             began = time.monotonic()
-            if tracing.AVAILABLE:  # the attempt in a consumer span, under the enqueue's
+            if tracing.AVAILABLE and tracing.active():  # a consumer span, under the enqueue's
                 with tracing.consumer(running.claimed) as span:
                     outcome = self._attempt(running)
                     tracing.outcome(span, outcome.kind, outcome.exception)
