@@ -52,6 +52,12 @@ def install() -> None:
 @pytest.fixture(scope="session", autouse=True)
 def transition_guard(django_db_setup, django_db_blocker):
     """Install the guard once the test database exists (PostgreSQL only)."""
-    if connection.vendor == "postgresql":
-        with django_db_blocker.unblock():
+    if connection.vendor != "postgresql":
+        return
+    with django_db_blocker.unblock():
+        # Without a test that needs the database, no test database was made
+        # and this is the developer's own: leave it alone.
+        from django_dispatch.models import Job
+
+        if Job._meta.db_table in connection.introspection.table_names():
             install()
