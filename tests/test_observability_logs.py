@@ -15,6 +15,7 @@ import signal
 import time
 
 import pytest
+from django.db import connections
 from django.test import override_settings
 
 from django_dispatch import cancel, store
@@ -176,7 +177,14 @@ def test_a_job_cancelled_while_it_runs_is_one_warning(logs, tmp_path):
 
     flag = tmp_path / "go"
     result = observability_tasks.wait_for_path.enqueue("cancel-logs", str(flag))
-    worker = threading.Thread(target=drain)
+
+    def run() -> None:
+        try:
+            drain()
+        finally:
+            connections.close_all()  # this thread's own, or the test database stays in use
+
+    worker = threading.Thread(target=run)
     worker.start()
     try:
         wait_until(lambda: SideEffect.objects.filter(key="cancel-logs").exists())

@@ -188,7 +188,7 @@ def _log(
         message = f"{attempt} stopped: cancelled while it ran; its result is discarded"
     elif outcome == "lost":
         message = (
-            f"{attempt}: lease {claimed_epoch(row)} lost before its outcome was written "
+            f"{attempt}: lease {row.get('lease_epoch')} lost before its outcome was written "
             f"(cancelled, timed out or reclaimed meanwhile); {detail or 'its'} result discarded"
         )
     elif outcome == "interrupted":
@@ -205,7 +205,3 @@ def _log(
         message = f"{attempt}: {outcome} {error}"
     level = logging.WARNING if outcome in _WARNING else logging.ERROR
     logger.log(level, "%s %s", what, message, extra=fields)
-
-
-def claimed_epoch(row: Mapping[str, Any]) -> Any:
-    return row.get("lease_epoch")
