@@ -69,7 +69,9 @@ class Listener(threading.Thread):
 def listener_params(connection: Any) -> dict[str, Any]:
     """psycopg connect() arguments for the database behind a Django connection."""
     params = dict(connection.get_connection_params())
-    for django_only in ("cursor_factory", "context", "prepare_threshold"):
+    # prepare_threshold stays as Django set it (None: no prepared statements,
+    # which a pooler in transaction mode cannot track).
+    for django_only in ("cursor_factory", "context"):
         params.pop(django_only, None)
     return params
 
