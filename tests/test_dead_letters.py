@@ -2,11 +2,9 @@
 
 from __future__ import annotations
 
-import threading
 from datetime import timedelta
 
 import pytest
-from django.db import connection
 from django.test import override_settings
 from django.utils import timezone
 
@@ -16,6 +14,7 @@ from django_dispatch.models import DeadLetter, Job
 from django_dispatch.services import purge
 from django_dispatch.states import JobState
 from django_dispatch.testing import drain
+from tests.concurrency import run_concurrently
 from tests.testapp import tasks
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -91,28 +90,15 @@ def test_a_replay_that_cannot_enqueue_releases_its_claim():
 
 def test_two_concurrent_replays_enqueue_one_job():
     _, letter = failed_for_good()
-    outcomes: list[str] = []
-    barrier = threading.Barrier(2)
-    lock = threading.Lock()
 
-    def attempt() -> None:
+    def attempt() -> str:
         try:
-            barrier.wait()
-            try:
-                replay(letter.pk)
-                outcome = "won"
-            except AlreadyReplayed:
-                outcome = "lost"
-            with lock:
-                outcomes.append(outcome)
-        finally:
-            connection.close()
+            replay(letter.pk)
+            return "won"
+        except AlreadyReplayed:
+            return "lost"
 
-    threads = [threading.Thread(target=attempt) for _ in range(2)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
+    outcomes = run_concurrently(attempt, attempt, together=True)
     assert sorted(outcomes) == ["lost", "won"]
     assert Job.objects.count() == 2  # the failed one and exactly one replay
 

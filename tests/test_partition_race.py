@@ -26,6 +26,7 @@ from django.test.utils import CaptureQueriesContext
 from django_dispatch import cancel, enqueue_many, store
 from django_dispatch.models import Job
 from django_dispatch.states import JobState
+from tests.concurrency import run_concurrently
 from tests.testapp import tasks
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -58,30 +59,6 @@ def stalled_keys() -> list[str]:
 
 def claim(worker: str = "w", limit: int = 100) -> list[store.ClaimedJob]:
     return store.jobs_claim(worker_id=worker, queues=(), limit=limit, lease_seconds=30)
-
-
-def run_concurrently(*targets: Callable[[], None], timeout: float = 60.0) -> None:
-    """Run each target in its own thread (own connection); re-raise the first error."""
-    errors: list[BaseException] = []
-    lock = threading.Lock()
-
-    def run(target: Callable[[], None]) -> None:
-        try:
-            target()
-        except BaseException as e:  # reported in the main thread
-            with lock:
-                errors.append(e)
-        finally:
-            connection.close()
-
-    threads = [threading.Thread(target=run, args=(t,)) for t in targets]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(timeout)
-    assert not any(t.is_alive() for t in threads), "a racing thread hung (deadlock?)"
-    if errors:
-        raise errors[0]
 
 
 def drain_to_the_end(worker: str = "drainer") -> None:

@@ -18,6 +18,7 @@ from django_dispatch.compat import TaskResultStatus
 from django_dispatch.models import Job
 from django_dispatch.states import JobState
 from django_dispatch.testing import drain
+from tests.concurrency import run_concurrently
 from tests.conftest import postgres_only, wait_until
 from tests.testapp import tasks
 from tests.testapp.models import SideEffect, Step
@@ -398,26 +399,13 @@ def test_idempotency_conflict_does_not_abort_the_callers_transaction():
 
 
 def test_concurrent_enqueues_with_one_key_create_one_job():
-    results: list[str] = []
-    lock = threading.Lock()
-    barrier = threading.Barrier(6)
+    def enqueue() -> str:
+        with transaction.atomic():
+            result = tasks.add.using(idempotency_key="race").enqueue(1, 1)
+            time.sleep(0.05)  # hold the transaction open while the others try
+        return result.id
 
-    def enqueue() -> None:
-        try:
-            barrier.wait()
-            with transaction.atomic():
-                result = tasks.add.using(idempotency_key="race").enqueue(1, 1)
-                time.sleep(0.05)  # hold the transaction open while the others try
-            with lock:
-                results.append(result.id)
-        finally:
-            connection.close()
-
-    threads = [threading.Thread(target=enqueue) for _ in range(6)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
+    results = run_concurrently(*[enqueue] * 6, together=True)
     assert len(results) == 6 and len(set(results)) == 1
     assert Job.objects.filter(idempotency_key="race").count() == 1
 

@@ -6,8 +6,8 @@ import os
 import signal
 import subprocess
 import sys
-import threading
 import time
+from functools import partial
 
 import pytest
 from django.core.management import CommandError, call_command
@@ -18,6 +18,7 @@ from django_dispatch import enqueue_many, store
 from django_dispatch.compat import TaskResultStatus
 from django_dispatch.models import Job, Worker
 from django_dispatch.states import JobState
+from tests.concurrency import run_concurrently
 from tests.conftest import ON_POSTGRES, ROOT, postgres_only, wait_until
 from tests.testapp import tasks
 from tests.testapp.models import Execution, SideEffect
@@ -298,26 +299,17 @@ def test_listener_killed_by_the_server_listens_again(start_worker):
 def test_concurrent_claimers_in_threads_never_share(transactional_db):
     """Many threads claiming at once in one process, each with its own connection."""
     enqueue_many(tasks.add, [((i, i), {}) for i in range(300)])
-    claimed: list[list[int]] = []
-    lock = threading.Lock()
 
-    def claimer(n: int) -> None:
-        try:
-            while True:
-                batch = store.jobs_claim(worker_id=f"t{n}", queues=(), limit=7, lease_seconds=30)
-                if not batch:
-                    return
-                with lock:
-                    claimed.append([c.id for c in batch])
-        finally:
-            connection.close()
+    def claimer(n: int) -> list[int]:
+        claimed: list[int] = []
+        while True:
+            batch = store.jobs_claim(worker_id=f"t{n}", queues=(), limit=7, lease_seconds=30)
+            if not batch:
+                return claimed
+            claimed += [c.id for c in batch]
 
-    threads = [threading.Thread(target=claimer, args=(n,)) for n in range(6)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    ids = [i for batch in claimed for i in batch]
+    claimed = run_concurrently(*(partial(claimer, n) for n in range(6)))
+    ids = [i for ids_of_one in claimed for i in ids_of_one]
     assert len(ids) == len(set(ids)) == 300
 
 

@@ -10,13 +10,13 @@ from datetime import timedelta
 
 import pytest
 from django.core import checks
-from django.db import connection
 from django.test import override_settings
 
 from django_dispatch import cron, store
 from django_dispatch.models import CronEntry, Job, Leadership
 from django_dispatch.runtime import scheduler
 from django_dispatch.services import run_cron_entry_now, set_cron_enabled
+from tests.concurrency import run_concurrently
 from tests.conftest import wait_until
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -98,25 +98,7 @@ def test_concurrent_ticks_fire_each_slot_once():
     last = cron.latest_slot(schedule, "UTC", now) - timedelta(hours=3)
     for i in range(10):
         entry(f"e{i}", schedule=schedule, misfire_policy="all", last_slot=last, next_run_at=last)
-    barrier = threading.Barrier(4)
-    fired: list[int] = []
-    errors: list[BaseException] = []
-
-    def run() -> None:
-        try:
-            barrier.wait()
-            fired.append(scheduler.tick())
-        except BaseException as e:
-            errors.append(e)
-        finally:
-            connection.close()
-
-    threads = [threading.Thread(target=run) for _ in range(4)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    assert errors == []
+    fired = run_concurrently(*[scheduler.tick] * 4, together=True)  # re-raises their errors
     assert sum(fired) == 30 == Job.objects.count()
     assert Job.objects.values("idempotency_key").distinct().count() == 30
 

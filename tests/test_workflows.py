@@ -5,6 +5,7 @@ from __future__ import annotations
 import signal
 import threading
 import time
+from functools import partial
 
 import pytest
 from django.db import connection, transaction
@@ -30,6 +31,7 @@ from django_dispatch.workflows import (
 from django_dispatch.workflows.definition import check_graph
 from django_dispatch.workflows.engine import build_step_job
 from django_dispatch.workflows.testing import drain_workflows
+from tests.concurrency import run_concurrently
 from tests.conftest import wait_until
 from tests.testapp import workflows as wfs
 from tests.testapp.models import SideEffect
@@ -195,26 +197,13 @@ def test_idempotency_key_returns_the_existing_run():
 
 @pytestmark_db
 def test_concurrent_starts_with_one_key_create_one_run():
-    ids: list[int] = []
-    lock = threading.Lock()
-    barrier = threading.Barrier(6)
+    def start() -> int:
+        with transaction.atomic():
+            run = wfs.three.start({"key": "race"}, idempotency_key="race")
+            time.sleep(0.05)  # hold the transaction open while the others try
+        return run.pk
 
-    def start() -> None:
-        try:
-            barrier.wait()
-            with transaction.atomic():
-                run = wfs.three.start({"key": "race"}, idempotency_key="race")
-                time.sleep(0.05)  # hold the transaction open while the others try
-            with lock:
-                ids.append(run.pk)
-        finally:
-            connection.close()
-
-    threads = [threading.Thread(target=start) for _ in range(6)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
+    ids = run_concurrently(*[start] * 6, together=True)
     assert len(ids) == 6 and len(set(ids)) == 1
     assert WorkflowRun.objects.count() == 1 and WorkflowTask.objects.count() == 3
     assert Job.objects.filter(task_path=RUN_STEP).count() == 1
@@ -316,28 +305,17 @@ def test_replay_needs_a_finished_or_stuck_run_and_a_known_step():
 def test_two_concurrent_reopens_exactly_one_wins():
     SideEffect.objects.create(key="reopen", note="open")
     run = run_to_end(wfs.gated.start({"key": "reopen"}))
-    outcomes: list[str] = []
-    lock = threading.Lock()
-    barrier = threading.Barrier(2)
 
-    def reopen(from_step: str) -> None:
+    def reopen(from_step: str) -> str:
         try:
-            barrier.wait()
-            try:
-                replay_run(run.pk, from_step, generation=1)
-                outcome = "won"
-            except AlreadyReopened:
-                outcome = "lost"
-            with lock:
-                outcomes.append(outcome)
-        finally:
-            connection.close()
+            replay_run(run.pk, from_step, generation=1)
+            return "won"
+        except AlreadyReopened:
+            return "lost"
 
-    threads = [threading.Thread(target=reopen, args=(n,)) for n in ("prepare", "gate")]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
+    outcomes = run_concurrently(
+        *(partial(reopen, step) for step in ("prepare", "gate")), together=True
+    )
     assert sorted(outcomes) == ["lost", "won"]
     run.refresh_from_db()
     assert run.generation == 2
