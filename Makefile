@@ -7,7 +7,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 LINT_PATHS := django_dispatch tests example_project $(wildcard benchmarks)
 
-.PHONY: demo worker test test-postgres test-pgbouncer test-chaos test-sqlite test-matrix docs package-check lint typecheck bench bench-quick clean
+.PHONY: demo worker test test-fast test-fast-sqlite test-fast-postgres test-postgres test-pgbouncer test-chaos test-sqlite test-matrix docs package-check lint typecheck bench bench-quick clean
 
 $(STAMP): pyproject.toml
 	@$(PYTHON) -c 'import sys; assert sys.version_info >= (3, 12), "django_dispatch needs Python 3.12+; run with PYTHON=/path/to/python3.12"'
@@ -38,6 +38,32 @@ test: $(STAMP)
 	$(MAKE) --no-print-directory test-matrix
 	$(MAKE) --no-print-directory docs package-check
 	$(MAKE) --no-print-directory lint typecheck
+
+## test-fast: the unit and store tests, in seconds: no worker or other process
+## (`slow`), browser, chaos or PgBouncer run. Two runs side by side: the pure
+## tests and the store tests on SQLite; the store tests on PostgreSQL, that of
+## DATABASE_URL or a throwaway one when PostgreSQL is installed (else skipped).
+FAST_PURE := tests/test_pure.py tests/test_cron_pure.py tests/test_layers.py
+FAST_DB := tests/test_backend.py tests/test_store.py tests/test_raw_sql_twins.py \
+	tests/test_partitions.py tests/test_enqueue_fast.py tests/test_dead_letters.py \
+	tests/test_limits.py tests/test_transition_guard.py
+FAST_PYTEST = $(PY) -m pytest -q -m "not slow and not browser and not chaos" $(PYTEST_ARGS)
+test-fast: $(STAMP)
+	@$(MAKE) --no-print-directory -j2 --output-sync=target test-fast-sqlite test-fast-postgres
+
+test-fast-sqlite: $(STAMP)
+	DISPATCH_TEST_DB=sqlite $(FAST_PYTEST) $(FAST_PURE) $(FAST_DB)
+
+test-fast-postgres: $(STAMP)
+	@if [ -n "$${DATABASE_URL:-}" ]; then \
+		echo "DISPATCH_TEST_DB=postgres $(FAST_PYTEST) $(FAST_DB)"; \
+		DISPATCH_TEST_DB=postgres $(FAST_PYTEST) $(FAST_DB); \
+	elif ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || command -v initdb >/dev/null; then \
+		echo "scripts/with-postgres env DISPATCH_TEST_DB=postgres $(FAST_PYTEST) $(FAST_DB)"; \
+		scripts/with-postgres env DISPATCH_TEST_DB=postgres $(FAST_PYTEST) $(FAST_DB); \
+	else \
+		echo "test-fast: no PostgreSQL (set DATABASE_URL, or install postgresql): SQLite only"; \
+	fi
 
 ## test-postgres, test-pgbouncer: run under scripts/with-postgres (DATABASE_URL, PGBOUNCER_URL)
 test-postgres: $(STAMP)

@@ -38,7 +38,12 @@ PGBOUNCER_TIER = {
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Mark the PgBouncer tier; keep each run to its tier.
+    """Mark the PgBouncer tier and the slow one; keep each run to its tier.
+
+    A test that starts a worker process (the ``start_worker`` fixture) is
+    ``slow`` whether or not it says so, so ``make test-fast`` never starts
+    one; tests that run other processes (``subprocess``) carry the mark
+    themselves.
 
     ``DISPATCH_TEST_DB=pgbouncer`` runs only the ``pgbouncer`` tier, and
     ``DISPATCH_TEST_DB=chaos`` only the chaos suite (it starts servers of its
@@ -49,6 +54,10 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         module = item.nodeid.split("::", 1)[0].rsplit("/", 1)[-1]
         if module in PGBOUNCER_TIER or f"{module}::{item.originalname}" in PGBOUNCER_TIER:
             item.add_marker(pytest.mark.pgbouncer)
+        if "start_worker" in getattr(item, "fixturenames", ()) and not item.get_closest_marker(
+            "slow"
+        ):
+            item.add_marker(pytest.mark.slow)
         if TEST_DB == "chaos":
             wanted = item.get_closest_marker("chaos") is not None
         elif TEST_DB == "pgbouncer":

@@ -623,6 +623,7 @@ def post_change_form_action(client, model: str, pk: int, action: str) -> str:
     return page(client.get(change))
 
 
+@pytest.mark.slow
 @pytest.mark.django_db(transaction=True)
 def test_change_page_actions_succeed_while_a_worker_commits(client, login, start_worker):
     """Every change-page action succeeds while a worker drains jobs beside it.

@@ -189,6 +189,7 @@ def test_a_return_value_over_the_limit_fails_the_job_without_retry():
     assert Job.objects.get(pk=fits.id).return_value == "x" * 900
 
 
+@pytest.mark.slow
 @pytest.mark.django_db(transaction=True)
 def test_a_100_megabyte_return_value_does_not_take_the_worker_down(start_worker):
     huge = tasks.returns_text.enqueue(100_000_000)

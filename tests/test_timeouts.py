@@ -53,6 +53,7 @@ def _parent_of(pid: int) -> int:
     return int(next(line for line in status.splitlines() if line.startswith("PPid:")).split()[1])
 
 
+@pytest.mark.slow
 def test_a_task_over_its_timeout_is_killed_and_its_retry_never_overlaps_it(start_worker, tmp_path):
     zombie = tasks.ignores_timeout.using(partition_key="acct:1").enqueue("zombie")
     after = tasks.record_many.using(partition_key="acct:1").enqueue("after-zombie")
@@ -101,6 +102,7 @@ def test_a_task_over_its_timeout_is_killed_and_its_retry_never_overlaps_it(start
     assert worker.wait(30) == 0, worker.output()
 
 
+@pytest.mark.slow
 def test_jobs_beside_a_stuck_one_finish_before_the_recycle(start_worker, tmp_path):
     """A recycle must not cost the other jobs their work: they finish first."""
     zombie = tasks.ignores_timeout.enqueue("zombie-beside")
@@ -121,6 +123,7 @@ def test_jobs_beside_a_stuck_one_finish_before_the_recycle(start_worker, tmp_pat
     assert worker.wait(30) == 0, worker.output()
 
 
+@pytest.mark.slow
 def test_a_cancelled_task_that_ignores_the_cancel_is_killed(start_worker):
     deaf = tasks.ignores_cancel.using(partition_key="acct:2").enqueue("deaf")
     after = tasks.record_many.using(partition_key="acct:2").enqueue("after-deaf")
@@ -144,6 +147,7 @@ def test_a_cancelled_task_that_ignores_the_cancel_is_killed(start_worker):
     assert worker.wait(30) == 0, worker.output()
 
 
+@pytest.mark.slow
 def test_a_stop_signal_during_a_recycle_is_not_lost(start_worker):
     """SIGTERM between the decision to recycle and the successor's handlers:
     held across execve, the successor settles the handover, then stops."""
@@ -162,6 +166,7 @@ def test_a_stop_signal_during_a_recycle_is_not_lost(start_worker):
     assert not SideEffect.objects.filter(key="zombie-stop", note="attempt 2").exists()
 
 
+@pytest.mark.slow
 def test_a_child_of_the_supervisor_recycles_in_place(start_worker):
     zombie = tasks.ignores_timeout.enqueue("child-zombie")
     supervisor = start_worker("--processes", "2", "--concurrency", "1", overrides=OVERRIDES)
@@ -193,6 +198,7 @@ def test_a_task_that_stops_when_asked_records_its_timeout():
     assert SideEffect.objects.filter(key="polite", note="stopped").count() == 1
 
 
+@pytest.mark.slow
 def test_an_async_task_that_blocks_its_event_loop_is_killed_too(start_worker, tmp_path):
     lines = tmp_path / "lines"
     enqueued = tasks.async_blocks_its_loop.enqueue(str(lines))
