@@ -180,8 +180,22 @@ def test_two_processes_give_one_consistent_set(start_worker, tmp_path):
     samples = settled(port)
     check_script(samples, workers=2, slots=4)
     check_cluster(port, workers=2, slots=4)
-    # Both children served jobs into the one endpoint, as one set: each
-    # series once, summed over the children.
+    # Four jobs holding a slot each for a while: two slots per child, so both
+    # children run some, and the endpoint counts them once, summed.
+    for n in range(4):
+        tasks.sleep_then_record.enqueue(f"both-{n}", 0.5)
+    wait_until(lambda: SideEffect.objects.filter(note="end").count() == 4, timeout=30)
+    pids = set(SideEffect.objects.filter(note="end").values_list("worker_pid", flat=True))
+    assert len(pids) == 2, pids
+
+    def four() -> bool:
+        counted = scrape(port)
+        return by_task(counted, "dispatch_jobs_total", "succeeded")["sleep_then_record"] == 4
+
+    wait_until(four, timeout=10)
+    samples = scrape(port)
+    assert by_task(samples, "dispatch_jobs_total", "started")["sleep_then_record"] == 4
+    assert by_task(samples, "dispatch_job_run_seconds_count")["sleep_then_record"] == 4
     text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
     assert "pid=" not in text
     [directory] = _multiproc_dirs() - before  # made by the supervisor for its children
