@@ -101,6 +101,7 @@ def test_bad_options_say_what_to_fix():
     assert health("--max-age", "0")[1] == "--max-age must be positive seconds, got 0."
 
 
+@pytest.mark.slow  # runs another interpreter
 def test_no_database_is_exit_status_2():
     """The whole command, as a probe runs it: the exit status says which check failed."""
     connection.ensure_connection()

@@ -294,6 +294,7 @@ print(json.dumps({
 """
 
 
+@pytest.mark.slow  # runs another interpreter
 def test_without_the_optional_packages_nothing_is_imported_and_jobs_run():
     connection.ensure_connection()
     env = {
