@@ -32,7 +32,7 @@ from .store.enqueue import job_insert_call
 
 __all__ = ["DispatchBackend", "DispatchTask"]
 
-KNOWN_OPTIONS = {"MAX_ATTEMPTS", "BACKOFF"}
+KNOWN_OPTIONS = {"MAX_ATTEMPTS", "BACKOFF", "NAMESPACE"}
 
 
 class DispatchBackend(DispatchBackendBase):

@@ -10,8 +10,111 @@ from django.db.migrations.executor import MigrationExecutor
 
 from .conf import CRON_ENTRY_KEYS, did_you_mean, get_settings, known_keys, unknown_keys
 from .docs_links import docs_url
+from .models.job import NAMESPACE_RE
 
 SUPPORTED_VENDORS = {"postgresql", "sqlite"}
+
+
+def namespace_problem(value: Any) -> str | None:
+    """Why ``value`` cannot be a namespace, or None if it can."""
+    if not isinstance(value, str):
+        return f"must be a string, got {type(value).__name__} {value!r}"
+    if len(value) > 63:
+        return f"is {len(value)} characters long; at most 63 are allowed"
+    if not NAMESPACE_RE.fullmatch(value):
+        bad = sorted({c for c in value if not NAMESPACE_RE.fullmatch(c)})
+        return f"{value!r} contains {''.join(bad)!r}; only letters, digits, '_', '-', '.', ':'"
+    return None
+
+
+def _dispatch_backend_options() -> dict[str, dict[str, Any]]:
+    """``TASKS`` aliases whose BACKEND is a DispatchBackend: alias -> OPTIONS.
+
+    Read from the setting, not from built backends, so that a bad option is
+    reported by the check rather than raised while building the backend.
+    """
+    from django.utils.module_loading import import_string
+
+    from .enqueue import DispatchBackendBase
+
+    found: dict[str, dict[str, Any]] = {}
+    for alias, params in (getattr(settings, "TASKS", None) or {}).items():
+        try:
+            cls = import_string(params.get("BACKEND", ""))
+        except (ImportError, AttributeError, TypeError):
+            continue
+        if isinstance(cls, type) and issubclass(cls, DispatchBackendBase):
+            options = params.get("OPTIONS") or {}
+            found[alias] = options if isinstance(options, dict) else {}
+    return found
+
+
+@checks.register()
+def check_namespaces(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:
+    """Each DispatchBackend alias's ``OPTIONS["NAMESPACE"]`` is a valid namespace."""
+    see = f"See {docs_url('deployment', 'namespaces')}"
+    messages: list[checks.CheckMessage] = []
+    for alias, options in _dispatch_backend_options().items():
+        problem = namespace_problem(options.get("NAMESPACE", ""))
+        if problem:
+            messages.append(
+                checks.Error(
+                    f"TASKS[{alias!r}]['OPTIONS']['NAMESPACE'] {problem}.",
+                    hint=f"Use at most 63 letters, digits, '_', '-', '.' or ':'. {see}",
+                    id="django_dispatch.E040",
+                )
+            )
+    return messages
+
+
+@checks.register(checks.Tags.database)
+def check_abandoned_namespaces(
+    app_configs: Any = None, databases: Any = None, **kwargs: Any
+) -> list[checks.CheckMessage]:
+    """Live jobs in a namespace no DispatchBackend alias uses any more.
+
+    Changing an alias's ``NAMESPACE`` while jobs of the old one are live
+    leaves those jobs behind: no worker serves that namespace now, so they
+    would never run (or finish). One warning per such namespace, with the
+    count, so the operator moves them or points a worker at them.
+    """
+    from django.db.models import Count
+
+    from .models import Job
+    from .states import LIVE
+
+    db = router.db_for_write(Job) or DEFAULT_DB_ALIAS
+    if not databases or db not in databases or unapplied_migrations(db):
+        return []
+    configured = {
+        ns
+        for ns in (o.get("NAMESPACE", "") for o in _dispatch_backend_options().values())
+        if isinstance(ns, str)
+    }
+    if not configured:
+        return []
+    left = (
+        Job.objects.using(db)
+        .filter(state__in=list(LIVE))
+        .exclude(namespace__in=configured)
+        .values("namespace")
+        .annotate(count=Count("id"))
+        .order_by("namespace")
+    )
+    return [
+        checks.Warning(
+            f"{row['count']} live jobs are in namespace {row['namespace']!r}, which no "
+            f"DispatchBackend alias uses (configured: {sorted(configured)}); no worker "
+            "will run them.",
+            hint=(
+                "Give an alias that NAMESPACE again and run `rundispatch --backend ALIAS` "
+                "until they are done, or move them (see "
+                f"{docs_url('deployment', 'namespaces')})."
+            ),
+            id="django_dispatch.W041",
+        )
+        for row in left
+    ]
 
 
 @checks.register()
@@ -193,6 +296,16 @@ def _check_cron_entries(entries: dict[str, Any]) -> list[checks.CheckMessage]:
                     f"got {priority!r}.",
                     hint=see,
                     id="django_dispatch.E034",
+                )
+            )
+        alias = spec.get("backend", "default")
+        if alias not in _dispatch_backend_options():
+            messages.append(
+                checks.Error(
+                    f"{where}: 'backend' {alias!r} is not a TASKS alias using DispatchBackend "
+                    f"(those are {sorted(_dispatch_backend_options())}).",
+                    hint=see,
+                    id="django_dispatch.E036",
                 )
             )
         policy = spec.get("misfire_policy", cron.SKIP)

@@ -152,6 +152,7 @@ CRON_ENTRY_KEYS = (
     "priority",
     "misfire_policy",
     "enabled",
+    "backend",  # the TASKS alias whose namespace the entry lives in (default "default")
 )
 #: The size limits, read through ``size_limit()`` (cached) on hot paths.
 SIZE_LIMITS = ("MAX_ARGS_BYTES", "MAX_RESULT_BYTES", "MAX_CHECKPOINT_BYTES", "MAX_ERROR_BYTES")

@@ -85,6 +85,9 @@ class DispatchBackendBase(BaseTaskBackend):
     def __init__(self, alias: str, params: dict[str, Any]) -> None:
         super().__init__(alias, params)
         self.default_max_attempts = self.options.get("MAX_ATTEMPTS", 1)
+        #: Every row this backend writes carries it (validated by a system
+        #: check, see ``checks.namespace_problem``); ``""``: the default namespace.
+        self.namespace: str = self.options.get("NAMESPACE", "")
         backoff = self.options.get("BACKOFF", exponential_backoff)
         self._backoff_setting = backoff
         self._plans: dict[Task, EnqueuePlan] = {}
@@ -132,6 +135,7 @@ class DispatchBackendBase(BaseTaskBackend):
             task=task,
             spec=JobSpec.of(
                 task_path=task.module_path,
+                namespace=self.namespace,
                 backend=self.alias,
                 queue_name=task.queue_name,
                 priority=task.priority,
@@ -169,6 +173,30 @@ def _no_retry_when_too_large(
     if isinstance(exception, JSONTooLarge):
         return None
     return backoff(exception, task_result)
+
+
+def dispatch_aliases() -> list[str]:
+    """The TASKS aliases whose backend is a DispatchBackend, sorted."""
+    from django.conf import settings
+
+    return sorted(alias for alias in getattr(settings, "TASKS", {}) if backend_for(alias))
+
+
+def namespace_for(alias: str) -> str:
+    """The namespace of the DispatchBackend under TASKS alias ``alias``.
+
+    For the functions that create rows from an alias (``Workflow.start``,
+    cron entries, ``rundispatch --backend``). An alias that is not a
+    DispatchBackend is a ``ValueError`` naming the ones that are: nothing is
+    written under a namespace nobody asked for.
+    """
+    backend = backend_for(alias)
+    if backend is None:
+        raise ValueError(
+            f"TASKS has no DispatchBackend alias {alias!r}; "
+            f"DispatchBackend aliases: {dispatch_aliases()}."
+        )
+    return backend.namespace
 
 
 def backend_for(alias: str) -> DispatchBackendBase | None:

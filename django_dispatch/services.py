@@ -12,9 +12,10 @@ from .compat import Task, TaskResult
 from .conf import get_settings
 from .dispatch_task import task_for_row
 from .encoding import to_json
-from .enqueue import enqueue_many
+from .enqueue import DispatchBackendBase, enqueue_many
 from .exceptions import AlreadyReplayed
 from .models import CronEntry, DeadLetter
+from .results import result_from_job
 from .store.dead_letters import purge_past_retention
 
 __all__ = [
@@ -115,8 +116,8 @@ def retry_now(result_id: str | int) -> bool:
     return store.jobs_retry_now(job_ids=[job_id]) == 1
 
 
-def purge(*, max_seconds: float = 30.0) -> tuple[int, int]:
-    """Delete finished jobs and dead letters past their retention.
+def purge(*, max_seconds: float = 30.0, namespace: str = "") -> tuple[int, int]:
+    """Delete ``namespace``'s finished jobs and dead letters past their retention.
 
     Runs bounded batches until nothing is left or ``max_seconds`` pass.
     Returns (jobs deleted, dead letters deleted).
@@ -127,14 +128,23 @@ def purge(*, max_seconds: float = 30.0) -> tuple[int, int]:
         dead_letter_retention=cfg.DEAD_LETTER_RETENTION,
         batch=cfg.PURGE_BATCH,
         max_seconds=max_seconds,
+        namespace=namespace,
     )
 
 
 def run_cron_entry_now(entry_id: int) -> TaskResult:
     """Enqueue one job of a cron entry now, leaving its schedule untouched."""
-    entry = CronEntry.objects.using(store.db_alias()).get(id=entry_id)
+    db = store.db_alias()
+    entry = CronEntry.objects.using(db).get(id=entry_id)
     task = cron_task(entry)
-    return task.enqueue(*entry.args, **entry.kwargs)
+    backend = task.get_backend()
+    if not isinstance(backend, DispatchBackendBase) or backend.namespace == entry.namespace:
+        return task.enqueue(*entry.args, **entry.kwargs)
+    # The entry's namespace, as when the scheduler fires it (``scheduler._enqueue``).
+    job = backend.build_job(task, entry.args, entry.kwargs)
+    job.namespace = entry.namespace
+    store.jobs_insert([job], db=db)
+    return result_from_job(job, task=task)
 
 
 def cron_task(entry: CronEntry, idempotency_key: str | None = None) -> Task:

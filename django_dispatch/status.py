@@ -36,9 +36,10 @@ class Status:
     cron: list[CronEntry]
 
 
-def snapshot() -> Status:
+def snapshot(namespace: str = "") -> Status:
+    """The snapshot of one namespace (``dispatch_status --backend``)."""
     db = store.db_alias()
-    jobs = Job.objects.using(db)
+    jobs = Job.objects.using(db).filter(namespace=namespace)
     now = store.db_now(db)
     queues: dict[str, QueueStatus] = {}
     live = [JobState.PENDING, JobState.BLOCKED, JobState.RUNNING]
@@ -54,11 +55,11 @@ def snapshot() -> Status:
         queues.setdefault(name, QueueStatus(name)).oldest_due = now - oldest
     return Status(
         now=now,
-        workers=list(Worker.objects.using(db).order_by("id")),
-        leader=store.leadership_holder(db=db),
+        workers=list(Worker.objects.using(db).filter(namespace=namespace).order_by("id")),
+        leader=store.leadership_holder(db=db, namespace=namespace),
         queues=sorted(queues.values(), key=lambda q: q.name),
         dead_letters_unreplayed=DeadLetter.objects.using(db)
-        .filter(replayed_at__isnull=True)
+        .filter(namespace=namespace, replayed_at__isnull=True)
         .count(),
-        cron=list(CronEntry.objects.using(db).order_by("name")),
+        cron=list(CronEntry.objects.using(db).filter(namespace=namespace).order_by("name")),
     )

@@ -115,6 +115,8 @@ TASKS = {
         "OPTIONS": {"BACKOFF": "tests.testapp.tasks.quick_backoff"},
     }
 }
+# Worker subprocesses started by a test may get more aliases (namespaces tests).
+TASKS.update(json.loads(os.environ.get("DISPATCH_TASKS_OVERRIDES", "{}")))
 
 # Short leases and intervals so that crash and shutdown tests take seconds.
 DISPATCH = {

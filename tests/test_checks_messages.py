@@ -104,7 +104,7 @@ def test_a_bad_value_points_to_the_validation_rules():
 CRON_HINT = f"See {CRON_URL}#declaring-entries-in-settings"
 KEYS_HINT = (
     "An entry's keys are 'schedule', 'task', 'args', 'kwargs', 'timezone', 'queue_name', "
-    f"'priority', 'misfire_policy', 'enabled'. {CRON_HINT}"
+    f"'priority', 'misfire_policy', 'enabled', 'backend'. {CRON_HINT}"
 )
 
 
@@ -269,7 +269,7 @@ def test_an_unknown_backend_option_names_the_closest_known_option():
         (
             "django_dispatch.E002",
             f"TASKS['default']['OPTIONS'] has an unknown key {key!r}.{suggestion}",
-            f"Known options: ['BACKOFF', 'MAX_ATTEMPTS']. See {SETTINGS_URL}#tasks",
+            f"Known options: ['BACKOFF', 'MAX_ATTEMPTS', 'NAMESPACE']. See {SETTINGS_URL}#tasks",
         )
         for key, suggestion in [
             ("COLOUR", ""),

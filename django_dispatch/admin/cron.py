@@ -31,7 +31,7 @@ logger = logging.getLogger("django_dispatch.admin")
 PREVIEW_COUNT = 5
 
 DEFINITION = [
-    "name",
+    ("name", "namespace"),
     ("schedule", "timezone"),
     "task_path",
     ("args", "kwargs"),
@@ -64,6 +64,7 @@ class CronEntryAdmin(SQLiteWriteLockFirst, DeleteThroughAction, admin.ModelAdmin
     form = CronEntryForm
     list_display = [
         "name",
+        "namespace",
         "schedule",
         "timezone",
         "task_path",
@@ -72,7 +73,7 @@ class CronEntryAdmin(SQLiteWriteLockFirst, DeleteThroughAction, admin.ModelAdmin
         "last_run_at",
         "source",
     ]
-    list_filter = ["enabled", "source", "misfire_policy"]
+    list_filter = ["namespace", "enabled", "source", "misfire_policy"]
     search_fields = ["name", "task_path"]
     change_form_template = "django_dispatch/admin/cronentry_change_form.html"
     actions = ["enable_entries", "disable_entries", "run_now", "delete_entries"]

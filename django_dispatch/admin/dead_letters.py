@@ -71,6 +71,7 @@ class DeadLetterAdmin(
 ):
     list_display = [
         "id",
+        "namespace",
         "task_path",
         "error_class",
         "short_error_message",
@@ -80,6 +81,7 @@ class DeadLetterAdmin(
         "partition_key",
     ]
     list_filter = [
+        ("namespace", RecentValuesFilter),
         ("task_path", RecentValuesFilter),
         ("error_class", RecentValuesFilter),
         ReplayedFilter,
@@ -99,6 +101,7 @@ class DeadLetterAdmin(
                     "job_link",
                     "task_path",
                     "backend",
+                    "namespace",
                     "queue_name",
                     "priority",
                     "partition_key",

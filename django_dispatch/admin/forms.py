@@ -99,6 +99,7 @@ class CronEntryForm(forms.ModelForm):
         model = CronEntry
         fields = [
             "name",
+            "namespace",
             "schedule",
             "timezone",
             "task_path",
@@ -120,6 +121,16 @@ class CronEntryForm(forms.ModelForm):
 
     def clean_kwargs(self) -> dict[str, Any]:
         return json_dict(self.cleaned_data.get("kwargs"))
+
+    def clean_namespace(self) -> str:
+        """The namespace whose workers fire the entry; a namespace's rules apply."""
+        from ..checks import namespace_problem
+
+        namespace = (self.cleaned_data.get("namespace") or "").strip()
+        problem = namespace_problem(namespace)
+        if problem:
+            raise forms.ValidationError(f"The namespace {problem}.")
+        return namespace
 
     def clean_timezone(self) -> str:
         timezone = self.cleaned_data["timezone"].strip()

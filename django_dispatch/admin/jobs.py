@@ -48,6 +48,7 @@ DELETE_BATCH = 1000
 class JobAdmin(SQLiteWriteLockFirst, ReadOnlyRows, DeleteThroughAction, BigTable):
     list_display = [
         "id",
+        "namespace",
         "state",
         "task_path",
         "queue_name",
@@ -60,6 +61,7 @@ class JobAdmin(SQLiteWriteLockFirst, ReadOnlyRows, DeleteThroughAction, BigTable
     ]
     list_filter = [
         "state",
+        ("namespace", RecentValuesFilter),
         ("queue_name", RecentValuesFilter),
         ("task_path", RecentValuesFilter),
     ]
@@ -77,7 +79,7 @@ class JobAdmin(SQLiteWriteLockFirst, ReadOnlyRows, DeleteThroughAction, BigTable
                 "fields": [
                     ("id", "state"),
                     "task_path",
-                    ("queue_name", "priority", "backend"),
+                    ("queue_name", "priority", "backend", "namespace"),
                     ("partition_key", "idempotency_key"),
                     ("attempts", "max_attempts", "worker_lost_count"),
                 ]

@@ -19,6 +19,7 @@ from .common import ReadOnlyRows
 class WorkerAdmin(ReadOnlyRows, admin.ModelAdmin):
     list_display = [
         "id",
+        "namespace",
         "hostname",
         "pid",
         "queues_display",
@@ -27,6 +28,7 @@ class WorkerAdmin(ReadOnlyRows, admin.ModelAdmin):
         "started_at",
         "last_seen_at",
     ]
+    list_filter = ["namespace"]
     search_fields = ["id", "hostname"]
     actions = None
 

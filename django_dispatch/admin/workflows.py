@@ -174,6 +174,7 @@ RUN_NOT_FITTING = ", {n} skipped ({ids}: not in a state this fits)"
 class WorkflowRunAdmin(OperatorActions, BigTable, ReplayFromStep):
     list_display = [
         "id",
+        "namespace",
         "name",
         "state",
         "current_step",
@@ -181,7 +182,12 @@ class WorkflowRunAdmin(OperatorActions, BigTable, ReplayFromStep):
         "updated_at",
         "idempotency_key",
     ]
-    list_filter = ["state", ("name", RecentValuesFilter), "created_at"]
+    list_filter = [
+        "state",
+        ("namespace", RecentValuesFilter),
+        ("name", RecentValuesFilter),
+        "created_at",
+    ]
     search_fields = ["id__exact", "name", "idempotency_key"]
     search_help_text = "Run id (exact), workflow name or idempotency key."
     change_form_template = CHANGE_FORM_TEMPLATE
@@ -285,8 +291,17 @@ class WorkflowTaskAdmin(StepDisplays, OperatorActions, BigTable):
     steps".
     """
 
-    list_display = ["id", "run_link", "name", "state", "attempts", "failures", "updated_at"]
-    list_filter = ["state", ("name", RecentValuesFilter)]
+    list_display = [
+        "id",
+        "namespace",
+        "run_link",
+        "name",
+        "state",
+        "attempts",
+        "failures",
+        "updated_at",
+    ]
+    list_filter = ["state", ("namespace", RecentValuesFilter), ("name", RecentValuesFilter)]
     search_fields = ["run__id__exact", "name"]
     search_help_text = "Run id (exact) or step name."
     list_select_related = False

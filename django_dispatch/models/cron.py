@@ -10,6 +10,7 @@ from django.db import models
 from django.db.models import Q
 
 from ..cron import ALL, LATEST, SKIP
+from .job import namespace_field
 
 
 class CronEntry(models.Model):
@@ -22,7 +23,9 @@ class CronEntry(models.Model):
         SETTINGS = "settings", "DISPATCH['CRON'] setting"
         ADMIN = "admin", "Admin"
 
-    name = models.CharField(max_length=200, unique=True)
+    namespace = namespace_field()
+    #: Unique per namespace (``dispatch_cron_name``).
+    name = models.CharField(max_length=200)
     schedule = models.CharField(
         max_length=200, help_text="Cron expression: five fields, or six with seconds last."
     )
@@ -48,7 +51,12 @@ class CronEntry(models.Model):
         ordering = ["name"]
         verbose_name_plural = "cron entries"
         indexes = [
-            models.Index("next_run_at", name="dispatch_cron_due", condition=Q(enabled=True)),
+            models.Index(
+                "namespace", "next_run_at", name="dispatch_cron_due", condition=Q(enabled=True)
+            ),
+        ]
+        constraints = [
+            models.UniqueConstraint("namespace", "name", name="dispatch_cron_name"),
         ]
 
     def __str__(self) -> str:

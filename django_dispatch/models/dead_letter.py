@@ -8,9 +8,13 @@ never exist without its dead letter. A replay is one compare-and-set on
 from django.db import models
 from django.db.models.functions import Now
 
+from .job import namespace_field
+
 
 class DeadLetter(models.Model):
     id = models.BigAutoField(primary_key=True)
+    #: The failed job's; a replay enqueues in it again.
+    namespace = namespace_field()
     #: The failed job. No database constraint: retention may delete the job
     #: before its dead letter, and deleting jobs must not cascade here.
     job = models.ForeignKey(
@@ -48,6 +52,7 @@ class DeadLetter(models.Model):
         permissions = [("replay_deadletter", "Can replay dead letters")]
         indexes = [
             models.Index("failed_at", name="dispatch_dl_failed_at"),
+            models.Index("namespace", "failed_at", name="dispatch_dl_namespace"),
             models.Index("task_path", "failed_at", name="dispatch_dl_task"),
             models.Index("error_class", name="dispatch_dl_error_class"),
         ]

@@ -12,6 +12,8 @@ Invariants kept by the database rather than by code:
 Only ``django_dispatch.store`` changes ``state`` or any lease field.
 """
 
+import re
+
 from django.db import models
 from django.db.models import F, Q
 from django.db.models.functions import Now
@@ -24,10 +26,37 @@ LIVE_STATES = [JobState.PENDING, JobState.BLOCKED, JobState.RUNNING]
 #: Width of a partition or idempotency key, a job's or a workflow run's
 #: (checked before insert, with a clear error).
 KEY_MAX_LENGTH = 255
+#: Width of a namespace (``TASKS[alias]["OPTIONS"]["NAMESPACE"]``): a
+#: PostgreSQL identifier's, so a namespace fits in a channel or lock name.
+NAMESPACE_MAX_LENGTH = 63
+#: What a namespace may contain: letters, digits, ``_ - . :`` (system check
+#: ``django_dispatch.E040``). No quote, so one can be written into raw SQL
+#: as a literal (``store.base.namespace_literal``).
+NAMESPACE_RE = re.compile(rf"[A-Za-z0-9_.:-]{{0,{NAMESPACE_MAX_LENGTH}}}")
+
+
+def namespace_field() -> models.CharField:
+    """The ``namespace`` column every django_dispatch table carries.
+
+    Rows of one namespace are invisible to workers, leaders and schedulers of
+    another; ``""`` (the default) is the namespace of every row written before
+    namespaces existed, so today's data keeps its behaviour.
+    """
+    return models.CharField(
+        max_length=NAMESPACE_MAX_LENGTH,
+        default="",
+        # Also the database's default: a statement that does not name the
+        # column (a worker of the previous release during a rolling deploy)
+        # writes the default namespace, as it always did.
+        db_default="",
+        blank=True,
+        help_text="The backend's OPTIONS['NAMESPACE'] (empty: the default namespace).",
+    )
 
 
 class Job(models.Model):
     id = models.BigAutoField(primary_key=True)
+    namespace = namespace_field()
     task_path = models.CharField(max_length=255, help_text="Import path of the Task object.")
     backend = models.CharField(max_length=100, default="default")
     queue_name = models.CharField(max_length=100, default="default")
@@ -78,9 +107,11 @@ class Job(models.Model):
         ordering = ["-id"]
         permissions = [("cancel_job", "Can cancel jobs"), ("retry_job", "Can retry jobs")]
         indexes = [
-            # The claim: runnable jobs in claim order. Partial, so finished
-            # rows never enter it.
+            # The claim: runnable jobs of one namespace in claim order.
+            # Partial, so finished rows never enter it; led by the namespace,
+            # so one namespace's backlog is never read by another's claim.
             models.Index(
+                "namespace",
                 F("priority").desc(),
                 "run_after",
                 "id",
@@ -89,12 +120,14 @@ class Job(models.Model):
             ),
             # The reclaim sweep: running jobs by lease expiry.
             models.Index(
+                "namespace",
                 "lease_expires_at",
                 name="dispatch_job_lease",
                 condition=Q(state=JobState.RUNNING),
             ),
             # A partition's head: its oldest live job.
             models.Index(
+                "namespace",
                 "partition_key",
                 "id",
                 name="dispatch_job_part_live",
@@ -103,6 +136,7 @@ class Job(models.Model):
             # Cancelled jobs whose worker has not let go yet (still leased):
             # they keep their partition busy.
             models.Index(
+                "namespace",
                 "partition_key",
                 name="dispatch_job_part_cancelling",
                 condition=Q(state=JobState.CANCELLED, lease_expires_at__isnull=False),
@@ -110,6 +144,7 @@ class Job(models.Model):
             # Retention: finished jobs by state and age. Partial on terminal
             # states, so it never competes with the claim index.
             models.Index(
+                "namespace",
                 "state",
                 "finished_at",
                 name="dispatch_job_finished",
@@ -118,8 +153,10 @@ class Job(models.Model):
         ]
         constraints = [
             # Partitioned FIFO, enforced by the database: whatever the claim
-            # does, two jobs of one key can never be running at once.
+            # does, two jobs of one key (in one
+            # namespace) can never be running at once.
             models.UniqueConstraint(
+                "namespace",
                 "partition_key",
                 name="dispatch_job_one_running_per_partition",
                 condition=Q(state=JobState.RUNNING, partition_key__isnull=False),
@@ -127,6 +164,7 @@ class Job(models.Model):
             # At most one live job per (task, idempotency key); the key is free
             # again once that job has finished.
             models.UniqueConstraint(
+                "namespace",
                 "task_path",
                 "idempotency_key",
                 name="dispatch_job_live_idempotency_key",

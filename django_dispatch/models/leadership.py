@@ -7,9 +7,15 @@ PgBouncer in transaction mode and on SQLite.
 
 from django.db import models
 
+from .job import namespace_field
+
 
 class Leadership(models.Model):
-    name = models.CharField(max_length=50, primary_key=True)
+    #: The lease's key: its name for the default namespace, ``<namespace>/<name>``
+    #: otherwise (see ``store.leadership.lease_key``), so each namespace has a
+    #: leader of its own and the primary key keeps a lease unique per namespace.
+    name = models.CharField(max_length=120, primary_key=True)
+    namespace = namespace_field()
     holder = models.CharField(max_length=100)
     expires_at = models.DateTimeField()
     acquired_at = models.DateTimeField()

@@ -7,9 +7,13 @@ row never touches job rows.
 from django.db import models
 from django.db.models.functions import Now
 
+from .job import namespace_field
+
 
 class Worker(models.Model):
     id = models.CharField(max_length=100, primary_key=True)
+    #: The namespace this worker serves (``rundispatch --backend``).
+    namespace = namespace_field()
     hostname = models.CharField(max_length=255)
     pid = models.PositiveIntegerField()
     queues = models.JSONField(default=list, help_text="Empty: every queue.")
@@ -21,6 +25,7 @@ class Worker(models.Model):
     class Meta:
         app_label = "django_dispatch"
         ordering = ["id"]
+        indexes = [models.Index("namespace", "last_seen_at", name="dispatch_worker_namespace")]
 
     def __str__(self) -> str:
         return self.id

@@ -21,7 +21,7 @@ from django.db import models
 from django.db.models import Q
 from django.db.models.functions import Now
 
-from .job import KEY_MAX_LENGTH
+from .job import KEY_MAX_LENGTH, namespace_field
 
 
 class RunState(models.TextChoices):
@@ -89,6 +89,8 @@ RUN_REOPENABLE = frozenset({RunState.SUCCEEDED, RunState.STUCK, RunState.CANCELL
 
 class WorkflowRun(models.Model):
     id = models.BigAutoField(primary_key=True)
+    #: The namespace of the backend that started the run; its steps' jobs go there.
+    namespace = namespace_field()
     name = models.CharField(max_length=200, help_text="The workflow's name in code.")
     state = models.CharField(max_length=16, choices=RunState.choices, default=RunState.RUNNING)
     input = models.JSONField(null=True, blank=True)
@@ -123,11 +125,12 @@ class WorkflowRun(models.Model):
             ("replay_workflowrun", "Can replay workflow runs from a step"),
         ]
         indexes = [
-            models.Index("state", "updated_at", name="dispatch_wfrun_state"),
+            models.Index("namespace", "state", "updated_at", name="dispatch_wfrun_state"),
             models.Index("name", "created_at", name="dispatch_wfrun_name"),
         ]
         constraints = [
             models.UniqueConstraint(
+                "namespace",
                 "name",
                 "idempotency_key",
                 name="dispatch_wfrun_idempotency_key",
@@ -155,6 +158,8 @@ class WorkflowTask(models.Model):
     """
 
     id = models.BigAutoField(primary_key=True)
+    #: The run's namespace (copied, so the step sweeps filter without a join).
+    namespace = namespace_field()
     run = models.ForeignKey(WorkflowRun, on_delete=models.CASCADE, related_name="steps")
     name = models.CharField(max_length=200)
     sequence = models.PositiveIntegerField(help_text="Position in the definition, from 0.")
@@ -203,10 +208,14 @@ class WorkflowTask(models.Model):
         indexes = [
             # The autoscaling metric: the oldest runnable step.
             models.Index(
-                "ready_at", name="dispatch_wftask_ready", condition=Q(state=StepState.READY)
+                "namespace",
+                "ready_at",
+                name="dispatch_wftask_ready",
+                condition=Q(state=StepState.READY),
             ),
             # The stale-step sweep.
             models.Index(
+                "namespace",
                 "heartbeat_at",
                 name="dispatch_wftask_live",
                 condition=Q(state__in=[StepState.READY, StepState.RUNNING]),

@@ -15,7 +15,7 @@ from typing import Any
 from django.db import connections
 
 from ..conf import DispatchSettings
-from ..store import NOTIFY_CHANNEL
+from ..store import notify_channel
 from .connections import database_went_away
 
 logger = logging.getLogger("django_dispatch.worker")
@@ -26,10 +26,16 @@ STOP_CHECK_INTERVAL = 0.5
 
 class Listener(threading.Thread):
     def __init__(
-        self, conn_params: dict[str, Any], wakeup: threading.Event, health_interval: float
+        self,
+        conn_params: dict[str, Any],
+        wakeup: threading.Event,
+        health_interval: float,
+        namespace: str = "",
     ) -> None:
         super().__init__(name="dispatch-listener", daemon=True)
         self.conn_params = conn_params
+        #: Only this namespace's channel: another namespace's jobs never wake us.
+        self.channel = notify_channel(namespace)
         self.wakeup = wakeup
         self.health_interval = health_interval
         self.stopping = threading.Event()
@@ -45,7 +51,7 @@ class Listener(threading.Thread):
         while not self.stopping.is_set():
             try:
                 with psycopg.connect(**self.conn_params, autocommit=True) as conn:
-                    conn.execute(f"LISTEN {NOTIFY_CHANNEL}")
+                    conn.execute(f"LISTEN {self.channel}")
                     self.connected.set()
                     self.wakeup.set()  # something may have arrived while deaf
                     pause = 0.1
@@ -76,14 +82,20 @@ def listener_params(connection: Any) -> dict[str, Any]:
     return params
 
 
-def start_listener(db: str, settings: DispatchSettings, wakeup: threading.Event) -> Listener | None:
-    """Start the LISTEN thread for the database ``db``, where it applies (PostgreSQL, LISTEN on)."""
+def start_listener(
+    db: str, settings: DispatchSettings, wakeup: threading.Event, *, namespace: str = ""
+) -> Listener | None:
+    """Start the LISTEN thread for ``namespace``'s channel on the database ``db``, where it
+    applies (PostgreSQL, LISTEN on)."""
     connection = connections[db]
     if not settings.LISTEN or connection.vendor != "postgresql":
         return None
     connection.ensure_connection()
     listener = Listener(
-        listener_params(connection), wakeup, health_interval=settings.HEARTBEAT_INTERVAL
+        listener_params(connection),
+        wakeup,
+        health_interval=settings.HEARTBEAT_INTERVAL,
+        namespace=namespace,
     )
     listener.start()
     return listener

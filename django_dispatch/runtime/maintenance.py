@@ -8,6 +8,9 @@ mid-step does no harm.
 A worker that takes leadership reclaims at once, not at its next
 ``RECLAIM_INTERVAL``: when the previous leader died, its own jobs' leases ran
 out with its leadership, so they are due when a successor takes office.
+
+Everything here is scoped to the worker's namespace: each namespace elects
+its own leader, which reclaims, purges and sweeps that namespace's rows only.
 """
 
 from __future__ import annotations
@@ -31,8 +34,11 @@ TAKEOVER_SWEEPS = 3
 
 
 class Maintenance:
-    def __init__(self, worker_id: str, settings: DispatchSettings, db: str) -> None:
+    def __init__(
+        self, worker_id: str, settings: DispatchSettings, db: str, namespace: str = ""
+    ) -> None:
         self.worker_id = worker_id
+        self.namespace = namespace
         self.settings = settings
         self.db = db
         self.leader = False
@@ -52,7 +58,7 @@ class Maintenance:
         was_leader = self.leader
         self.leader = False  # until the database confirms: a failed election demotes us
         self.leader = store.leadership_acquire(
-            self.worker_id, ttl=self.settings.LEASE_SECONDS, db=self.db
+            self.worker_id, ttl=self.settings.LEASE_SECONDS, db=self.db, namespace=self.namespace
         )
         if self.leader != was_leader:
             logger.info(
@@ -75,9 +81,13 @@ class Maintenance:
         def report(row: Mapping[str, Any], failed: bool) -> None:
             events.worker_lost(row, failed=failed, max_worker_lost=max_lost, by=self.worker_id)
 
-        store.jobs_rescue_expired(max_worker_lost=max_lost, db=self.db, report=report)
-        sweep_stale_steps(older_than_seconds=self.settings.LEASE_SECONDS)
-        store.workers_delete_stale(stale_seconds=self.settings.WORKER_STALE_SECONDS, db=self.db)
+        store.jobs_rescue_expired(
+            max_worker_lost=max_lost, db=self.db, report=report, namespace=self.namespace
+        )
+        sweep_stale_steps(older_than_seconds=self.settings.LEASE_SECONDS, namespace=self.namespace)
+        store.workers_delete_stale(
+            stale_seconds=self.settings.WORKER_STALE_SECONDS, db=self.db, namespace=self.namespace
+        )
 
     def publish_metrics(self) -> None:
         """``--metrics-port``: the leader reads the cluster gauges (one bounded query
@@ -91,7 +101,7 @@ class Maintenance:
         """Promote partitions left blocked by a race (see ``partitions_promote_stalled``)."""
         if not self.leader:
             return
-        promoted = store.partitions_promote_stalled(self.db)
+        promoted = store.partitions_promote_stalled(self.db, namespace=self.namespace)
         if promoted:
             logger.warning(
                 "partitions: %s blocked jobs had nothing ahead of them (a write bypassed "
@@ -115,11 +125,12 @@ class Maintenance:
             batch=cfg.PURGE_BATCH,
             max_seconds=PURGE_MAX_SECONDS,
             db=self.db,
+            namespace=self.namespace,
         )
         if jobs or letters:
             logger.info("retention: deleted %s jobs and %s dead letters", jobs, letters)
 
     def resign(self) -> None:
         if self.leader:
-            store.leadership_release(self.worker_id, db=self.db)
+            store.leadership_release(self.worker_id, db=self.db, namespace=self.namespace)
             self.leader = False

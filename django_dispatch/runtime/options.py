@@ -19,6 +19,10 @@ def default_worker_id() -> str:
 class WorkerOptions:
     worker_id: str
     queues: Sequence[str] = ()
+    #: The namespace served (``rundispatch --backend``: that alias's
+    #: ``OPTIONS["NAMESPACE"]``): claims, reclaims, purges, cron, leadership
+    #: and wake-ups all stay inside it.
+    namespace: str = ""
     concurrency: int = 4
     burst: bool = False
     max_jobs: int | None = None

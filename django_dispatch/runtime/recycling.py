@@ -247,7 +247,7 @@ def exec_successor(handover: Handover) -> NoReturn:
         os._exit(1)
 
 
-def settle(handover: Handover, *, lease_seconds: float, db: str) -> None:
+def settle(handover: Handover, *, lease_seconds: float, db: str, namespace: str = "") -> None:
     """In the successor, before it claims: record what the handover lists.
 
     Each write is fenced by the predecessor's lease, so a job that was
@@ -255,17 +255,29 @@ def settle(handover: Handover, *, lease_seconds: float, db: str) -> None:
     """
     for job_id, epoch, key in handover.timed_out:
         lease = store.Lease(
-            job_id=job_id, worker_id=handover.worker_id, epoch=epoch, partition_key=key
+            job_id=job_id,
+            worker_id=handover.worker_id,
+            epoch=epoch,
+            partition_key=key,
+            namespace=namespace,
         )
         _settle_one(lease, key, "timed_out", lease_seconds, db)
     for job_id, epoch, key in handover.stopped:
         lease = store.Lease(
-            job_id=job_id, worker_id=handover.worker_id, epoch=epoch, partition_key=key
+            job_id=job_id,
+            worker_id=handover.worker_id,
+            epoch=epoch,
+            partition_key=key,
+            namespace=namespace,
         )
         _settle_one(lease, key, "stopped", lease_seconds, db)
     for job_id, epoch, key in handover.released:
         lease = store.Lease(
-            job_id=job_id, worker_id=handover.worker_id, epoch=epoch, partition_key=key
+            job_id=job_id,
+            worker_id=handover.worker_id,
+            epoch=epoch,
+            partition_key=key,
+            namespace=namespace,
         )
         _settle_one(lease, key, "released", lease_seconds, db)
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 import logging
 import threading
 from datetime import datetime, timedelta
+from typing import Any
 
 from django.conf import settings
 from django.db import IntegrityError, connections, transaction
@@ -19,7 +20,7 @@ from django.db import IntegrityError, connections, transaction
 from .. import cron, store
 from ..compat import TaskResult, task_enqueued
 from ..conf import get_settings
-from ..enqueue import DispatchBackendBase
+from ..enqueue import DispatchBackendBase, namespace_for
 from ..models import CronEntry
 from ..results import result_from_job, send_robust, signal_sender
 from ..services import cron_task
@@ -33,14 +34,28 @@ TICK_LIMIT = 100
 RETRY_BROKEN_AFTER = timedelta(minutes=1)
 
 
-def sync_from_settings() -> None:
-    """Create/update entries from ``DISPATCH["CRON"]``; disable removed ones."""
-    entries = get_settings().CRON
+def settings_entries(namespace: str) -> dict[str, dict[str, Any]]:
+    """The ``DISPATCH["CRON"]`` entries of ``namespace``: those whose ``"backend"``
+    alias (default ``"default"``) has that namespace."""
+    entries = {}
+    for name, spec in get_settings().CRON.items():
+        alias = spec.get("backend", "default") if isinstance(spec, dict) else "default"
+        try:
+            if namespace_for(alias) == namespace:
+                entries[name] = spec
+        except ValueError:
+            logger.error("DISPATCH['CRON'][%r] was skipped: %s", name, "its backend is unknown")
+    return entries
+
+
+def sync_from_settings(namespace: str = "") -> None:
+    """Create/update ``namespace``'s entries from ``DISPATCH["CRON"]``; disable removed ones."""
+    entries = settings_entries(namespace)
     for _ in range(3):  # several workers starting at once race on the inserts
         try:
             with transaction.atomic(using=store.db_alias()):
                 created, updated, disabled = store.cron_sync_from_settings(
-                    entries, default_timezone=settings.TIME_ZONE
+                    entries, default_timezone=settings.TIME_ZONE, namespace=namespace
                 )
             break
         except IntegrityError:
@@ -56,14 +71,15 @@ def sync_from_settings() -> None:
         )
 
 
-def tick() -> int:
-    """Fire every due slot of every due entry; return how many jobs were enqueued."""
+def tick(namespace: str = "") -> int:
+    """Fire every due slot of every due entry of ``namespace``; return how many
+    jobs were enqueued (in that namespace)."""
     db = store.db_alias()
-    if not store.cron_entries_due_exist(db=db):  # most ticks: one read, no lock
+    if not store.cron_entries_due_exist(db=db, namespace=namespace):  # most ticks: one read
         return 0
     enqueued: list[TaskResult] = []
     with transaction.atomic(using=db):
-        entries = store.cron_entries_claim_due(limit=TICK_LIMIT, db=db)
+        entries = store.cron_entries_claim_due(limit=TICK_LIMIT, db=db, namespace=namespace)
         if not entries:
             return 0
         now: datetime = entries[0].db_now  # type: ignore[attr-defined]
@@ -149,7 +165,7 @@ def _enqueue(entry: CronEntry, key: str, db: str) -> TaskResult | None:
     backend = task.get_backend()
     if not isinstance(backend, DispatchBackendBase):
         raise TypeError(f"{entry.task_path} does not use a DispatchBackend")
-    job, created = store.job_insert_idempotent(
-        backend.build_job(task, entry.args, entry.kwargs), db=db
-    )
+    job = backend.build_job(task, entry.args, entry.kwargs)
+    job.namespace = entry.namespace  # the entry's namespace, whatever the task's backend
+    job, created = store.job_insert_idempotent(job, db=db)
     return result_from_job(job, task=task) if created else None

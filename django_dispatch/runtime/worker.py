@@ -163,7 +163,7 @@ class Worker:
             wakeup=self.wakeup,
         )
         self.pool = pool = JobThreads(runner, opts.concurrency)
-        maintenance = Maintenance(opts.worker_id, cfg, self.db)
+        maintenance = Maintenance(opts.worker_id, cfg, self.db, opts.namespace)
         try:
             store.worker_register(
                 opts.worker_id,
@@ -171,6 +171,7 @@ class Worker:
                 pid=os.getpid(),
                 queues=opts.queues,
                 concurrency=opts.concurrency,
+                namespace=opts.namespace,
             )
             logger.info(
                 "worker %s started: queues=%s concurrency=%s",
@@ -186,11 +187,18 @@ class Worker:
             )
             if metrics.WORKER is not None:
                 metrics.WORKER.heartbeat(busy=0, slots=opts.concurrency)
-            self.listener = start_listener(self.db, self.settings, self.wakeup)
+            self.listener = start_listener(
+                self.db, self.settings, self.wakeup, namespace=opts.namespace
+            )
             if opts.predecessor is not None:
-                recycling.settle(opts.predecessor, lease_seconds=cfg.LEASE_SECONDS, db=self.db)
+                recycling.settle(
+                    opts.predecessor,
+                    lease_seconds=cfg.LEASE_SECONDS,
+                    db=self.db,
+                    namespace=opts.namespace,
+                )
             if opts.scheduler:
-                self._guard(scheduler.sync_from_settings)
+                self._guard(lambda: scheduler.sync_from_settings(namespace=opts.namespace))
             self._loop(maintenance)
             if self.recycling:
                 self.handover = self._handover()
@@ -239,7 +247,9 @@ class Worker:
             Every(cfg.PURGE_INTERVAL, maintenance.unstick_partitions),
         ]
         if opts.scheduler:
-            duties.append(Every(cfg.SCHEDULER_INTERVAL, scheduler.tick))
+            duties.append(
+                Every(cfg.SCHEDULER_INTERVAL, lambda: scheduler.tick(namespace=opts.namespace))
+            )
         if metrics.SINK is not None:  # rundispatch --metrics-port: the cluster gauges
             duties.append(Every(cfg.RECLAIM_INTERVAL, maintenance.publish_metrics))
         while True:
@@ -281,7 +291,9 @@ class Worker:
             return False
         # An empty claim is not an empty queue: jobs may wait behind a
         # partition head that another worker is running.
-        due = self._guard(lambda: store.jobs_due_exist(queues=opts.queues, db=self.db))
+        due = self._guard(
+            lambda: store.jobs_due_exist(queues=opts.queues, db=self.db, namespace=opts.namespace)
+        )
         return due is False  # None: the database did not answer; keep going
 
     def _guard(self, step):
@@ -305,6 +317,7 @@ class Worker:
             limit=limit,
             lease_seconds=self.settings.LEASE_SECONDS,
             db=self.db,
+            namespace=self.options.namespace,
         )
 
     def _start(self, claimed: list[store.ClaimedJob]) -> None:
@@ -343,6 +356,7 @@ class Worker:
             queues=self.options.queues,
             concurrency=self.options.concurrency,
             db=self.db,
+            namespace=self.options.namespace,
         )
 
     def recycle(self) -> None:

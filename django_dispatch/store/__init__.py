@@ -23,7 +23,7 @@ recycled worker's leases read back by the process that replaced it),
 """
 
 from . import workflows
-from .base import NOTIFY_CHANNEL, db_alias, db_now, error_entry, notify
+from .base import NOTIFY_CHANNEL, db_alias, db_now, error_entry, notify, notify_channel
 from .claim import (
     CLAIM_FIELDS,
     ClaimedJob,
@@ -110,6 +110,7 @@ __all__ = [
     "leadership_holder",
     "leadership_release",
     "notify",
+    "notify_channel",
     "partitions_promote_stalled",
     "worker_deregister",
     "worker_register",

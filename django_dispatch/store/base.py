@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -11,9 +12,40 @@ from django.db.models.functions import Now
 
 from ..limits import truncate_error_text
 from ..models import Job
+from ..models.job import NAMESPACE_RE
 from ..states import JobState
 
 NOTIFY_CHANNEL = "django_dispatch"
+
+
+def notify_channel(namespace: str = "") -> str:
+    """The LISTEN/NOTIFY channel of ``namespace``'s idle workers.
+
+    ``NOTIFY_CHANNEL`` for the default namespace (as before namespaces), and
+    a channel per namespace otherwise, so a job in one namespace never wakes
+    an idle worker of another. A hash, not the name: a channel is an
+    identifier of at most 63 bytes and a namespace may contain ``.``/``:``.
+    The insert trigger (migration 0008) computes the same name in SQL.
+    """
+    if not namespace:
+        return NOTIFY_CHANNEL
+    return f"{NOTIFY_CHANNEL}_{hashlib.md5(namespace.encode()).hexdigest()[:16]}"
+
+
+def namespace_literal(namespace: str) -> str:
+    """``namespace`` as a SQL string literal, for raw statements.
+
+    A literal rather than a parameter, like the states (see ``job_sql``), so
+    that the planner matches it to the indexes led by the namespace, and so
+    that the statements keep their parameters. Safe because a namespace has
+    no quote: anything else is refused here, whatever wrote the setting.
+    """
+    if not NAMESPACE_RE.fullmatch(namespace):
+        raise ValueError(
+            f"namespace {namespace!r} is not valid: at most 63 letters, digits, "
+            "'_', '-', '.' or ':' (run `manage.py check`)."
+        )
+    return f"'{namespace}'"
 
 
 def db_alias() -> str:
@@ -72,12 +104,12 @@ def now_plus(seconds: float) -> ExpressionWrapper:
     )
 
 
-def notify(db: str) -> None:
-    """Wake idle PostgreSQL workers (delivered when the transaction commits)."""
+def notify(db: str, namespace: str = "") -> None:
+    """Wake ``namespace``'s idle PostgreSQL workers (delivered when the transaction commits)."""
     connection = connections[db]
     if connection.vendor == "postgresql":
         with connection.cursor() as cursor:
-            cursor.execute("SELECT pg_notify(%s, '')", [NOTIFY_CHANNEL])
+            cursor.execute("SELECT pg_notify(%s, '')", [notify_channel(namespace)])
 
 
 def db_now(db: str) -> datetime:

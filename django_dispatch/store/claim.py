@@ -23,7 +23,7 @@ from django.db.models.functions import Coalesce, Now
 from ..models import Job
 from ..sql import JSONAppend
 from ..states import JobState
-from .base import db_alias, job_sql, take_sqlite_write_lock
+from .base import db_alias, job_sql, namespace_literal, take_sqlite_write_lock
 from .partitions import partition_heads, partitions_demote
 
 #: At most this many blocked jobs are demoted per claim transaction, which
@@ -39,16 +39,20 @@ DEMOTE_WINDOW = 64
 class Lease:
     """The token a claim hands out; every later write by the worker carries it.
 
-    ``partition_key`` is the job's key, carried along (not part of the fence,
-    nor of equality) so that a batch of completions can take its keys' locks
-    before its UPDATE (see ``partitions``). A lease built without it is an
-    unkeyed job's as far as ``jobs_finish_many_if_leased`` knows.
+        ``partition_key`` is the job's key, carried along (not part of the fence,
+        nor of equality) so that a batch of completions can take its keys' locks
+        before its UPDATE (see ``partitions``). A lease built without it is an
+        unkeyed job's as far as ``jobs_finish_many_if_leased`` knows; one built
+    without ``namespace`` is a job of the default namespace's.
     """
 
     job_id: int
     worker_id: str
     epoch: int
     partition_key: str | None = field(default=None, compare=False)
+    #: The job's namespace, carried like ``partition_key``: the transitions
+    #: that free a key promote its head in this namespace only.
+    namespace: str = field(default="", compare=False)
 
 
 #: Columns a worker needs to run a job; read in the claim so that running a
@@ -91,13 +95,24 @@ class ClaimedJob:
         return self.lease.job_id
 
 
-def claim_candidates(db: str, queues: Sequence[str], limit: int, exclude: Sequence[int] = ()):
-    """THE claim query: runnable jobs in claim order, locked, skipping locked rows.
+def claim_candidates(
+    db: str,
+    queues: Sequence[str],
+    limit: int,
+    exclude: Sequence[int] = (),
+    *,
+    namespace: str = "",
+):
+    """THE claim query: runnable jobs of ``namespace`` in claim order, locked,
+    skipping locked rows.
 
-    Served by the partial index ``dispatch_job_claim`` (pending rows only), so
-    its cost does not grow with finished jobs.
+    Served by the partial index ``dispatch_job_claim`` (pending rows only, led
+    by the namespace), so its cost grows neither with finished jobs nor with
+    other namespaces' backlogs.
     """
-    candidates = Job.objects.using(db).filter(state=JobState.PENDING, run_after__lte=Now())
+    candidates = Job.objects.using(db).filter(
+        namespace=namespace, state=JobState.PENDING, run_after__lte=Now()
+    )
     if queues:
         candidates = candidates.filter(queue_name__in=list(queues))
     if exclude:
@@ -126,7 +141,7 @@ _CLAIM_SQL = """
 WITH candidates AS MATERIALIZED (
     SELECT {fields}, now() AS db_now
     FROM {job}
-    WHERE state = {pending} AND run_after <= now() {filters}
+    WHERE namespace = {namespace} AND state = {pending} AND run_after <= now() {filters}
     ORDER BY priority DESC, run_after, id
     LIMIT %(window)s
     FOR UPDATE SKIP LOCKED
@@ -157,16 +172,19 @@ ORDER BY candidates.priority DESC, candidates.run_after, candidates.id
 _JSON_FIELDS = ("args", "kwargs", "checkpoint", "errors", "worker_ids", "trace_context")
 
 
-def claim_sql(*, queues: bool, exclude: bool, db: str | None = None) -> str:
+def claim_sql(*, queues: bool, exclude: bool, db: str | None = None, namespace: str = "") -> str:
     """``_CLAIM_SQL`` with the filters in use (named parameters, see ``_claim_pg``),
-    for database ``db`` (default: the job table's)."""
+    for database ``db`` (default: the job table's) and ``namespace`` (a literal:
+    ``namespace_literal``)."""
     connection = connections[db or db_alias()]
     filters = ""
     if queues:
         filters += " AND queue_name = ANY(%(queues)s)"
     if exclude:
         filters += " AND NOT (id = ANY(%(exclude)s))"
-    return job_sql(connection, _CLAIM_SQL).format(fields=", ".join(CLAIM_FIELDS), filters=filters)
+    return job_sql(connection, _CLAIM_SQL).format(
+        fields=", ".join(CLAIM_FIELDS), filters=filters, namespace=namespace_literal(namespace)
+    )
 
 
 def _claim_pg(
@@ -178,9 +196,10 @@ def _claim_pg(
     lease: int,
     worker_id: str,
     lease_seconds: float,
+    namespace: str = "",
 ) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     """Run ``_CLAIM_SQL``: (rows it leased, rows it only locked)."""
-    sql = claim_sql(queues=bool(queues), exclude=bool(exclude), db=db)
+    sql = claim_sql(queues=bool(queues), exclude=bool(exclude), db=db, namespace=namespace)
     params: dict[str, Any] = {
         "window": window,
         "lease": lease,
@@ -211,8 +230,9 @@ def jobs_claim(
     limit: int,
     lease_seconds: float,
     db: str | None = None,
+    namespace: str = "",
 ) -> list[ClaimedJob]:
-    """Lease up to ``limit`` runnable jobs to ``worker_id``, in claim order.
+    """Lease up to ``limit`` runnable jobs of ``namespace`` to ``worker_id``, in claim order.
 
     Claim order is priority (high first), then run_after, then id. Only
     pending jobs whose run_after has passed on the database clock, in the
@@ -247,12 +267,13 @@ def jobs_claim(
                     lease=free if first else 0,
                     worker_id=worker_id,
                     lease_seconds=lease_seconds,
+                    namespace=namespace,
                 )
                 leased += took
                 free -= len(took)
             else:
-                rows = list(claim_candidates(db, queues, window, exclude=seen))
-            runnable, demoted = _sort_out_partitions(db, rows, chosen, passed)
+                rows = list(claim_candidates(db, queues, window, exclude=seen, namespace=namespace))
+            runnable, demoted = _sort_out_partitions(db, rows, chosen, passed, namespace)
             chosen += runnable[:free]
             passed += [r["id"] for r in runnable[free:]]
             demoted_total += demoted
@@ -266,7 +287,7 @@ def jobs_claim(
         if chosen:
             _lease(db, chosen, worker_id, now, lease_seconds)
     claimed = sorted(leased + chosen, key=lambda r: (-r["priority"], r["run_after"], r["id"]))
-    return [_claimed(row, worker_id, now) for row in claimed]
+    return [_claimed(row, worker_id, now, namespace) for row in claimed]
 
 
 def _lease(
@@ -295,7 +316,11 @@ def _lease(
 
 
 def _sort_out_partitions(
-    db: str, rows: list[dict[str, Any]], chosen: list[dict[str, Any]], passed: list[int]
+    db: str,
+    rows: list[dict[str, Any]],
+    chosen: list[dict[str, Any]],
+    passed: list[int],
+    namespace: str = "",
 ) -> tuple[list[dict[str, Any]], int]:
     """Split locked candidates into runnable ones and ones to demote.
 
@@ -306,7 +331,7 @@ def _sort_out_partitions(
     checks again under them; jobs of a busy key, or found runnable after all,
     are added to ``passed``. Returns (runnable rows, number demoted).
     """
-    heads = partition_heads(db, [r["partition_key"] for r in rows if r["partition_key"]])
+    heads = partition_heads(db, [r["partition_key"] for r in rows if r["partition_key"]], namespace)
     taken = {r["partition_key"] for r in chosen if r["partition_key"]}
     runnable, blocked = [], []
     for row in rows:
@@ -325,20 +350,22 @@ def _sort_out_partitions(
     return runnable, len(demoted)
 
 
-def jobs_due_exist(*, queues: Sequence[str], db: str | None = None) -> bool:
-    """Whether any pending job is due now (one probe of the claim index).
+def jobs_due_exist(*, queues: Sequence[str], db: str | None = None, namespace: str = "") -> bool:
+    """Whether any pending job of ``namespace`` is due now (one probe of the claim index).
 
     A claim can come back empty while such jobs exist (they wait behind
     their partition's running head), so ``--burst`` asks this before exiting.
     """
     db = db or db_alias()
-    due = Job.objects.using(db).filter(state=JobState.PENDING, run_after__lte=Now())
+    due = Job.objects.using(db).filter(
+        namespace=namespace, state=JobState.PENDING, run_after__lte=Now()
+    )
     if queues:
         due = due.filter(queue_name__in=list(queues))
     return due.exists()
 
 
-def _claimed(row: dict[str, Any], worker_id: str, now: datetime) -> ClaimedJob:
+def _claimed(row: dict[str, Any], worker_id: str, now: datetime, namespace: str = "") -> ClaimedJob:
     """The claimed row as it stands after the lease update (no re-read)."""
     del row["db_now"]
     row["lease_epoch"] += 1
@@ -351,5 +378,6 @@ def _claimed(row: dict[str, Any], worker_id: str, now: datetime) -> ClaimedJob:
         worker_id=worker_id,
         epoch=row["lease_epoch"],
         partition_key=row["partition_key"],
+        namespace=namespace,
     )
     return ClaimedJob(lease=lease, row=row, claimed_at=now)

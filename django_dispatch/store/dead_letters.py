@@ -11,7 +11,7 @@ from django.db.models.functions import Now
 
 from ..models import DeadLetter, Job
 from ..states import TERMINAL, JobState
-from .base import db_alias, now_plus
+from .base import db_alias, notify, now_plus
 
 #: A cancelled job whose worker has not let go yet still holds its partition:
 #: deleting it would let the next job of the key overlap the running code.
@@ -28,6 +28,7 @@ def dead_letter_insert(db: str, job_id: int) -> DeadLetter:
     last = job.errors[-1] if job.errors else {}
     return DeadLetter.objects.using(db).create(
         job_id=job.pk,
+        namespace=job.namespace,
         task_path=job.task_path,
         backend=job.backend,
         queue_name=job.queue_name,
@@ -65,13 +66,37 @@ def dead_letter_claim_replay(
 
 
 def dead_letter_set_replay_job(dead_letter_id: int, job_id: int, *, db: str | None = None) -> None:
-    DeadLetter.objects.using(db or db_alias()).filter(id=dead_letter_id).update(
-        replay_job_id=job_id
+    """Record the replay's job, and keep that job in the dead letter's namespace.
+
+    The replay enqueues through the dead letter's backend alias; should that
+    alias have moved to another namespace since, the new (pending, unclaimed:
+    same transaction) job is moved back, and its namespace's workers woken.
+    """
+    db = db or db_alias()
+    DeadLetter.objects.using(db).filter(id=dead_letter_id).update(replay_job_id=job_id)
+    namespace = (
+        DeadLetter.objects.using(db).filter(id=dead_letter_id).values_list("namespace", flat=True)
+    ).first()
+    if namespace is None:
+        return
+    moved = (
+        Job.objects.using(db)
+        .filter(id=job_id, state=JobState.PENDING)
+        .exclude(namespace=namespace)
+        .update(namespace=namespace)
     )
+    if moved:
+        notify(db, namespace)
 
 
-def jobs_purge(retention: Mapping[str, float | None], *, batch: int, db: str | None = None) -> int:
-    """Delete one batch of finished jobs older than their state's retention.
+def jobs_purge(
+    retention: Mapping[str, float | None],
+    *,
+    batch: int,
+    db: str | None = None,
+    namespace: str = "",
+) -> int:
+    """Delete one batch of ``namespace``'s finished jobs older than their state's retention.
 
     Bounded (``batch`` rows per state per call) so that no delete holds locks
     for long; the caller repeats until it returns less than a full batch.
@@ -86,7 +111,7 @@ def jobs_purge(retention: Mapping[str, float | None], *, batch: int, db: str | N
             continue
         old = (
             Job.objects.using(db)
-            .filter(state=state, finished_at__lt=now_plus(-seconds))
+            .filter(namespace=namespace, state=state, finished_at__lt=now_plus(-seconds))
             .exclude(_STILL_HELD)
             .order_by("finished_at")
             .values_list("id", flat=True)[:batch]
@@ -97,12 +122,15 @@ def jobs_purge(retention: Mapping[str, float | None], *, batch: int, db: str | N
     return deleted
 
 
-def dead_letters_purge(*, older_than: float, batch: int, db: str | None = None) -> int:
-    """Delete one batch of dead letters that failed more than ``older_than`` s ago."""
+def dead_letters_purge(
+    *, older_than: float, batch: int, db: str | None = None, namespace: str = ""
+) -> int:
+    """Delete one batch of ``namespace``'s dead letters that failed more than
+    ``older_than`` s ago."""
     db = db or db_alias()
     ids = list(
         DeadLetter.objects.using(db)
-        .filter(failed_at__lt=now_plus(-older_than))
+        .filter(namespace=namespace, failed_at__lt=now_plus(-older_than))
         .order_by("failed_at")
         .values_list("id", flat=True)[:batch]
     )
@@ -118,6 +146,7 @@ def purge_past_retention(
     batch: int,
     max_seconds: float,
     db: str | None = None,
+    namespace: str = "",
 ) -> tuple[int, int]:
     """Delete finished jobs and dead letters past their retention; (jobs, dead letters) deleted.
 
@@ -129,8 +158,10 @@ def purge_past_retention(
     deadline = time.monotonic() + max_seconds
     jobs = letters = 0
     while time.monotonic() < deadline:
-        batch_jobs = jobs_purge(job_retention, batch=batch, db=db)
-        batch_letters = dead_letters_purge(older_than=dead_letter_retention, batch=batch, db=db)
+        batch_jobs = jobs_purge(job_retention, batch=batch, db=db, namespace=namespace)
+        batch_letters = dead_letters_purge(
+            older_than=dead_letter_retention, batch=batch, db=db, namespace=namespace
+        )
         jobs, letters = jobs + batch_jobs, letters + batch_letters
         if batch_jobs < batch and batch_letters < batch:
             break

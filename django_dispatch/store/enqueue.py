@@ -55,6 +55,8 @@ class JobSpec:
     partition_key: str | None
     idempotency_key: str | None
     max_attempts: int
+    #: The backend's ``OPTIONS["NAMESPACE"]`` (``""``: the default namespace).
+    namespace: str = ""
 
     @classmethod
     def of(cls, **values: Any) -> JobSpec:
@@ -69,6 +71,7 @@ class JobSpec:
     def new_job(self, args: Any, kwargs: Any) -> Job:
         """An unsaved pending Job of this spec."""
         job = Job(
+            namespace=self.namespace,
             task_path=self.task_path,
             backend=self.backend,
             queue_name=self.queue_name,
@@ -99,7 +102,7 @@ def jobs_insert(jobs: Sequence[Job], *, db: str, batch_size: int = BULK_BATCH_SI
 
 
 def job_insert_idempotent(job: Job, *, db: str) -> tuple[Job, bool]:
-    """Insert ``job`` unless a live job holds its (task, idempotency key).
+    """Insert ``job`` unless a live job holds its (namespace, task, idempotency key).
 
     Returns (the job, created). The partial unique index decides: two
     concurrent inserts of one key create one job, the other waits for the
@@ -115,6 +118,7 @@ def job_insert_idempotent(job: Job, *, db: str) -> tuple[Job, bool]:
             existing = (
                 Job.objects.using(db)
                 .filter(
+                    namespace=job.namespace,
                     task_path=job.task_path,
                     idempotency_key=job.idempotency_key,
                     state__in=list(LIVE),
@@ -137,7 +141,7 @@ def job_insert_idempotent(job: Job, *, db: str) -> tuple[Job, bool]:
 #: which start NULL. ``tests/test_enqueue_fast.py`` checks that a row inserted
 #: here equals one inserted by the ORM, column by column.
 _COLUMNS = (
-    "task_path, backend, queue_name, priority, args, kwargs, state, deferred_until, "
+    "namespace, task_path, backend, queue_name, priority, args, kwargs, state, deferred_until, "
     "partition_key, idempotency_key, attempts, max_attempts, worker_lost_count, lease_epoch, "
     "errors, worker_ids"
 )
@@ -152,7 +156,7 @@ def _insert_one_sql(deferred: bool, traced: bool = False) -> str:
     trace = (", trace_context", ", %s::jsonb") if traced else ("", "")
     return (
         f"INSERT INTO {_TABLE} ({_COLUMNS}{run_after[0]}{trace[0]}) "
-        f"VALUES (%s, %s, %s, %s, %s::jsonb, %s::jsonb, {_CONSTANTS}, %s, %s, %s, "
+        f"VALUES (%s, %s, %s, %s, %s, %s::jsonb, %s::jsonb, {_CONSTANTS}, %s, %s, %s, "
         f"0, %s, 0, 0, '[]', '[]'{run_after[1]}{trace[1]}) "
         "RETURNING id, enqueued_at"
     )
@@ -168,7 +172,7 @@ def _insert_many_sql(deferred: bool) -> str:
     return (
         "WITH inserted AS ("
         f"INSERT INTO {_TABLE} ({_COLUMNS}{run_after[0]}) "
-        f"SELECT %s, %s, %s, %s, c -> 0, c -> 1, {_CONSTANTS}, %s, %s, %s, "
+        f"SELECT %s, %s, %s, %s, %s, c -> 0, c -> 1, {_CONSTANTS}, %s, %s, %s, "
         f"0, %s, 0, 0, '[]', '[]'{run_after[1]} "
         "FROM jsonb_array_elements(%s::jsonb) WITH ORDINALITY AS calls (c, n) "
         "ORDER BY n "
@@ -188,7 +192,7 @@ _INSERT_MANY = {deferred: _insert_many_sql(deferred) for deferred in (False, Tru
 
 def _spec_params(spec: JobSpec) -> list[Any]:
     """The parameters before ``args, kwargs`` in both statements."""
-    return [spec.task_path, spec.backend, spec.queue_name, spec.priority]
+    return [spec.namespace, spec.task_path, spec.backend, spec.queue_name, spec.priority]
 
 
 def _spec_tail(spec: JobSpec, connection: Any) -> list[Any]:

@@ -45,5 +45,5 @@ def job_interrupt_if_leased(
         worker_lost_count=F("worker_lost_count") + 1,
     )
     if won:
-        notify(db)
+        notify(db, lease.namespace)
     return won

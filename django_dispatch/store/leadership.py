@@ -1,4 +1,10 @@
-"""The leadership lease: one holder at a time, taken over once it expires."""
+"""The leadership lease: one holder at a time per namespace, taken over once it expires.
+
+Each namespace elects its own leader: the lease row of ``name`` in namespace
+``ns`` has the key ``lease_key(name, ns)`` (the bare name in the default
+namespace, as before namespaces), so two namespaces never contend for, nor
+see, each other's lease.
+"""
 
 from __future__ import annotations
 
@@ -11,8 +17,13 @@ from .base import db_alias, now_plus
 LEADER = "maintenance"
 
 
+def lease_key(name: str, namespace: str = "") -> str:
+    """The primary key of lease ``name`` in ``namespace``."""
+    return f"{namespace}/{name}" if namespace else name
+
+
 def leadership_acquire(
-    holder: str, *, ttl: float, name: str = LEADER, db: str | None = None
+    holder: str, *, ttl: float, name: str = LEADER, db: str | None = None, namespace: str = ""
 ) -> bool:
     """Take or renew the lease; True while ``holder`` is the leader.
 
@@ -22,7 +33,8 @@ def leadership_acquire(
     safe to run twice, so losing the lease mid-step is harmless.
     """
     db = db or db_alias()
-    leases = Leadership.objects.using(db).filter(name=name)
+    key = lease_key(name, namespace)
+    leases = Leadership.objects.using(db).filter(name=key)
     if leases.filter(holder=holder).update(expires_at=now_plus(ttl)):
         return True  # renewed (nobody took over since)
     if leases.filter(expires_at__lt=Now()).update(
@@ -34,26 +46,33 @@ def leadership_acquire(
     try:
         with transaction.atomic(using=db):
             Leadership.objects.using(db).create(
-                name=name, holder=holder, expires_at=now_plus(ttl), acquired_at=Now()
+                name=key,
+                namespace=namespace,
+                holder=holder,
+                expires_at=now_plus(ttl),
+                acquired_at=Now(),
             )
         return True
     except IntegrityError:  # another candidate created it first
         return False
 
 
-def leadership_release(holder: str, *, name: str = LEADER, db: str | None = None) -> None:
+def leadership_release(
+    holder: str, *, name: str = LEADER, db: str | None = None, namespace: str = ""
+) -> None:
     """Give the lease up (clean shutdown), so another worker takes over at once."""
-    Leadership.objects.using(db or db_alias()).filter(name=name, holder=holder).update(
-        expires_at=Now()
-    )
+    Leadership.objects.using(db or db_alias()).filter(
+        name=lease_key(name, namespace), holder=holder
+    ).update(expires_at=Now())
 
 
-def leadership_holder(*, name: str = LEADER, db: str | None = None) -> tuple[str, bool] | None:
-    """(holder, still valid) of the lease, or None if nobody ever held it."""
-    lease = Leadership.objects.using(db or db_alias()).filter(name=name).first()
+def leadership_holder(
+    *, name: str = LEADER, db: str | None = None, namespace: str = ""
+) -> tuple[str, bool] | None:
+    """(holder, still valid) of ``namespace``'s lease, or None if nobody ever held it."""
+    leases = Leadership.objects.using(db or db_alias()).filter(name=lease_key(name, namespace))
+    lease = leases.first()
     if lease is None:
         return None
-    valid = (
-        Leadership.objects.using(db or db_alias()).filter(name=name, expires_at__gt=Now()).exists()
-    )
+    valid = leases.filter(expires_at__gt=Now()).exists()
     return lease.holder, valid

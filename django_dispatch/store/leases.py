@@ -58,7 +58,7 @@ def _update_then_promote(
         lock_partitions(db, [key])
         won = _leased(lease, db).update(**changes) == 1
         if won:
-            partitions_promote(db, [key])
+            partitions_promote(db, [key], lease.namespace)
     return won
 
 
@@ -119,7 +119,15 @@ def jobs_finish_many_if_leased(
         freed = {key for key in winners.values() if key}
         if freed - keys:
             freed = keys & freed | _lock_late(db, freed - keys)
-        partitions_promote(db, freed)
+        # A worker serves one namespace, so a wave has one; grouped anyway,
+        # since the leases say so and a key is a key within its namespace.
+        namespace_of = {lease.job_id: lease.namespace for lease, _ in results}
+        by_namespace: dict[str, set[str]] = {}
+        for job_id, key in winners.items():
+            if key in freed:
+                by_namespace.setdefault(namespace_of[job_id], set()).add(key)
+        for namespace, namespace_keys in by_namespace.items():
+            partitions_promote(db, namespace_keys, namespace)
     return set(winners)
 
 
@@ -225,7 +233,7 @@ def job_fail_if_leased(
         )
         if won:
             dead_letter_insert(db, lease.job_id)
-            partitions_promote(db, [key])
+            partitions_promote(db, [key], lease.namespace)
     return won
 
 
@@ -271,7 +279,7 @@ def job_release_if_leased(
         worker_ids=worker_ids,
     )
     if released:
-        notify(db)
+        notify(db, lease.namespace)
     return released
 
 
@@ -301,7 +309,7 @@ def job_ack_cancelled(
             == 1
         )
         if acked:
-            partitions_promote(db, [key])
+            partitions_promote(db, [key], lease.namespace)
     return acked
 
 

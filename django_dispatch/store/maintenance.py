@@ -34,8 +34,9 @@ def jobs_rescue_expired(
     limit: int = 500,
     db: str | None = None,
     report: Callable[[Mapping[str, Any], bool], None] | None = None,
+    namespace: str = "",
 ) -> tuple[list[int], list[int]]:
-    """Return jobs whose lease expired to the queue; fail the crash-loopers.
+    """Return ``namespace``'s jobs whose lease expired to the queue; fail the crash-loopers.
 
     A lease expires only when its worker stopped heartbeating (SIGKILL, OOM,
     a frozen host). Such a lost attempt is recorded as a ``WorkerLost`` error
@@ -55,7 +56,9 @@ def jobs_rescue_expired(
     requeued: list[int] = []
     failed: list[int] = []
     expired = Job.objects.using(db).filter(
-        state__in=[JobState.RUNNING, JobState.CANCELLED], lease_expires_at__lt=Now()
+        namespace=namespace,
+        state__in=[JobState.RUNNING, JobState.CANCELLED],
+        lease_expires_at__lt=Now(),
     )
     with transaction.atomic(using=db):
         take_sqlite_write_lock(db)
@@ -97,9 +100,9 @@ def jobs_rescue_expired(
                 rescued.append((row, False))
         # A requeued job stays its key's head, but an older job may have been
         # demoted behind it (see ``job_fail_if_leased``): promote every key.
-        partitions_promote(db, [row["partition_key"] for row in rows])
+        partitions_promote(db, [row["partition_key"] for row in rows], namespace)
         if requeued:
-            notify(db)
+            notify(db, namespace)
     if report is not None:
         for entry, gave_up in rescued:
             report(entry, gave_up)
@@ -155,7 +158,7 @@ def job_cancel(job_id: int, *, db: str | None = None) -> bool:
             Job.objects.using(db)
             .filter(id=job_id, state__in=list(LIVE))
             .select_for_update()
-            .values("state", "partition_key")
+            .values("state", "partition_key", "namespace")
             .first()
         )
         if row is None:
@@ -165,7 +168,7 @@ def job_cancel(job_id: int, *, db: str | None = None) -> bool:
             changes["lease_expires_at"] = None
         Job.objects.using(db).filter(id=job_id).update(**changes)
         if row["state"] != JobState.RUNNING:  # a running one keeps its key until let go
-            partitions_promote(db, [row["partition_key"]])
+            partitions_promote(db, [row["partition_key"]], row["namespace"])
     return True
 
 
@@ -183,7 +186,9 @@ def jobs_retry_now(
         waiting = waiting.filter(id__in=list(job_ids))
     if queues:
         waiting = waiting.filter(queue_name__in=list(queues))
+    namespaces = set(waiting.values_list("namespace", flat=True).distinct()) if job_ids else set()
     changed = waiting.update(run_after=Now())
     if changed:
-        notify(db)
+        for namespace in namespaces or {""}:
+            notify(db, namespace)
     return changed

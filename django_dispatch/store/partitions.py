@@ -51,6 +51,12 @@ writer at a time, every such transaction begins by writing (or by
 ``take_sqlite_write_lock``), so they are serialised already and the lock
 functions do nothing. ``partitions_promote_stalled``, run by the leader,
 stays as a safety net that should never find anything.
+
+A key is a key *within a namespace*: heads, demotions and promotions only
+look at jobs of the namespace in question, so the same key in two namespaces
+is two independent partitions. The locks hash the key alone: the same key in
+two namespaces shares a lock, which (like a hash collision) only serialises
+more than needed.
 """
 
 from __future__ import annotations
@@ -60,7 +66,7 @@ from dataclasses import dataclass
 
 from django.db import connections
 
-from .base import NOTIFY_CHANNEL, job_sql
+from .base import job_sql, notify_channel
 
 #: The first key of every partition lock (``pg_advisory_xact_lock(int, int)``),
 #: the second being ``hashtext(partition_key)``. Arbitrary; it only keeps our
@@ -128,10 +134,11 @@ def try_lock_partitions(db: str, keys: Iterable[str]) -> set[str]:
 _HEADS_SQL = """
 SELECT k.column1,
     (SELECT j.id FROM {job} j
-      WHERE j.partition_key = k.column1 AND j.state IN ({pending}, {blocked}, {running})
+      WHERE j.namespace = %s AND j.partition_key = k.column1
+        AND j.state IN ({pending}, {blocked}, {running})
       ORDER BY j.id LIMIT 1),
     (SELECT j.id FROM {job} j
-      WHERE j.partition_key = k.column1
+      WHERE j.namespace = %s AND j.partition_key = k.column1
         AND (j.state = {running} OR (j.state = {cancelled} AND j.lease_expires_at IS NOT NULL))
       LIMIT 1)
 FROM (VALUES {values}) AS k
@@ -147,15 +154,16 @@ class Head:
         return self.active_id is None and self.head_id == job_id
 
 
-def partition_heads(db: str, keys: Iterable[str]) -> dict[str, Head]:
-    """Each key's head and active job, read without locks (the claim's first look)."""
+def partition_heads(db: str, keys: Iterable[str], namespace: str = "") -> dict[str, Head]:
+    """Each key's head and active job in ``namespace``, read without locks (the
+    claim's first look)."""
     keys = sorted(set(keys))
     if not keys:
         return {}
     connection = connections[db]
     sql = job_sql(connection, _HEADS_SQL).format(values=", ".join(["(%s)"] * len(keys)))
     with connection.cursor() as cursor:
-        cursor.execute(sql, keys)
+        cursor.execute(sql, [namespace, namespace, *keys])
         return {key: Head(head_id, active_id) for key, head_id, active_id in cursor.fetchall()}
 
 
@@ -168,7 +176,7 @@ _DEMOTE_SQL = """
 UPDATE {job} SET state = {blocked}
 WHERE id IN ({ids}) AND state = {pending} AND EXISTS (
     SELECT 1 FROM {job} o
-    WHERE o.partition_key = {job}.partition_key
+    WHERE o.namespace = {job}.namespace AND o.partition_key = {job}.partition_key
       AND o.id <> {job}.id
       AND (o.state = {running}
            OR (o.state = {cancelled} AND o.lease_expires_at IS NOT NULL)
@@ -207,7 +215,7 @@ _PROMOTE_SQL = """
 UPDATE {job} SET state = {pending}
 WHERE state = {blocked} AND id IN (
     SELECT (SELECT j.id FROM {job} j
-             WHERE j.partition_key = k.partition_key
+             WHERE j.namespace = %s AND j.partition_key = k.partition_key
                AND j.state IN ({pending}, {blocked}, {running})
              ORDER BY j.id LIMIT 1)
     FROM ({keys}) AS k
@@ -223,20 +231,25 @@ SELECT c, CASE WHEN c > 0 THEN pg_notify(%s, '') END FROM n
 """
 
 
-def _promote(db: str, keys_sql: str, params: list[str]) -> int:
-    """Run ``_PROMOTE_SQL`` for the keys ``keys_sql`` selects; return how many it promoted."""
+def _promote(db: str, namespace: str, keys_sql: str, params: list[str]) -> int:
+    """Run ``_PROMOTE_SQL`` for the keys ``keys_sql`` selects in ``namespace``;
+    return how many it promoted."""
     connection = connections[db]
     promote = job_sql(connection, _PROMOTE_SQL).format(keys=keys_sql)
+    params = [namespace, *params]
     with connection.cursor() as cursor:
         if connection.vendor == "postgresql":
-            cursor.execute(_PROMOTE_NOTIFY_SQL.format(promote=promote), [*params, NOTIFY_CHANNEL])
+            cursor.execute(
+                _PROMOTE_NOTIFY_SQL.format(promote=promote), [*params, notify_channel(namespace)]
+            )
             return int(cursor.fetchone()[0])
         cursor.execute(promote, params)
         return cursor.rowcount
 
 
-def partitions_promote(db: str, keys: Iterable[str | None]) -> int:
-    """Make each key's oldest live job pending if it is blocked; return how many were.
+def partitions_promote(db: str, keys: Iterable[str | None], namespace: str = "") -> int:
+    """Make each key's oldest live job of ``namespace`` pending if it is blocked;
+    return how many were.
 
     Called, in the same transaction and under the keys' locks
     (``lock_partitions``, taken before the transition's own row changes), by
@@ -247,23 +260,24 @@ def partitions_promote(db: str, keys: Iterable[str | None]) -> int:
     if not wanted:
         return 0
     values = " UNION ALL ".join(["SELECT %s AS partition_key"] * len(wanted))
-    return _promote(db, values, wanted)
+    return _promote(db, namespace, values, wanted)
 
 
 #: Keys with a blocked job and none active. A key with an active job is not
 #: stalled (its blocked head waits for that job, whose end promotes it).
 _STALLED_KEYS_SQL = """
 SELECT DISTINCT b.partition_key FROM {job} b
-WHERE b.state = {blocked} AND NOT EXISTS (
+WHERE b.namespace = %s AND b.state = {blocked} AND NOT EXISTS (
     SELECT 1 FROM {job} a
-    WHERE a.partition_key = b.partition_key
+    WHERE a.namespace = b.namespace AND a.partition_key = b.partition_key
       AND (a.state = {running} OR (a.state = {cancelled} AND a.lease_expires_at IS NOT NULL))
 )
 """
 
 
-def partitions_promote_stalled(db: str) -> int:
-    """Promote the blocked head of every key with nothing active; return how many.
+def partitions_promote_stalled(db: str, *, namespace: str = "") -> int:
+    """Promote the blocked head of every key of ``namespace`` with nothing active;
+    return how many.
 
     The safety net, run by the leader every ``PURGE_INTERVAL``, which logs a
     warning when it finds something. Since every transition that could stall
@@ -273,4 +287,4 @@ def partitions_promote_stalled(db: str) -> int:
     hand). It takes no lock itself: promoting a job that is not runnable
     after all is harmless, the claim checks again before running it.
     """
-    return _promote(db, job_sql(connections[db], _STALLED_KEYS_SQL), [])
+    return _promote(db, namespace, job_sql(connections[db], _STALLED_KEYS_SQL), [namespace])

@@ -32,9 +32,14 @@ def _entry_values(spec: Mapping[str, Any], default_timezone: str) -> dict[str, A
 
 
 def cron_sync_from_settings(
-    entries: Mapping[str, Mapping[str, Any]], *, default_timezone: str, db: str | None = None
+    entries: Mapping[str, Mapping[str, Any]],
+    *,
+    default_timezone: str,
+    db: str | None = None,
+    namespace: str = "",
 ) -> tuple[int, int, int]:
-    """Make the table match ``DISPATCH["CRON"]``; return (created, updated, disabled).
+    """Make ``namespace``'s entries match ``entries`` (the ``DISPATCH["CRON"]``
+    entries of that namespace); return (created, updated, disabled).
 
     Entries removed from settings are disabled, never deleted, so their
     history stays visible; entries created in the admin are left alone. An
@@ -63,9 +68,9 @@ def cron_sync_from_settings(
                 e,
             )
             continue
-        entry = CronEntry.objects.using(db).filter(name=name).first()
+        entry = CronEntry.objects.using(db).filter(namespace=namespace, name=name).first()
         if entry is None:
-            CronEntry.objects.using(db).create(name=name, **values)
+            CronEntry.objects.using(db).create(namespace=namespace, name=name, **values)
             created += 1
             continue
         schedule_changed = (entry.schedule, entry.timezone) != (
@@ -81,26 +86,31 @@ def cron_sync_from_settings(
             updated += 1
     disabled = (
         CronEntry.objects.using(db)
-        .filter(source=CronEntry.Source.SETTINGS, enabled=True)
+        .filter(namespace=namespace, source=CronEntry.Source.SETTINGS, enabled=True)
         .exclude(name__in=list(entries))
         .update(enabled=False, updated_at=Now())
     )
     return created, updated, disabled
 
 
-def _due(db: str):
+def _due(db: str, namespace: str):
     return CronEntry.objects.using(db).filter(
-        Q(next_run_at__lte=Now()) | Q(next_run_at__isnull=True), enabled=True
+        Q(next_run_at__lte=Now()) | Q(next_run_at__isnull=True),
+        namespace=namespace,
+        enabled=True,
     )
 
 
-def cron_entries_due_exist(*, db: str | None = None) -> bool:
-    """One cheap read, outside any transaction: is any entry due?"""
-    return _due(db or db_alias()).exists()
+def cron_entries_due_exist(*, db: str | None = None, namespace: str = "") -> bool:
+    """One cheap read, outside any transaction: is any entry of ``namespace`` due?"""
+    return _due(db or db_alias(), namespace).exists()
 
 
-def cron_entries_claim_due(*, limit: int, db: str | None = None) -> list[CronEntry]:
-    """Enabled entries that are due (or never scheduled), locked, skipping locked ones.
+def cron_entries_claim_due(
+    *, limit: int, db: str | None = None, namespace: str = ""
+) -> list[CronEntry]:
+    """``namespace``'s enabled entries that are due (or never scheduled), locked,
+    skipping locked ones.
 
     Call inside ``transaction.atomic()``: the row locks make every slot fire
     once, however many schedulers tick at the same time. Each entry carries
@@ -109,7 +119,7 @@ def cron_entries_claim_due(*, limit: int, db: str | None = None) -> list[CronEnt
     db = db or db_alias()
     take_sqlite_write_lock(db)  # before any read, or SQLite cannot upgrade later
     return list(
-        _due(db)
+        _due(db, namespace)
         .order_by("next_run_at")
         .select_for_update(skip_locked=True)
         .annotate(db_now=Now())[:limit]

@@ -23,15 +23,16 @@ def worker_register(
     queues: Sequence[str],
     concurrency: int,
     db: str | None = None,
+    namespace: str = "",
 ) -> None:
-    """Create or refresh this worker's row.
+    """Create or refresh this worker's row (serving ``namespace``).
 
     Two single statements rather than ``update_or_create``: on SQLite a
     transaction that reads and then writes fails at once under contention,
     while a lone statement waits for the lock.
     """
     db = db or db_alias()
-    fields = _fields(hostname, pid, queues, concurrency, running_jobs=0)
+    fields = _fields(hostname, pid, queues, concurrency, running_jobs=0, namespace=namespace)
     workers = Worker.objects.using(db)
     if not workers.filter(id=worker_id).update(started_at=Now(), last_seen_at=Now(), **fields):
         _create(worker_id, fields, db)
@@ -46,6 +47,7 @@ def worker_touch(
     queues: Sequence[str],
     concurrency: int,
     db: str | None = None,
+    namespace: str = "",
 ) -> bool:
     """The heartbeat's write to the worker's row; True if the row had to be recreated.
 
@@ -59,7 +61,10 @@ def worker_touch(
     row = Worker.objects.using(db).filter(id=worker_id)
     if row.update(last_seen_at=Now(), running_jobs=running_jobs):
         return False
-    _create(worker_id, _fields(hostname, pid, queues, concurrency, running_jobs=running_jobs), db)
+    fields = _fields(
+        hostname, pid, queues, concurrency, running_jobs=running_jobs, namespace=namespace
+    )
+    _create(worker_id, fields, db)
     logger.warning(
         "worker %s: its row was gone (deleted as stale while the worker was paused?); recreated it",
         worker_id,
@@ -68,9 +73,16 @@ def worker_touch(
 
 
 def _fields(
-    hostname: str, pid: int, queues: Sequence[str], concurrency: int, *, running_jobs: int
+    hostname: str,
+    pid: int,
+    queues: Sequence[str],
+    concurrency: int,
+    *,
+    running_jobs: int,
+    namespace: str = "",
 ) -> dict[str, Any]:
     return {
+        "namespace": namespace,
         "hostname": hostname,
         "pid": pid,
         "queues": list(queues),
@@ -92,11 +104,13 @@ def worker_deregister(worker_id: str, *, db: str | None = None) -> None:
     Worker.objects.using(db or db_alias()).filter(id=worker_id).delete()
 
 
-def workers_delete_stale(*, stale_seconds: float, db: str | None = None) -> int:
-    """Delete Worker rows not seen for ``stale_seconds`` (jobs are untouched)."""
+def workers_delete_stale(
+    *, stale_seconds: float, db: str | None = None, namespace: str = ""
+) -> int:
+    """Delete ``namespace``'s Worker rows not seen for ``stale_seconds`` (jobs are untouched)."""
     deleted, _ = (
         Worker.objects.using(db or db_alias())
-        .filter(last_seen_at__lt=now_plus(-stale_seconds))
+        .filter(namespace=namespace, last_seen_at__lt=now_plus(-stale_seconds))
         .delete()
     )
     return deleted

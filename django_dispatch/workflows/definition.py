@@ -296,17 +296,21 @@ class Workflow:
             deps.append(matches[0])
         return tuple(deps)
 
-    def start(self, input: Any = None, *, idempotency_key: str | None = None) -> WorkflowRun:
+    def start(
+        self, input: Any = None, *, idempotency_key: str | None = None, backend: str = "default"
+    ) -> WorkflowRun:
         """Start a run: insert it and all its steps, enqueue the first steps' jobs.
 
         One transaction, inside the caller's when there is one: the run
         exists exactly when the surrounding data does. With an
         ``idempotency_key``, a second start (even a concurrent one) returns
         the run the first one created instead of starting another.
+        ``backend`` is the TASKS alias whose namespace the run, its steps and
+        their jobs live in (idempotency keys are unique per namespace).
         """
         from .engine import start_run
 
-        return start_run(self, input, idempotency_key=idempotency_key)
+        return start_run(self, input, idempotency_key=idempotency_key, backend=backend)
 
 
 def get_workflow(name: str) -> Workflow:

@@ -9,13 +9,14 @@ parking are decided here and recorded by ``store.workflows``.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from typing import TYPE_CHECKING, Any
 
 from django.core.exceptions import ImproperlyConfigured
 
 from ..encoding import to_json
-from ..enqueue import DispatchBackendBase
+from ..enqueue import DispatchBackendBase, namespace_for
 from ..models import Job, WorkflowRun
 from ..models.job import KEY_MAX_LENGTH
 from ..store import workflows as wf_store
@@ -66,8 +67,15 @@ def run_spec(
     return wf_store.RunSpec(workflow.name, input, steps, workflow.queue_name, idempotency_key)
 
 
-def start_run(workflow: Workflow, input: Any, *, idempotency_key: str | None = None) -> WorkflowRun:
+def start_run(
+    workflow: Workflow,
+    input: Any,
+    *,
+    idempotency_key: str | None = None,
+    backend: str = "default",
+) -> WorkflowRun:
     """See ``Workflow.start``."""
+    namespace = namespace_for(backend)  # an unknown alias: ValueError, nothing written
     if idempotency_key is not None and (
         not isinstance(idempotency_key, str)
         or not idempotency_key
@@ -80,6 +88,7 @@ def start_run(workflow: Workflow, input: Any, *, idempotency_key: str | None = N
     spec = run_spec(
         workflow, to_json(input, "A workflow run's input"), idempotency_key=idempotency_key
     )
+    spec = dataclasses.replace(spec, namespace=namespace)
     run, _created = wf_store.workflow_run_insert(spec, build_job=build_step_job)
     return run
 
@@ -180,6 +189,8 @@ def _start_child(claimed: wf_store.ClaimedStep, request: StartChild) -> bool:
     return child_id is not None
 
 
-def sweep_stale_steps(older_than_seconds: float) -> list[int]:
+def sweep_stale_steps(older_than_seconds: float, namespace: str = "") -> list[int]:
     """``store.workflows.sweep_stale_steps`` with the engine's step jobs (for maintenance)."""
-    return wf_store.sweep_stale_steps(older_than_seconds, build_job=build_step_job)
+    return wf_store.sweep_stale_steps(
+        older_than_seconds, build_job=build_step_job, namespace=namespace
+    )

@@ -5,6 +5,7 @@ from typing import Any
 from django.core.management.base import BaseCommand, CommandParser
 
 from ...services import purge
+from ..backend_option import add_backend_argument, backend_namespace
 
 
 class Command(BaseCommand):
@@ -17,7 +18,9 @@ class Command(BaseCommand):
             default=300.0,
             help="Stop after this long; run again to continue.",
         )
+        add_backend_argument(parser, "to purge")
 
     def handle(self, *args: Any, **options: Any) -> None:
-        jobs, letters = purge(max_seconds=options["max_seconds"])
+        namespace = backend_namespace(options["backend"])
+        jobs, letters = purge(max_seconds=options["max_seconds"], namespace=namespace)
         self.stdout.write(f"Deleted {jobs} finished jobs and {letters} dead letters.")

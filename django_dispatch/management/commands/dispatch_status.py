@@ -2,17 +2,24 @@
 
 from typing import Any
 
-from django.core.management.base import BaseCommand
+from django.core.management.base import BaseCommand, CommandParser
 
 from ...status import snapshot
+from ..backend_option import add_backend_argument, backend_namespace
 
 
 class Command(BaseCommand):
     help = "Print django_dispatch's workers, leader, queue depths and cron entries."
 
+    def add_arguments(self, parser: CommandParser) -> None:
+        add_backend_argument(parser, "to report on")
+
     def handle(self, *args: Any, **options: Any) -> None:
-        status = snapshot()
+        namespace = backend_namespace(options["backend"])
+        status = snapshot(namespace)
         out = self.stdout.write
+        if namespace:
+            out(f"Namespace: {namespace}")
         if status.leader is None:
             out("Leader: none yet")
         else:

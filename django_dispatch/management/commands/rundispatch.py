@@ -23,6 +23,7 @@ from ...runtime import recycling
 from ...runtime.options import WorkerOptions, default_worker_id
 from ...runtime.supervisor import supervise
 from ...runtime.worker import Worker
+from ..backend_option import add_backend_argument, backend_namespace
 
 
 def _positive_int(value: str) -> int:
@@ -53,6 +54,7 @@ class Command(BaseCommand):
 
     def add_arguments(self, parser: CommandParser) -> None:
         cfg = get_settings()
+        add_backend_argument(parser, "this worker serves")
         parser.add_argument(
             "--queues", default="", help="Comma-separated queue names to serve (default: all)."
         )
@@ -118,6 +120,7 @@ class Command(BaseCommand):
             )
         queues = [q.strip() for q in options["queues"].split(",") if q.strip()]
         self._check_queues(queues)
+        namespace = backend_namespace(options["backend"])
         base_id = options["worker_id"] or default_worker_id()
         predecessor = recycling.Handover.from_environ()
         recycle = recycling.can_recycle(self.command_line)
@@ -131,6 +134,7 @@ class Command(BaseCommand):
                 WorkerOptions(
                     worker_id=worker_id,
                     queues=queues,
+                    namespace=namespace,
                     concurrency=options["concurrency"],
                     burst=options["burst"],
                     max_jobs=options["max_jobs"],

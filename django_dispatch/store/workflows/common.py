@@ -39,7 +39,7 @@ RunRow = Mapping[str, Any]
 STEP_JOB_LOST_PATH = "django_dispatch.workflows.exceptions.StepJobLost"
 CHILD_CANCELLED_PATH = "django_dispatch.workflows.exceptions.ChildRunCancelled"
 
-RUN_FIELDS = ("id", "name", "state", "generation", "queue_name", "parent_task_id")
+RUN_FIELDS = ("id", "name", "state", "generation", "queue_name", "parent_task_id", "namespace")
 
 
 @dataclass(frozen=True, slots=True)
@@ -64,6 +64,8 @@ class RunSpec:
     steps: Sequence[StepSpec]
     queue_name: str
     idempotency_key: str | None = None
+    #: The namespace of the backend that started it (a child run: its parent's).
+    namespace: str = ""
 
 
 # --- the dependency graph ---------------------------------------------------------
@@ -170,6 +172,8 @@ def enqueue_steps(
     if not items:
         return
     jobs = [build_job(step_id, generation, run["queue_name"]) for step_id, generation in items]
+    for job in jobs:  # a step's job runs in its run's namespace
+        job.namespace = run.get("namespace", "")
     ready_at = now_plus(delay) if delay else Now()
     if delay:
         for job in jobs:

@@ -48,6 +48,7 @@ def insert_run(
     ``parent_step`` is (run id, step id) of the step starting a child run.
     """
     run = WorkflowRun(
+        namespace=spec.namespace,
         name=spec.name,
         state=RunState.RUNNING,
         input=spec.input,
@@ -61,6 +62,7 @@ def insert_run(
         [
             WorkflowTask(
                 run=run,
+                namespace=run.namespace,
                 name=s.name,
                 sequence=s.sequence,
                 handler_path=s.handler_path,
@@ -73,7 +75,7 @@ def insert_run(
             for s in spec.steps
         ]
     )
-    fields = {"id": run.pk, "queue_name": spec.queue_name}
+    fields = {"id": run.pk, "queue_name": spec.queue_name, "namespace": spec.namespace}
     enqueue_steps(db, fields, [(r.pk, r.generation) for r in rows if not r.depends_on], build_job)
     return run
 
@@ -100,7 +102,7 @@ def workflow_run_insert(
             raise
         existing = (
             WorkflowRun.objects.using(db)
-            .filter(name=spec.name, idempotency_key=spec.idempotency_key)
+            .filter(namespace=spec.namespace, name=spec.name, idempotency_key=spec.idempotency_key)
             .first()
         )
         if existing is None:

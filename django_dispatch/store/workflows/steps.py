@@ -8,6 +8,7 @@ random ``claim_id``. Every later write of that attempt goes through
 
 from __future__ import annotations
 
+import dataclasses
 import secrets
 from dataclasses import dataclass
 from typing import Any
@@ -241,6 +242,7 @@ def workflow_step_wait_child(
             state=StepState.WAITING, claim_id=None, updated_at=Now()
         ):
             return None
+        child = dataclasses.replace(child, namespace=run["namespace"])  # the parent's
         inserted = insert_run(db, child, build_job, parent_step=(run["id"], step_id))
         WorkflowTask.objects.using(db).filter(id=step_id).update(child_run_id=inserted.pk)
     return inserted.pk

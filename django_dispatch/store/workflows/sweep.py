@@ -30,8 +30,9 @@ def sweep_stale_steps(
     build_job: StepJobBuilder,
     limit: int = 500,
     db: str | None = None,
+    namespace: str = "",
 ) -> list[int]:
-    """Recover steps whose job ended without finishing them; return their ids.
+    """Recover ``namespace``'s steps whose job ended without finishing them; return their ids.
 
     A ``ready`` or ``running`` step with no sign of life for
     ``older_than_seconds`` whose job is no longer live (it failed, was
@@ -47,6 +48,7 @@ def sweep_stale_steps(
     candidates = list(
         WorkflowTask.objects.using(db)
         .filter(
+            namespace=namespace,
             state__in=[StepState.READY, StepState.RUNNING],
             heartbeat_at__lt=now_plus(-older_than_seconds),
         )
