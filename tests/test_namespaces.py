@@ -502,3 +502,64 @@ def test_every_admin_list_shows_and_filters_by_namespace(admin_client):
     url = reverse("admin:django_dispatch_job_changelist")
     page = admin_client.get(url, {"namespace": "a"})
     assert [j.namespace for j in page.context["cl"].result_list] == ["a"]
+
+
+@pytest.mark.slow
+def test_same_named_cron_entries_fire_every_slot_once_in_each_namespace(start_worker):
+    """Real schedulers, one per namespace, an entry named ``tick`` in both, every second."""
+    for namespace in ("a", "b"):
+        CronEntry.objects.create(
+            namespace=namespace,
+            name="tick",
+            schedule="* * * * * *",
+            timezone="UTC",
+            task_path="tests.testapp.tasks.noop",
+        )
+    overrides = {"SCHEDULER_INTERVAL": 0.2}
+    workers = [
+        start_worker("--backend", ns, "--worker-id", f"w{ns}", overrides=overrides, env=WORKER_ENV)
+        for ns in ("a", "b")
+    ]
+    wait_until(
+        lambda: all(
+            Job.objects.filter(namespace=ns, state=JobState.SUCCEEDED).count() >= 3
+            for ns in ("a", "b")
+        ),
+        what="three fired slots run in each namespace",
+    )
+    for worker in workers:
+        worker.signal(signal.SIGTERM)
+        assert worker.wait() == 0, worker.output()
+    slots = {
+        ns: list(Job.objects.filter(namespace=ns).values_list("idempotency_key", flat=True))
+        for ns in ("a", "b")
+    }
+    for ns, keys in slots.items():
+        assert len(keys) == len(set(keys)), keys  # no slot fired twice in a namespace
+        assert all(k.startswith("cron:tick:") for k in keys), keys
+        for ids in Job.objects.filter(namespace=ns).values_list("worker_ids", flat=True):
+            assert ids in ([], [f"w{ns}"]), ids  # run (if yet) by its namespace's worker
+    # Both namespaces fired the same slots (the slots of the seconds both ran).
+    assert len(set(slots["a"]) & set(slots["b"])) >= 2
+
+
+@pytest.mark.slow
+def test_a_workflow_started_in_a_namespace_is_run_by_that_namespace_worker(start_worker):
+    from tests.testapp.workflows import fan
+
+    run = fan.start({"key": "ns"}, backend="a")
+    other = start_worker("--backend", "b", "--worker-id", "wb", env=WORKER_ENV)
+    time.sleep(1.0)
+    assert not Job.objects.filter(state=JobState.SUCCEEDED).exists()  # b's worker left it
+    mine = start_worker("--backend", "a", "--worker-id", "wa", "--concurrency", "2", env=WORKER_ENV)
+    run.refresh_from_db()
+    wait_until(
+        lambda: type(run).objects.get(pk=run.pk).state == "succeeded", what="the run succeeds"
+    )
+    assert type(run).objects.get(pk=run.pk).output == 23
+    jobs = Job.objects.all()
+    assert {j.namespace for j in jobs} == {"a"} and len(jobs) == 4
+    assert {tuple(j.worker_ids) for j in jobs} == {("wa",)}
+    for worker in (other, mine):
+        worker.signal(signal.SIGTERM)
+        assert worker.wait() == 0, worker.output()
