@@ -235,6 +235,20 @@ def test_a_workflow_started_on_a_backend_lives_in_its_namespace():
         diamond.start({"n": 1}, backend="nope")
 
 
+def test_workflow_operations_keep_a_run_in_its_namespace():
+    from django_dispatch.workflows.services import cancel_run, replay_run
+    from tests.testapp.workflows import fan
+
+    run = fan.start({"key": "ops"}, backend="b")
+    assert cancel_run(run.pk)
+    assert set(Job.objects.values_list("namespace", "state")) == {("b", JobState.CANCELLED)}
+    replay_run(run.pk, "split")  # the reopened step's new job: in the run's namespace
+    assert set(Job.objects.filter(state=JobState.PENDING).values_list("namespace", flat=True)) == {
+        "b"
+    }
+    assert claim("a") == [] and len(claim("b")) == 1
+
+
 def test_workers_register_in_their_namespace_and_stale_rows_are_swept_per_namespace():
     store.worker_register("wa", hostname="h", pid=1, queues=[], concurrency=1, namespace="a")
     store.worker_register("wb", hostname="h", pid=2, queues=[], concurrency=1, namespace="b")
