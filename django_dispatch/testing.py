@@ -14,6 +14,7 @@ from dataclasses import replace
 
 from . import store
 from .conf import get_settings
+from .enqueue import backend_for, namespace_for
 from .models import Job
 from .runtime.options import WorkerOptions
 from .runtime.worker import Worker
@@ -27,20 +28,31 @@ def drain(
     worker_id: str = "test-worker",
     max_jobs: int | None = None,
     include_retries: bool = True,
+    backend: str | None = None,
 ) -> int:
     """Run every runnable job (as ``rundispatch --burst``); return how many ran.
+
+    Of one namespace, as a worker: that of the TASKS alias ``backend``
+    (``rundispatch --backend``); by default the ``"default"`` alias's, or the
+    default namespace when that alias is not a DispatchBackend.
 
     With ``include_retries`` (the default), retries are made due at once and
     drained too, so a test sees a job's final outcome without waiting out
     its backoff.
     """
     settings = replace(get_settings(), POLL_INTERVAL=0.01, LISTEN=False)  # polls anyway
+    if backend is None:
+        default = backend_for("default")
+        namespace = default.namespace if default is not None else ""
+    else:
+        namespace = namespace_for(backend)  # an unknown alias: ValueError
     total = 0
     while max_jobs is None or total < max_jobs:
         worker = Worker(
             WorkerOptions(
                 worker_id=worker_id,
                 queues=queues,
+                namespace=namespace,
                 concurrency=concurrency,
                 burst=True,
                 max_jobs=None if max_jobs is None else max_jobs - total,

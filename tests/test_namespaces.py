@@ -249,6 +249,24 @@ def test_workflow_operations_keep_a_run_in_its_namespace():
     assert claim("a") == [] and len(claim("b")) == 1
 
 
+def test_drain_runs_one_namespace_as_a_worker_would():
+    from django_dispatch.testing import drain
+    from django_dispatch.workflows.testing import drain_workflows
+    from tests.testapp.workflows import fan
+
+    tasks.record.using(backend="a").enqueue("ka")
+    tasks.record.using(backend="b").enqueue("kb")
+    assert drain(backend="b") == 1
+    assert list(Execution.objects.values_list("key", flat=True)) == ["kb"]
+    assert drain() == 0  # the default alias's namespace ("") has nothing
+    assert drain(backend="a") == 1
+    run = fan.start({"key": "drained"}, backend="a")
+    assert drain_workflows(backend="b", concurrency=2) == 0
+    assert drain_workflows(backend="a", concurrency=2) == 4
+    run.refresh_from_db()
+    assert run.state == "succeeded"
+
+
 def test_workers_register_in_their_namespace_and_stale_rows_are_swept_per_namespace():
     store.worker_register("wa", hostname="h", pid=1, queues=[], concurrency=1, namespace="a")
     store.worker_register("wb", hostname="h", pid=2, queues=[], concurrency=1, namespace="b")
