@@ -22,6 +22,7 @@ from __future__ import annotations
 from django.http import HttpRequest, HttpResponse
 from django.views.decorators.http import require_GET
 
+from .observability import exposition
 from .observability import metrics as dispatch_metrics
 
 
@@ -33,5 +34,5 @@ def metrics(request: HttpRequest) -> HttpResponse:
             status=501,
             content_type="text/plain; charset=utf-8",
         )
-    body, content_type = dispatch_metrics.render_view(request.headers.get("Accept"))
+    body, content_type = exposition.render_view(request.headers.get("Accept"))
     return HttpResponse(body, content_type=content_type)

@@ -230,7 +230,7 @@ def test_metrics_port_refuses_a_busy_port(start_worker):
 
 
 def test_the_view_serves_cluster_gauges_and_this_process_enqueues():
-    from django_dispatch.observability import metrics
+    from django_dispatch.observability import exposition
     from django_dispatch.views import metrics as view
 
     def enqueued(samples) -> float:
@@ -240,12 +240,12 @@ def test_the_view_serves_cluster_gauges_and_this_process_enqueues():
         )
         return samples.get(key, 0.0)
 
-    metrics.forget_view_cache()
+    exposition.forget_view_cache()
     before = enqueued(parse(view(RequestFactory().get("/metrics")).content.decode()))
     tasks.add.enqueue(1, 1)
     tasks.add.enqueue(2, 2)
     tasks.echo.enqueue("x")
-    metrics.forget_view_cache()
+    exposition.forget_view_cache()
     response = view(RequestFactory().get("/metrics"))
     assert response.status_code == 200
     assert response["Content-Type"].startswith("text/plain")

@@ -18,7 +18,7 @@ from django.core.management.base import BaseCommand, CommandError, CommandParser
 from ... import store
 from ...checks import unapplied_migrations
 from ...conf import get_settings
-from ...observability import metrics
+from ...observability import exposition, metrics
 from ...runtime import recycling
 from ...runtime.options import WorkerOptions, default_worker_id
 from ...runtime.supervisor import supervise
@@ -162,21 +162,21 @@ class Command(BaseCommand):
             raise CommandError(
                 "--metrics-port needs prometheus-client: pip install 'django-dispatch[prometheus]'."
             )
-        server: metrics.Server | None = None
+        server: exposition.Server | None = None
         try:
             if predecessor is not None:  # this process replaced itself
                 if port is not None:
                     server = self._serve(
-                        metrics.resume_after_recycle, port, addr, predecessor.child
+                        exposition.resume_after_recycle, port, addr, predecessor.child
                     )
                 code = run_one(predecessor.child, predecessor)
             elif options["processes"] == 1:
                 if port is not None:
-                    server = self._serve(metrics.serve_single, port, addr)
+                    server = self._serve(exposition.serve_single, port, addr)
                 code = run_one(None)
             else:
                 if port is not None:
-                    server = self._serve(metrics.serve_multiprocess, port, addr)
+                    server = self._serve(exposition.serve_multiprocess, port, addr)
                 code = supervise(
                     options["processes"],
                     run_one,
@@ -191,9 +191,9 @@ class Command(BaseCommand):
             raise SystemExit(code)
 
     @staticmethod
-    def _serve(start: Any, port: int, addr: str, *args: Any) -> metrics.Server | None:
+    def _serve(start: Any, port: int, addr: str, *args: Any) -> exposition.Server | None:
         try:
-            server: metrics.Server | None = start(port, addr, *args)
+            server: exposition.Server | None = start(port, addr, *args)
         except OSError as e:
             raise CommandError(
                 f"--metrics-port {port}: cannot listen on {addr or 'all interfaces'}: {e}. "
