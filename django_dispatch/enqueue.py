@@ -25,6 +25,7 @@ from .dispatch_task import check_arguments, plain_arity, validate_options
 from .encoding import JSON_DECODER, check_storable_json, dumps, json_text, to_json
 from .limits import JSONTooLarge, check_size
 from .models import Job
+from .observability import metrics
 from .results import enqueued_signal_is_silent, ready_results, send_robust
 from .retry import Backoff, exponential_backoff
 from .store.enqueue import CallChunk, JobSpec, jobs_insert_calls
@@ -268,6 +269,8 @@ def enqueue_many(
                 raise type(e)(f"call #{index}: {e}") from e
             index += 1
     ids, enqueued_ats = jobs_insert_calls(plan.spec, chunks, db=store.db_alias())
+    if metrics.AVAILABLE:
+        metrics.enqueued(plan.spec.task_path, plan.spec.queue_name, len(ids))
     results = ready_results(
         task, ids, enqueued_ats, (v for chunk in chunks for v in chunk.values), backend.alias
     )

@@ -271,6 +271,22 @@ def test_the_view_serves_cluster_gauges_and_this_process_enqueues():
     assert view(RequestFactory().post("/metrics")).status_code == 405
 
 
+def test_enqueue_many_counts_every_job_it_inserts():
+    from django_dispatch import enqueue_many
+    from django_dispatch.observability import exposition
+    from django_dispatch.views import metrics as view
+
+    key = (
+        "dispatch_jobs_total",
+        frozenset({("state", "enqueued"), ("task", ADD), ("queue", "default")}),
+    )
+    before = parse(view(RequestFactory().get("/metrics")).content.decode()).get(key, 0.0)
+    enqueue_many(tasks.add, [((i, i), {}) for i in range(5)])
+    exposition.forget_view_cache()
+    after = parse(view(RequestFactory().get("/metrics")).content.decode()).get(key, 0.0)
+    assert after == before + 5
+
+
 BLOCKED = """
 import sys
 sys.modules["prometheus_client"] = None

@@ -34,7 +34,8 @@ off); nothing is formatted for it.
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping
+import os
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from . import metrics
@@ -75,6 +76,35 @@ def job_fields(claimed: ClaimedJob, **more: Any) -> dict[str, Any]:
 def worker_fields(worker_id: str, **more: Any) -> dict[str, Any]:
     """The ``extra`` of a record about a worker (start, stop, signals)."""
     return {"dispatch_worker_id": worker_id, **more}
+
+
+def worker_started(worker_id: str, queues: Sequence[str], concurrency: int) -> None:
+    """The worker's start line (INFO), and its slots for the metrics."""
+    logger.info(
+        "worker %s started: queues=%s concurrency=%s",
+        worker_id,
+        list(queues) or "all",
+        concurrency,
+        extra=worker_fields(
+            worker_id,
+            dispatch_queues=list(queues),
+            dispatch_concurrency=concurrency,
+            dispatch_pid=os.getpid(),
+        ),
+    )
+    if metrics.WORKER is not None:
+        metrics.WORKER.heartbeat(busy=0, slots=concurrency)
+
+
+def worker_stopped(worker_id: str, claimed: int, *, recycling: bool) -> None:
+    """The worker's stop line (INFO)."""
+    logger.info(
+        "worker %s %s (%s jobs claimed)",
+        worker_id,
+        "ends its process to recycle it" if recycling else "stopped",
+        claimed,
+        extra=worker_fields(worker_id, dispatch_claimed=claimed, dispatch_pid=os.getpid()),
+    )
 
 
 def started(claimed: ClaimedJob) -> None:

@@ -24,6 +24,8 @@ from ..conf import DispatchSettings
 from ..observability import events, metrics
 from ..store.dead_letters import purge_past_retention
 from ..workflows.engine import sweep_stale_steps
+from . import scheduler
+from .options import Every
 
 logger = logging.getLogger("django_dispatch.maintenance")
 
@@ -43,6 +45,26 @@ class Maintenance:
         self.db = db
         self.leader = False
         self.takeover_sweeps = 0  # how many of the next elections also reclaim
+
+    def duties(self, *, cron: bool) -> list[Every]:
+        """This worker's periodic maintenance, each run once at start (so a
+        crashed predecessor's expired leases are swept at once if this worker
+        is the leader): election, reclaim, purge, the partition sweep, cron
+        ticks (``cron``), and the cluster gauges under ``--metrics-port``."""
+        cfg = self.settings
+        duties = [
+            Every(cfg.HEARTBEAT_INTERVAL, self.elect),
+            Every(cfg.RECLAIM_INTERVAL, self.reclaim),
+            Every(cfg.PURGE_INTERVAL, self.purge),
+            Every(cfg.PURGE_INTERVAL, self.unstick_partitions),
+        ]
+        if cron:
+            duties.append(
+                Every(cfg.SCHEDULER_INTERVAL, lambda: scheduler.tick(namespace=self.namespace))
+            )
+        if metrics.SINK is not None:  # rundispatch --metrics-port: the cluster gauges
+            duties.append(Every(cfg.RECLAIM_INTERVAL, self.publish_metrics))
+        return duties
 
     def elect(self) -> bool:
         """Take or renew leadership; log transitions; reclaim at once on taking office.
@@ -131,6 +153,10 @@ class Maintenance:
             logger.info("retention: deleted %s jobs and %s dead letters", jobs, letters)
 
     def resign(self) -> None:
+        """On the way out: let go of the leadership and stop exporting live gauges."""
+        if metrics.WORKER is not None:
+            metrics.WORKER.heartbeat(busy=0, slots=0)
+            metrics.publish_cluster(False, interval=1.0, live_within=1.0, db=self.db)
         if self.leader:
             store.leadership_release(self.worker_id, db=self.db, namespace=self.namespace)
             self.leader = False

@@ -27,6 +27,7 @@ import socket
 import threading
 import time
 from types import FrameType
+from typing import Any
 
 from django.db import DatabaseError, InterfaceError, connections, transaction
 
@@ -62,6 +63,15 @@ class Worker:
         self.stopping = False
         self.force_stop = False
         self.slots = Slots(options.concurrency)
+        #: What the worker row says about this process (see ``store.workers``).
+        self.registration: dict[str, Any] = {
+            "hostname": socket.gethostname(),
+            "pid": os.getpid(),
+            "queues": options.queues,
+            "concurrency": options.concurrency,
+            "db": self.db,
+            "namespace": options.namespace,
+        }
         self.claimed_total = 0
         self.completer = completer.BatchCompleter(self.wakeup, self.settings.LEASE_SECONDS)
         self.listener: Listener | None = None
@@ -165,28 +175,8 @@ class Worker:
         self.pool = pool = JobThreads(runner, opts.concurrency)
         maintenance = Maintenance(opts.worker_id, cfg, self.db, opts.namespace)
         try:
-            store.worker_register(
-                opts.worker_id,
-                hostname=socket.gethostname(),
-                pid=os.getpid(),
-                queues=opts.queues,
-                concurrency=opts.concurrency,
-                namespace=opts.namespace,
-            )
-            logger.info(
-                "worker %s started: queues=%s concurrency=%s",
-                opts.worker_id,
-                list(opts.queues) or "all",
-                opts.concurrency,
-                extra=events.worker_fields(
-                    opts.worker_id,
-                    dispatch_queues=list(opts.queues),
-                    dispatch_concurrency=opts.concurrency,
-                    dispatch_pid=os.getpid(),
-                ),
-            )
-            if metrics.WORKER is not None:
-                metrics.WORKER.heartbeat(busy=0, slots=opts.concurrency)
+            store.worker_register(opts.worker_id, **self.registration)
+            events.worker_started(opts.worker_id, opts.queues, opts.concurrency)
             self.listener = start_listener(
                 self.db, self.settings, self.wakeup, namespace=opts.namespace
             )
@@ -214,44 +204,19 @@ class Worker:
                 self.listener.join(timeout=2.0)
             self._guard(maintenance.resign)
             self._guard(lambda: store.worker_deregister(opts.worker_id))
-            if metrics.WORKER is not None:
-                metrics.WORKER.heartbeat(busy=0, slots=0)
-                self._guard(
-                    lambda: metrics.publish_cluster(
-                        False, interval=1.0, live_within=1.0, db=self.db
-                    )
-                )
             if self.close_connections:
                 connections.close_all()
-        logger.info(
-            "worker %s %s (%s jobs claimed)",
-            opts.worker_id,
-            "stopped" if self.handover is None else "ends its process to recycle it",
-            self.claimed_total,
-            extra=events.worker_fields(
-                opts.worker_id, dispatch_claimed=self.claimed_total, dispatch_pid=os.getpid()
-            ),
+        events.worker_stopped(
+            opts.worker_id, self.claimed_total, recycling=self.handover is not None
         )
         return 0
 
     def _loop(self, maintenance: Maintenance) -> None:
         opts, cfg = self.options, self.settings
-        # Periodic duties of the control loop, all but the heartbeat run once
-        # at start (a crashed predecessor's expired leases are swept at once
-        # if this worker is the leader).
         duties = [
             Every(cfg.HEARTBEAT_INTERVAL, self.heartbeat, start_now=False),
-            Every(cfg.HEARTBEAT_INTERVAL, maintenance.elect),
-            Every(cfg.RECLAIM_INTERVAL, maintenance.reclaim),
-            Every(cfg.PURGE_INTERVAL, maintenance.purge),
-            Every(cfg.PURGE_INTERVAL, maintenance.unstick_partitions),
+            *maintenance.duties(cron=opts.scheduler),
         ]
-        if opts.scheduler:
-            duties.append(
-                Every(cfg.SCHEDULER_INTERVAL, lambda: scheduler.tick(namespace=opts.namespace))
-            )
-        if metrics.SINK is not None:  # rundispatch --metrics-port: the cluster gauges
-            duties.append(Every(cfg.RECLAIM_INTERVAL, maintenance.publish_metrics))
         while True:
             now = time.monotonic()
             for duty in duties:
@@ -348,16 +313,8 @@ class Worker:
                 self.overseer.asked_to_stop(running, time.monotonic())
         if metrics.WORKER is not None:
             metrics.WORKER.heartbeat(busy=len(leases), slots=self.options.concurrency)
-        store.worker_touch(  # recreates the row if the leader deleted it (a long pause)
-            self.options.worker_id,
-            running_jobs=len(leases),
-            hostname=socket.gethostname(),
-            pid=os.getpid(),
-            queues=self.options.queues,
-            concurrency=self.options.concurrency,
-            db=self.db,
-            namespace=self.options.namespace,
-        )
+        # Recreates the row if the leader deleted it (after a long pause).
+        store.worker_touch(self.options.worker_id, running_jobs=len(leases), **self.registration)
 
     def recycle(self) -> None:
         """Stop claiming; once the other jobs are done, ``run()`` prepares the handover."""
