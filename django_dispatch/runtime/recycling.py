@@ -253,33 +253,20 @@ def settle(handover: Handover, *, lease_seconds: float, db: str, namespace: str 
     Each write is fenced by the predecessor's lease, so a job that was
     finished, cancelled or reclaimed meanwhile is left as it is.
     """
-    for job_id, epoch, key in handover.timed_out:
-        lease = store.Lease(
-            job_id=job_id,
-            worker_id=handover.worker_id,
-            epoch=epoch,
-            partition_key=key,
-            namespace=namespace,
-        )
-        _settle_one(lease, key, "timed_out", lease_seconds, db)
-    for job_id, epoch, key in handover.stopped:
-        lease = store.Lease(
-            job_id=job_id,
-            worker_id=handover.worker_id,
-            epoch=epoch,
-            partition_key=key,
-            namespace=namespace,
-        )
-        _settle_one(lease, key, "stopped", lease_seconds, db)
-    for job_id, epoch, key in handover.released:
-        lease = store.Lease(
-            job_id=job_id,
-            worker_id=handover.worker_id,
-            epoch=epoch,
-            partition_key=key,
-            namespace=namespace,
-        )
-        _settle_one(lease, key, "released", lease_seconds, db)
+    for what, entries_ in (
+        ("timed_out", handover.timed_out),
+        ("stopped", handover.stopped),
+        ("released", handover.released),
+    ):
+        for job_id, epoch, key in entries_:
+            lease = store.Lease(
+                job_id=job_id,
+                worker_id=handover.worker_id,
+                epoch=epoch,
+                partition_key=key,
+                namespace=namespace,
+            )
+            _settle_one(lease, key, what, lease_seconds, db)
 
 
 def _settle_one(
