@@ -51,10 +51,24 @@ class Driver:
     """
 
     unfinished_sql = ""
+    #: The configurations this driver can run (``--config``), each described
+    #: for the report. "matched" gives every system the same budget of jobs in
+    #: flight (W processes x C); "defaults" runs the library as its documentation
+    #: ships it. A peer is compared at whichever is faster (see ``report``).
+    CONFIGS: dict[str, str] = {"matched": "W processes x C jobs in flight"}
 
     def __init__(self, args: argparse.Namespace) -> None:
         self.args = args
         self.db = args.db
+        self.config = getattr(args, "config", "matched")
+
+    def processes(self, workers: int, concurrency: int) -> int:
+        """How many worker processes a measurement with W x C starts."""
+        return workers
+
+    def config_argv(self) -> list[str]:
+        """Pass the configuration on to this driver's worker processes."""
+        return ["--config", self.config]
 
     @classmethod
     def add_arguments(cls, parser: argparse.ArgumentParser) -> None:
@@ -107,7 +121,7 @@ class Workers:
         self.procs: list[subprocess.Popen] = []
         self.started = time.monotonic()
         start = len(list(logdir.glob("worker-*")))  # earlier measurements' logs stay
-        for index in range(start, start + count):
+        for index in range(start, start + driver.processes(count, concurrency)):
             log = open(logdir / f"worker-{index}.log", "w")  # noqa: SIM115
             self.procs.append(
                 subprocess.Popen(
@@ -350,6 +364,7 @@ def main(driver_class: type[Driver]) -> None:
     parser.add_argument("--idle-seconds", type=float, default=10.0)
     parser.add_argument("--latency-seconds", type=float, default=10.0)
     parser.add_argument("--latency-rate", type=float, default=20.0)
+    parser.add_argument("--config", default="matched", choices=sorted(driver_class.CONFIGS))
     driver_class.add_arguments(parser)
     args = parser.parse_args()
     driver = driver_class(args)

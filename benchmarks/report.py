@@ -26,6 +26,34 @@ COLUMNS = [
 ]
 
 
+#: What each row's configuration is (the drivers' ``CONFIGS``, for the report).
+CONFIG_NOTES = {
+    "dispatch": "rundispatch --processes W --concurrency C (LISTEN on)",
+    "pgqueuer": "batch_size=C/2, max_concurrent_tasks=C",
+    "pgqueuer [defaults]": "QueueManager.run() defaults: batch_size=10, no cap on tasks",
+    "procrastinate": "sync tasks in threads, concurrency=C",
+    "procrastinate [async]": "async tasks on the event loop, concurrency=C",
+    "procrastinate [defaults]": "sync tasks, concurrency=1 (its default)",
+    "django-tasks-db": "W x C db_worker processes (one task each), --no-startup-delay",
+    "django-tasks-db [defaults]": "W db_worker processes, --no-startup-delay",
+}
+
+
+def row_name(system: str, config: str) -> str:
+    """The table row of ``system`` at ``config``; the slot-matched one keeps the bare name."""
+    return system if config == "matched" else f"{system} [{config}]"
+
+
+def base_system(row: str) -> str:
+    return row.split(" [", 1)[0]
+
+
+def configurations_note() -> str:
+    return "; ".join(f"**{row}**: {note}" for row, note in CONFIG_NOTES.items()) + (
+        ". A peer counts in the targets at whichever of its rows is better."
+    )
+
+
 def flatten(system: str, result: dict) -> dict[str, dict]:
     """One table row per system; the raw baseline gives two."""
     if system != "raw":
@@ -84,7 +112,11 @@ def ratios_table(rows: dict[str, dict]) -> str:
 
 
 def _fastest_peer(rows: dict[str, dict], key: str) -> tuple[float | None, str]:
-    found = [(rows[s][key], s) for s in PEERS if rows.get(s, {}).get(key) is not None]
+    found = [
+        (values[key], row)
+        for row, values in rows.items()
+        if base_system(row) in PEERS and values.get(key) is not None
+    ]
     return max(found) if found else (None, "")
 
 

@@ -46,6 +46,14 @@ SYSTEMS = {  # name -> driver module
     "pgqueuer": "drivers.pgqueuer",
     "raw": "drivers.raw",
 }
+#: Each peer's configurations (see the drivers' ``CONFIGS``): "matched" gives
+#: every system the same jobs in flight; the others run the library as its
+#: documentation ships it. A peer is compared at whichever row is faster.
+PEER_CONFIGS = {
+    "django-tasks-db": ["matched", "defaults"],
+    "procrastinate": ["matched", "async", "defaults"],
+    "pgqueuer": ["matched", "defaults"],
+}
 #: Options passed through to every driver (see ``harness.main``).
 DRIVER_OPTIONS = ["jobs", "bulk_jobs", "workers", "concurrency", "idle_seconds",
                   "latency_seconds", "latency_rate"]  # fmt: skip
@@ -59,6 +67,9 @@ def parse_args() -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     p.add_argument("--systems", default=",".join(SYSTEMS), help="comma-separated, of: "
                    + ", ".join(SYSTEMS))  # fmt: skip
+    p.add_argument("--peer-configs", choices=["all", "matched"], default="all",
+                   help="all: every peer at each of its configurations (PEER_CONFIGS); "
+                   "matched: only at the slot-matched one (faster to run)")  # fmt: skip
     p.add_argument("--jobs", type=int, default=10_000, help="jobs to enqueue and drain")
     p.add_argument("--bulk-jobs", type=int, default=100_000, help="jobs per bulk enqueue")
     p.add_argument("--runs", type=int, default=3, help="runs per system; medians are reported")
@@ -158,23 +169,35 @@ class Bench:
             time.sleep(3)
         return busy
 
+    def configurations(self) -> list[tuple[str, str]]:
+        """(system, configuration) pairs to measure, in a fixed interleaving order."""
+        pairs = []
+        for system in self.args.systems:
+            configs = PEER_CONFIGS.get(system, ["matched"])
+            if self.args.peer_configs == "matched":
+                configs = configs[:1]
+            pairs += [(system, config) for config in configs]
+        return pairs
+
     def standard(self, failures: dict[str, str]) -> dict[str, list[dict]]:
-        """Every system, ``runs`` times, interleaved so that drift hits all alike."""
+        """Every system (at each configuration), ``runs`` times, interleaved so that
+        drift hits all alike."""
         runs: dict[str, list[dict]] = {}
         for run in range(1, self.args.runs + 1):
-            for system in self.args.systems:
-                if system in failures:
+            for system, config in self.configurations():
+                name = report.row_name(system, config)
+                if name in failures:
                     continue
-                log(f"run {run}/{self.args.runs}: {system}")
+                log(f"run {run}/{self.args.runs}: {name}")
                 try:
-                    result = self.measure(system, "standard")
+                    result = self.measure(system, "standard", "--config", config)
                 except RuntimeError as e:
-                    failures[system] = str(e)
-                    log(f"{system} FAILED; left out of the results:\n{e}")
-                    for row in report.flatten(system, {"batch1": {}, "batch100": {}}):
+                    failures[name] = str(e)
+                    log(f"{name} FAILED; left out of the results:\n{e}")
+                    for row in report.flatten(name, {"batch1": {}, "batch100": {}}):
                         runs.pop(row, None)  # a system is reported whole or not at all
                     continue
-                for row, values in report.flatten(system, result).items():
+                for row, values in report.flatten(name, result).items():
                     runs.setdefault(row, []).append(values)
                 numbers = {k: round(v, 1) for k, v in result.items() if isinstance(v, float)}
                 log(f"  {json.dumps(numbers)}")
@@ -267,6 +290,8 @@ def render(args, info: dict, rows: dict, extras: dict, failures: dict, started: 
         "",
         report.results_table(rows),
         "",
+        "Configurations: " + report.configurations_note(),
+        "",
         "drain/s counts from the workers' start (start-up included); steady drain/s from the "
         "first finished job; CPU per job is counted over that steady part, for the worker "
         "processes and for the whole PostgreSQL server; 'other load' is the CPU used by "
@@ -311,7 +336,8 @@ def main() -> None:
         except (RuntimeError, subprocess.CalledProcessError) as e:
             failures[system] = f"could not create its virtualenv: {e}"
             log(failures[system])
-    log(f"systems: {', '.join(pythons)}; jobs={args.jobs} runs={args.runs} "
+    log(f"systems: {', '.join(pythons)} (peer configurations: {args.peer_configs}); "
+        f"jobs={args.jobs} runs={args.runs} "
         f"W={args.workers} C={args.concurrency}")  # fmt: skip
     with PgServer() as pg:
         log(f"PostgreSQL on port {pg.port}: {pg.settings()}")

@@ -1,9 +1,16 @@
-"""Procrastinate: ``defer()``, ``batch_defer()`` and its worker with ``concurrency=C``.
+"""Procrastinate: ``defer()``, ``batch_defer()`` and its worker.
 
-Tasks are sync functions, as Django code using the ORM would be; Procrastinate
-runs them in threads. The connection pool may grow to ``C + 2`` connections,
-the same budget as a django_dispatch worker; every other option is the
-library's default (LISTEN/NOTIFY on, 5 s polling fallback, jobs kept).
+Three configurations (``--config``):
+
+- ``matched``: sync tasks, as Django code using the ORM would be (Procrastinate
+  runs them in threads), ``concurrency=C``;
+- ``async``: the same jobs as ``async def`` tasks, run on the worker's event
+  loop, ``concurrency=C``;
+- ``defaults``: sync tasks, the worker's default concurrency (1).
+
+The connection pool may grow to ``C + 2`` connections, the same budget as a
+django_dispatch worker; every other option is the library's default
+(LISTEN/NOTIFY on, 5 s polling fallback, jobs kept).
 """
 
 from __future__ import annotations
@@ -27,17 +34,30 @@ def record_start(seq: int) -> None:
         f.write(f"{seq} {started:.6f}\n")
 
 
-def make_app(db_url: str, pool_size: int) -> procrastinate.App:
+async def async_noop() -> None:
+    """Does nothing, on the event loop."""
+
+
+async def async_record_start(seq: int) -> None:
+    record_start(seq)
+
+
+def make_app(db_url: str, pool_size: int, *, asynchronous: bool = False) -> procrastinate.App:
     app = procrastinate.App(
         connector=procrastinate.PsycopgConnector(conninfo=db_url, min_size=1, max_size=pool_size)
     )
-    app.task(name="noop")(noop)
-    app.task(name="record_start")(record_start)
+    app.task(name="noop")(async_noop if asynchronous else noop)
+    app.task(name="record_start")(async_record_start if asynchronous else record_start)
     return app
 
 
 class ProcrastinateDriver(Driver):
     unfinished_sql = "SELECT count(*) FROM procrastinate_jobs WHERE status IN ('todo', 'doing')"
+    CONFIGS = {
+        "matched": "sync tasks in threads, concurrency=C",
+        "async": "async tasks on the event loop, concurrency=C",
+        "defaults": "sync tasks, concurrency=1 (library default)",
+    }
 
     def setup(self) -> None:
         self.app = make_app(self.db, pool_size=2).open()
@@ -55,11 +75,11 @@ class ProcrastinateDriver(Driver):
 
     def worker_argv(self, concurrency: int) -> list[str]:
         return [sys.executable, "-m", "drivers.procrastinate", "worker",
-                "--concurrency", str(concurrency)]  # fmt: skip
+                "--concurrency", str(concurrency), *self.config_argv()]  # fmt: skip
 
     def run_worker(self) -> None:
-        concurrency = self.args.concurrency
-        app = make_app(self.db, pool_size=concurrency + 2)
+        concurrency = 1 if self.config == "defaults" else self.args.concurrency
+        app = make_app(self.db, pool_size=concurrency + 2, asynchronous=self.config == "async")
         app.run_worker(concurrency=concurrency, wait=True)
 
     def close(self) -> None:
