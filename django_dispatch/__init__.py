@@ -22,7 +22,10 @@ __all__ = [
     "__version__",
     "cancel",
     "enqueue_many",
+    "pause_queue",
+    "paused_queues",
     "replay",
+    "resume_queue",
     "retry_now",
     "task",
 ]
@@ -30,6 +33,7 @@ __all__ = [
 if TYPE_CHECKING:
     from .compat import task_with_options as task
     from .enqueue import enqueue_many
+    from .flow import pause_queue, paused_queues, resume_queue
     from .services import cancel, replay, retry_now
 
 
@@ -42,6 +46,10 @@ def __getattr__(name: str) -> Any:
         from . import services
 
         return getattr(services, name)
+    if name in {"pause_queue", "resume_queue", "paused_queues"}:
+        from . import flow
+
+        return getattr(flow, name)
     if name == "task":
         # Django's @task, taking our options on every supported Django (see compat).
         from .compat import task_with_options

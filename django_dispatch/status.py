@@ -15,6 +15,7 @@ from django.db.models.functions import Now
 from . import store
 from .models import CronEntry, DeadLetter, Job, Worker
 from .states import JobState
+from .store.flow import queues_paused
 
 
 @dataclass
@@ -24,6 +25,7 @@ class QueueStatus:
     blocked: int = 0
     running: int = 0
     oldest_due: timedelta | None = None  # age of the oldest job waiting to run
+    paused: bool = False  # flow.pause_queue: no job of it starts
 
 
 @dataclass
@@ -53,6 +55,8 @@ def snapshot(namespace: str = "") -> Status:
     )
     for name, oldest in oldest_due:
         queues.setdefault(name, QueueStatus(name)).oldest_due = now - oldest
+    for name in queues_paused(db, namespace=namespace):
+        queues.setdefault(name, QueueStatus(name)).paused = True
     return Status(
         now=now,
         workers=list(Worker.objects.using(db).filter(namespace=namespace).order_by("id")),

@@ -1,5 +1,37 @@
-"""Flow control state (paused queues, concurrency and rate counters); see issue #17."""
+"""Flow control state (issue #17): which queues are paused.
+
+A paused queue is a row here, not a flag in settings, so that a pause holds
+across restarts and hosts and takes effect on every worker of the namespace
+(see ``store.flow`` for how workers learn of it).
+"""
 
 from __future__ import annotations
 
-__all__: list[str] = []
+from django.db import models
+
+from .job import namespace_field
+
+__all__ = ["PausedQueue"]
+
+
+class PausedQueue(models.Model):
+    """One paused queue of one namespace: present while paused, deleted on resume.
+
+    Presence rather than a boolean column, so that pausing is one INSERT whose
+    unique constraint makes "did this call pause it" a fact the database
+    decides, even with two operators pausing at once.
+    """
+
+    namespace = namespace_field()
+    queue_name = models.CharField(max_length=100)
+    paused_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        app_label = "django_dispatch"
+        ordering = ["queue_name"]
+        constraints = [
+            models.UniqueConstraint("namespace", "queue_name", name="dispatch_paused_queue"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.queue_name} (paused)"

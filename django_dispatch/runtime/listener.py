@@ -15,7 +15,7 @@ from typing import Any
 from django.db import connections
 
 from ..conf import DispatchSettings
-from ..store import notify_channel
+from ..store import flow, notify_channel
 from .connections import database_went_away
 
 logger = logging.getLogger("django_dispatch.worker")
@@ -57,7 +57,9 @@ class Listener(threading.Thread):
                     pause = 0.1
                     checked = time.monotonic()
                     while not self.stopping.is_set():
-                        for _ in conn.notifies(timeout=STOP_CHECK_INTERVAL):
+                        for note in conn.notifies(timeout=STOP_CHECK_INTERVAL):
+                            if note.payload == flow.FLOW_PAYLOAD:
+                                flow.forget_paused()  # a queue was paused or resumed
                             self.wakeup.set()
                         if time.monotonic() - checked >= self.health_interval:
                             conn.execute("SELECT 1")  # a silently dead socket raises here

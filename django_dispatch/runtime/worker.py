@@ -283,6 +283,7 @@ class Worker:
             lease_seconds=self.settings.LEASE_SECONDS,
             db=self.db,
             namespace=self.options.namespace,
+            poll_interval=self.settings.POLL_INTERVAL,  # how stale a pause may be seen
         )
 
     def _start(self, claimed: list[store.ClaimedJob]) -> None:

@@ -23,6 +23,7 @@ from django.db.models.functions import Coalesce, Now
 from ..models import Job
 from ..sql import JSONAppend
 from ..states import JobState
+from . import flow
 from .base import db_alias, job_sql, namespace_literal, take_sqlite_write_lock
 from .partitions import partition_heads, partitions_demote
 
@@ -102,6 +103,7 @@ def claim_candidates(
     exclude: Sequence[int] = (),
     *,
     namespace: str = "",
+    paused: Sequence[str] = (),
 ):
     """THE claim query: runnable jobs of ``namespace`` in claim order, locked,
     skipping locked rows.
@@ -117,6 +119,8 @@ def claim_candidates(
         candidates = candidates.filter(queue_name__in=list(queues))
     if exclude:
         candidates = candidates.exclude(id__in=list(exclude))
+    if paused:  # queues left out by a pause (see flow.claimable_queues)
+        candidates = candidates.exclude(queue_name__in=list(paused))
     return (
         candidates.order_by("-priority", "run_after", "id")
         .select_for_update(skip_locked=True)
@@ -172,7 +176,9 @@ ORDER BY candidates.priority DESC, candidates.run_after, candidates.id
 _JSON_FIELDS = ("args", "kwargs", "checkpoint", "errors", "worker_ids", "trace_context")
 
 
-def claim_sql(*, queues: bool, exclude: bool, db: str | None = None, namespace: str = "") -> str:
+def claim_sql(
+    *, queues: bool, exclude: bool, db: str | None = None, namespace: str = "", paused: bool = False
+) -> str:
     """``_CLAIM_SQL`` with the filters in use (named parameters, see ``_claim_pg``),
     for database ``db`` (default: the job table's) and ``namespace`` (a literal:
     ``namespace_literal``)."""
@@ -182,6 +188,8 @@ def claim_sql(*, queues: bool, exclude: bool, db: str | None = None, namespace: 
         filters += " AND queue_name = ANY(%(queues)s)"
     if exclude:
         filters += " AND NOT (id = ANY(%(exclude)s))"
+    if paused:
+        filters += flow.PAUSED_FILTER_SQL
     return job_sql(connection, _CLAIM_SQL).format(
         fields=", ".join(CLAIM_FIELDS), filters=filters, namespace=namespace_literal(namespace)
     )
@@ -197,9 +205,12 @@ def _claim_pg(
     worker_id: str,
     lease_seconds: float,
     namespace: str = "",
+    paused: Sequence[str] = (),
 ) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     """Run ``_CLAIM_SQL``: (rows it leased, rows it only locked)."""
-    sql = claim_sql(queues=bool(queues), exclude=bool(exclude), db=db, namespace=namespace)
+    sql = claim_sql(
+        queues=bool(queues), exclude=bool(exclude), db=db, namespace=namespace, paused=bool(paused)
+    )
     params: dict[str, Any] = {
         "window": window,
         "lease": lease,
@@ -207,6 +218,7 @@ def _claim_pg(
         "lease_seconds": lease_seconds,
         "queues": list(queues),
         "exclude": list(exclude),
+        "paused": list(paused),
     }
     with connections[db].cursor() as cursor:
         cursor.execute(sql, params)
@@ -231,6 +243,7 @@ def jobs_claim(
     lease_seconds: float,
     db: str | None = None,
     namespace: str = "",
+    poll_interval: float = 1.0,
 ) -> list[ClaimedJob]:
     """Lease up to ``limit`` runnable jobs of ``namespace`` to ``worker_id``, in claim order.
 
@@ -240,12 +253,19 @@ def jobs_claim(
     its head while nothing else of it runs. Rows locked by another claimer
     are skipped, never waited for, so concurrent workers never take the same
     job. One short transaction, committed before any task code runs.
+
+    Jobs of paused queues are left out (``flow``: the paused set is cached
+    for up to ``poll_interval`` seconds, so this costs no query when fresh).
     """
     db = db or db_alias()
     fused = connections[db].vendor == "postgresql"
     # savepoint=False: the worker calls this inside its own cycle transaction
     with transaction.atomic(using=db, savepoint=False):
         take_sqlite_write_lock(db)
+        paused_set = flow.paused_for_claim(db, namespace, poll_interval)
+        queues, paused = flow.claimable_queues(queues, paused_set)
+        if paused_set and not queues and not paused:
+            return []  # every queue this worker serves is paused
         leased: list[dict[str, Any]] = []  # leased by _CLAIM_SQL already
         chosen: list[dict[str, Any]] = []  # runnable, lease still to write
         passed: list[int] = []  # looked at, neither claimed nor demoted
@@ -268,11 +288,16 @@ def jobs_claim(
                     worker_id=worker_id,
                     lease_seconds=lease_seconds,
                     namespace=namespace,
+                    paused=paused,
                 )
                 leased += took
                 free -= len(took)
             else:
-                rows = list(claim_candidates(db, queues, window, exclude=seen, namespace=namespace))
+                rows = list(
+                    claim_candidates(
+                        db, queues, window, exclude=seen, namespace=namespace, paused=paused
+                    )
+                )
             runnable, demoted = _sort_out_partitions(db, rows, chosen, passed, namespace)
             chosen += runnable[:free]
             passed += [r["id"] for r in runnable[free:]]
@@ -360,8 +385,14 @@ def jobs_due_exist(*, queues: Sequence[str], db: str | None = None, namespace: s
     due = Job.objects.using(db).filter(
         namespace=namespace, state=JobState.PENDING, run_after__lte=Now()
     )
+    paused_set = frozenset(flow.queues_paused(db, namespace=namespace))
+    queues, paused = flow.claimable_queues(queues, paused_set)
+    if paused_set and not queues and not paused:
+        return False  # every queue asked about is paused: nothing can be claimed
     if queues:
         due = due.filter(queue_name__in=list(queues))
+    if paused:
+        due = due.exclude(queue_name__in=paused)
     return due.exists()
 
 

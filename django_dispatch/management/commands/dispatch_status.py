@@ -40,7 +40,7 @@ class Command(BaseCommand):
             age = f"{q.oldest_due.total_seconds():.1f}s" if q.oldest_due is not None else "-"
             out(
                 f"  {q.name}: pending={q.pending} blocked={q.blocked} running={q.running} "
-                f"oldest_waiting={age}"
+                f"oldest_waiting={age}" + (" PAUSED" if q.paused else "")
             )
         out(f"Dead letters not replayed: {status.dead_letters_unreplayed}")
         out(f"Cron entries ({len(status.cron)}):")

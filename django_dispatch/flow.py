@@ -1,0 +1,120 @@
+"""Flow control for operators and applications: pause and resume queues.
+
+``pause_queue(name)`` stops new starts of the queue's jobs on every worker of
+the namespace (within one poll interval; at once on PostgreSQL with LISTEN),
+while running jobs finish and enqueue keeps working; ``resume_queue(name)``
+lets the backlog drain. The state is a database row, so it holds across
+restarts and hosts. The namespace is that of a TASKS alias (``backend``,
+default ``"default"``), as for ``drain()`` and ``rundispatch --backend``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import datetime
+
+from django.db.models import Count
+
+from . import store
+from .enqueue import backend_for, namespace_for
+from .models import Job, PausedQueue
+from .states import JobState
+from .store import flow as flow_store
+
+__all__ = ["QueueOverview", "pause_queue", "paused_queues", "queue_overview", "resume_queue"]
+
+#: Longest queue name (``Job.queue_name``).
+MAX_QUEUE_NAME = 100
+
+
+def _namespace(backend: str | None) -> str:
+    if backend is None:
+        default = backend_for("default")
+        return default.namespace if default is not None else ""
+    return namespace_for(backend)  # an unknown alias: ValueError naming the right ones
+
+
+def _checked(name: object, backend: str | None) -> str:
+    """``name`` if it can be a queue of ``backend``; a ValueError saying why not otherwise.
+
+    A backend whose ``QUEUES`` lists its queues accepts only those: pausing
+    a misspelt name would silently pause nothing.
+    """
+    if not isinstance(name, str) or not name or len(name) > MAX_QUEUE_NAME:
+        raise ValueError(
+            f"queue name must be a non-empty string of at most {MAX_QUEUE_NAME} "
+            f"characters, got {name!r}."
+        )
+    dispatch_backend = backend_for(backend or "default")
+    allowed = getattr(dispatch_backend, "queues", None)
+    if allowed and name not in allowed:
+        raise ValueError(
+            f"queue {name!r} is not one of TASKS[{backend or 'default'!r}]['QUEUES'] "
+            f"({sorted(allowed)}); pause one of those."
+        )
+    return name
+
+
+def pause_queue(name: str, *, backend: str | None = None) -> bool:
+    """Pause queue ``name``: True only when this call paused it (False: it already was).
+
+    Its jobs stay pending and keep being enqueued; none starts until
+    ``resume_queue``. Jobs already running finish. Runs in the caller's
+    transaction if there is one (the pause takes effect at its commit).
+    """
+    name = _checked(name, backend)
+    return flow_store.queue_pause(store.db_alias(), name, namespace=_namespace(backend))
+
+
+def resume_queue(name: str, *, backend: str | None = None) -> bool:
+    """Resume queue ``name``: True only when this call resumed it (False: it was not paused)."""
+    name = _checked(name, backend)
+    return flow_store.queue_resume(store.db_alias(), name, namespace=_namespace(backend))
+
+
+def paused_queues(*, backend: str | None = None) -> set[str]:
+    """The names of the paused queues (read from the database now)."""
+    return flow_store.queues_paused(store.db_alias(), namespace=_namespace(backend))
+
+
+@dataclass
+class QueueOverview:
+    """One queue as an operator sees it: paused or not, its backlog, its limits."""
+
+    name: str
+    paused: bool = False
+    paused_at: datetime | None = None
+    pending: int = 0
+    blocked: int = 0
+    running: int = 0
+    #: Limits from ``DISPATCH["QUEUES"]`` and how close the queue is to them.
+    limits: dict[str, object] = field(default_factory=dict)
+
+
+def queue_overview(*, backend: str | None = None) -> list[QueueOverview]:
+    """Every queue with live jobs, or paused, or configured: for ``dispatch_queue list``,
+    the admin's queue page and the console.
+
+    Two bounded queries: live jobs counted per queue and state (over the
+    partial indexes of live jobs), and the paused rows.
+    """
+    db = store.db_alias()
+    namespace = _namespace(backend)
+    queues: dict[str, QueueOverview] = {}
+    dispatch_backend = backend_for(backend or "default")
+    for name in getattr(dispatch_backend, "queues", None) or ():
+        queues[name] = QueueOverview(name)
+    live = [JobState.PENDING, JobState.BLOCKED, JobState.RUNNING]
+    counts = (
+        Job.objects.using(db)
+        .filter(namespace=namespace, state__in=live)
+        .values("queue_name", "state")
+        .annotate(n=Count("id"))
+    )
+    for row in counts:
+        queue = queues.setdefault(row["queue_name"], QueueOverview(row["queue_name"]))
+        setattr(queue, row["state"], row["n"])
+    for paused in PausedQueue.objects.using(db).filter(namespace=namespace):
+        queue = queues.setdefault(paused.queue_name, QueueOverview(paused.queue_name))
+        queue.paused, queue.paused_at = True, paused.paused_at
+    return sorted(queues.values(), key=lambda q: q.name)

@@ -1,0 +1,23 @@
+"""Tasks of the flow-control tests (tests/test_flow*.py): each run records its
+start (and end) in a real table, so tests count what started when."""
+
+import os
+import time
+
+from django.utils import timezone
+
+from django_dispatch import task
+
+from .models import SideEffect
+
+
+@task()
+def mark(key, seconds=0.0, note="run"):
+    """Record the start, sleep ``seconds``, record the end (one row, updated)."""
+    row = SideEffect.objects.create(
+        key=key, note=note, worker_pid=os.getpid(), started_at=timezone.now()
+    )
+    if seconds:
+        time.sleep(seconds)
+    SideEffect.objects.filter(pk=row.pk).update(finished_at=timezone.now())
+    return key
