@@ -37,6 +37,7 @@ from .common import (
     selected_rows,
     username,
 )
+from .overview import OverviewPage
 
 logger = logging.getLogger("django_dispatch.admin")
 
@@ -45,7 +46,7 @@ DELETE_BATCH = 1000
 
 
 @admin.register(Job)
-class JobAdmin(SQLiteWriteLockFirst, ReadOnlyRows, DeleteThroughAction, BigTable):
+class JobAdmin(OverviewPage, SQLiteWriteLockFirst, ReadOnlyRows, DeleteThroughAction, BigTable):
     list_display = [
         "id",
         "namespace",

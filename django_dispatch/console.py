@@ -1,0 +1,315 @@
+"""The read side of the operations console: everything the overview page shows.
+
+The job table holds millions of finished rows, and an operator opens the
+overview exactly when the system is under stress, so every query here is
+bounded by an index and a cap, never by the size of the table:
+
+* live jobs (pending, blocked, running) are counted through their partial
+  indexes (``dispatch_job_claim``, ``dispatch_job_part_live``,
+  ``dispatch_job_lease``), each stopping at ``LIVE_CAP`` rows (a backlog
+  beyond that is shown as "more than");
+* finished jobs are read only inside the recent window, through
+  ``dispatch_job_finished`` (namespace, state, finished_at);
+* wait and run time percentiles come from the newest ``TIMING_SAMPLE``
+  finished jobs of that window;
+* workers, leadership and cron entries are small tables.
+
+A fixed number of queries per page (``tests/test_admin_console.py`` counts
+them and checks PostgreSQL's plans over 1,000,000 finished jobs). Nothing
+here writes.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import defaultdict
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from django.db.models import Count, Min, Q, QuerySet
+from django.db.models.functions import TruncMinute
+from django.utils import timezone
+
+from .conf import get_settings
+from .models import CronEntry, DeadLetter, Job, Leadership, Worker
+from .states import JobState
+from .store.base import db_alias
+from .store.leadership import LEADER, lease_key
+
+#: Live jobs of one state counted per page, at most (then "more than").
+LIVE_CAP = 50_000
+#: The "recent" window: finished counts and the throughput chart.
+WINDOW = timedelta(hours=1)
+#: Finished jobs whose wait and run times make the percentiles.
+TIMING_SAMPLE = 2_000
+#: Dead letters not yet replayed counted, at most.
+DEAD_LETTER_CAP = 10_000
+#: Cron entries listed, soonest first.
+CRON_SHOWN = 8
+#: Live states counted, and the partial index each count walks.
+LIVE_COUNTS = {
+    JobState.PENDING: Q(state=JobState.PENDING),
+    # Blocked jobs are always keyed today: the predicate lets PostgreSQL
+    # use dispatch_job_part_live, whose condition includes it.
+    JobState.BLOCKED: Q(state=JobState.BLOCKED, partition_key__isnull=False),
+    JobState.RUNNING: Q(state=JobState.RUNNING),
+}
+if any(f.name == "resource_shape" for f in Job._meta.get_fields()):
+    # Pending jobs are split between two partial claim indexes (jobs with
+    # resource needs apart, #16): one predicate per index, so PostgreSQL
+    # can OR the two index scans instead of reading the table.
+    LIVE_COUNTS[JobState.PENDING] = Q(state=JobState.PENDING, resource_shape__isnull=True) | Q(
+        state=JobState.PENDING, resource_shape__isnull=False
+    )
+FINISHED_SHOWN = (JobState.SUCCEEDED, JobState.FAILED)
+
+
+@dataclass
+class QueueRow:
+    """One queue's line on the overview."""
+
+    name: str
+    pending: int = 0
+    #: Pending and due now: waiting for a worker (the rest are deferred).
+    waiting: int = 0
+    blocked: int = 0
+    running: int = 0
+    succeeded: int = 0
+    failed: int = 0
+    #: ``run_after`` of the oldest job waiting for a worker.
+    oldest_waiting: datetime | None = None
+    #: Jobs finished per minute over the window, oldest minute first.
+    per_minute: list[int] = field(default_factory=list)
+    wait_p50: float | None = None
+    wait_p95: float | None = None
+    run_p50: float | None = None
+    run_p95: float | None = None
+    paused: bool = False
+    #: Live workers that take jobs from this queue.
+    served_by: int = 0
+    #: A live count stopped at ``LIVE_CAP``.
+    capped: bool = False
+
+    @property
+    def deferred(self) -> int:
+        """Pending but not due yet (``run_after`` in the future: deferred or backing off)."""
+        return self.pending - self.waiting
+
+    @property
+    def unserved(self) -> bool:
+        """Work is waiting and no live worker takes it: the operator must act."""
+        return self.waiting + self.blocked > 0 and self.served_by == 0
+
+    @property
+    def throughput(self) -> float:
+        """Jobs finished per minute, averaged over the window."""
+        return sum(self.per_minute) / max(len(self.per_minute), 1)
+
+
+@dataclass
+class WorkerRow:
+    worker: Worker
+    live: bool
+    leader: bool
+
+
+@dataclass
+class Overview:
+    namespace: str
+    namespaces: list[str]
+    now: datetime
+    window: timedelta
+    queues: list[QueueRow]
+    workers: list[WorkerRow]
+    dead_letters: int
+    dead_letters_capped: bool
+    cron: list[CronEntry]
+    #: Total finished per minute over the window (all queues): the chart.
+    per_minute: list[tuple[datetime, int, int]]
+    pause_supported: bool = False
+
+    @property
+    def totals(self) -> QueueRow:
+        total = QueueRow("all")
+        for row in self.queues:
+            for name in ("pending", "waiting", "blocked", "running", "succeeded", "failed"):
+                setattr(total, name, getattr(total, name) + getattr(row, name))
+        return total
+
+
+def percentile(values: list[float], q: float) -> float | None:
+    """The ``q`` quantile (0..1) of ``values`` by nearest rank; None when empty."""
+    if not values:
+        return None
+    ordered = sorted(values)
+    return ordered[max(0, math.ceil(q * len(ordered)) - 1)]
+
+
+def jobs(namespace: str) -> QuerySet[Job]:
+    return Job.objects.using(db_alias()).filter(namespace=namespace)
+
+
+def live_counts(namespace: str, state: str, now: datetime) -> list[dict[str, Any]]:
+    """Per queue: jobs in ``state``, those due, the oldest due ``run_after``.
+
+    The inner query walks the state's partial index and stops at
+    ``LIVE_CAP`` rows; the outer one groups what it found.
+    """
+    capped = (
+        jobs(namespace).filter(LIVE_COUNTS[JobState(state)]).order_by().values("pk")[: LIVE_CAP + 1]
+    )
+    due = Q(run_after__lte=now)
+    return list(
+        Job.objects.using(db_alias())
+        .filter(pk__in=capped)
+        .order_by()
+        .values("queue_name")
+        .annotate(n=Count("pk"), due=Count("pk", filter=due), oldest=Min("run_after", filter=due))
+    )
+
+
+def finished_per_minute(namespace: str, since: datetime) -> list[dict[str, Any]]:
+    """Finished jobs per (queue, state, minute) since ``since``: the index's range only."""
+    return list(
+        jobs(namespace)
+        .filter(state__in=FINISHED_SHOWN, finished_at__gte=since)
+        .annotate(minute=TruncMinute("finished_at", tzinfo=UTC))
+        .order_by()
+        .values("queue_name", "state", "minute")
+        .annotate(n=Count("pk"))
+    )
+
+
+def timing_sample(namespace: str, since: datetime) -> list[tuple[Any, ...]]:
+    """The newest finished jobs' (queue, enqueued, deferred, started, attempted, finished)."""
+    return list(
+        jobs(namespace)
+        .filter(state__in=FINISHED_SHOWN, finished_at__gte=since, started_at__isnull=False)
+        .order_by("-finished_at")
+        .values_list(
+            "queue_name",
+            "enqueued_at",
+            "deferred_until",
+            "started_at",
+            "last_attempted_at",
+            "finished_at",
+        )[:TIMING_SAMPLE]
+    )
+
+
+def paused_queues(namespace: str) -> set[str] | None:
+    """The namespace's paused queues, or None where flow control (#17) is not installed."""
+    try:
+        from .store import flow as flow_store  # type: ignore[attr-defined,unused-ignore]
+    except ImportError:
+        return None
+    reader = getattr(flow_store, "queues_paused", None)
+    if reader is None:
+        return None
+    return set(reader(db_alias(), namespace=namespace))
+
+
+def serves(worker: Worker, queue: str) -> bool:
+    return not worker.queues or queue in worker.queues
+
+
+def overview(namespace: str = "") -> Overview:
+    """Everything the overview page shows, for one namespace."""
+    settings = get_settings()
+    db = db_alias()
+    now = timezone.now()
+    since = now - WINDOW
+    rows: dict[str, QueueRow] = {}
+
+    def row(name: str) -> QueueRow:
+        if name not in rows:
+            rows[name] = QueueRow(name)
+        return rows[name]
+
+    for state in LIVE_COUNTS:
+        found = live_counts(namespace, state, now)
+        if sum(r["n"] for r in found) > LIVE_CAP:
+            for r in found:
+                row(r["queue_name"]).capped = True
+        for r in found:
+            queue = row(r["queue_name"])
+            setattr(queue, state, r["n"])
+            if state == JobState.PENDING:
+                queue.waiting = r["due"]
+                queue.oldest_waiting = r["oldest"]
+
+    minutes = [
+        (since + timedelta(minutes=i)).replace(second=0, microsecond=0) for i in range(1, 61)
+    ]
+    index = {m: i for i, m in enumerate(minutes)}
+    chart = {m: [0, 0] for m in minutes}
+    for r in finished_per_minute(namespace, since):
+        queue = row(r["queue_name"])
+        setattr(queue, r["state"], getattr(queue, r["state"]) + r["n"])
+        minute = r["minute"]
+        if minute in index:
+            if not queue.per_minute:
+                queue.per_minute = [0] * len(minutes)
+            queue.per_minute[index[minute]] += r["n"]
+            chart[minute][r["state"] == JobState.FAILED] += r["n"]
+
+    waits: dict[str, list[float]] = defaultdict(list)
+    runs: dict[str, list[float]] = defaultdict(list)
+    for queue_name, enqueued, deferred, started, attempted, finished in timing_sample(
+        namespace, since
+    ):
+        ready = max(enqueued, deferred) if deferred else enqueued
+        waits[queue_name].append(max((started - ready).total_seconds(), 0.0))
+        runs[queue_name].append(max((finished - (attempted or started)).total_seconds(), 0.0))
+    for name, values in waits.items():
+        queue = row(name)
+        queue.wait_p50, queue.wait_p95 = percentile(values, 0.5), percentile(values, 0.95)
+        queue.run_p50, queue.run_p95 = percentile(runs[name], 0.5), percentile(runs[name], 0.95)
+
+    fresh = now - timedelta(seconds=max(settings.LEASE_SECONDS, settings.HEARTBEAT_INTERVAL * 3))
+    leader = (
+        Leadership.objects.using(db)
+        .filter(name=lease_key(LEADER, namespace), expires_at__gt=now)
+        .values_list("holder", flat=True)
+        .first()
+    )
+    workers = [
+        WorkerRow(w, live=w.last_seen_at >= fresh, leader=w.pk == leader)
+        for w in Worker.objects.using(db).filter(namespace=namespace).order_by("hostname", "pid")
+    ]
+    for queue in rows.values():
+        queue.served_by = sum(1 for w in workers if w.live and serves(w.worker, queue.name))
+
+    paused = paused_queues(namespace)
+    for name in paused or ():
+        row(name).paused = True
+
+    letters = (
+        DeadLetter.objects.using(db)
+        .filter(namespace=namespace, replayed_at__isnull=True)
+        .values("pk")[: DEAD_LETTER_CAP + 1]
+        .count()
+    )
+    cron = list(
+        CronEntry.objects.using(db)
+        .filter(namespace=namespace, enabled=True, next_run_at__isnull=False)
+        .order_by("next_run_at")[:CRON_SHOWN]
+    )
+    namespaces = sorted(
+        set(Worker.objects.using(db).order_by().values_list("namespace", flat=True).distinct())
+        | {namespace}
+    )
+    return Overview(
+        namespace=namespace,
+        namespaces=namespaces,
+        now=now,
+        window=WINDOW,
+        queues=sorted(rows.values(), key=lambda q: (not q.unserved, q.name)),
+        workers=workers,
+        dead_letters=min(letters, DEAD_LETTER_CAP),
+        dead_letters_capped=letters > DEAD_LETTER_CAP,
+        cron=cron,
+        per_minute=[(m, *chart[m]) for m in minutes],  # type: ignore[misc]
+        pause_supported=paused is not None,
+    )

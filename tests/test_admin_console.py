@@ -1,0 +1,209 @@
+"""The operations overview: what it shows, and that its cost does not grow with history.
+
+The page is opened during incidents, when the job table is largest, so the
+cost tests fill it with 1,000,000 finished jobs (one INSERT … SELECT
+generate_series on PostgreSQL) and check what the database will do: the
+number of queries is fixed, and no query's plan reads the job table
+sequentially. A wall time would be flaky on a shared machine; a plan is not.
+"""
+
+from __future__ import annotations
+
+import html
+import importlib.util
+import re
+from datetime import timedelta
+
+import pytest
+from django.contrib.auth.models import Permission
+from django.db import connection
+from django.test.utils import CaptureQueriesContext
+from django.urls import reverse
+from django.utils import timezone
+
+from django_dispatch import console
+from django_dispatch.models import CronEntry, Job, Worker
+from django_dispatch.testing import drain
+from tests.conftest import postgres_only
+from tests.testapp import tasks
+
+OVERVIEW = "admin:django_dispatch_job_overview"
+#: live counts (3), finished per minute, timing sample, leader, workers,
+#: dead letters, cron, namespaces: one each; and the paused queues where
+#: flow control is installed.
+OVERVIEW_QUERIES = 10 + (importlib.util.find_spec("django_dispatch.store.flow") is not None)
+
+
+def page(response) -> str:
+    return html.unescape(response.content.decode())
+
+
+@pytest.fixture
+def staff(client, django_user_model):
+    def make(*codenames: str, superuser: bool = False):
+        if superuser:
+            user = django_user_model.objects.create_superuser("boss", "b@x.test", "pw")
+        else:
+            user = django_user_model.objects.create_user("viewer", is_staff=True)
+            user.user_permissions.set(
+                Permission.objects.filter(
+                    content_type__app_label="django_dispatch", codename__in=codenames
+                )
+            )
+        client.force_login(user)
+        return user
+
+    return make
+
+
+def make_incident() -> dict[str, object]:
+    """Finished work on "default", a backlog on "emails" that no worker serves."""
+    for i in range(4):
+        tasks.add.enqueue(i, 1)
+    tasks.fail_always.enqueue("boom")
+    drain()
+    for _ in range(3):
+        tasks.echo.enqueue("hello")  # queue "emails"
+    tasks.add.using(run_after=timezone.now() + timedelta(hours=2)).enqueue(1, 2)
+    Worker.objects.create(
+        id="w-default", hostname="box-1", pid=42, queues=["default"], concurrency=4
+    )
+    entry = CronEntry.objects.create(
+        name="nightly",
+        schedule="0 3 * * *",
+        timezone="UTC",
+        task_path="tests.testapp.tasks.add",
+        args=[1, 2],
+        next_run_at=timezone.now() + timedelta(hours=3),
+    )
+    return {"entry": entry}
+
+
+@pytest.mark.django_db(transaction=True)
+def test_overview_counts_queues_and_flags_the_unserved_one():
+    make_incident()
+    data = console.overview()
+    queues = {q.name: q for q in data.queues}
+    assert queues["default"].succeeded == 4
+    assert queues["default"].failed == 1
+    assert queues["default"].waiting == 0 and queues["default"].deferred == 1
+    assert queues["emails"].waiting == 3 and queues["emails"].pending == 3
+    assert queues["emails"].oldest_waiting is not None
+    # The only worker takes "default": "emails" has work and nobody to do it.
+    assert queues["emails"].unserved and not queues["default"].unserved
+    assert data.queues[0].name == "emails"  # the queue needing action comes first
+    assert sum(ok + failed for _, ok, failed in data.per_minute) == 5
+    assert queues["default"].run_p50 is not None and queues["default"].wait_p95 is not None
+    assert data.dead_letters == 1
+    assert [e.name for e in data.cron] == ["nightly"]
+    assert [w.worker.pk for w in data.workers] == ["w-default"]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_overview_page_renders_for_a_view_only_user(client, staff):
+    make_incident()
+    staff("view_job")
+    response = client.get(reverse(OVERVIEW))
+    assert response.status_code == 200
+    text = page(response)
+    assert 'data-queue="emails"' in text and "no worker" in text
+    assert 'class="dispatch-unserved"' in text
+    assert "<svg" in text and "dispatch-bar-failed" in text
+    assert "django_dispatch/console.js" in text
+    assert "box-1" in text and "?worker_id__exact=w-default&state__exact=running" in text
+    # The app index links to it.
+    index = page(client.get(reverse("admin:app_list", args=["django_dispatch"])))
+    assert reverse(OVERVIEW) in index
+
+
+@pytest.mark.django_db
+def test_overview_needs_view_job_permission(client, staff):
+    response = client.get(reverse(OVERVIEW))
+    assert response.status_code == 302 and "/login/" in response["Location"]
+    staff("view_deadletter")
+    assert client.get(reverse(OVERVIEW)).status_code == 403
+
+
+@pytest.mark.django_db(transaction=True)
+def test_overview_query_count_does_not_grow_with_the_data():
+    with CaptureQueriesContext(connection) as empty:
+        console.overview()
+    make_incident()
+    with CaptureQueriesContext(connection) as busy:
+        console.overview()
+    assert len(empty) == len(busy) == OVERVIEW_QUERIES, [q["sql"] for q in busy]
+
+
+# --- 1,000,000 finished jobs on PostgreSQL -----------------------------------------
+
+
+def insert_finished_jobs(count: int) -> None:
+    """``count`` finished jobs over the last 30 days, most in the past, in one statement.
+
+    Columns are taken from the model, so a field added later (with its
+    default) does not break the statement: named columns get generated
+    values, nullable ones NULL, the rest their default.
+    """
+    generated = {
+        "namespace": "''",
+        "task_path": "'tests.testapp.tasks.add'",
+        "queue_name": "(ARRAY['default','emails','reports'])[1 + i %% 3]",
+        "state": "CASE WHEN i %% 50 = 0 THEN 'failed' ELSE 'succeeded' END",
+        "enqueued_at": "now() - (i || ' seconds')::interval * 2.5",
+        "run_after": "now() - (i || ' seconds')::interval * 2.5",
+        "started_at": "now() - (i || ' seconds')::interval * 2.5 + interval '1 second'",
+        "last_attempted_at": "now() - (i || ' seconds')::interval * 2.5 + interval '1 second'",
+        "finished_at": "now() - (i || ' seconds')::interval * 2.5 + interval '2 seconds'",
+        "attempts": "1",
+    }
+    columns, values, params = [], [], []
+    for field in Job._meta.concrete_fields:
+        if field.primary_key:
+            continue
+        if field.column in generated:
+            columns.append(field.column)
+            values.append(generated[field.column])
+        elif field.null or field.has_db_default():
+            continue
+        else:
+            columns.append(field.column)
+            values.append("%s")
+            params.append(field.get_db_prep_save(field.get_default(), connection))
+    sql = (
+        f"INSERT INTO {Job._meta.db_table} ({', '.join(columns)}) "
+        f"SELECT {', '.join(values)} FROM generate_series(1, {count}) AS i"
+    )
+    with connection.cursor() as cursor:
+        cursor.execute(sql, params)
+        cursor.execute(f"ANALYZE {Job._meta.db_table}")
+
+
+def plan(sql: str) -> str:
+    with connection.cursor() as cursor:
+        cursor.execute("EXPLAIN " + sql)
+        return "\n".join(row[0] for row in cursor.fetchall())
+
+
+@postgres_only
+@pytest.mark.django_db(transaction=True)
+def test_overview_plans_use_indexes_with_a_million_finished_jobs():
+    make_incident()  # first: its drain() would run retention over the million
+    insert_finished_jobs(1_000_000)
+    with CaptureQueriesContext(connection) as queries:
+        data = console.overview()
+    assert len(queries) == OVERVIEW_QUERIES
+    # The window holds about 1,440 of the million (one every 2.5 s for an hour).
+    default = next(q for q in data.queues if q.name == "default")
+    assert 400 < default.succeeded < 600
+    job_table = Job._meta.db_table
+    checked = 0
+    for query in queries:
+        if job_table not in query["sql"]:
+            continue
+        checked += 1
+        explained = plan(query["sql"])
+        assert not re.search(rf"Seq Scan on {job_table}\b", explained), (
+            f"{query['sql']}\n{explained}"
+        )
+        assert "Index" in explained, explained
+    assert checked == 5  # three live counts, the window's counts, the timing sample
