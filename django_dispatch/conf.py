@@ -65,6 +65,14 @@ class DispatchSettings:
     PURGE_BATCH: int = 1000
     #: Seconds a dead letter is kept.
     DEAD_LETTER_RETENTION: float = 90 * DAY
+    #: Seconds an event handed out by ``events.subscribe`` stays with its
+    #: subscriber; not acked by then, it is delivered again (#15).
+    EVENT_LEASE_SECONDS: float = 30.0
+    #: Seconds an acked event is kept before the leader purges it.
+    EVENT_RETENTION: float = 7 * DAY
+    #: Seconds a finished (succeeded or cancelled) workflow run and its steps
+    #: are kept after it finished; the leader purges them in batches.
+    WORKFLOW_RETENTION: float = 30 * DAY
     #: Seconds finished jobs are kept, per final state; None keeps them forever.
     JOB_RETENTION: dict[str, float | None] = field(default_factory=_default_retention)
     #: Largest JSON, in bytes, of one job's arguments (args and kwargs

@@ -48,6 +48,8 @@ class StepState(models.TextChoices):
     running -> running    (re-claimed by its job after that job's worker was lost)
     running -> succeeded | ready (retry, new job) | failed (out of attempts)
     running -> waiting    (it started a child run) -> succeeded | failed
+    running -> waiting    (ctx.wait_for_event / sleep) -> ready (woken: event, timeout)
+    waiting -> running    (its timer job claims it at wait_until: the wait timed out)
     failed  -> ready      (unpark)
     any unfinished -> skipped (operator) | cancelled (run cancelled)
     any     -> pending    (reopen: the step or one of its ancestors is replayed)
@@ -56,7 +58,7 @@ class StepState(models.TextChoices):
     PENDING = "pending", "Pending"  # waits for its dependencies
     READY = "ready", "Ready"  # its job is queued (maybe waiting out a backoff)
     RUNNING = "running", "Running"  # claimed by its job
-    WAITING = "waiting", "Waiting for child run"
+    WAITING = "waiting", "Waiting"  # for a child run, an event or a time
     SUCCEEDED = "succeeded", "Succeeded"
     SKIPPED = "skipped", "Skipped"  # by an operator: counts as success, no output
     FAILED = "failed", "Failed"  # out of attempts; its run is stuck
@@ -112,6 +114,9 @@ class WorkflowRun(models.Model):
         blank=True,
         related_name="+",
     )
+    #: Who or what started the run (request id, user id, trace id...): JSON,
+    #: ``ctx.call_context`` in every step, copied to child runs.
+    call_context = models.JSONField(null=True, blank=True)
     created_at = models.DateTimeField(db_default=Now())
     updated_at = models.DateTimeField(db_default=Now())
     finished_at = models.DateTimeField(null=True, blank=True)
@@ -191,6 +196,15 @@ class WorkflowTask(models.Model):
     #: One entry per failed or lost attempt: exception_class_path, message,
     #: traceback, attempt, at.
     errors = models.JSONField(default=list, blank=True)
+    #: While ``waiting`` on ``ctx.wait_for_event``: the event's name and key
+    #: (None: any key); the wait ends at ``wait_until`` (also a sleep's end).
+    wait_event_name = models.CharField(max_length=200, null=True, blank=True)
+    wait_event_key = models.CharField(max_length=KEY_MAX_LENGTH, null=True, blank=True)
+    wait_until = models.DateTimeField(null=True, blank=True)
+    #: The results of the step's finished waits, in call order (the n-th wait
+    #: call of a re-run returns the n-th entry): {"kind": "event"|"sleep",
+    #: "event_id", "payload", "timed_out"}. Cleared by a reopen.
+    waits = models.JSONField(default=list, blank=True)
 
     #: When the step became runnable (now + backoff for a retry).
     ready_at = models.DateTimeField(null=True, blank=True)
@@ -212,6 +226,13 @@ class WorkflowTask(models.Model):
                 "ready_at",
                 name="dispatch_wftask_ready",
                 condition=Q(state=StepState.READY),
+            ),
+            # A publish: the steps waiting on its name.
+            models.Index(
+                "namespace",
+                "wait_event_name",
+                name="dispatch_wftask_waiting",
+                condition=Q(state=StepState.WAITING),
             ),
             # The stale-step sweep.
             models.Index(

@@ -24,6 +24,7 @@ from ..conf import DispatchSettings
 from ..observability import events, metrics
 from ..store.dead_letters import purge_past_retention
 from ..workflows.engine import sweep_stale_steps
+from ..workflows.retention import purge_events_and_runs
 from . import scheduler
 from .options import Every
 
@@ -151,6 +152,7 @@ class Maintenance:
         )
         if jobs or letters:
             logger.info("retention: deleted %s jobs and %s dead letters", jobs, letters)
+        purge_events_and_runs(cfg, db=self.db, namespace=self.namespace)  # #15
 
     def resign(self) -> None:
         """On the way out: let go of the leadership and stop exporting live gauges."""

@@ -29,6 +29,7 @@ from .exceptions import (
     ActionNotAllowed,
     AlreadyReopened,
     ChildRunCancelled,
+    EventTimeout,
     StepLost,
     StepTimeout,
     UnknownWorkflow,
@@ -39,6 +40,7 @@ __all__ = [
     "ActionNotAllowed",
     "AlreadyReopened",
     "ChildRunCancelled",
+    "EventTimeout",
     "StartChild",
     "StepContext",
     "StepDef",
@@ -53,6 +55,7 @@ __all__ = [
     "oldest_runnable_age",
     "replay_run",
     "retry_run",
+    "run_now",
     "skip_step",
 ]
 
@@ -62,6 +65,7 @@ _SERVICES = {
     "oldest_runnable_age",
     "replay_run",
     "retry_run",
+    "run_now",
     "skip_step",
 }
 
@@ -73,6 +77,7 @@ if TYPE_CHECKING:
         oldest_runnable_age,
         replay_run,
         retry_run,
+        run_now,
         skip_step,
     )
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from datetime import datetime
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any
 
@@ -55,6 +56,12 @@ class StepContext:
     #: The step job's own cancel flag (job cancelled, or its worker lost it).
     job_cancel_event: threading.Event | None = None
     child_requested: StartChild | None = None
+    #: Who or what started the run (``Workflow.start(context=...)``), or None.
+    call_context: Any = None
+    #: The results of this step's finished waits, in call order (see ``waiting``).
+    waits: list[Any] = field(default_factory=list)
+    #: Wait calls made so far by this attempt.
+    wait_calls: int = 0
 
     def __post_init__(self) -> None:
         self.outputs = MappingProxyType(dict(self.outputs))
@@ -110,6 +117,35 @@ class StepContext:
         request = StartChild(workflow.name, to_json(input, "A child run's input"))
         self.child_requested = request
         return request
+
+    def wait_for_event(
+        self, name: str, *, key: str | None = None, timeout: float | None = None
+    ) -> Any:
+        """Wait, durably, for an event ``name`` (with ``key``, if given); return its payload.
+
+        No worker thread is held while the step waits: the step stops here,
+        and runs again from the top when a matching event is published (or
+        was, since the run started), this call then returning its payload.
+        Every run waiting on the event gets its own copy. After ``timeout``
+        seconds (database clock) without one, this call raises
+        ``EventTimeout`` in the re-run, which the step may catch. Code above
+        this call runs again on resume: see docs/workflows.md.
+        """
+        from .waiting import wait_for_event
+
+        return wait_for_event(self, name, key=key, timeout=timeout)
+
+    def sleep(self, seconds: float) -> None:
+        """Sleep durably (database clock; survives restarts), holding no worker."""
+        from .waiting import sleep
+
+        sleep(self, seconds)
+
+    def sleep_until(self, when: datetime) -> None:
+        """Sleep durably until ``when`` (an aware datetime), holding no worker."""
+        from .waiting import sleep_until
+
+        sleep_until(self, when)
 
     def _gone(self) -> str:
         return (

@@ -297,7 +297,12 @@ class Workflow:
         return tuple(deps)
 
     def start(
-        self, input: Any = None, *, idempotency_key: str | None = None, backend: str = "default"
+        self,
+        input: Any = None,
+        *,
+        idempotency_key: str | None = None,
+        backend: str = "default",
+        context: Any = None,
     ) -> WorkflowRun:
         """Start a run: insert it and all its steps, enqueue the first steps' jobs.
 
@@ -307,10 +312,15 @@ class Workflow:
         the run the first one created instead of starting another.
         ``backend`` is the TASKS alias whose namespace the run, its steps and
         their jobs live in (idempotency keys are unique per namespace).
+        ``context`` (JSON) says who or what started the run (request id,
+        user id, trace id...): stored on the run, shown in the admin,
+        ``ctx.call_context`` in every step, and copied to child runs.
         """
         from .engine import start_run
 
-        return start_run(self, input, idempotency_key=idempotency_key, backend=backend)
+        return start_run(
+            self, input, idempotency_key=idempotency_key, backend=backend, context=context
+        )
 
 
 def get_workflow(name: str) -> Workflow:

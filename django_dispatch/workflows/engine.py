@@ -47,7 +47,7 @@ def build_step_job(step_id: int, generation: int, queue_name: str) -> Job:
 
 
 def run_spec(
-    workflow: Workflow, input: Any, *, idempotency_key: str | None = None
+    workflow: Workflow, input: Any, *, idempotency_key: str | None = None, context: Any = None
 ) -> wf_store.RunSpec:
     """A run of ``workflow`` to insert, with the snapshot of its steps as defined now."""
     if not workflow.steps:
@@ -64,7 +64,9 @@ def run_spec(
         )
         for s in workflow.steps
     ]
-    return wf_store.RunSpec(workflow.name, input, steps, workflow.queue_name, idempotency_key)
+    return wf_store.RunSpec(
+        workflow.name, input, steps, workflow.queue_name, idempotency_key, call_context=context
+    )
 
 
 def start_run(
@@ -73,6 +75,7 @@ def start_run(
     *,
     idempotency_key: str | None = None,
     backend: str = "default",
+    context: Any = None,
 ) -> WorkflowRun:
     """See ``Workflow.start``."""
     namespace = namespace_for(backend)  # an unknown alias: ValueError, nothing written
@@ -86,7 +89,10 @@ def start_run(
             f"characters, got {idempotency_key!r}."
         )
     spec = run_spec(
-        workflow, to_json(input, "A workflow run's input"), idempotency_key=idempotency_key
+        workflow,
+        to_json(input, "A workflow run's input"),
+        idempotency_key=idempotency_key,
+        context=to_json(context, "A workflow run's call context"),
     )
     spec = dataclasses.replace(spec, namespace=namespace)
     run, _created = wf_store.workflow_run_insert(spec, build_job=build_step_job)
@@ -102,6 +108,8 @@ def execute_step(job_context: DispatchTaskContext, step_id: int, generation: int
     job_id = int(job_context.task_result.id)
     claimed = wf_store.workflow_step_claim(step_id, generation, job_id)
     if claimed is None:
+        # A wait's timer job made due before its time: the wait keeps its end.
+        wf_store.rearm_timer(step_id, job_id, build_job=build_step_job)
         return {"step": step_id, "outcome": "superseded"}
     summary = {"run": claimed.run_id, "step": claimed.name, "attempt": claimed.attempt}
     ctx = StepContext(
@@ -115,11 +123,13 @@ def execute_step(job_context: DispatchTaskContext, step_id: int, generation: int
         claim_id=claimed.claim_id,
         saved_checkpoint=claimed.checkpoint,
         job_cancel_event=job_context.cancel_event,
+        call_context=claimed.call_context,
+        waits=claimed.waits,
     )
     try:
         step = resolve_step(claimed.workflow_name, claimed.name, claimed.handler_path)
     except UnknownWorkflow as e:
-        outcome = StepOutcome(kind="failed", exception=e, retryable=False)
+        outcome = StepOutcome(kind="failed", exception=e, retryable=False, counted=False)
     else:
         outcome = run_attempt(step.func, ctx, claimed.timeout)
     recorded = record(claimed, outcome)
@@ -135,6 +145,15 @@ def record(claimed: wf_store.ClaimedStep, outcome: StepOutcome) -> bool:
         )
     elif outcome.kind == "child":
         won = _start_child(claimed, outcome.value)
+    elif outcome.kind == "wait":
+        won = wf_store.workflow_step_wait(
+            step_id, claim_id, outcome.value, build_job=build_step_job
+        )
+    elif outcome.kind == "failed" and not outcome.counted:
+        assert outcome.exception is not None
+        won = wf_store.workflow_step_park(
+            step_id, claim_id, error_of(outcome.exception, claimed.attempt)
+        )
     elif outcome.kind == "failed":
         assert outcome.exception is not None
         won = wf_store.workflow_step_fail(
@@ -174,7 +193,9 @@ def _retry_in(claimed: wf_store.ClaimedStep, outcome: StepOutcome) -> float | No
 
 def _start_child(claimed: wf_store.ClaimedStep, request: StartChild) -> bool:
     try:
-        child = run_spec(get_workflow(request.workflow_name), request.input)
+        child = run_spec(
+            get_workflow(request.workflow_name), request.input, context=claimed.call_context
+        )
     except (UnknownWorkflow, WorkflowDefinitionError) as e:
         return wf_store.workflow_step_fail(
             claimed.step_id,

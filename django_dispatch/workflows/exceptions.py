@@ -15,6 +15,14 @@ class StepTimeout(TaskTimeout):
     """A step's attempt ran longer than its ``timeout``."""
 
 
+class EventTimeout(DispatchError):
+    """``ctx.wait_for_event(..., timeout=...)`` ended without a matching event.
+
+    Raised in the step (in the re-run after the timeout), which may catch it
+    and go on, e.g. cancel the order that was never paid.
+    """
+
+
 class StepLost(JobCancelled):
     """This attempt no longer holds its step (run cancelled or reopened, step
     skipped or swept): stop; whatever the step returns is discarded."""

@@ -1,7 +1,8 @@
 """Run one attempt of a step function and classify what happened. No state writes.
 
 Outcomes: ``succeeded`` (a JSON output), ``child`` (the step returned
-``ctx.start_child(...)``), ``failed`` (an exception; ``retryable`` says
+``ctx.start_child(...)``), ``wait`` (it reached a durable wait with no
+result yet: ``waiting``), ``failed`` (an exception; ``retryable`` says
 whether another attempt could help), or ``lost`` (the attempt was stopped:
 timed out, cancelled or its claim lost, so whatever it produced must not be
 written). Persisting the outcome is the engine's job.
@@ -33,8 +34,9 @@ from ..exceptions import JobCancelled
 from ..results import error_of as job_error_of
 from .context import StartChild, StepContext
 from .exceptions import StepTimeout
+from .waiting import WaitRequested
 
-Kind = Literal["succeeded", "child", "failed", "lost"]
+Kind = Literal["succeeded", "child", "wait", "failed", "lost"]
 
 
 @dataclass
@@ -45,6 +47,10 @@ class StepOutcome:
     value: Any = None
     exception: BaseException | None = None
     retryable: bool = True
+    #: False: a cause no retry can fix, found before the step's code could
+    #: be blamed (not defined any more, output not JSON): the run parks
+    #: without the attempt being counted.
+    counted: bool = True
 
 
 def error_of(exception: BaseException, attempt: int) -> dict[str, Any]:
@@ -63,6 +69,10 @@ def run_attempt(
             value = _call_on_thread(func, ctx, timeout)
         else:
             value = func(ctx)
+    except WaitRequested as wait:  # a durable wait with no result yet: record it
+        if ctx.cancelled:
+            return StepOutcome(kind="lost")
+        return StepOutcome(kind="wait", value=wait.spec)
     except StepTimeout as e:
         ctx.stop_event.set()
         return StepOutcome(kind="failed", exception=e)
@@ -90,7 +100,7 @@ def run_attempt(
             kind="succeeded", value=to_json(value, f"The output of step {ctx.step!r}")
         )
     except InvalidTask as e:  # the same code would return the same value again
-        return StepOutcome(kind="failed", exception=e, retryable=False)
+        return StepOutcome(kind="failed", exception=e, retryable=False, counted=False)
 
 
 async def _call_async(

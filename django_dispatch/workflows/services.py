@@ -36,6 +36,14 @@ def skip_step(run_id: int, step_name: str) -> bool:
     return wf_store.workflow_step_skip(run_id, step_name, build_job=build_step_job)
 
 
+def run_now(run_id: int) -> list[int]:
+    """Start the run's runnable steps at once: a step waiting out a retry backoff
+    is due now, and idle workers are woken without waiting for their next poll
+    (NOTIFY on PostgreSQL). Returns the step jobs' ids (empty: nothing was
+    runnable, e.g. the run waits for an event or is finished)."""
+    return wf_store.workflow_run_due_now(run_id)
+
+
 def stuck_steps(run_id: int) -> list[str]:
     """Names of the run's failed steps (what parks it), in definition order."""
     return list(

@@ -22,7 +22,8 @@ All times come from the database clock.
 
 Modules: ``common`` (the run lock, the claim fence, moving a run on),
 ``runs`` (start, cancel, unpark, reopen), ``steps`` (the step job's claim
-and writes, skip), ``sweep`` (recovering steps whose job ended).
+and writes, skip), ``waits`` (durable waits: record, wake, time out),
+``sweep`` (recovering steps whose job ended), ``retention`` (the purge).
 """
 
 from .common import (
@@ -34,6 +35,8 @@ from .common import (
     ancestors,
     descendants,
 )
+from .now import workflow_run_due_now
+from .retention import workflow_runs_purge
 from .runs import (
     workflow_run_cancel,
     workflow_run_insert,
@@ -44,12 +47,14 @@ from .steps import (
     ClaimedStep,
     workflow_step_claim,
     workflow_step_fail,
+    workflow_step_park,
     workflow_step_progress,
     workflow_step_skip,
     workflow_step_succeed,
     workflow_step_wait_child,
 )
 from .sweep import step_jobs_retry_now, sweep_stale_steps
+from .waits import WaitSpec, rearm_timer, wake_waiting_steps, workflow_step_wait
 
 __all__ = [
     "CHILD_CANCELLED_PATH",
@@ -58,18 +63,25 @@ __all__ = [
     "RunSpec",
     "StepJobBuilder",
     "StepSpec",
+    "WaitSpec",
     "ancestors",
     "descendants",
+    "rearm_timer",
     "step_jobs_retry_now",
     "sweep_stale_steps",
+    "wake_waiting_steps",
     "workflow_run_cancel",
+    "workflow_run_due_now",
     "workflow_run_insert",
     "workflow_run_reopen",
     "workflow_run_unpark",
+    "workflow_runs_purge",
     "workflow_step_claim",
     "workflow_step_fail",
+    "workflow_step_park",
     "workflow_step_progress",
     "workflow_step_skip",
     "workflow_step_succeed",
+    "workflow_step_wait",
     "workflow_step_wait_child",
 ]

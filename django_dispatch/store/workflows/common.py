@@ -66,6 +66,8 @@ class RunSpec:
     idempotency_key: str | None = None
     #: The namespace of the backend that started it (a child run: its parent's).
     namespace: str = ""
+    #: Who or what started it (JSON; a child run: its parent's).
+    call_context: Any = None
 
 
 # --- the dependency graph ---------------------------------------------------------

@@ -54,6 +54,7 @@ def insert_run(
         input=spec.input,
         queue_name=spec.queue_name,
         idempotency_key=spec.idempotency_key,
+        call_context=spec.call_context,
         parent_run_id=parent_step[0] if parent_step else None,
         parent_task_id=parent_step[1] if parent_step else None,
     )
@@ -120,7 +121,11 @@ def stop_steps(db: str, steps: Iterable[Mapping[str, Any]]) -> None:
     """
     children = []
     for step in steps:
-        if step["job_id"] and step["state"] in (StepState.READY, StepState.RUNNING):
+        if step["job_id"] and step["state"] in (
+            StepState.READY,
+            StepState.RUNNING,
+            StepState.WAITING,  # a wait's timer job
+        ):
             job_cancel(step["job_id"], db=db)
         if step["state"] == StepState.WAITING and step["child_run_id"]:
             children.append(step["child_run_id"])
@@ -240,6 +245,10 @@ def workflow_run_reopen(
             output=None,
             checkpoint=None,
             errors=[],
+            waits=[],
+            wait_event_name=None,
+            wait_event_key=None,
+            wait_until=None,
             ready_at=None,
             heartbeat_at=None,
             started_at=None,

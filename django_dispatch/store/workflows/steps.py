@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from django.db.models import F
-from django.db.models.functions import Coalesce, Now
+from django.db.models.functions import Coalesce, Greatest, Now
 
 from ...models import WorkflowRun, WorkflowTask
 from ...models.workflow import RUN_ACTIVE, STEP_DONE, STEP_SKIPPABLE, StepState
@@ -34,6 +34,7 @@ from .common import (
     park,
 )
 from .runs import STOP_FIELDS, insert_run, stop_steps
+from .waits import NO_WAIT, timed_out_entry
 
 
 @dataclass(frozen=True, slots=True)
@@ -56,6 +57,10 @@ class ClaimedStep:
     input: Any
     outputs: dict[str, Any]  # every ancestor's output (None when skipped)
     queue_name: str
+    #: The results of the step's finished waits, in call order (see ``waits``).
+    waits: list[Any] = dataclasses.field(default_factory=list)
+    #: The run's call context (who or what started it).
+    call_context: Any = None
 
 
 def workflow_step_claim(
@@ -71,16 +76,24 @@ def workflow_step_claim(
     so anything it still writes is rejected. Such a lost attempt is recorded
     as a ``WorkerLost`` error but not counted against ``max_attempts``. No
     run lock: what the claim may change is this step row only.
+
+    A ``waiting`` step is claimed by its timer job once ``wait_until`` has
+    passed: the wait timed out (or the sleep is over), which is recorded in
+    ``waits`` by the same compare-and-set, so a publish racing with the
+    timer either wins before it (the job no longer matches) or finds the
+    step running.
     """
     db = db_or_default(db)
     row = (
         WorkflowTask.objects.using(db)
         .filter(id=step_id, generation=generation, job_id=job_id)
-        .values("run_id", "state", "claim_id")
+        .values("run_id", "state", "claim_id", "wait_event_name", "wait_until")
         .first()
     )
-    if row is None or row["state"] not in (StepState.READY, StepState.RUNNING):
+    if row is None or row["state"] not in (StepState.READY, StepState.RUNNING, StepState.WAITING):
         return None
+    if row["state"] == StepState.WAITING and row["wait_until"] is None:
+        return None  # a child run or an event with no timeout: not this job's to end
     claim_id = secrets.token_hex(16)
     changes: dict[str, Any] = {
         "state": StepState.RUNNING,
@@ -96,17 +109,18 @@ def workflow_step_claim(
             "on shutdown); the job's re-run took the step over"
         )
         changes["errors"] = JSONAppend("errors", error_at(db, WORKER_LOST_PATH, message))
-    won = (
-        WorkflowTask.objects.using(db)
-        .filter(
-            id=step_id,
-            generation=generation,
-            job_id=job_id,
-            state=row["state"],
-            claim_id=row["claim_id"],
-        )
-        .update(**changes)
+    fence = WorkflowTask.objects.using(db).filter(
+        id=step_id,
+        generation=generation,
+        job_id=job_id,
+        state=row["state"],
+        claim_id=row["claim_id"],
     )
+    if row["state"] == StepState.WAITING:
+        fence = fence.filter(wait_until__lte=Now())
+        entry = timed_out_entry(row["wait_event_name"])
+        changes.update(waits=JSONAppend("waits", entry), **NO_WAIT)
+    won = fence.update(**changes)
     if not won:
         return None
     return _claimed_step(db, step_id, claim_id)
@@ -116,7 +130,11 @@ def _claimed_step(db: str, step_id: int, claim_id: str) -> ClaimedStep | None:
     step = WorkflowTask.objects.using(db).filter(id=step_id, claim_id=claim_id).values().first()
     if step is None:  # voided between the claim and this read
         return None
-    run = WorkflowRun.objects.using(db).values("name", "input", "queue_name").get(id=step["run_id"])
+    run = (
+        WorkflowRun.objects.using(db)
+        .values("name", "input", "queue_name", "call_context")
+        .get(id=step["run_id"])
+    )
     others = WorkflowTask.objects.using(db).filter(run_id=step["run_id"])
     graph = {s["name"]: s for s in others.values("name", "depends_on", "state", "output")}
     deps = {name: s["depends_on"] for name, s in graph.items()}
@@ -142,6 +160,8 @@ def _claimed_step(db: str, step_id: int, claim_id: str) -> ClaimedStep | None:
         input=run["input"],
         outputs=outputs,
         queue_name=run["queue_name"],
+        waits=list(step["waits"] or []),
+        call_context=run["call_context"],
     )
 
 
@@ -217,6 +237,35 @@ def workflow_step_fail(
                 WorkflowTask.objects.using(db).values_list("generation", flat=True).get(id=step_id)
             )
             enqueue_steps(db, run, [(step_id, generation)], build_job, delay=retry_in)
+    return True
+
+
+def workflow_step_park(
+    step_id: int, claim_id: str, error: dict[str, Any], *, db: str | None = None
+) -> bool:
+    """running -> failed without counting the attempt, parking the run as stuck.
+
+    For causes no retry can fix and the step's own code cannot be blamed
+    for: its workflow or step is no longer defined (a deploy removed it),
+    or its output is not JSON. The claim's attempt is taken back
+    (``attempts`` and ``failures`` as before it), so after a fix, a retry
+    from the admin starts with the attempts the step had.
+    """
+    db = db_or_default(db)
+    with locked_run(db, step_id=step_id) as run:
+        if run is None:
+            return False
+        entry = {**error, "at": db_now(db).isoformat(), "counted": False}
+        if not claim_fence(db, step_id, claim_id).update(
+            state=StepState.FAILED,
+            errors=JSONAppend("errors", entry),
+            attempts=Greatest(F("attempts") - 1, 0),
+            claim_id=None,
+            finished_at=Now(),
+            updated_at=Now(),
+        ):
+            return False
+        park(db, run["id"])
     return True
 
 

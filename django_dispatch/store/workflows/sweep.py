@@ -106,10 +106,16 @@ def _recover(db: str, step: Mapping[str, Any], build_job: StepJobBuilder) -> boo
 
 
 def step_jobs_retry_now(*, task_path: str, db: str | None = None) -> int:
-    """Make step jobs waiting out a backoff due now; return how many (for tests)."""
+    """Make step jobs waiting out a backoff due now; return how many (for tests).
+
+    The timer jobs of waiting steps keep their time: a durable sleep or a
+    wait's timeout is what the test is about, not a backoff.
+    """
     db = db_or_default(db)
+    timers = WorkflowTask.objects.using(db).filter(state=StepState.WAITING, job_id__isnull=False)
     return (
         Job.objects.using(db)
         .filter(task_path=task_path, state=JobState.PENDING, run_after__gt=Now())
+        .exclude(id__in=timers.values("job_id"))
         .update(run_after=Now())
     )

@@ -1,0 +1,153 @@
+"""The only writer of event rows: publish, lease (subscribe), ack, purge.
+
+Publish is one INSERT in the caller's transaction (a savepoint inside it), so
+an event published in a transaction that rolls back never existed, and it
+wakes, in the same transaction, every workflow step waiting on it (see
+``workflows.waits``). On PostgreSQL it also NOTIFYs the namespace's event
+channel, delivered at commit, so a waiting ``subscribe`` returns at once.
+
+The lost wake-up between a publish and a step recording its wait is closed
+by a transaction-level advisory lock on (namespace, name): publishes take it
+shared (they never wait for each other), a wait being recorded takes it
+exclusive. So a wait is recorded either after every concurrent publish of
+that name committed (and its look-back finds the event) or before the
+publish reads the waiting steps (and the publish wakes it). SQLite has one
+writer at a time, which serializes the same way.
+
+Subscribe is queue semantics: the oldest unacked event is leased to one
+caller (SKIP LOCKED on PostgreSQL; SQLite's write lock) for
+``EVENT_LEASE_SECONDS``; ``ack`` is a compare-and-set on ``acked_at``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import time
+from typing import Any
+
+from django.db import connections, transaction
+from django.db.models import F, Q
+from django.db.models.functions import Now
+
+from ..models import Event
+from .base import NOTIFY_CHANNEL, db_alias, now_plus, take_sqlite_write_lock
+from .workflows.common import StepJobBuilder
+from .workflows.waits import wake_waiting_steps
+
+#: The first key of the event-name locks (two-key ``pg_advisory_xact_lock``).
+LOCK_CLASS = 0x44535645  # "DSVE"
+
+
+def event_channel(namespace: str = "") -> str:
+    """The LISTEN/NOTIFY channel of ``namespace``'s events (not the workers' job channel)."""
+    suffix = f"_{hashlib.md5(namespace.encode()).hexdigest()[:16]}" if namespace else ""
+    return f"{NOTIFY_CHANNEL}_events{suffix}"
+
+
+def lock_event_name(db: str, namespace: str, name: str, *, shared: bool) -> None:
+    """Take the (namespace, name) lock until the transaction ends (PostgreSQL only)."""
+    connection = connections[db]
+    if connection.vendor != "postgresql":
+        return
+    function = "pg_advisory_xact_lock_shared" if shared else "pg_advisory_xact_lock"
+    with connection.cursor() as cursor:
+        cursor.execute(f"SELECT {function}(%s, hashtext(%s))", [LOCK_CLASS, f"{namespace}:{name}"])
+
+
+def event_publish(
+    name: str,
+    payload: Any,
+    *,
+    key: str | None,
+    namespace: str,
+    build_job: StepJobBuilder,
+    db: str | None = None,
+) -> int:
+    """Insert an event, wake the steps waiting on it; return its id (caller validated)."""
+    db = db or db_alias()
+    with transaction.atomic(using=db):
+        lock_event_name(db, namespace, name, shared=True)
+        event = Event(namespace=namespace, name=name, key=key, payload=payload)
+        event.save(using=db, force_insert=True)
+        wake_waiting_steps(db, event, build_job)
+        connection = connections[db]
+        if connection.vendor == "postgresql":
+            with connection.cursor() as cursor:
+                cursor.execute("SELECT pg_notify(%s, %s)", [event_channel(namespace), name])
+    return event.pk
+
+
+def event_lease(
+    name: str, *, key: str | None, namespace: str, lease_seconds: float, db: str | None = None
+) -> Event | None:
+    """Lease the oldest deliverable event of ``name`` (and ``key``) to the caller, or None.
+
+    Deliverable: not acked, and never leased or its lease ran out. A first
+    read without locks keeps an idle subscriber's poll from taking SQLite's
+    write lock; the lease itself is a locked read (SKIP LOCKED: two
+    subscribers never get one event) and an update in one transaction.
+    """
+    db = db or db_alias()
+    deliverable = Event.objects.using(db).filter(
+        Q(lease_expires_at__isnull=True) | Q(lease_expires_at__lt=Now()),
+        namespace=namespace,
+        name=name,
+        acked_at__isnull=True,
+    )
+    if key is not None:
+        deliverable = deliverable.filter(key=key)
+    if not deliverable.exists():
+        return None
+    with transaction.atomic(using=db):
+        take_sqlite_write_lock(db)
+        event_id = (
+            deliverable.order_by("id")
+            .select_for_update(skip_locked=True)
+            .values_list("id", flat=True)
+            .first()
+        )
+        if event_id is None:
+            return None
+        Event.objects.using(db).filter(id=event_id).update(
+            lease_expires_at=now_plus(lease_seconds), deliveries=F("deliveries") + 1
+        )
+        return Event.objects.using(db).get(id=event_id)
+
+
+def event_ack(event_id: int, *, namespace: str, db: str | None = None) -> bool:
+    """Mark an event consumed: True only for the call that did (compare-and-set)."""
+    db = db or db_alias()
+    return (
+        Event.objects.using(db)
+        .filter(id=event_id, namespace=namespace, acked_at__isnull=True)
+        .update(acked_at=Now(), lease_expires_at=None)
+        == 1
+    )
+
+
+def events_purge(
+    retention: float,
+    *,
+    batch: int,
+    max_seconds: float,
+    namespace: str = "",
+    db: str | None = None,
+) -> int:
+    """Delete ``namespace``'s events acked more than ``retention`` seconds ago.
+
+    Bounded batches (each a short statement) until none is left or
+    ``max_seconds`` pass; unacked events are never purged (someone may still
+    subscribe). Returns how many were deleted.
+    """
+    db = db or db_alias()
+    deleted = 0
+    deadline = time.monotonic() + max_seconds
+    old = Event.objects.using(db).filter(namespace=namespace, acked_at__lt=now_plus(-retention))
+    while time.monotonic() < deadline:
+        ids = list(old.order_by("acked_at").values_list("id", flat=True)[:batch])
+        if not ids:
+            break
+        deleted += Event.objects.using(db).filter(id__in=ids).delete()[0]
+        if len(ids) < batch:
+            break
+    return deleted
