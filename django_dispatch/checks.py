@@ -338,3 +338,21 @@ def _check_cron_entries(entries: dict[str, Any]) -> list[checks.CheckMessage]:
                 )
             )
     return messages
+
+
+@checks.register()
+def check_artifact_storage(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:
+    """``DISPATCH["ARTIFACT_STORAGE"]`` names a ``STORAGES`` alias (else every save fails)."""
+    alias = (getattr(settings, "DISPATCH", None) or {}).get("ARTIFACT_STORAGE", "default")
+    known = list(getattr(settings, "STORAGES", None) or {})
+    if isinstance(alias, str) and alias in known:
+        return []
+    return [
+        checks.Error(
+            f"DISPATCH['ARTIFACT_STORAGE'] is {alias!r}, which is not a key of STORAGES "
+            f"({', '.join(map(repr, known)) or 'none'}).",
+            hint="Add that alias to STORAGES or name one of its keys; see "
+            f"{docs_url('artifacts', 'storage')}",
+            id="django_dispatch.E050",
+        )
+    ]

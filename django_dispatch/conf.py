@@ -90,6 +90,13 @@ class DispatchSettings:
     #: Cron entries: {name: {"schedule", "task", "args", "kwargs", "timezone",
     #: "queue_name", "priority", "misfire_policy", "enabled"}}.
     CRON: dict[str, dict[str, Any]] = field(default_factory=dict)
+    #: The STORAGES alias that ``context.save_artifact`` writes to.
+    ARTIFACT_STORAGE: str = "default"
+    #: Seconds after which an ephemeral artifact with no link (its attempt lost
+    #: its lease or crashed before linking) is soft-deleted. Longer than any write.
+    ARTIFACT_ORPHAN_SECONDS: float = DAY
+    #: Seconds a soft-deleted artifact is kept before its file and record are purged.
+    ARTIFACT_PURGE_GRACE: float = DAY
 
     @staticmethod
     def _validate_mapping(name: str, value: Any) -> list[str]:
@@ -121,6 +128,9 @@ class DispatchSettings:
             value = getattr(self, f.name)
             if f.name in ("JOB_RETENTION", "CRON"):
                 problems += self._validate_mapping(f.name, value)
+            elif f.name == "ARTIFACT_STORAGE":  # a STORAGES alias: checked by checks.py
+                if not isinstance(value, str):
+                    problems.append(f"DISPATCH['{f.name}'] must be a string, got {value!r}.")
             elif f.type in (bool, "bool"):
                 if not isinstance(value, bool):
                     problems.append(f"DISPATCH['{f.name}'] must be True or False, got {value!r}.")

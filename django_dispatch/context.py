@@ -8,10 +8,13 @@ from typing import Any
 
 from asgiref.sync import sync_to_async
 
-from . import store
+from . import artifact_files, store
 from .compat import TaskContext
 from .encoding import to_json
 from .exceptions import JobCancelled
+from .models.artifact import Artifact, OwnerKind
+from .store import artifacts as artifact_store
+from .store.artifacts import LinkSpec
 
 
 # django-stubs declares TaskContext non-frozen; Django's own class is frozen.
@@ -62,6 +65,58 @@ class DispatchTaskContext(TaskContext):  # type: ignore[misc]
 
     async def aprogress(self, value: Any) -> None:
         await sync_to_async(self.progress, thread_sensitive=True)(value)
+
+    def save_artifact(
+        self,
+        name: str,
+        content: Any,
+        *,
+        content_type: str | None = None,
+        durable: bool = False,
+        expires_in: float | None = None,
+    ) -> Artifact:
+        """Store ``content`` (bytes, or a binary file object, streamed) as an
+        artifact of this job and attempt; return its record.
+
+        Written through ``STORAGES[DISPATCH["ARTIFACT_STORAGE"]]`` with its
+        size and SHA-256, then linked to the job under ``name`` and the
+        current attempt, fenced by the lease: raises ``JobCancelled`` once
+        this worker no longer holds the job (the file is left unlinked, for
+        the orphan sweep). ``durable`` artifacts outlive the job's purge;
+        ``expires_in`` (seconds) soft-deletes the artifact then. Bad input
+        (a bad name, non-bytes content, a negative expiry, an unknown
+        storage alias) raises before anything is written. See docs/artifacts.md.
+        """
+        if self.cancel_event.is_set():
+            raise JobCancelled(self._gone())
+        attempt = self.task_result.attempts
+        spec = LinkSpec(OwnerKind.JOB, self.lease.job_id, name, attempt)
+
+        def finish(artifact_id: int, stored: dict[str, Any]) -> Any:
+            return artifact_store.artifact_finish_job(self.lease, artifact_id, spec, stored=stored)
+
+        def lost() -> JobCancelled:
+            self.cancel_event.set()
+            return JobCancelled(self._gone())
+
+        return artifact_files.save(
+            namespace=self.lease.namespace,
+            kind=OwnerKind.JOB,
+            owner_id=self.lease.job_id,
+            attempt_dir=f"a{attempt}",
+            name=name,
+            content=content,
+            content_type=content_type,
+            durable=durable,
+            expires_in=expires_in,
+            finish=finish,
+            lost=lost,
+        )
+
+    async def asave_artifact(self, name: str, content: Any, **options: Any) -> Artifact:
+        return await sync_to_async(self.save_artifact, thread_sensitive=True)(
+            name, content, **options
+        )
 
     def _gone(self) -> str:
         return (

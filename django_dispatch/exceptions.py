@@ -52,3 +52,9 @@ class InvalidTaskArgumentValue(InvalidTaskArguments, ValueError):
     Django's own backends catches what we raise (and it stays an
     ``InvalidTaskArguments``, a ``TypeError``, like every argument error).
     """
+
+
+class ArtifactExists(DispatchError):
+    """A live artifact already holds these storage coordinates (storage alias and
+    stored name), or the owner already linked another artifact under this name
+    in this attempt. Exactly one of two concurrent creates gets it."""

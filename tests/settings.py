@@ -43,6 +43,8 @@ MIDDLEWARE = [
     "django.contrib.messages.middleware.MessageMiddleware",
 ]
 ROOT_URLCONF = "tests.urls"
+# Artifacts saved through STORAGES["default"] (worker subprocesses get the test's directory).
+MEDIA_ROOT = os.environ.get("DISPATCH_TEST_MEDIA_ROOT", str(BASE_DIR / ".media"))
 STATIC_URL = "/static/"
 TEMPLATES = [
     {

@@ -22,6 +22,7 @@ from typing import Any
 from .. import store
 from ..conf import DispatchSettings
 from ..observability import events, metrics
+from ..store.artifacts import artifacts_sweep
 from ..store.dead_letters import purge_past_retention
 from ..workflows.engine import sweep_stale_steps
 from ..workflows.retention import purge_events_and_runs
@@ -58,6 +59,7 @@ class Maintenance:
             Every(cfg.RECLAIM_INTERVAL, self.reclaim),
             Every(cfg.PURGE_INTERVAL, self.purge),
             Every(cfg.PURGE_INTERVAL, self.unstick_partitions),
+            Every(cfg.PURGE_INTERVAL, self.sweep_artifacts),
         ]
         if cron:
             duties.append(
@@ -153,6 +155,21 @@ class Maintenance:
         if jobs or letters:
             logger.info("retention: deleted %s jobs and %s dead letters", jobs, letters)
         purge_events_and_runs(cfg, db=self.db, namespace=self.namespace)  # #15
+
+    def sweep_artifacts(self) -> None:
+        """One bounded round of the artifact lifecycle (see ``store.artifacts``)."""
+        if not self.leader:
+            return
+        cfg = self.settings
+        counts = artifacts_sweep(
+            orphan_seconds=cfg.ARTIFACT_ORPHAN_SECONDS,
+            purge_grace=cfg.ARTIFACT_PURGE_GRACE,
+            batch=cfg.PURGE_BATCH,
+            namespace=self.namespace,
+            db=self.db,
+        )
+        if counts.busy:
+            logger.info("artifacts: %s", counts)
 
     def resign(self) -> None:
         """On the way out: let go of the leadership and stop exporting live gauges."""

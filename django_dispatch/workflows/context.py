@@ -98,6 +98,23 @@ class StepContext:
     async def aprogress(self, value: Any) -> None:
         await sync_to_async(self.progress, thread_sensitive=True)(value)
 
+    def save_artifact(self, name: str, content: Any, **options: Any) -> Any:
+        """Store an artifact of this step and attempt (see ``context.save_artifact``
+        and docs/artifacts.md); raises ``StepLost`` once the attempt lost its step."""
+        from ..artifact_files import save_for_step
+
+        if self.cancelled:
+            raise StepLost(self._gone())
+
+        def lost() -> StepLost:
+            self.stop_event.set()
+            return StepLost(self._gone())
+
+        return save_for_step(
+            self.step_id, self.claim_id, self.generation, self.attempt, name, content,
+            lost=lost, **options,
+        )  # fmt: skip
+
     def start_child(self, workflow: Workflow, input: Any = None) -> StartChild:
         """Ask to start a child run of ``workflow``; *return* what this gives.
 

@@ -1,0 +1,104 @@
+"""Artifacts under concurrency and failure: racing creates, a failing storage, a real worker."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+import pytest
+from django.core.files.storage import storages
+from django.utils import timezone
+
+from django_dispatch import artifacts
+from django_dispatch.exceptions import ArtifactExists
+from django_dispatch.models import Artifact, Job
+from django_dispatch.store import artifacts as artifact_store
+from tests.artifact_storages import FailingDeleteStorage
+from tests.concurrency import run_concurrently
+from tests.conftest import wait_until
+from tests.testapp import artifact_tasks
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+def _create(name):
+    def create():
+        try:
+            return artifact_store.artifact_create(storage="default", name=name)
+        except ArtifactExists as e:
+            return e
+
+    return create
+
+
+def test_two_concurrent_creates_at_one_storage_name_one_wins():
+    for round_ in range(10):
+        name = f"dispatch/race/{round_}.bin"
+        outcomes = run_concurrently(_create(name), _create(name), together=True)
+        won = [o for o in outcomes if isinstance(o, Artifact)]
+        lost = [o for o in outcomes if isinstance(o, ArtifactExists)]
+        assert len(won) == 1 and len(lost) == 1, outcomes
+        assert "already holds" in str(lost[0])
+        assert Artifact.objects.filter(name=name).count() == 1
+
+
+@pytest.fixture
+def failing_storage(settings, tmp_path):
+    settings.STORAGES = {
+        **settings.STORAGES,
+        "flaky": {
+            "BACKEND": "tests.artifact_storages.FailingDeleteStorage",
+            "OPTIONS": {"location": str(tmp_path / "flaky")},
+        },
+    }
+    settings.DISPATCH = {**settings.DISPATCH, "ARTIFACT_STORAGE": "flaky"}
+    FailingDeleteStorage.failures = 0
+    FailingDeleteStorage.attempts = 0
+    return storages["flaky"]
+
+
+def test_a_storage_error_keeps_the_record_and_the_next_sweep_retries(failing_storage):
+    result = artifact_tasks.save_report.enqueue("flaky")
+    from django_dispatch.testing import drain
+
+    drain()
+    artifact = artifacts.find(result.id, "report.txt")
+    assert failing_storage.exists(artifact.name)
+    artifacts.delete(artifact)
+    Artifact.objects.filter(pk=artifact.pk).update(deleted_at=timezone.now() - timedelta(days=2))
+    FailingDeleteStorage.failures = 1
+    counts = artifact_store.artifacts_sweep(orphan_seconds=60, purge_grace=60, batch=10)
+    assert (counts.purged, counts.purge_failed) == (0, 1)
+    assert FailingDeleteStorage.attempts == 1
+    assert artifacts.get_record(artifact.pk).deleted_at is not None  # still tracked
+    assert failing_storage.exists(artifact.name)
+    counts = artifact_store.artifacts_sweep(orphan_seconds=60, purge_grace=60, batch=10)
+    assert (counts.purged, counts.purge_failed) == (1, 0)
+    assert FailingDeleteStorage.attempts == 2
+    assert not failing_storage.exists(artifact.name)
+    assert not Artifact.objects.filter(pk=artifact.pk).exists()
+
+
+def test_delete_now_purges_at_once_or_keeps_the_record_on_error(failing_storage):
+    a = artifact_store.artifact_create(storage="flaky", name="dispatch/now-a.bin")
+    b = artifact_store.artifact_create(storage="flaky", name="dispatch/now-b.bin")
+    for artifact in (a, b):
+        failing_storage.save(artifact.name, __import__("io").BytesIO(b"x"))
+    FailingDeleteStorage.failures = 1
+    assert artifact_store.artifacts_delete_now([a.pk, b.pk]) == (1, 1)
+    left = Artifact.objects.get()
+    assert left.deleted_at is not None and failing_storage.exists(left.name)
+
+
+@pytest.mark.slow
+def test_a_real_worker_saves_an_artifact(start_worker, settings, tmp_path):
+    media = tmp_path / "media"
+    settings.MEDIA_ROOT = str(media)
+    result = artifact_tasks.save_report.enqueue("worker", fail_until=1)
+    worker = start_worker(env={"DISPATCH_TEST_MEDIA_ROOT": str(media)})
+    wait_until(lambda: Job.objects.get(pk=result.id).state == "succeeded", what=worker.output)
+    newest = artifacts.find(result.id, "report.txt")
+    assert newest is not None
+    with artifacts.open(newest) as f:
+        assert f.read() == b"worker attempt 2"
+    assert (media / newest.name).is_file()
+    assert len(artifacts.for_owner(result.id)) == 2
