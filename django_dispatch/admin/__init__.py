@@ -12,6 +12,7 @@ Actions a user may not take are not offered:
 * the models' ``view``/``change``/``delete`` permissions as usual.
 """
 
+from .artifacts import ArtifactAdmin
 from .cron import CronEntryAdmin
 from .dead_letters import DeadLetterAdmin
 from .jobs import JobAdmin
@@ -19,6 +20,7 @@ from .workers import WorkerAdmin
 from .workflows import WorkflowRunAdmin, WorkflowTaskAdmin
 
 __all__ = [
+    "ArtifactAdmin",
     "CronEntryAdmin",
     "DeadLetterAdmin",
     "JobAdmin",

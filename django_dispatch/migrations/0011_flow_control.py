@@ -29,7 +29,12 @@ class Migration(migrations.Migration):
                 ("queue_name", models.CharField(max_length=100)),
                 ("paused_at", models.DateTimeField(auto_now_add=True)),
             ],
-            options={"ordering": ["queue_name"]},
+            options={
+                "verbose_name": "queue",
+                "verbose_name_plural": "queues",
+                "ordering": ["queue_name"],
+                "permissions": [("pause_queue", "Can pause and resume queues")],
+            },
         ),
         migrations.AddConstraint(
             model_name="pausedqueue",

@@ -29,6 +29,10 @@ class PausedQueue(models.Model):
     class Meta:
         app_label = "django_dispatch"
         ordering = ["queue_name"]
+        # The admin's queue page lives at this model's changelist URL.
+        verbose_name = "queue"
+        verbose_name_plural = "queues"
+        permissions = [("pause_queue", "Can pause and resume queues")]
         constraints = [
             models.UniqueConstraint("namespace", "queue_name", name="dispatch_paused_queue"),
         ]
