@@ -362,3 +362,26 @@ def test_a_replayed_job_has_its_own_artifacts_and_the_old_ones_stay(storage):
     assert read(artifacts.find(again.id, "report.txt")) == b"replay attempt 1"
     assert read(artifacts.find(result.id, "report.txt")) == b"replay attempt 3"
     assert len(artifacts.for_owner(result.id)) == 3
+
+
+def test_the_leader_runs_the_lifecycle_and_other_workers_do_not(storage):
+    from dataclasses import replace
+
+    from django_dispatch.conf import get_settings
+    from django_dispatch.runtime.maintenance import Maintenance
+
+    orphan = artifact_store.artifact_create(storage="artifacts", name="dispatch/leader.bin")
+    storage.save(orphan.name, io.BytesIO(b"x"))
+    age(orphan, created_at=120)
+    cfg = replace(get_settings(), ARTIFACT_ORPHAN_SECONDS=60.0, ARTIFACT_PURGE_GRACE=60.0)
+    maintenance = Maintenance("w1", cfg, db="default")
+    assert maintenance.sweep_artifacts in [d.run for d in maintenance.duties(cron=False)]
+    maintenance.sweep_artifacts()  # not the leader: nothing
+    assert artifacts.get(orphan.pk)
+    maintenance.leader = True
+    maintenance.sweep_artifacts()
+    assert artifacts.get_record(orphan.pk).deleted_at is not None
+    age(orphan, deleted_at=120)
+    maintenance.sweep_artifacts()
+    assert not Artifact.objects.filter(pk=orphan.pk).exists()
+    assert not storage.exists(orphan.name)

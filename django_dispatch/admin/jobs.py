@@ -20,6 +20,7 @@ from ..compat import admin_action
 from ..exceptions import AlreadyReplayed
 from ..models import DeadLetter, Job
 from ..states import JobState
+from .artifacts import artifacts_field
 from .common import (
     BOTH,
     CHANGE_FORM_TEMPLATE,
@@ -87,6 +88,7 @@ class JobAdmin(OverviewPage, SQLiteWriteLockFirst, ReadOnlyRows, DeleteThroughAc
             },
         ),
         ("Errors", {"fields": ["errors_display", "dead_letter_link"]}),
+        ("Artifacts", {"fields": ["artifacts_display"]}),  # #18
         (
             "Data",
             {
@@ -125,6 +127,7 @@ class JobAdmin(OverviewPage, SQLiteWriteLockFirst, ReadOnlyRows, DeleteThroughAc
         "return_value_display",
         "errors_display",
         "dead_letter_link",
+        "artifacts_display",
     ]
 
     # --- permissions: read-only rows; state changes only through actions ----
@@ -138,6 +141,7 @@ class JobAdmin(OverviewPage, SQLiteWriteLockFirst, ReadOnlyRows, DeleteThroughAc
     # --- detail page ----------------------------------------------------------
 
     worker_ids_display = rendered_field("worker_ids", "Worker ids (one per attempt)")
+    artifacts_display = artifacts_field("job")
     args_display = rendered_field("args", "Args")
     kwargs_display = rendered_field("kwargs", "Kwargs")
     checkpoint_display = rendered_field("checkpoint", "Checkpoint")

@@ -25,6 +25,7 @@ from ..workflows import services
 
 # Much the same names as jobs.py imports: one toolkit shared by the admins, listed
 # name by name (an import list, not logic to fold).
+from .artifacts import artifacts_field
 from .common import (
     BOTH,
     CHANGE_FORM_TEMPLATE,
@@ -202,6 +203,7 @@ class WorkflowRunAdmin(OperatorActions, BigTable, ReplayFromStep):
         "input_display",
         "output_display",
         "replay_link",
+        "artifacts_display",
     ]
     readonly_fields = [
         "parent_link",
@@ -210,6 +212,7 @@ class WorkflowRunAdmin(OperatorActions, BigTable, ReplayFromStep):
         "input_display",
         "output_display",
         "replay_link",
+        "artifacts_display",
     ]
 
     def get_queryset(self, request: HttpRequest) -> QuerySet[WorkflowRun]:
@@ -218,6 +221,8 @@ class WorkflowRunAdmin(OperatorActions, BigTable, ReplayFromStep):
     @admin.display(description="Current step", ordering="current")
     def current_step(self, run: WorkflowRun) -> str:
         return getattr(run, "current", None) or "-"
+
+    artifacts_display = artifacts_field("run")  # #18
 
     @admin.display(description="Started by")
     def parent_link(self, run: WorkflowRun) -> str:
@@ -316,6 +321,7 @@ class WorkflowTaskAdmin(StepDisplays, OperatorActions, BigTable):
         "output_display",
         "checkpoint_display",
         "errors_display",
+        "artifacts_display",
     ]
     readonly_fields = [
         "run_link",
@@ -324,7 +330,10 @@ class WorkflowTaskAdmin(StepDisplays, OperatorActions, BigTable):
         "output_display",
         "checkpoint_display",
         "errors_display",
+        "artifacts_display",
     ]
+
+    artifacts_display = artifacts_field("step")  # #18
 
     @admin.display(description="Run", ordering="run_id")
     def run_link(self, step: WorkflowTask) -> str:
