@@ -127,6 +127,9 @@ USE_I18N = True
 USE_TZ = True
 
 STATIC_URL = "static/"
+# Where STORAGES["default"] (FileSystemStorage) keeps files: the demo's
+# artifacts (shop.tasks.export_deliveries) land under media/dispatch/.
+MEDIA_ROOT = BASE_DIR / "media"
 
 LOGGING = {
     "version": 1,

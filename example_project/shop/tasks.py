@@ -124,3 +124,23 @@ def generate_report(context, seconds):
         task="generate_report", job_id=context.task_result.id, detail=f"{seconds} s report"
     )
     return f"report built in {seconds} s"
+
+
+@task(takes_context=True)
+def export_deliveries(context):
+    """Saves an artifact: a CSV of every delivery so far, kept for a week.
+
+    ``save_artifact`` stores it through ``STORAGES["default"]`` (here the
+    ``media/`` directory), linked to this job and attempt; read it back with
+    ``artifacts.find(job_id, "deliveries.csv")`` or download it from the job's
+    admin page. See docs/artifacts.md.
+    """
+    rows = Delivery.objects.order_by("id").values_list("id", "task", "detail")
+    csv = "id,task,detail\n" + "".join(f'{i},{t},"{d}"\n' for i, t, d in rows)
+    artifact = context.save_artifact("deliveries.csv", csv.encode(), expires_in=7 * 86400)
+    Delivery.objects.create(
+        task="export_deliveries",
+        job_id=context.task_result.id,
+        detail=f"{artifact.size} bytes saved as artifact #{artifact.id}",
+    )
+    return {"artifact": artifact.id, "bytes": artifact.size}

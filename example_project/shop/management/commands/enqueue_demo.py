@@ -22,6 +22,7 @@ class Command(BaseCommand):
             ("checkpoints, resumes", tasks.rebuild_search_index.enqueue(5)),
             ("within its timeout", tasks.generate_report.enqueue(0.1)),
             ("over its timeout", tasks.generate_report.enqueue(5)),
+            ("saves a CSV artifact", tasks.export_deliveries.enqueue()),
         ]
 
         # Many calls of one task in a single INSERT.
