@@ -90,6 +90,17 @@ class DispatchSettings:
     #: Cron entries: {name: {"schedule", "task", "args", "kwargs", "timezone",
     #: "queue_name", "priority", "misfire_policy", "enabled"}}.
     CRON: dict[str, dict[str, Any]] = field(default_factory=dict)
+    #: Seconds a usage record (``JobUsage``, one per attempt) is kept (#16).
+    USAGE_RETENTION: float = 30 * DAY
+    #: This worker's capacity (``rundispatch --capacity``), e.g.
+    #: ``{"memory_mb": 8192, "gpu": 1}``; empty: it runs only jobs without needs.
+    CAPACITY: dict[str, int] = field(default_factory=dict)
+    #: This worker's locality (``rundispatch --locality``); "": none.
+    LOCALITY: str = ""
+    #: Seconds a job with resource needs may wait, while a worker that could
+    #: hold it keeps taking smaller jobs, before that worker stops taking
+    #: them until the big job fits (the starvation bound, docs/tasks.md).
+    RESOURCE_STARVATION_SECONDS: float = 60.0
     #: The STORAGES alias that ``context.save_artifact`` writes to.
     ARTIFACT_STORAGE: str = "default"
     #: Seconds after which an ephemeral artifact with no link (its attempt lost
@@ -126,6 +137,8 @@ class DispatchSettings:
         wrong_type = False
         for f in fields(self):
             value = getattr(self, f.name)
+            if f.name in ("CAPACITY", "LOCALITY"):  # #16: checked below
+                continue
             if f.name in ("JOB_RETENTION", "CRON"):
                 problems += self._validate_mapping(f.name, value)
             elif f.name == "ARTIFACT_STORAGE":  # a STORAGES alias: checked by checks.py
@@ -141,6 +154,7 @@ class DispatchSettings:
                 problems.append(f"DISPATCH['{f.name}'] must be positive, got {value!r}.")
             elif f.name in _WHOLE_NUMBERS and int(value) != value:
                 problems.append(f"DISPATCH['{f.name}'] must be a whole number, got {value!r}.")
+        problems += _resource_problems(self.CAPACITY, self.LOCALITY)
         if wrong_type:  # the comparisons below need numbers
             return problems
         if self.WORKER_STALE_SECONDS <= self.HEARTBEAT_INTERVAL * 3:
@@ -156,6 +170,19 @@ class DispatchSettings:
                 "survives two missed heartbeats. Lower the interval or raise the lease."
             )
         return problems
+
+
+def _resource_problems(capacity: Any, locality: Any) -> list[str]:
+    from .resources import check_capacity
+
+    problems = []
+    try:
+        check_capacity(capacity)
+    except ValueError as e:
+        problems.append(str(e))
+    if not isinstance(locality, str):
+        problems.append(f"DISPATCH['LOCALITY'] must be a string, got {locality!r}.")
+    return problems
 
 
 _FIELD_NAMES = {f.name for f in fields(DispatchSettings)}

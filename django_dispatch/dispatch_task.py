@@ -20,6 +20,8 @@ from django.utils.module_loading import import_string
 from .compat import InvalidTask, Task
 from .exceptions import InvalidTaskArguments, UnknownTask
 from .models.job import KEY_MAX_LENGTH
+from .resources import AUTO, FrozenNeeds, check_locality, check_needs
+from .flow_options import check_concurrency
 from .retry import Backoff
 
 
@@ -38,6 +40,17 @@ class DispatchTask(Task):
     timeout: float | None = None
     partition_key: str | None = None
     idempotency_key: str | None = None
+    #: At most this many jobs of the task run at once, per ``concurrency_key`` (#17).
+    concurrency_limit: int | None = None
+    concurrency_key: str | None = None
+    #: Resource needs (#16): {name: whole number}, or "auto" (from usage history).
+    resources: Mapping[str, int] | str | None = None
+    locality: str | None = None
+
+    def __post_init__(self) -> None:
+        if type(self.resources) is dict:  # hashable, so the task keeps its enqueue plan
+            object.__setattr__(self, "resources", FrozenNeeds(self.resources))
+        Task.__post_init__(self)
 
     def using(  # type: ignore[override]
         self,
@@ -48,6 +61,9 @@ class DispatchTask(Task):
         backend: str | None = None,
         partition_key: str | None = None,
         idempotency_key: str | None = None,
+        concurrency_key: str | None = None,
+        resources: Mapping[str, int] | str | None = None,
+        locality: str | None = None,
     ) -> DispatchTask:
         """A copy of this task with per-enqueue options changed."""
         changes: dict[str, Any] = {
@@ -57,6 +73,9 @@ class DispatchTask(Task):
             "backend": backend,
             "partition_key": partition_key,
             "idempotency_key": idempotency_key,
+            "concurrency_key": concurrency_key,
+            "resources": resources,
+            "locality": locality,
         }
         return _replace(self, validate=True, **{k: v for k, v in changes.items() if v is not None})
 
@@ -98,7 +117,11 @@ def validate_options(task: Task) -> None:
             "backoff must be a function (exception, task_result) -> seconds or None, "
             f"got {task.backoff!r}."
         )
-    for name in ("partition_key", "idempotency_key"):
+    if task.resources != AUTO:
+        check_needs(task.resources)  # InvalidTask saying what is wrong
+    check_locality(task.locality)
+    check_concurrency(task)
+    for name in ("partition_key", "idempotency_key", "concurrency_key"):
         value = getattr(task, name)
         if value is not None and (
             not isinstance(value, str) or not value or len(value) > KEY_MAX_LENGTH
@@ -141,6 +164,7 @@ def task_for_row(row: Mapping[str, Any]) -> Task:
     if isinstance(task, DispatchTask):
         changes["partition_key"] = row["partition_key"]
         changes["idempotency_key"] = row["idempotency_key"]
+        changes["concurrency_key"] = row.get("concurrency_key") or None
     return _replace(task, validate=False, **changes)
 
 

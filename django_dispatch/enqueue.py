@@ -26,6 +26,7 @@ from .encoding import JSON_DECODER, check_storable_json, dumps, json_text, to_js
 from .limits import JSONTooLarge, check_size
 from .models import Job
 from .observability import metrics
+from .placement import is_auto, place
 from .results import enqueued_signal_is_silent, ready_results, send_robust
 from .retry import Backoff, exponential_backoff
 from .store.enqueue import CallChunk, JobSpec, jobs_insert_calls
@@ -132,18 +133,22 @@ class DispatchBackendBase(BaseTaskBackend):
             except TypeError:  # an unhashable option: validate_task says what is wrong
                 cacheable = False
         self.validate_task(task)
+        cacheable = cacheable and not is_auto(task)  # its needs follow its history (#16)
         plan = EnqueuePlan(
             task=task,
-            spec=JobSpec.of(
-                task_path=task.module_path,
-                namespace=self.namespace,
-                backend=self.alias,
-                queue_name=task.queue_name,
-                priority=task.priority,
-                deferred_until=task.run_after,
-                partition_key=getattr(task, "partition_key", None),
-                idempotency_key=getattr(task, "idempotency_key", None),
-                max_attempts=self.max_attempts_for(task),
+            spec=place(
+                JobSpec.of(
+                    task_path=task.module_path,
+                    namespace=self.namespace,
+                    backend=self.alias,
+                    queue_name=task.queue_name,
+                    priority=task.priority,
+                    deferred_until=task.run_after,
+                    partition_key=getattr(task, "partition_key", None),
+                    idempotency_key=getattr(task, "idempotency_key", None),
+                    max_attempts=self.max_attempts_for(task),
+                ),
+                task,
             ),
             arity=plain_arity(task),
         )

@@ -73,6 +73,11 @@ class Job(models.Model):
     deferred_until = models.DateTimeField(null=True, blank=True)
     partition_key = models.CharField(max_length=KEY_MAX_LENGTH, null=True, blank=True)
     idempotency_key = models.CharField(max_length=KEY_MAX_LENGTH, null=True, blank=True)
+    #: ``@task(concurrency_limit=N)`` (#17): at most N running jobs per
+    #: (namespace, task, concurrency key); NULL for jobs without a limit. The
+    #: key is ``.using(concurrency_key=...)``, ``""`` for the task-wide cap.
+    concurrency_key = models.CharField(max_length=KEY_MAX_LENGTH, null=True, blank=True)
+    concurrency_limit = models.PositiveIntegerField(null=True, blank=True)
 
     attempts = models.PositiveIntegerField(default=0, help_text="Attempts started.")
     max_attempts = models.PositiveIntegerField(default=1)
@@ -97,6 +102,17 @@ class Job(models.Model):
     #: without OpenTelemetry, or outside any trace (see observability.tracing).
     trace_context = models.JSONField(null=True, blank=True)
 
+    #: What the job needs of a worker's capacity (``@task(resources=...)``,
+    #: #16): {name: whole number}, or NULL for none. ``resource_shape`` is a
+    #: 63-bit hash of the needs (``resources.shape_of``), NULL without needs:
+    #: the claim finds the distinct shapes pending by a skip scan of their
+    #: index and reads only the shapes that fit (see ``store.resources``).
+    resources = models.JSONField(null=True, blank=True)
+    resource_shape = models.BigIntegerField(null=True, blank=True)
+    #: Where the job prefers to run (``.using(locality=...)``): preferred,
+    #: not required (a worker of this locality takes it first among equals).
+    locality = models.CharField(max_length=100, null=True, blank=True)
+
     enqueued_at = models.DateTimeField(db_default=Now())
     started_at = models.DateTimeField(null=True, blank=True)
     last_attempted_at = models.DateTimeField(null=True, blank=True)
@@ -110,13 +126,26 @@ class Job(models.Model):
             # The claim: runnable jobs of one namespace in claim order.
             # Partial, so finished rows never enter it; led by the namespace,
             # so one namespace's backlog is never read by another's claim.
+            # Jobs with resource needs are kept out of it (#16): a worker
+            # without capacity never reads past a backlog of big jobs.
             models.Index(
                 "namespace",
                 F("priority").desc(),
                 "run_after",
                 "id",
                 name="dispatch_job_claim",
-                condition=Q(state=JobState.PENDING),
+                condition=Q(state=JobState.PENDING, resource_shape__isnull=True),
+            ),
+            # The claim of jobs with needs: one shape's runnable jobs in
+            # claim order (see ``store.resources``).
+            models.Index(
+                "namespace",
+                "resource_shape",
+                F("priority").desc(),
+                "run_after",
+                "id",
+                name="dispatch_job_claim_shaped",
+                condition=Q(state=JobState.PENDING, resource_shape__isnull=False),
             ),
             # The reclaim sweep: running jobs by lease expiry.
             models.Index(
@@ -140,6 +169,18 @@ class Job(models.Model):
                 "partition_key",
                 name="dispatch_job_part_cancelling",
                 condition=Q(state=JobState.CANCELLED, lease_expires_at__isnull=False),
+            ),
+            # Concurrency limits (#17, see ``store.flow``): a group's live
+            # jobs by state, to count its running/pending ones and find its
+            # oldest blocked ones; only jobs with a limit enter it.
+            models.Index(
+                "namespace",
+                "task_path",
+                "concurrency_key",
+                "state",
+                "id",
+                name="dispatch_job_conc_live",
+                condition=Q(state__in=LIVE_STATES, concurrency_limit__isnull=False),
             ),
             # Retention: finished jobs by state and age. Partial on terminal
             # states, so it never competes with the claim index.

@@ -17,13 +17,15 @@ import queue
 import threading
 import time
 
-from django.db import DatabaseError, InterfaceError, connections
+from django.db import DatabaseError, InterfaceError, connections, transaction
 
 from .. import store
 from ..compat import Task, task_finished
+from ..exceptions import TaskTimeout
 from ..observability import events
 from ..results import send_robust, signal_sender
-from . import timeouts
+from ..store.usage import usage_record_many
+from . import metering, timeouts
 from .connections import recover_after_error
 from .executor import Outcome, RunningJob
 
@@ -87,11 +89,18 @@ class BatchCompleter:
 
     @staticmethod
     def write(batch: list[RunningJob], db: str) -> set[int]:
-        """Inside the caller's transaction: the ids whose fenced write won."""
+        """Inside the caller's transaction: the ids whose fenced write won.
+
+        The winners' usage records go in the same transaction: one more
+        multi-row INSERT per wave, not per job.
+        """
         if not batch:
             return set()
         results = [(r.claimed.lease, r.finished.return_value) for r in batch if r.finished]
-        return set(store.jobs_finish_many_if_leased(results, db=db))
+        won = set(store.jobs_finish_many_if_leased(results, db=db))
+        entries = [metering.entry(r.claimed, "succeeded") for r in batch if r.claimed.id in won]
+        usage_record_many([e for e in entries if e is not None], db=db)
+        return won
 
     @staticmethod
     def settle(batch: list[RunningJob], won: set[int]) -> None:
@@ -120,6 +129,29 @@ class BatchCompleter:
         deadline = time.monotonic() + COALESCE_SECONDS
         while self.waiting.qsize() < running and time.monotonic() < deadline:
             time.sleep(COALESCE_SECONDS / 8)
+
+
+def usage_outcome(outcome: Outcome) -> str | None:
+    """The ``JobUsage.outcome`` of an attempt ending so; None: no attempt was spent."""
+    if outcome.kind in ("retry", "failed"):
+        return "timed_out" if isinstance(outcome.exception, TaskTimeout) else "failed"
+    return {"succeeded": "succeeded", "interrupted": "interrupted", "discarded": "cancelled"}.get(
+        outcome.kind
+    )
+
+
+def _write_with_usage(claimed: store.ClaimedJob, outcome: Outcome) -> bool:
+    """``_write``, and if it won, the attempt's usage record in the same transaction."""
+    kind = usage_outcome(outcome)
+    entry = metering.entry(claimed, kind) if kind else None
+    if entry is None:  # released, or task code never began on this worker
+        return _write(claimed, outcome)
+    db = store.db_alias()
+    with transaction.atomic(using=db):
+        won = _write(claimed, outcome)
+        if won:
+            usage_record_many([entry], db=db)
+    return won
 
 
 def _write(claimed: store.ClaimedJob, outcome: Outcome) -> bool:
@@ -173,7 +205,7 @@ def persist(
     pause = 0.05
     while True:
         try:
-            won = _write(claimed, outcome)
+            won = _write_with_usage(claimed, outcome)
             if not won and outcome.kind != "discarded":
                 store.job_ack_cancelled(lease, partition_key=claimed.row["partition_key"])
             break

@@ -15,11 +15,14 @@ import logging
 import queue
 import threading
 import time
+from inspect import iscoroutinefunction
 
 from django.db import DatabaseError, InterfaceError, connections
 
 from ..observability import events, tracing
-from . import completer, executor, timeouts
+from ..resources import minus
+from ..store.resources import Placement
+from . import completer, executor, metering, timeouts
 from .connections import ThreadConnections, database_went_away
 from .executor import Outcome, RunningJob
 
@@ -39,6 +42,27 @@ class Slots:
     def free(self) -> int:
         with self.lock:
             return self.concurrency - len(self.running)
+
+    def placement(
+        self, capacity: dict[str, int], locality: str, starvation_seconds: float
+    ) -> Placement | None:
+        """What the next claim may take (#16): None without capacity or locality
+        (the claim as before); else the capacity less what running jobs hold.
+        Jobs whose success waits in the completion wave hold nothing: the claim
+        that writes their wave frees their slots too."""
+        if not capacity and not locality:
+            return None
+        held: dict[str, int] = {}
+        with self.lock:
+            for running in self.running.values():
+                if running.finished is None:
+                    held = minus(held, running.claimed.row.get("resources"))
+        return Placement(
+            capacity=capacity,
+            locality=locality or None,
+            held={name: -amount for name, amount in held.items()},
+            starvation_seconds=starvation_seconds,
+        )
 
 
 class JobRunner:
@@ -69,6 +93,7 @@ class JobRunner:
                 return
             self.slots.threads[job_id] = threading.current_thread()
         outcome: Outcome | None = None
+        meter: metering.Meter | None = None
         try:
             try:
                 conns.ready_for_task(self.db)
@@ -81,15 +106,20 @@ class JobRunner:
                 outcome = Outcome(kind="released")
                 completer.persist(running.claimed, outcome, give_up_after=self.lease_seconds)
                 return
-            executor.resolve(running)  # once per job: the timeouts use it too
+            task = executor.resolve(running)  # once per job: the timeouts use it too
             events.started(running.claimed)
             began = time.monotonic()
+            # The attempt's usage record (#16): an async task's CPU is not this thread's.
+            meter = metering.start(
+                job_id, thread_cpu=task is None or not iscoroutinefunction(task.func)
+            )
             if tracing.AVAILABLE and tracing.active():  # a consumer span, under the enqueue's
                 with tracing.consumer(running.claimed) as span:
                     outcome = self._attempt(running)
                     tracing.outcome(span, outcome.kind, outcome.exception)
             else:
                 outcome = self._attempt(running)
+            meter.stop()
             events.ran(running.claimed, time.monotonic() - began)
             if not self.completer.submit(running, outcome):
                 # An abandoned job's outcome was recorded by whoever abandoned
@@ -116,6 +146,7 @@ class JobRunner:
         finally:
             if outcome is not None and outcome.kind == "interrupted":
                 database_went_away()  # the other threads' connections may be broken too
+            metering.forget(job_id, meter)
             _reset_connections()
             conns.done()
             with self.slots.lock:

@@ -24,6 +24,7 @@ from ..conf import DispatchSettings
 from ..observability import events, metrics
 from ..store.artifacts import artifacts_sweep
 from ..store.dead_letters import purge_past_retention
+from ..store.usage import usage_purge
 from ..workflows.engine import sweep_stale_steps
 from ..workflows.retention import purge_events_and_runs
 from . import scheduler
@@ -155,6 +156,15 @@ class Maintenance:
         if jobs or letters:
             logger.info("retention: deleted %s jobs and %s dead letters", jobs, letters)
         purge_events_and_runs(cfg, db=self.db, namespace=self.namespace)  # #15
+        records = usage_purge(
+            older_than=cfg.USAGE_RETENTION,
+            batch=cfg.PURGE_BATCH,
+            max_seconds=PURGE_MAX_SECONDS,
+            db=self.db,
+            namespace=self.namespace,
+        )
+        if records:
+            logger.info("retention: deleted %s usage records", records)
 
     def sweep_artifacts(self) -> None:
         """One bounded round of the artifact lifecycle (see ``store.artifacts``)."""

@@ -6,7 +6,7 @@ import os
 import socket
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from .recycling import Handover
 
@@ -33,6 +33,10 @@ class WorkerOptions:
     recycle: bool = False
     #: What the process this one replaced left to settle (see ``recycling``).
     predecessor: Handover | None = None
+    #: This process's capacity (``--capacity``, divided among ``--processes``)
+    #: and locality (#16). Neither: it claims exactly as before, jobs without needs.
+    capacity: dict[str, int] = field(default_factory=dict)
+    locality: str = ""
 
 
 class Every:

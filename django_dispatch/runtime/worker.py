@@ -71,6 +71,8 @@ class Worker:
             "concurrency": options.concurrency,
             "db": self.db,
             "namespace": options.namespace,
+            "capacity": options.capacity,  # #16
+            "locality": options.locality,
         }
         self.claimed_total = 0
         self.completer = completer.BatchCompleter(self.wakeup, self.settings.LEASE_SECONDS)
@@ -257,7 +259,12 @@ class Worker:
         # An empty claim is not an empty queue: jobs may wait behind a
         # partition head that another worker is running.
         due = self._guard(
-            lambda: store.jobs_due_exist(queues=opts.queues, db=self.db, namespace=opts.namespace)
+            lambda: store.jobs_due_exist(
+                queues=opts.queues,
+                db=self.db,
+                namespace=opts.namespace,
+                placement=self._placement(),
+            )
         )
         return due is False  # None: the database did not answer; keep going
 
@@ -284,7 +291,13 @@ class Worker:
             db=self.db,
             namespace=self.options.namespace,
             poll_interval=self.settings.POLL_INTERVAL,  # how stale a pause may be seen
+            placement=self._placement(),
         )
+
+    def _placement(self) -> store.resources.Placement | None:
+        opts = self.options
+        starve = self.settings.RESOURCE_STARVATION_SECONDS
+        return self.slots.placement(opts.capacity, opts.locality, starve)
 
     def _start(self, claimed: list[store.ClaimedJob]) -> None:
         for job in claimed:

@@ -22,7 +22,7 @@ recycled worker's leases read back by the process that replaced it),
 ``workflows`` (workflow runs and steps: a package of its own).
 """
 
-from . import workflows
+from . import resources, workflows  # noqa: F401 (resources: store.resources.Placement)
 from .base import NOTIFY_CHANNEL, db_alias, db_now, error_entry, notify, notify_channel
 from .claim import (
     CLAIM_FIELDS,

@@ -23,7 +23,7 @@ from django.db.models.functions import Coalesce, Now
 from ..models import Job
 from ..sql import JSONAppend
 from ..states import JobState
-from . import flow
+from . import flow, resources
 from .base import db_alias, job_sql, namespace_literal, take_sqlite_write_lock
 from .partitions import partition_heads, partitions_demote
 
@@ -80,6 +80,7 @@ CLAIM_FIELDS = (
     "enqueued_at",
     "started_at",
     "trace_context",
+    "resources",
 )
 
 
@@ -113,7 +114,11 @@ def claim_candidates(
     other namespaces' backlogs.
     """
     candidates = Job.objects.using(db).filter(
-        namespace=namespace, state=JobState.PENDING, run_after__lte=Now()
+        # Jobs with resource needs: only through store.resources (#16).
+        namespace=namespace,
+        state=JobState.PENDING,
+        resource_shape__isnull=True,
+        run_after__lte=Now(),
     )
     if queues:
         candidates = candidates.filter(queue_name__in=list(queues))
@@ -145,7 +150,8 @@ _CLAIM_SQL = """
 WITH candidates AS MATERIALIZED (
     SELECT {fields}, now() AS db_now
     FROM {job}
-    WHERE namespace = {namespace} AND state = {pending} AND run_after <= now() {filters}
+    WHERE namespace = {namespace} AND state = {pending} AND resource_shape IS NULL
+        AND run_after <= now() {filters}
     ORDER BY priority DESC, run_after, id
     LIMIT %(window)s
     FOR UPDATE SKIP LOCKED
@@ -173,7 +179,15 @@ ORDER BY candidates.priority DESC, candidates.run_after, candidates.id
 """
 #: JSON columns of CLAIM_FIELDS: Django's psycopg connection hands jsonb to
 #: raw queries as text.
-_JSON_FIELDS = ("args", "kwargs", "checkpoint", "errors", "worker_ids", "trace_context")
+_JSON_FIELDS = (
+    "args",
+    "kwargs",
+    "checkpoint",
+    "errors",
+    "worker_ids",
+    "trace_context",
+    "resources",
+)
 
 
 def claim_sql(
@@ -244,6 +258,7 @@ def jobs_claim(
     db: str | None = None,
     namespace: str = "",
     poll_interval: float = 1.0,
+    placement: resources.Placement | None = None,
 ) -> list[ClaimedJob]:
     """Lease up to ``limit`` runnable jobs of ``namespace`` to ``worker_id``, in claim order.
 
@@ -256,9 +271,12 @@ def jobs_claim(
 
     Jobs of paused queues are left out (``flow``: the paused set is cached
     for up to ``poll_interval`` seconds, so this costs no query when fresh).
+
+    ``placement``: a worker with capacity or a locality claims only jobs that
+    fit it (``resources``, #16); None (every other worker): jobs without needs.
     """
     db = db or db_alias()
-    fused = connections[db].vendor == "postgresql"
+    fused = connections[db].vendor == "postgresql" and placement is None
     # savepoint=False: the worker calls this inside its own cycle transaction
     with transaction.atomic(using=db, savepoint=False):
         take_sqlite_write_lock(db)
@@ -292,6 +310,17 @@ def jobs_claim(
                 )
                 leased += took
                 free -= len(took)
+            elif placement is not None:
+                rows = resources.candidates(
+                    db,
+                    queues,
+                    window,
+                    seen,
+                    namespace=namespace,
+                    placement=placement,
+                    fields=CLAIM_FIELDS,
+                    paused=paused,
+                )
             else:
                 rows = list(
                     claim_candidates(
@@ -299,6 +328,9 @@ def jobs_claim(
                     )
                 )
             runnable, demoted = _sort_out_partitions(db, rows, chosen, passed, namespace)
+            if placement is not None:  # only what fits, together (#16)
+                runnable, unfit = placement.take(runnable, free)
+                passed += unfit
             chosen += runnable[:free]
             passed += [r["id"] for r in runnable[free:]]
             demoted_total += demoted
@@ -375,7 +407,13 @@ def _sort_out_partitions(
     return runnable, len(demoted)
 
 
-def jobs_due_exist(*, queues: Sequence[str], db: str | None = None, namespace: str = "") -> bool:
+def jobs_due_exist(
+    *,
+    queues: Sequence[str],
+    db: str | None = None,
+    namespace: str = "",
+    placement: resources.Placement | None = None,
+) -> bool:
     """Whether any pending job of ``namespace`` is due now (one probe of the claim index).
 
     A claim can come back empty while such jobs exist (they wait behind
@@ -383,7 +421,10 @@ def jobs_due_exist(*, queues: Sequence[str], db: str | None = None, namespace: s
     """
     db = db or db_alias()
     due = Job.objects.using(db).filter(
-        namespace=namespace, state=JobState.PENDING, run_after__lte=Now()
+        resources.could_run(db, namespace, placement),  # #16: jobs this worker could ever hold
+        namespace=namespace,
+        state=JobState.PENDING,
+        run_after__lte=Now(),
     )
     paused_set = frozenset(flow.queues_paused(db, namespace=namespace))
     queues, paused = flow.claimable_queues(queues, paused_set)

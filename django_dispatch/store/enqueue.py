@@ -57,6 +57,11 @@ class JobSpec:
     max_attempts: int
     #: The backend's ``OPTIONS["NAMESPACE"]`` (``""``: the default namespace).
     namespace: str = ""
+    #: Resource needs, their shape and the locality (#16, see ``placement``);
+    #: a spec with any of them is inserted through the ORM.
+    resources: dict[str, int] | None = None
+    resource_shape: int | None = None
+    locality: str | None = None
 
     @classmethod
     def of(cls, **values: Any) -> JobSpec:
@@ -85,6 +90,9 @@ class JobSpec:
         )
         if self.deferred_until is not None:
             job.run_after = self.deferred_until
+        if self.resources is not None or self.locality is not None:
+            job.resources, job.resource_shape = self.resources, self.resource_shape
+            job.locality = self.locality
         return job
 
 
@@ -231,7 +239,7 @@ def job_insert_call(
     has not (issue #7). Elsewhere: the ORM.
     """
     connection = connections[db]
-    if connection.vendor != "postgresql":
+    if connection.vendor != "postgresql" or spec.resources or spec.locality:
         job = spec.new_job(args, kwargs)
         if trace_context is not None:
             job.trace_context = json.loads(trace_context)
@@ -290,7 +298,7 @@ def jobs_insert_calls(
     connection = connections[db]
     ids: list[int] = []
     enqueued: list[datetime] = []
-    if connection.vendor != "postgresql":
+    if connection.vendor != "postgresql" or spec.resources or spec.locality:
         jobs = [spec.new_job(args, kwargs) for chunk in chunks for args, kwargs in chunk.values]
         with transaction.atomic(using=db, savepoint=False):
             jobs_insert(jobs, db=db)

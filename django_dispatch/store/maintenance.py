@@ -22,6 +22,7 @@ from ..states import LIVE, JobState
 from .base import db_alias, error_entry, notify, take_sqlite_write_lock
 from .dead_letters import dead_letter_insert
 from .partitions import lock_partition_of_job, lock_partitions, partitions_promote
+from .usage import usage_record_lost
 
 logger = logging.getLogger("django_dispatch.store")
 
@@ -84,6 +85,8 @@ def jobs_rescue_expired(
                 "task_path",
                 "queue_name",
                 "attempts",
+                "last_attempted_at",
+                "resources",
             )
         )
         rescued: list[tuple[Mapping[str, Any], bool]] = []
@@ -98,6 +101,8 @@ def jobs_rescue_expired(
             else:
                 requeued.append(row["id"])
                 rescued.append((row, False))
+        # Each lost attempt's usage record (#16), with the rescue's outcome.
+        usage_record_lost(db, [row for row, _ in rescued], namespace)
         # A requeued job stays its key's head, but an older job may have been
         # demoted behind it (see ``job_fail_if_leased``): promote every key.
         partitions_promote(db, [row["partition_key"] for row in rows], namespace)

@@ -24,6 +24,8 @@ def worker_register(
     concurrency: int,
     db: str | None = None,
     namespace: str = "",
+    capacity: dict[str, int] | None = None,
+    locality: str | None = None,
 ) -> None:
     """Create or refresh this worker's row (serving ``namespace``).
 
@@ -33,6 +35,7 @@ def worker_register(
     """
     db = db or db_alias()
     fields = _fields(hostname, pid, queues, concurrency, running_jobs=0, namespace=namespace)
+    fields.update(capacity=capacity or None, locality=locality or None)  # #16
     workers = Worker.objects.using(db)
     if not workers.filter(id=worker_id).update(started_at=Now(), last_seen_at=Now(), **fields):
         _create(worker_id, fields, db)
@@ -48,6 +51,8 @@ def worker_touch(
     concurrency: int,
     db: str | None = None,
     namespace: str = "",
+    capacity: dict[str, int] | None = None,
+    locality: str | None = None,
 ) -> bool:
     """The heartbeat's write to the worker's row; True if the row had to be recreated.
 
@@ -64,6 +69,7 @@ def worker_touch(
     fields = _fields(
         hostname, pid, queues, concurrency, running_jobs=running_jobs, namespace=namespace
     )
+    fields.update(capacity=capacity or None, locality=locality or None)  # #16
     _create(worker_id, fields, db)
     logger.warning(
         "worker %s: its row was gone (deleted as stale while the worker was paused?); recreated it",

@@ -15,7 +15,7 @@ from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
-from ... import store
+from ... import resources, store
 from ...checks import unapplied_migrations
 from ...conf import get_settings
 from ...observability import exposition, metrics
@@ -100,6 +100,19 @@ class Command(BaseCommand):
             help="Address the metrics endpoint listens on (default: all interfaces).",
         )
         parser.add_argument(
+            "--capacity",
+            default=None,
+            help="What this host offers jobs with resource needs, e.g. memory_mb=8192,gpu=1 "
+            "(default: DISPATCH['CAPACITY']; none: only jobs without needs run here). "
+            "With --processes N, each process gets an Nth.",
+        )
+        parser.add_argument(
+            "--locality",
+            default=None,
+            help="This worker's locality: jobs enqueued with the same locality are taken "
+            "first among equal priorities (default: DISPATCH['LOCALITY']).",
+        )
+        parser.add_argument(
             "--shutdown-timeout",
             type=float,
             default=cfg.SHUTDOWN_TIMEOUT,
@@ -120,6 +133,7 @@ class Command(BaseCommand):
             )
         queues = [q.strip() for q in options["queues"].split(",") if q.strip()]
         self._check_queues(queues)
+        capacity, locality = self._placement(options)
         namespace = backend_namespace(options["backend"])
         base_id = options["worker_id"] or default_worker_id()
         predecessor = recycling.Handover.from_environ()
@@ -142,6 +156,8 @@ class Command(BaseCommand):
                     scheduler=not options["no_scheduler"],
                     recycle=recycle,
                     predecessor=predecessor,
+                    capacity=capacity,
+                    locality=locality,
                 )
             )
             worker.install_signal_handlers()
@@ -189,6 +205,20 @@ class Command(BaseCommand):
                 server.close()
         if code:
             raise SystemExit(code)
+
+    @staticmethod
+    def _placement(options: dict[str, Any]) -> tuple[dict[str, int], str]:
+        """``--capacity`` (or the setting) divided among ``--processes``; ``--locality``."""
+        cfg = get_settings()
+        raw = options["capacity"] if options["capacity"] is not None else cfg.CAPACITY
+        try:
+            capacity = resources.check_capacity(raw, what="--capacity")
+        except ValueError as e:
+            raise CommandError(str(e)) from None
+        locality = options["locality"] if options["locality"] is not None else cfg.LOCALITY
+        if locality and len(locality) > resources.NAME_MAX_LENGTH:
+            raise CommandError(f"--locality is longer than {resources.NAME_MAX_LENGTH} characters.")
+        return resources.divide(capacity, options["processes"]), locality
 
     @staticmethod
     def _serve(start: Any, port: int, addr: str, *args: Any) -> exposition.Server | None:

@@ -1,0 +1,105 @@
+"""What one attempt cost, measured on the worker (#16); written by the completer.
+
+A ``Meter`` starts on the job thread just before task code and stops just
+after it: wall time on the monotonic clock, CPU time of that thread
+(``time.thread_time``), and the process's peak RSS. Meters are kept by job
+id (``METERS``) rather than on the job's objects, so whoever writes the
+outcome (the job thread, the control loop after a timeout, the completion
+wave) finds it without being handed it.
+
+What the numbers mean:
+
+* ``cpu_seconds`` is the job thread's own CPU. An async task's coroutine runs
+  on an event loop that ``async_to_sync`` keeps on a helper thread, so its
+  CPU is not this thread's: None for async tasks, rather than a wrong zero.
+* ``peak_rss_mb`` is ``getrusage(RUSAGE_SELF).ru_maxrss`` read when the
+  attempt ends: the process's high-water mark since it started, shared with
+  the jobs beside it. It never goes down, so it is an upper bound of what
+  this attempt needed, exact for a process running one job at a time
+  (``--concurrency 1``), which is how to size memory-hungry tasks.
+"""
+
+from __future__ import annotations
+
+import resource
+import socket
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+
+from ..store.usage import UsageEntry
+
+#: Meters of the attempts running in this process, by job id.
+METERS: dict[int, Meter] = {}
+_LOCK = threading.Lock()
+HOST = socket.gethostname()
+#: ru_maxrss is in KiB on Linux, in bytes on macOS.
+_RSS_UNIT = 1 if sys.platform == "darwin" else 1024
+
+
+def peak_rss_mb() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * _RSS_UNIT / (1024 * 1024)
+
+
+@dataclass
+class Meter:
+    """One attempt's clocks; ``stop`` on the job thread, ``reading`` from anywhere."""
+
+    thread_cpu: bool = True  # False: async task, its CPU is not this thread's
+    began: float = field(default_factory=time.monotonic)
+    cpu_began: float = field(default_factory=time.thread_time)
+    wall: float | None = None
+    cpu: float | None = None
+    rss: float | None = None
+
+    def stop(self) -> None:
+        self.wall = time.monotonic() - self.began
+        self.cpu = time.thread_time() - self.cpu_began if self.thread_cpu else None
+        self.rss = peak_rss_mb()
+
+    def reading(self) -> tuple[float, float | None, float]:
+        """(wall, cpu, rss): as stopped, or so far for an attempt still running
+        (a timeout recorded by the control loop: its thread's CPU is not ours)."""
+        if self.wall is not None:
+            return self.wall, self.cpu, self.rss if self.rss is not None else peak_rss_mb()
+        return time.monotonic() - self.began, None, peak_rss_mb()
+
+
+def start(job_id: int, *, thread_cpu: bool) -> Meter:
+    meter = Meter(thread_cpu=thread_cpu)
+    with _LOCK:
+        METERS[job_id] = meter
+    return meter
+
+
+def forget(job_id: int, meter: Meter | None) -> None:
+    """Drop the job's meter (only that one: a later claim of the job may have its own)."""
+    with _LOCK:
+        if meter is not None and METERS.get(job_id) is meter:
+            del METERS[job_id]
+
+
+def entry(claimed, outcome: str) -> UsageEntry | None:  # claimed: store.ClaimedJob
+    """The record of ``claimed``'s attempt ending as ``outcome``; None if it never started."""
+    with _LOCK:
+        meter = METERS.get(claimed.id)
+    if meter is None:
+        return None
+    wall, cpu, rss = meter.reading()
+    row, lease = claimed.row, claimed.lease
+    return UsageEntry(
+        job_id=claimed.id,
+        namespace=lease.namespace,
+        task_path=row["task_path"],
+        queue_name=row["queue_name"],
+        attempt=row["attempts"],
+        worker_id=lease.worker_id,
+        host=HOST,
+        outcome=outcome,
+        started_at=claimed.claimed_at,
+        wall_seconds=wall,
+        cpu_seconds=cpu,
+        peak_rss_mb=rss,
+        resources=row.get("resources"),
+    )

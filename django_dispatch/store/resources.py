@@ -1,0 +1,213 @@
+"""The resource-aware part of the claim (#16): which jobs fit this worker.
+
+Used only by a worker with ``--capacity`` or ``--locality``: every other
+worker claims through today's query unchanged (``claim``), which reads the
+claim index of jobs *without* needs only, so a backlog of big jobs never
+slows it down, and it never takes one.
+
+How a worker with capacity reads only jobs that fit:
+
+1. The distinct *shapes* pending (``pending_shapes``): a skip scan of the
+   index ``dispatch_job_claim_shaped`` (led by the shape), one index probe
+   per distinct need vector, however many jobs share each.
+2. The shapes whose needs fit the worker's *free* capacity (its capacity
+   minus what its running jobs hold), compared in Python.
+3. The first ``window`` jobs in claim order of each source (jobs without
+   needs, each fitting shape, and the worker's own locality), each through
+   its index, merged in claim order (priority, own locality first, run_after,
+   id) and only then cut to ``window``; those rows are locked (SKIP LOCKED).
+   A job that does not fit is never read, let alone written.
+4. ``Placement.take`` then keeps, greedily in that order, the jobs that fit
+   *together*; the others stay locked only until the claim commits, unchanged.
+
+Starvation (``starving``): while a job with needs that fit this worker's
+*total* capacity, but not what is free now, has waited past
+``DISPATCH["RESOURCE_STARVATION_SECONDS"]``, the worker claims nothing else;
+its running jobs finish, the room grows, and the big job is claimed first
+as soon as it fits. So the big job waits at most the threshold plus the
+longest running job's duration, however many small jobs keep coming.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from datetime import timedelta
+from typing import Any
+
+from django.db import connections
+from django.db.models import Q
+from django.db.models.functions import Now
+
+from ..models import Job
+from ..resources import Needs, fits, minus
+from ..states import JobState
+from .base import job_sql, namespace_literal
+
+
+@dataclass
+class Placement:
+    """What a worker brings to its claim: its capacity, locality, and what it holds."""
+
+    capacity: Needs = field(default_factory=dict)
+    locality: str | None = None
+    held: Needs = field(default_factory=dict)
+    starvation_seconds: float = 60.0
+
+    @property
+    def free(self) -> Needs:
+        return minus(self.capacity, self.held)
+
+    def take(
+        self, rows: list[dict[str, Any]], slots: int
+    ) -> tuple[list[dict[str, Any]], list[int]]:
+        """(at most ``slots`` rows that fit together, greedily in order; ids of the rest)."""
+        free = self.free
+        taken: list[dict[str, Any]] = []
+        left: list[int] = []
+        for row in rows:
+            needs = row.get("resources")
+            if len(taken) < slots and fits(needs, free):
+                taken.append(row)
+                free = minus(free, needs)
+            else:
+                left.append(row["id"])
+        self.held = minus(self.capacity, free)
+        return taken, left
+
+
+#: The distinct shapes pending in a namespace, one index probe each: a
+#: recursive skip scan of ``dispatch_job_claim_shaped`` (PostgreSQL has no
+#: loose index scan of its own).
+_SHAPES_SQL = """
+WITH RECURSIVE shapes AS (
+    (SELECT resource_shape, resources FROM {job}
+     WHERE namespace = {namespace} AND state = {pending} AND resource_shape IS NOT NULL
+     ORDER BY resource_shape LIMIT 1)
+    UNION ALL
+    SELECT next.resource_shape, next.resources FROM shapes, LATERAL (
+        SELECT resource_shape, resources FROM {job}
+        WHERE namespace = {namespace} AND state = {pending}
+            AND resource_shape > shapes.resource_shape
+        ORDER BY resource_shape LIMIT 1
+    ) AS next
+)
+SELECT resource_shape, resources FROM shapes
+"""
+
+
+def pending_shapes(db: str, namespace: str) -> dict[int, Needs]:
+    """{shape id: needs} of the jobs with needs pending in ``namespace``."""
+    connection = connections[db]
+    if connection.vendor == "postgresql":
+        sql = job_sql(connection, _SHAPES_SQL).format(namespace=namespace_literal(namespace))
+        with connection.cursor() as cursor:
+            cursor.execute(sql)
+            rows = cursor.fetchall()
+        return {
+            shape: (needs if isinstance(needs, dict) else _json(needs)) for shape, needs in rows
+        }
+    shaped = Job.objects.using(db).filter(
+        namespace=namespace, state=JobState.PENDING, resource_shape__isnull=False
+    )
+    pairs = shaped.values_list("resource_shape", "resources").distinct()
+    return {shape: needs for shape, needs in pairs if shape is not None and needs}
+
+
+def _json(text: str) -> Needs:
+    return json.loads(text)
+
+
+def could_run(db: str, namespace: str, placement: Placement | None) -> Q:
+    """Jobs a worker could ever hold (``--burst`` asks whether any is due):
+    without needs, or of a shape that fits its whole capacity."""
+    if placement is None or not placement.capacity:
+        return Q(resource_shape__isnull=True)
+    shapes = pending_shapes(db, namespace)
+    ours = [shape for shape, needs in shapes.items() if fits(needs, placement.capacity)]
+    return Q(resource_shape__isnull=True) | Q(resource_shape__in=ours)
+
+
+def candidates(
+    db: str,
+    queues: Sequence[str],
+    window: int,
+    exclude: Sequence[int],
+    *,
+    namespace: str,
+    placement: Placement,
+    fields: Sequence[str],
+    paused: Sequence[str] = (),
+) -> list[dict[str, Any]]:
+    """Up to ``window`` runnable jobs that each fit ``placement``, in claim order, locked.
+
+    The claim order here is priority, then the worker's own locality first,
+    then run_after, then id; the cut to ``window`` comes after that order.
+    """
+    base = Job.objects.using(db).filter(
+        namespace=namespace, state=JobState.PENDING, run_after__lte=Now()
+    )
+    if queues:
+        base = base.filter(queue_name__in=list(queues))
+    if exclude:
+        base = base.exclude(id__in=list(exclude))
+    if paused:
+        base = base.exclude(queue_name__in=list(paused))
+    shapes = pending_shapes(db, namespace) if placement.capacity else {}
+    ours = [shape for shape, needs in shapes.items() if fits(needs, placement.capacity)]
+    starved = _starved(base, ours, placement)
+    if starved is not None:
+        if not fits(starved["resources"], placement.free):
+            return []  # hold back: nothing else until it fits ...
+        ids = [starved["id"]]  # ... then it first, alone
+        return _lock(db, ids, fields)
+    fitting = [shape for shape in ours if fits(shapes[shape], placement.free)]
+    order = ("-priority", "run_after", "id")
+    sources = [base.filter(resource_shape__isnull=True)]
+    sources += [base.filter(resource_shape=shape) for shape in fitting]
+    if placement.locality:
+        sources.append(
+            base.filter(
+                Q(resource_shape__isnull=True) | Q(resource_shape__in=fitting),
+                locality=placement.locality,
+            )
+        )
+    picked: dict[int, tuple[Any, ...]] = {}
+    for source in sources:
+        for job_id, priority, run_after, locality in source.order_by(*order).values_list(
+            "id", "priority", "run_after", "locality"
+        )[:window]:
+            mine = 0 if placement.locality and locality == placement.locality else 1
+            picked[job_id] = (-priority, mine, run_after, job_id)
+    return _lock(db, [key[3] for key in sorted(picked.values())[:window]], fields)
+
+
+def _starved(base: Any, shapes: list[int], placement: Placement) -> dict[str, Any] | None:
+    """The oldest job of ``shapes`` (those this worker could ever hold) that has
+    waited past the starvation threshold, or None."""
+    if not shapes:
+        return None
+    threshold = Now() - timedelta(seconds=placement.starvation_seconds)
+    return (
+        base.filter(resource_shape__in=shapes, run_after__lte=threshold)
+        .order_by("run_after", "id")
+        .values("id", "resources")
+        .first()
+    )
+
+
+def _lock(db: str, ids: list[int], fields: Sequence[str]) -> list[dict[str, Any]]:
+    """Lock the rows of ``ids`` still pending (SKIP LOCKED), in the order of ``ids``."""
+    if not ids:
+        return []
+    rows = list(
+        Job.objects.using(db)
+        .filter(id__in=ids, state=JobState.PENDING)
+        .select_for_update(skip_locked=True)
+        .annotate(db_now=Now())
+        .values(*fields, "db_now")
+    )
+    rank = {job_id: i for i, job_id in enumerate(ids)}
+    rows.sort(key=lambda row: rank[row["id"]])
+    return rows

@@ -1,0 +1,144 @@
+"""Usage records (#16): one row per attempt, written with the attempt's outcome.
+
+The worker measures (``runtime.metering``); the store writes, always inside
+the transaction that records the outcome, so a job's history and its usage
+agree: a success's record is part of its completion wave (one multi-row
+INSERT per wave, beside the wave's one UPDATE), a failure's or a timeout's is
+written with its fenced write, and a lost worker's by the reclaim that
+notices it. Only attempts whose fenced write *won* get a record: a write that
+lost (the job was reclaimed meanwhile) belongs to an attempt somebody else
+has recorded already.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Any
+
+from django.db.models.functions import Now
+
+from ..models import JobUsage
+from .base import db_alias
+
+
+@dataclass(frozen=True, slots=True)
+class UsageEntry:
+    """One attempt's record, as the worker knows it when the outcome is written."""
+
+    job_id: int
+    namespace: str
+    task_path: str
+    queue_name: str
+    attempt: int
+    worker_id: str
+    host: str
+    outcome: str
+    started_at: datetime
+    wall_seconds: float | None
+    cpu_seconds: float | None
+    peak_rss_mb: float | None
+    resources: dict[str, int] | None
+
+    def model(self) -> JobUsage:
+        return JobUsage(
+            job_id=self.job_id,
+            namespace=self.namespace,
+            task_path=self.task_path,
+            queue_name=self.queue_name,
+            attempt=self.attempt,
+            worker_id=self.worker_id,
+            host=self.host,
+            outcome=self.outcome,
+            started_at=self.started_at,
+            wall_seconds=self.wall_seconds,
+            cpu_seconds=self.cpu_seconds,
+            peak_rss_mb=self.peak_rss_mb,
+            resources=self.resources,
+        )
+
+
+def usage_record_many(entries: Sequence[UsageEntry], *, db: str | None = None) -> None:
+    """Insert the records of one wave (call inside the wave's transaction).
+
+    One INSERT for the wave; ``finished_at`` takes the database's ``now()``
+    (its ``db_default``), the same clock as the job's ``finished_at``.
+    """
+    if entries:
+        JobUsage.objects.using(db or db_alias()).bulk_create([e.model() for e in entries])
+
+
+def usage_record_lost(db: str, rows: Iterable[Mapping[str, Any]], namespace: str) -> None:
+    """The reclaim's record of attempts lost with their worker: what the row knew.
+
+    ``rows`` are the expired running jobs being rescued (``id``, ``task_path``,
+    ``queue_name``, ``attempts``, ``worker_id``, ``last_attempted_at``,
+    ``resources``). Nobody saw the attempt end, so wall, CPU and RSS are
+    unknown (None); ``started_at`` is when it was leased, ``finished_at``
+    when the loss was noticed.
+    """
+    entries = [
+        UsageEntry(
+            job_id=row["id"],
+            namespace=namespace,
+            task_path=row["task_path"],
+            queue_name=row["queue_name"],
+            attempt=row["attempts"],
+            worker_id=row["worker_id"] or "",
+            # A worker id is "host:pid:nonce" (runtime.options.default_worker_id).
+            host=(row["worker_id"] or "").split(":", 1)[0],
+            outcome="worker_lost",
+            started_at=row["last_attempted_at"],
+            wall_seconds=None,
+            cpu_seconds=None,
+            peak_rss_mb=None,
+            resources=row.get("resources"),
+        )
+        for row in rows
+        if row["last_attempted_at"] is not None
+    ]
+    usage_record_many(entries, db=db)
+
+
+def usage_purge(
+    *, older_than: float, batch: int, max_seconds: float, db: str | None = None, namespace: str = ""
+) -> int:
+    """Delete records older than ``older_than`` seconds, in bounded batches; how many.
+
+    Each batch is one short DELETE of at most ``batch`` rows picked through
+    ``dispatch_usage_finished``; batches repeat until caught up or
+    ``max_seconds`` pass, like the jobs' retention purge.
+    """
+    db = db or db_alias()
+    deadline = time.monotonic() + max_seconds
+    deleted = 0
+    old = JobUsage.objects.using(db).filter(
+        namespace=namespace, finished_at__lt=Now() - timedelta(seconds=older_than)
+    )
+    while time.monotonic() < deadline:
+        ids = list(old.order_by("finished_at").values_list("id", flat=True)[:batch])
+        if not ids:
+            break
+        deleted += JobUsage.objects.using(db).filter(id__in=ids).delete()[0]
+        if len(ids) < batch:
+            break
+    return deleted
+
+
+def usage_newest(
+    *,
+    task_path: str | None,
+    namespace: str,
+    since: datetime | None = None,
+    limit: int = 100,
+    db: str | None = None,
+) -> list[JobUsage]:
+    """The newest ``limit`` records of ``namespace`` (of one task, if given), newest first."""
+    records = JobUsage.objects.using(db or db_alias()).filter(namespace=namespace)
+    if task_path is not None:
+        records = records.filter(task_path=task_path)
+    if since is not None:
+        records = records.filter(finished_at__gte=since)
+    return list(records.order_by("-finished_at", "-id")[: max(0, limit)])

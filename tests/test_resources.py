@@ -1,0 +1,346 @@
+"""Resource needs, capacity and locality (#16): what a worker may claim.
+
+Store-level tests call the claim with a ``Placement`` (what a worker with
+``--capacity``/``--locality`` passes); process tests start real workers.
+"""
+
+import itertools
+import time
+
+import pytest
+from django.core.management import CommandError, call_command
+from django.db import connection
+from django.test.utils import CaptureQueriesContext
+
+from django_dispatch import enqueue_many, store
+from django_dispatch.compat import InvalidTask
+from django_dispatch.models import Job, JobUsage
+from django_dispatch.resources import check_capacity, parse_capacity, shape_of
+from django_dispatch.states import JobState
+from django_dispatch.store.resources import Placement
+from django_dispatch.testing import drain
+from tests.conftest import wait_until
+from tests.testapp import resource_tasks as rt
+from tests.testapp import tasks
+from tests.testapp.models import SideEffect
+
+pytestmark = pytest.mark.django_db(transaction=True)
+POSTGRES = pytest.mark.skipif(
+    connection.vendor != "postgresql", reason="PostgreSQL plans and row versions"
+)
+
+
+def claim(placement=None, limit=1, worker_id="w"):
+    return store.jobs_claim(
+        worker_id=worker_id, queues=(), limit=limit, lease_seconds=30, placement=placement
+    )
+
+
+def mem(mb, **more):
+    return Placement(capacity={"memory_mb": mb, **more})
+
+
+# --- bad input: clear errors, nothing written ------------------------------------
+
+
+@pytest.mark.parametrize(
+    "bad, says",
+    [
+        ({"memory_mb": -1}, "non-negative whole number"),
+        ({"memory_mb": 1.5}, "non-negative whole number"),
+        ({"gpu": True}, "non-negative whole number"),
+        ({"memory mb": 1}, "not valid"),
+        ([("memory_mb", 1)], "must be a dict"),
+        ("lots", "must be a dict"),
+    ],
+)
+def test_bad_resources_are_refused_and_nothing_is_written(bad, says):
+    with pytest.raises(InvalidTask, match=says):
+        tasks.add.using(resources=bad).enqueue(1, 2)
+    with pytest.raises(InvalidTask, match=says):
+        from django_dispatch import task
+
+        task(resources=bad)(tasks.add.func)
+    assert not Job.objects.exists()
+
+
+def test_bad_locality_is_refused():
+    with pytest.raises(InvalidTask, match="locality must be"):
+        tasks.add.using(locality="x" * 101).enqueue(1, 2)
+    assert not Job.objects.exists()
+
+
+@pytest.mark.parametrize("text", ["memory_mb", "memory_mb=-1", "memory_mb=1.5", "=3", "a b=1"])
+def test_bad_capacity_syntax(text):
+    with pytest.raises(ValueError, match="NAME=WHOLE_NUMBER"):
+        parse_capacity(text)
+    with pytest.raises(CommandError, match="NAME=WHOLE_NUMBER"):
+        call_command("rundispatch", "--burst", "--capacity", text)
+
+
+def test_capacity_setting_is_validated(settings):
+    assert check_capacity({"memory_mb": 10}) == {"memory_mb": 10}
+    assert check_capacity("memory_mb=8192, gpu=1") == {"memory_mb": 8192, "gpu": 1}
+    settings.DISPATCH = {"CAPACITY": {"memory_mb": -5}}
+    from django_dispatch.conf import get_settings
+
+    assert any("CAPACITY" in p for p in get_settings().validate())
+
+
+def test_needs_and_locality_are_stored_with_the_job():
+    job = rt.big.using(locality="eu").enqueue("k")
+    row = Job.objects.get(pk=job.id)
+    assert row.resources == {"memory_mb": 600} and row.locality == "eu"
+    assert row.resource_shape == shape_of({"memory_mb": 600})
+    zero = tasks.add.using(resources={"gpu": 0}).enqueue(1, 2)  # a need of 0 is none
+    assert Job.objects.get(pk=zero.id).resource_shape is None
+    many = enqueue_many(rt.big, [(("a",), {}), (("b",), {})])
+    stored = Job.objects.filter(id__in=[r.id for r in many]).values_list("resources", flat=True)
+    assert list(stored) == [{"memory_mb": 600}] * 2
+    assert Job.objects.filter(resource_shape=row.resource_shape).count() == 3
+
+
+# --- the claim -------------------------------------------------------------------
+
+
+def test_a_worker_without_capacity_runs_only_jobs_without_needs():
+    rt.big.enqueue("big")
+    small = tasks.add.enqueue(1, 2)
+    assert [c.id for c in claim(limit=5)] == [int(small.id)]
+    assert not claim(limit=5)
+    assert not store.jobs_due_exist(queues=())  # --burst exits: nothing it could run
+
+
+def test_a_job_without_needs_runs_on_a_worker_with_capacity():
+    small = tasks.add.enqueue(1, 2)
+    assert [c.id for c in claim(mem(100))] == [int(small.id)]
+
+
+def test_the_limit_cuts_after_the_order_and_no_unfit_job_is_written():
+    """10,000 pending jobs that do not fit, ahead in priority and age; one
+    that does, behind them: a worker with one slot gets it, the others stay
+    exactly as they were."""
+    huge = rt.big.using(resources={"memory_mb": 4000}, priority=10)
+    enqueue_many(huge, [((f"h{i}",), {}) for i in range(10_000)])
+    fitting = rt.big.using(resources={"memory_mb": 100}, priority=-5).enqueue("fits")
+    before = _versions()
+    (claimed,) = claim(mem(1000), limit=1)
+    assert claimed.id == int(fitting.id)
+    after = _versions()
+    del before[claimed.id], after[claimed.id]
+    assert before == after  # no other row was written (PostgreSQL: its xmin too)
+    pending = Job.objects.filter(state=JobState.PENDING)
+    assert pending.count() == 10_000 and not pending.exclude(lease_epoch=0).exists()
+
+
+def _versions():
+    """Each job's row version: (lease_epoch, state, worker_id) and PostgreSQL's xmin."""
+    rows = Job.objects.values_list("id", "lease_epoch", "state", "worker_id")
+    versions = {i: rest for i, *rest in rows}
+    if connection.vendor == "postgresql":
+        with connection.cursor() as cursor:
+            cursor.execute(f"SELECT id, xmin::text FROM {Job._meta.db_table}")
+            for job_id, xmin in cursor.fetchall():
+                versions[job_id] = (*versions[job_id], xmin)
+    return versions
+
+
+def test_jobs_claimed_together_fit_together():
+    for i in range(3):
+        rt.big.enqueue(f"b{i}")
+    small = [tasks.add.enqueue(i, i) for i in range(2)]
+    taken = claim(mem(1000), limit=5)
+    needs = [c.row["resources"] for c in taken]
+    assert needs.count({"memory_mb": 600}) == 1
+    assert {c.id for c in taken} >= {int(s.id) for s in small}
+    # What it holds counts: a worker holding 600 of 1000 takes no other 600.
+    held = Placement(capacity={"memory_mb": 1000}, held={"memory_mb": 600})
+    assert not claim(held, limit=5)
+
+
+def test_a_gpu_job_needs_a_gpu():
+    rt.on_gpu.enqueue("g")
+    assert not claim(mem(64_000), limit=3)
+    (claimed,) = claim(Placement(capacity={"gpu": 1}), limit=3)
+    assert claimed.row["resources"] == {"gpu": 1}
+
+
+def test_locality_first_among_equal_priorities_never_above_priority():
+    far = tasks.add.enqueue(1, 1)
+    near = tasks.add.using(locality="eu").enqueue(2, 2)
+    urgent = tasks.add.using(priority=5).enqueue(3, 3)
+    order = [c.id for c in claim(Placement(locality="eu"), limit=1)]
+    assert order == [int(urgent.id)]
+    assert [c.id for c in claim(Placement(locality="eu"), limit=1)] == [int(near.id)]
+    assert [c.id for c in claim(Placement(locality="us"), limit=1)] == [int(far.id)]
+
+
+def test_locality_is_preferred_not_required():
+    eu = tasks.add.using(locality="eu").enqueue(1, 1)
+    assert [c.id for c in claim(Placement(locality="us"))] == [int(eu.id)]
+    other = tasks.add.using(locality="eu").enqueue(1, 1)
+    assert [c.id for c in claim()] == [int(other.id)]  # no locality at all: also fine
+
+
+def test_starvation_policy_holds_back_until_the_big_job_fits():
+    big = rt.big.using(resources={"memory_mb": 900}).enqueue("big")
+    Job.objects.filter(pk=big.id).update(
+        run_after=Job.objects.get(pk=big.id).run_after.replace(year=2000)
+    )
+    small = tasks.add.enqueue(1, 1)
+    busy = Placement(capacity={"memory_mb": 1000}, held={"memory_mb": 200}, starvation_seconds=60)
+    assert not claim(busy, limit=3)  # it waits past the threshold: nothing else is taken
+    room = Placement(capacity={"memory_mb": 1000}, starvation_seconds=60)
+    assert [c.id for c in claim(room, limit=3)] == [int(big.id)]  # then it first
+    assert [c.id for c in claim(room, limit=3)] == [int(small.id)]
+
+
+@POSTGRES
+def test_the_claim_reads_no_unfit_job_in_a_big_backlog():
+    """100,000 pending jobs too big for this worker: no step of its claim
+    reads more than a handful of rows, through the indexes."""
+    with connection.cursor() as cursor:
+        cursor.execute(
+            f"""INSERT INTO {Job._meta.db_table} (namespace, task_path, backend, queue_name,
+            priority, args, kwargs, state, attempts, max_attempts, worker_lost_count,
+            lease_epoch, errors, worker_ids, resources, resource_shape)
+            SELECT '', 'tests.testapp.resource_tasks.big', 'default', 'default', 5,
+            '[]', '{{}}', 'pending', 0, 1, 0, 0, '[]', '[]', %s::jsonb, %s
+            FROM generate_series(1, 100000)""",
+            ['{"memory_mb": 5000}', shape_of({"memory_mb": 5000})],
+        )
+        cursor.execute(f"ANALYZE {Job._meta.db_table}")
+    small = rt.big.using(resources={"memory_mb": 10}).enqueue("small")
+    plain = tasks.add.enqueue(1, 1)
+    for placement in (mem(1000), mem(1000, gpu=1), None):
+        with CaptureQueriesContext(connection) as queries:
+            taken = claim(placement, limit=2)
+        assert {c.id for c in taken} <= {int(small.id), int(plain.id)} and taken
+        for query in queries.captured_queries:
+            sql = query["sql"]
+            if not sql.lstrip().upper().startswith(("SELECT", "WITH")):
+                continue
+            with connection.cursor() as cursor:
+                cursor.execute("EXPLAIN (ANALYZE, FORMAT JSON) " + sql)
+                plan = cursor.fetchone()[0]
+            assert _most_rows(plan[0]["Plan"]) < 100, sql
+        for job in taken:
+            store.job_release_if_leased(job.lease, attempts=0, worker_ids=[])
+
+
+def _most_rows(node):
+    rows = node.get("Actual Rows", 0) * node.get("Actual Loops", 1)
+    return max([rows, *(_most_rows(child) for child in node.get("Plans", []))])
+
+
+def test_auto_resources_follow_the_tasks_history():
+    first = rt.estimated.enqueue(1)
+    assert Job.objects.get(pk=first.id).resources is None  # no history yet: no needs
+    drain()
+    for _ in range(3):
+        rt.estimated.enqueue(1)
+    drain()
+    measured = max(JobUsage.objects.values_list("peak_rss_mb", flat=True))
+    later = Job.objects.get(pk=rt.estimated.enqueue(1).id)
+    assert later.resources == {"memory_mb": int(-(-measured // 1))}
+    assert later.resource_shape == shape_of(later.resources)
+
+
+def test_usage_records_the_resources_held():
+    job = rt.big.enqueue("held")
+    (claimed,) = claim(mem(1000))
+    from django_dispatch.runtime import completer, executor, metering
+
+    metering.start(claimed.id, thread_cpu=True)
+    outcome = executor.Outcome(kind="succeeded", return_value=1)
+    assert completer.persist(claimed, outcome, give_up_after=1, signal=False)
+    assert JobUsage.objects.get(job_id=job.id).resources == {"memory_mb": 600}
+
+
+# --- real workers ----------------------------------------------------------------
+
+
+def _overlaps(rows):
+    windows = sorted((r.started_at, r.finished_at) for r in rows)
+    return [(a, b) for a, b in itertools.pairwise(windows) if b[0] < a[1]]
+
+
+@pytest.mark.slow
+def test_a_1000_mb_worker_never_runs_two_600_mb_jobs_at_once(start_worker):
+    for i in range(6):
+        rt.big.enqueue(f"big-{i}", 0.2)
+    for i in range(6):
+        rt.window.enqueue(f"small-{i}", 0.2)
+    worker = start_worker("--burst", "--concurrency", "4", "--capacity", "memory_mb=1000")
+    assert worker.wait() == 0, worker.output()
+    bigs = SideEffect.objects.filter(key__startswith="big-")
+    assert bigs.count() == 6 and not _overlaps(bigs)
+    smalls = SideEffect.objects.filter(key__startswith="small-")
+    assert smalls.count() == 6
+    # The small jobs ran beside the big ones: capacity limits only jobs with needs.
+    every = list(SideEffect.objects.all())
+    assert _overlaps(every)
+
+
+@pytest.mark.slow
+def test_gpu_jobs_run_only_on_the_gpu_worker(start_worker):
+    for i in range(4):
+        rt.on_gpu.enqueue(f"gpu-{i}")
+    for i in range(4):
+        rt.window.enqueue(f"cpu-{i}", 0.01)
+    cpu = start_worker("--burst", "--capacity", "memory_mb=8000")
+    assert cpu.wait() == 0, cpu.output()
+    assert SideEffect.objects.filter(key__startswith="cpu-").count() == 4
+    assert not SideEffect.objects.filter(key__startswith="gpu-").exists()
+    gpu = start_worker("--burst", "--capacity", "gpu=1")
+    assert gpu.wait() == 0, gpu.output()
+    assert set(
+        SideEffect.objects.filter(key__startswith="gpu-").values_list("worker_pid", flat=True)
+    ) == {gpu.pid}
+
+
+@pytest.mark.slow
+def test_a_jobs_locality_runs_elsewhere_when_its_workers_are_gone(start_worker):
+    jobs = [rt.window.using(locality="eu").enqueue(f"eu-{i}", 0.01) for i in range(3)]
+    us = start_worker("--burst", "--locality", "us")
+    assert us.wait() == 0, us.output()
+    assert SideEffect.objects.filter(key__startswith="eu-").count() == len(jobs)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("threshold", [1.0, 600.0])
+def test_a_big_job_among_a_stream_of_small_ones_runs_within_the_bound(start_worker, threshold):
+    """A 900 MB job on a 1000 MB worker kept busy by 100 MB jobs: past the
+    starvation threshold (1 s here) the worker stops taking them, and the big
+    job starts within the threshold plus one small job's run. The control
+    (a threshold of 600 s) shows the stream alone would starve it."""
+    small = rt.big.using(resources={"memory_mb": 100})
+    worker = start_worker(
+        "--concurrency",
+        "4",
+        "--capacity",
+        "memory_mb=1000",
+        overrides={"RESOURCE_STARVATION_SECONDS": threshold, "POLL_INTERVAL": 0.05},
+    )
+    n = 0
+
+    def feed():
+        nonlocal n
+        if Job.objects.filter(state=JobState.PENDING, resources={"memory_mb": 100}).count() < 8:
+            enqueue_many(small, [((f"s{n + i}", 0.3), {}) for i in range(8)])
+            n += 8
+
+    feed()
+    wait_until(lambda: Job.objects.filter(state=JobState.RUNNING).count() == 4, what="busy")
+    big = rt.big.using(resources={"memory_mb": 900}).enqueue("BIG", 0.05)
+    began = time.monotonic()
+    bound = 1.0 + 0.3 + 3.0  # threshold + a small job + slack for a busy machine
+    while not SideEffect.objects.filter(key="BIG").exists():
+        feed()  # always a backlog of small jobs waiting
+        if time.monotonic() - began > bound:
+            break
+        time.sleep(0.05)
+    started = SideEffect.objects.filter(key="BIG").exists()
+    assert started == (threshold == 1.0), worker.output()
+    assert Job.objects.get(pk=big.id).state != JobState.PENDING or threshold != 1.0
+    assert SideEffect.objects.filter(key__startswith="s").count() >= 8  # the stream ran
