@@ -29,6 +29,8 @@ from .observability import metrics
 from .placement import is_auto, place
 from .results import enqueued_signal_is_silent, ready_results, send_robust
 from .retry import Backoff, exponential_backoff
+from .flow_options import concurrency_columns
+from .store.flow import jobs_insert_limited
 from .store.enqueue import CallChunk, JobSpec, jobs_insert_calls
 
 #: Tasks whose plan one backend keeps; past that the cache starts over (tasks
@@ -146,6 +148,7 @@ class DispatchBackendBase(BaseTaskBackend):
                     deferred_until=task.run_after,
                     partition_key=getattr(task, "partition_key", None),
                     idempotency_key=getattr(task, "idempotency_key", None),
+                **concurrency_columns(task),
                     max_attempts=self.max_attempts_for(task),
                 ),
                 task,
@@ -273,7 +276,10 @@ def enqueue_many(
             except InvalidTask as e:
                 raise type(e)(f"call #{index}: {e}") from e
             index += 1
-    ids, enqueued_ats = jobs_insert_calls(plan.spec, chunks, db=store.db_alias())
+    if plan.spec.concurrency_limit is None:
+        ids, enqueued_ats = jobs_insert_calls(plan.spec, chunks, db=store.db_alias())
+    else:  # through the ORM (#17), leaving the plain raw INSERT as it was
+        ids, enqueued_ats = jobs_insert_limited(plan.spec, chunks, db=store.db_alias())
     if metrics.AVAILABLE:
         metrics.enqueued(plan.spec.task_path, plan.spec.queue_name, len(ids))
     results = ready_results(

@@ -1,4 +1,4 @@
-"""Schema for #17 flow control: paused queues."""
+"""Schema for #17 flow control: paused queues, concurrency limits."""
 
 from django.db import migrations, models
 
@@ -40,6 +40,31 @@ class Migration(migrations.Migration):
             model_name="pausedqueue",
             constraint=models.UniqueConstraint(
                 models.F("namespace"), models.F("queue_name"), name="dispatch_paused_queue"
+            ),
+        ),
+        migrations.AddField(
+            model_name="job",
+            name="concurrency_key",
+            field=models.CharField(blank=True, max_length=255, null=True),
+        ),
+        migrations.AddField(
+            model_name="job",
+            name="concurrency_limit",
+            field=models.PositiveIntegerField(blank=True, null=True),
+        ),
+        migrations.AddIndex(
+            model_name="job",
+            index=models.Index(
+                models.F("namespace"),
+                models.F("task_path"),
+                models.F("concurrency_key"),
+                models.F("state"),
+                models.F("id"),
+                condition=models.Q(
+                    ("concurrency_limit__isnull", False),
+                    ("state__in", ["pending", "blocked", "running"]),
+                ),
+                name="dispatch_job_conc_live",
             ),
         ),
     ]

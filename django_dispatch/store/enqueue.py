@@ -57,6 +57,10 @@ class JobSpec:
     max_attempts: int
     #: The backend's ``OPTIONS["NAMESPACE"]`` (``""``: the default namespace).
     namespace: str = ""
+    #: ``@task(concurrency_limit=...)`` (#17); a spec with one is inserted
+    #: through the ORM, keeping the raw INSERT of plain jobs as it was.
+    concurrency_key: str | None = None
+    concurrency_limit: int | None = None
     #: Resource needs, their shape and the locality (#16, see ``placement``);
     #: a spec with any of them is inserted through the ORM.
     resources: dict[str, int] | None = None
@@ -90,6 +94,8 @@ class JobSpec:
         )
         if self.deferred_until is not None:
             job.run_after = self.deferred_until
+        if self.concurrency_limit is not None:
+            job.concurrency_key, job.concurrency_limit = self.concurrency_key, self.concurrency_limit
         if self.resources is not None or self.locality is not None:
             job.resources, job.resource_shape = self.resources, self.resource_shape
             job.locality = self.locality

@@ -31,11 +31,13 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Sequence
+from typing import Any
 
 from django.db import IntegrityError, connections, transaction
 
 from ..models.flow import PausedQueue
 from .base import notify_channel
+from .enqueue import CallChunk, JobSpec, jobs_insert
 
 #: The NOTIFY payload that tells listening workers the paused set changed
 #: (job inserts notify with an empty payload).
@@ -143,3 +145,18 @@ def claimable_queues(queues: Sequence[str], paused: frozenset[str]) -> tuple[lis
 
 #: The fused claim statement's filter for ``claimable_queues``' second list.
 PAUSED_FILTER_SQL = " AND NOT (queue_name = ANY(%(paused)s))"
+
+
+def jobs_insert_limited(
+    spec: JobSpec, chunks: Sequence[CallChunk], *, db: str
+) -> tuple[list[int], list[Any]]:
+    """``enqueue_many``'s insert for a task with a concurrency limit: through the ORM.
+
+    The raw INSERT of ``jobs_insert_calls`` names a fixed list of columns;
+    keeping limited jobs off it leaves the plain hot path exactly as it was.
+    All or nothing, like that function.
+    """
+    jobs = [spec.new_job(args, kwargs) for chunk in chunks for args, kwargs in chunk.values]
+    with transaction.atomic(using=db, savepoint=False):
+        jobs_insert(jobs, db=db)
+    return [job.pk for job in jobs], [job.enqueued_at for job in jobs]
