@@ -18,6 +18,12 @@ Phases (the first command-line argument):
 ``rss``
     the workers' resident memory after 1,000 jobs and after ``--jobs`` jobs.
 
+The ``standard`` phase includes the *realistic* drain: ``--realistic-jobs``
+jobs that each INSERT a row into ``bench_order`` and UPDATE it (two
+statements in autocommit, through the ORM for Django systems, through a
+connection of the worker's own for the others), checked afterwards: every
+row present and updated, or the measurement fails.
+
 Worker processes are started fresh for each measurement and stopped with
 SIGTERM afterwards; completion is observed by polling the database.
 """
@@ -89,6 +95,10 @@ class Driver:
     def enqueue_bulk(self, count: int) -> bool:
         """Enqueue ``count`` no-op jobs with the system's bulk API; False if it has none."""
         return False
+
+    def enqueue_realistic_bulk(self, count: int) -> None:
+        """Enqueue ``count`` realistic jobs (``realistic(seq)`` for seq in 0..count-1)."""
+        raise NotImplementedError
 
     def worker_argv(self, concurrency: int) -> list[str]:
         """The command line of one worker process."""
@@ -330,6 +340,38 @@ def measure_rss(driver: Driver, conn, logdir: Path) -> dict:
     return {"rss_after_1k_mb": after_1k, "rss_after_all_mb": after_all, "rss_jobs": total}
 
 
+#: The realistic job's table, the same for every system (Django's model of it
+#: is unmanaged), created by the harness in each fresh database.
+ORDER_TABLE_SQL = """
+CREATE TABLE IF NOT EXISTS bench_order (
+    id bigserial PRIMARY KEY,
+    seq integer NOT NULL,
+    status varchar(16) NOT NULL,
+    updated_at timestamptz NOT NULL DEFAULT now()
+)
+"""
+#: What a realistic job does, for the drivers that do not use Django's ORM.
+ORDER_INSERT_SQL = "INSERT INTO bench_order (seq, status) VALUES (%s, 'new') RETURNING id"
+ORDER_UPDATE_SQL = "UPDATE bench_order SET status = 'done', updated_at = now() WHERE id = %s"
+
+
+def measure_realistic(driver: Driver, conn, logdir: Path) -> dict:
+    """Drain ``--realistic-jobs`` jobs that each insert and update a row; check the rows."""
+    count = driver.args.realistic_jobs
+    if not count:
+        return {}
+    conn.execute(ORDER_TABLE_SQL)
+    conn.execute("TRUNCATE bench_order")
+    driver.enqueue_realistic_bulk(count)
+    drained = measure_drain(driver, conn, count, logdir)
+    done, rows = conn.execute(
+        "SELECT count(*) FILTER (WHERE status = 'done'), count(DISTINCT seq) FROM bench_order"
+    ).fetchone()
+    if done != count or rows != count:
+        raise RuntimeError(f"realistic jobs: {done} rows updated, {rows} distinct, of {count}")
+    return {f"realistic_{k}": v for k, v in drained.items() if "drain" in k or "cpu_ms" in k}
+
+
 def standard(driver: Driver, conn, logdir: Path) -> dict:
     """Every standard measurement, in an order where each leaves the queue empty."""
     args = driver.args
@@ -337,7 +379,8 @@ def standard(driver: Driver, conn, logdir: Path) -> dict:
     result["enqueue_per_s"] = measure_enqueue(driver, args.jobs)
     result.update(measure_drain(driver, conn, args.jobs, logdir))
     result.update(measure_idle_and_latency(driver, conn, logdir))
-    result["bulk_per_s"] = measure_bulk(driver, args.bulk_jobs)
+    result.update(measure_realistic(driver, conn, logdir))
+    result["bulk_per_s"] = measure_bulk(driver, args.bulk_jobs)  # last: its jobs stay queued
     return result
 
 
@@ -365,6 +408,7 @@ def main(driver_class: type[Driver]) -> None:
     parser.add_argument("--latency-seconds", type=float, default=10.0)
     parser.add_argument("--latency-rate", type=float, default=20.0)
     parser.add_argument("--config", default="matched", choices=sorted(driver_class.CONFIGS))
+    parser.add_argument("--realistic-jobs", type=int, default=0)
     driver_class.add_arguments(parser)
     args = parser.parse_args()
     driver = driver_class(args)

@@ -56,9 +56,10 @@ PEER_CONFIGS = {
 }
 #: Options passed through to every driver (see ``harness.main``).
 DRIVER_OPTIONS = ["jobs", "bulk_jobs", "workers", "concurrency", "idle_seconds",
-                  "latency_seconds", "latency_rate"]  # fmt: skip
+                  "latency_seconds", "latency_rate", "realistic_jobs"]  # fmt: skip
 QUICK = {
-    "jobs": 1000, "bulk_jobs": 5000, "runs": 1, "idle_seconds": 3.0, "latency_seconds": 3.0,
+    "jobs": 1000, "bulk_jobs": 5000, "realistic_jobs": 1000, "runs": 1, "idle_seconds": 3.0,
+    "latency_seconds": 3.0,
     "flatness_rows": 100_000, "partition_keys": 100, "rss_jobs": 10_000, "quiet_wait": 10.0,
 }  # fmt: skip
 
@@ -72,6 +73,8 @@ def parse_args() -> argparse.Namespace:
                    "matched: only at the slot-matched one (faster to run)")  # fmt: skip
     p.add_argument("--jobs", type=int, default=10_000, help="jobs to enqueue and drain")
     p.add_argument("--bulk-jobs", type=int, default=100_000, help="jobs per bulk enqueue")
+    p.add_argument("--realistic-jobs", type=int, default=10_000,
+                   help="jobs that each insert and update a row (0: skip)")  # fmt: skip
     p.add_argument("--runs", type=int, default=3, help="runs per system; medians are reported")
     p.add_argument("--workers", type=int, default=2, help="worker processes (W)")
     p.add_argument("--concurrency", type=int, default=8, help="jobs in flight per process (C)")

@@ -71,6 +71,13 @@ class DispatchDriver(Driver):
         enqueue_many(self.tasks.noop, [((), {})] * count)
         return True
 
+    def enqueue_realistic_bulk(self, count: int) -> None:
+        from django_dispatch import enqueue_many
+
+        for start in range(0, count, CHUNK):
+            seqs = range(start, min(count, start + CHUNK))
+            enqueue_many(self.tasks.realistic, [((seq,), {}) for seq in seqs])
+
     def worker_argv(self, concurrency: int) -> list[str]:
         return [sys.executable, django_setup.manage_py(), "rundispatch",
                 "--concurrency", str(concurrency)]  # fmt: skip

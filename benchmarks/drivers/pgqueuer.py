@@ -26,7 +26,7 @@ import sys
 import time
 
 import psycopg
-from harness import Driver, main
+from harness import ORDER_INSERT_SQL, ORDER_UPDATE_SQL, Driver, main
 from pgqueuer import PsycopgDriver, Queries, QueueManager
 from pgqueuer.adapters.drivers.psycopg import SyncPsycopgDriver
 from pgqueuer.adapters.persistence.queries import SyncQueries
@@ -63,6 +63,15 @@ class PgQueuerDriver(Driver):
         )
         return True
 
+    def enqueue_realistic_bulk(self, count: int) -> None:
+        for start in range(0, count, 10_000):
+            seqs = range(start, min(count, start + 10_000))
+            self.loop.run_until_complete(
+                self.queries.enqueue(
+                    ["realistic"] * len(seqs), [str(s).encode() for s in seqs], [0] * len(seqs)
+                )
+            )
+
     def worker_argv(self, concurrency: int) -> list[str]:
         return [sys.executable, "-m", "drivers.pgqueuer", "worker",
                 "--concurrency", str(concurrency), *self.config_argv()]  # fmt: skip
@@ -83,6 +92,22 @@ class PgQueuerDriver(Driver):
             started = time.time()
             with open(os.environ["BENCH_LATENCY_FILE"], "a") as f:
                 f.write(f"{job.payload.decode()} {started:.6f}\n")
+
+        # The realistic job's own connections, C of them (no cap: 10), handed
+        # out one per running job, as a pool would.
+        pool: asyncio.Queue[psycopg.AsyncConnection] = asyncio.Queue()
+        for _ in range(10 if self.config == "defaults" else max(2, self.args.concurrency)):
+            pool.put_nowait(await connect(self.db))
+
+        @manager.entrypoint("realistic")
+        async def realistic(job) -> None:
+            db = await pool.get()
+            try:
+                cursor = await db.execute(ORDER_INSERT_SQL, [int(job.payload.decode())])
+                (order_id,) = await cursor.fetchone()
+                await db.execute(ORDER_UPDATE_SQL, [order_id])
+            finally:
+                pool.put_nowait(db)
 
         loop = asyncio.get_running_loop()
         for signum in (signal.SIGTERM, signal.SIGINT):

@@ -17,10 +17,17 @@ from __future__ import annotations
 
 import os
 import sys
+import threading
 import time
 
 import procrastinate
-from harness import Driver, main
+import psycopg
+from harness import ORDER_INSERT_SQL, ORDER_UPDATE_SQL, Driver, main
+
+#: The realistic job's connection, one per worker thread (or one per event
+#: loop for async tasks), opened on first use, as Django keeps one per thread.
+_local = threading.local()
+_async_pool: list = []
 
 
 def noop() -> None:
@@ -32,6 +39,28 @@ def record_start(seq: int) -> None:
     started = time.time()
     with open(os.environ["BENCH_LATENCY_FILE"], "a") as f:
         f.write(f"{seq} {started:.6f}\n")
+
+
+def realistic(seq: int) -> None:
+    """Insert a row, then update it (two statements, autocommit)."""
+    db = getattr(_local, "db", None)
+    if db is None:
+        db = _local.db = psycopg.connect(os.environ["DATABASE_URL"], autocommit=True)
+    (order_id,) = db.execute(ORDER_INSERT_SQL, [seq]).fetchone()
+    db.execute(ORDER_UPDATE_SQL, [order_id])
+
+
+async def async_realistic(seq: int) -> None:
+    """The same on the event loop, with a connection from a small pool of our own."""
+    db = _async_pool.pop() if _async_pool else None
+    if db is None:
+        db = await psycopg.AsyncConnection.connect(os.environ["DATABASE_URL"], autocommit=True)
+    try:
+        cursor = await db.execute(ORDER_INSERT_SQL, [seq])
+        (order_id,) = await cursor.fetchone()
+        await db.execute(ORDER_UPDATE_SQL, [order_id])
+    finally:
+        _async_pool.append(db)
 
 
 async def async_noop() -> None:
@@ -48,6 +77,7 @@ def make_app(db_url: str, pool_size: int, *, asynchronous: bool = False) -> proc
     )
     app.task(name="noop")(async_noop if asynchronous else noop)
     app.task(name="record_start")(async_record_start if asynchronous else record_start)
+    app.task(name="realistic")(async_realistic if asynchronous else realistic)
     return app
 
 
@@ -72,6 +102,11 @@ class ProcrastinateDriver(Driver):
     def enqueue_bulk(self, count: int) -> bool:
         self.app.tasks["noop"].batch_defer(*[{}] * count)
         return True
+
+    def enqueue_realistic_bulk(self, count: int) -> None:
+        for start in range(0, count, 10_000):
+            seqs = range(start, min(count, start + 10_000))
+            self.app.tasks["realistic"].batch_defer(*[{"seq": seq} for seq in seqs])
 
     def worker_argv(self, concurrency: int) -> list[str]:
         return [sys.executable, "-m", "drivers.procrastinate", "worker",

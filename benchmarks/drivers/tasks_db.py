@@ -46,6 +46,14 @@ class TasksDbDriver(Driver):
     def enqueue_record(self, seq: int) -> None:
         self.tasks.record_start.enqueue(seq)
 
+    def enqueue_realistic_bulk(self, count: int) -> None:
+        from django.db import transaction
+
+        for start in range(0, count, 1000):  # no bulk API: one transaction per 1,000
+            with transaction.atomic():
+                for seq in range(start, min(count, start + 1000)):
+                    self.tasks.realistic.enqueue(seq)
+
     def worker_argv(self, concurrency: int) -> list[str]:
         return [sys.executable, django_setup.manage_py(), "db_worker", "--queue-name", "*",
                 "--settings", "benchproject.settings_tasks_db", "--no-reload",

@@ -36,3 +36,8 @@ class Row(models.Model):
     started_at = models.DateTimeField(null=True)
     last_attempted_at = models.DateTimeField(null=True)
     finished_at = models.DateTimeField(null=True)
+
+
+from .orders import Order  # noqa: E402  (the realistic job's row; unmanaged)
+
+__all__ = ["Order", "Row"]

@@ -1,4 +1,4 @@
-"""The benchmark's two tasks, identical for every Django backend."""
+"""The benchmark's tasks, identical for every Django backend."""
 
 import os
 import time
@@ -17,3 +17,14 @@ def record_start(seq: int) -> None:
     started = time.time()
     with open(os.environ["BENCH_LATENCY_FILE"], "a") as f:
         f.write(f"{seq} {started:.6f}\n")
+
+
+@task
+def realistic(seq: int) -> None:
+    """What a typical job does to the site's database: create a row, then update it."""
+    from django.db.models.functions import Now
+
+    from bench.models import Order
+
+    order = Order.objects.create(seq=seq, status="new")
+    Order.objects.filter(pk=order.pk).update(status="done", updated_at=Now())
