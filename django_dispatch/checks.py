@@ -342,8 +342,13 @@ def _check_cron_entries(entries: dict[str, Any]) -> list[checks.CheckMessage]:
 
 @checks.register()
 def check_artifact_storage(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:
-    """``DISPATCH["ARTIFACT_STORAGE"]`` names a ``STORAGES`` alias (else every save fails)."""
-    alias = (getattr(settings, "DISPATCH", None) or {}).get("ARTIFACT_STORAGE", "default")
+    """``DISPATCH["ARTIFACT_STORAGE"]``, when set, names a ``STORAGES`` alias (else every
+    save fails). Left at its default, a site without ``STORAGES["default"]`` is not
+    refused here: it may never save an artifact, and a save says what is missing."""
+    raw = getattr(settings, "DISPATCH", None) or {}
+    if not isinstance(raw, dict) or "ARTIFACT_STORAGE" not in raw:
+        return []
+    alias = raw["ARTIFACT_STORAGE"]
     known = list(getattr(settings, "STORAGES", None) or {})
     if isinstance(alias, str) and alias in known:
         return []

@@ -312,6 +312,10 @@ def test_the_system_check_names_an_unknown_alias(settings):
     from django_dispatch.checks import check_artifact_storage
 
     assert check_artifact_storage() == []
+    settings.STORAGES = {"staticfiles": settings.STORAGES["staticfiles"]}
+    assert check_artifact_storage() == []  # not set: a site that saves nothing is not refused
+    settings.DISPATCH = {**settings.DISPATCH, "ARTIFACT_STORAGE": "default"}
+    assert check_artifact_storage()[0].id == "django_dispatch.E050"
     settings.DISPATCH = {**settings.DISPATCH, "ARTIFACT_STORAGE": "nowhere"}
     (error,) = check_artifact_storage()
     assert error.id == "django_dispatch.E050" and "'nowhere'" in error.msg
@@ -385,3 +389,22 @@ def test_the_leader_runs_the_lifecycle_and_other_workers_do_not(storage):
     maintenance.sweep_artifacts()
     assert not Artifact.objects.filter(pk=orphan.pk).exists()
     assert not storage.exists(orphan.name)
+
+
+def test_a_storage_that_reads_out_of_order_gets_the_hash_of_what_it_stored(settings, tmp_path):
+    import hashlib
+
+    settings.STORAGES = {
+        **settings.STORAGES,
+        "odd": {
+            "BACKEND": "tests.artifact_storages.OutOfOrderStorage",
+            "OPTIONS": {"location": str(tmp_path / "odd")},
+        },
+    }
+    settings.DISPATCH = {**settings.DISPATCH, "ARTIFACT_STORAGE": "odd"}
+    result = artifact_tasks.save_report.enqueue("odd order")
+    drain()
+    artifact = artifacts.find(result.id, "report.txt")
+    assert read(artifact) == b"odd order attempt 1"
+    assert artifact.size == len(b"odd order attempt 1")
+    assert artifact.sha256 == hashlib.sha256(b"odd order attempt 1").hexdigest()

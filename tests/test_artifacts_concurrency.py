@@ -102,3 +102,50 @@ def test_a_real_worker_saves_an_artifact(start_worker, settings, tmp_path):
         assert f.read() == b"worker attempt 2"
     assert (media / newest.name).is_file()
     assert len(artifacts.for_owner(result.id)) == 2
+
+
+def test_a_save_racing_a_takeover_links_only_while_its_lease_holds(settings, tmp_path):
+    """The save's fenced link and another worker's takeover, started together:
+    whichever wins, the save returns exactly when its link exists, and a save
+    that lost raised JobCancelled because the takeover happened."""
+    from datetime import timedelta
+
+    from django_dispatch import store
+    from django_dispatch.context import DispatchTaskContext
+    from django_dispatch.exceptions import JobCancelled
+    from django_dispatch.models import ArtifactLink
+
+    settings.MEDIA_ROOT = str(tmp_path / "media")
+    outcomes = set()
+    for round_ in range(8):
+        result = artifact_tasks.save_report.enqueue(f"race {round_}")
+        (claimed,) = store.jobs_claim(worker_id="w1", queues=[], limit=1, lease_seconds=30)
+        context = DispatchTaskContext(
+            task_result=artifact_tasks.save_report.get_result(result.id),
+            lease=claimed.lease,
+            lease_seconds=30,
+        )
+
+        def save(context=context):
+            try:
+                return context.save_artifact("report.txt", b"from w1")
+            except JobCancelled as e:
+                return e
+
+        def take_over(result=result):
+            Job.objects.filter(pk=result.id).update(
+                lease_expires_at=timezone.now() - timedelta(seconds=1)
+            )
+            store.jobs_rescue_expired(max_worker_lost=3)
+            return store.jobs_claim(worker_id="w2", queues=[], limit=1, lease_seconds=30)
+
+        saved, taken = run_concurrently(save, take_over, together=True)
+        linked = ArtifactLink.objects.filter(owner_id=result.id).exists()
+        if isinstance(saved, JobCancelled):
+            assert taken and not linked
+            outcomes.add("lost")
+        else:
+            assert linked and artifacts.find(result.id, "report.txt") == saved
+            outcomes.add("linked")
+        Job.objects.filter(pk=result.id).delete()
+    assert outcomes  # each round ended one way or the other, consistently
