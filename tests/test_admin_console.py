@@ -207,3 +207,62 @@ def test_overview_plans_use_indexes_with_a_million_finished_jobs():
         )
         assert "Index" in explained, explained
     assert checked == 5  # three live counts, the window's counts, the timing sample
+
+
+# --- pause / resume from the overview ------------------------------------------------
+
+PAUSE = "admin:django_dispatch_job_overview_pause"
+PAUSE_PERMS = ("view_job", "add_pausedqueue", "delete_pausedqueue")
+
+
+def paused() -> set[str]:
+    return console.paused_queues("") or set()
+
+
+@pytest.mark.django_db
+def test_an_operator_pauses_and_resumes_a_queue_from_the_overview(client, staff):
+    from django.contrib.admin.models import LogEntry
+
+    tasks.echo.enqueue("hello")
+    staff(*PAUSE_PERMS)
+    text = page(client.get(reverse(OVERVIEW)))
+    assert 'data-queue-control="emails"' in text and ">Pause<" in text
+    response = client.post(reverse(PAUSE), {"queue": "emails", "op": "pause"}, follow=True)
+    assert paused() == {"emails"}
+    assert "Queue 'emails' paused." in page(response)
+    assert ">Resume<" in page(response) and "paused</span>" in page(response)
+    client.post(reverse(PAUSE), {"queue": "emails", "op": "resume"})
+    assert paused() == set()
+    messages = list(LogEntry.objects.order_by("pk").values_list("change_message", flat=True))
+    assert messages == [
+        "Paused queue 'emails' (namespace '') from the overview.",
+        "Resumed queue 'emails' (namespace '') from the overview.",
+    ]
+
+
+@pytest.mark.django_db
+def test_pause_control_refuses_view_only_anonymous_and_forged_requests(client, staff):
+    from django.test import Client
+
+    tasks.echo.enqueue("hello")
+    data = {"queue": "emails", "op": "pause"}
+    # Anonymous: to the login page, nothing paused.
+    response = client.post(reverse(PAUSE), data)
+    assert response.status_code == 302 and "/login/" in response["Location"]
+    # View-only: no button, and a forged POST is refused.
+    user = staff("view_job")
+    assert 'data-queue-control="emails"' not in page(client.get(reverse(OVERVIEW)))
+    assert client.post(reverse(PAUSE), data).status_code == 403
+    # GET never acts.
+    user.user_permissions.add(
+        *Permission.objects.filter(codename__in=["add_pausedqueue", "delete_pausedqueue"])
+    )
+    assert client.get(reverse(PAUSE), data).status_code == 405
+    # Without the CSRF token: refused.
+    strict = Client(enforce_csrf_checks=True)
+    strict.force_login(user)
+    assert strict.post(reverse(PAUSE), data).status_code == 403
+    assert paused() == set()
+    # With everything right it acts (so the refusals above were not vacuous).
+    assert client.post(reverse(PAUSE), data).status_code == 302
+    assert paused() == {"emails"}

@@ -16,15 +16,19 @@ from typing import Any
 from zoneinfo import ZoneInfo
 
 from django.contrib import admin, messages
+from django.db.models.functions import Now
 from django.http import HttpRequest
+from django.urls import reverse
 from django.utils import timezone
 from django.utils.html import format_html, format_html_join
+from django.utils.http import urlencode
 
 from .. import cron, services
 from ..compat import admin_action
 from ..models import CronEntry, Job
 from .common import BOTH, DeleteThroughAction, SQLiteWriteLockFirst, link, selected_ids
 from .forms import CronEntryForm
+from .history import record
 
 logger = logging.getLogger("django_dispatch.admin")
 
@@ -72,6 +76,7 @@ class CronEntryAdmin(SQLiteWriteLockFirst, DeleteThroughAction, admin.ModelAdmin
         "next_run_at",
         "last_run_at",
         "source",
+        "fired_jobs",
     ]
     list_filter = ["namespace", "enabled", "source", "misfire_policy"]
     search_fields = ["name", "task_path"]
@@ -83,14 +88,14 @@ class CronEntryAdmin(SQLiteWriteLockFirst, DeleteThroughAction, admin.ModelAdmin
             return [(None, {"fields": [*DEFINITION, "enabled"]})]
         return [
             (None, {"fields": DEFINITION}),
-            ("Preview", {"fields": ["next_fires"]}),
+            ("Preview", {"fields": ["next_fires", "fired_jobs"]}),
             ("Schedule", {"fields": SCHEDULE_STATE}),
         ]
 
     def get_readonly_fields(self, request: HttpRequest, obj: Any = None):
         if obj is None:
             return []
-        return [*SCHEDULE_STATE_FIELDS, "next_fires"]
+        return [*SCHEDULE_STATE_FIELDS, "next_fires", "fired_jobs"]
 
     def save_model(self, request: HttpRequest, obj: Any, form: Any, change: bool) -> None:
         """Save the definition; a new schedule or time zone gets its next run recomputed.
@@ -112,6 +117,18 @@ class CronEntryAdmin(SQLiteWriteLockFirst, DeleteThroughAction, admin.ModelAdmin
         # and writing the stale values back would make a slot fire again.
         if fields:
             obj.save(update_fields=[*fields, "updated_at"])
+
+    @admin.display(description="Jobs fired")
+    def fired_jobs(self, entry: CronEntry) -> str:
+        """The jobs list narrowed to this entry's slots (their idempotency key ``cron:<name>:``)."""
+        query = urlencode(
+            {
+                "idempotency_key__startswith": f"cron:{entry.name}:",
+                "namespace__exact": entry.namespace,
+            }
+        )
+        url = reverse("admin:django_dispatch_job_changelist")
+        return format_html('<a href="{}?{}">jobs fired</a>', url, query)
 
     @admin.display(description=f"Next {PREVIEW_COUNT} fire times")
     def next_fires(self, entry: CronEntry) -> str:
@@ -143,7 +160,11 @@ class CronEntryAdmin(SQLiteWriteLockFirst, DeleteThroughAction, admin.ModelAdmin
 
     @admin_action(description="Enable selected cron entries", permissions=["change"], location=BOTH)
     def enable_entries(self, request: HttpRequest, queryset: Any) -> None:
-        changed = services.set_cron_enabled(list(selected_ids(queryset)), True)
+        ids = list(selected_ids(queryset))
+        changed = services.set_cron_enabled(ids, True)
+        record(
+            request, CronEntry, ((i, f"cron entry #{i}") for i in ids), "Enabled (admin action)."
+        )
         self.message_user(
             request, f"{changed} enabled (they fire from their next slot).", messages.SUCCESS
         )
@@ -152,7 +173,11 @@ class CronEntryAdmin(SQLiteWriteLockFirst, DeleteThroughAction, admin.ModelAdmin
         description="Disable selected cron entries", permissions=["change"], location=BOTH
     )
     def disable_entries(self, request: HttpRequest, queryset: Any) -> None:
-        changed = services.set_cron_enabled(list(selected_ids(queryset)), False)
+        ids = list(selected_ids(queryset))
+        changed = services.set_cron_enabled(ids, False)
+        record(
+            request, CronEntry, ((i, f"cron entry #{i}") for i in ids), "Disabled (admin action)."
+        )
         self.message_user(request, f"{changed} disabled.", messages.SUCCESS)
 
     @admin.action(description="Delete selected cron entries", permissions=["delete"])
@@ -186,6 +211,15 @@ class CronEntryAdmin(SQLiteWriteLockFirst, DeleteThroughAction, admin.ModelAdmin
                 failed.append(f"#{entry_id}: {type(e).__name__}: {e}")
             else:
                 jobs.append(int(result.id))
+                # "Last run" is what the operator looks at to see it ran; the
+                # schedule itself (last_slot, next_run_at) stays the scheduler's.
+                CronEntry.objects.filter(pk=entry_id).update(last_run_at=Now())
+                record(
+                    request,
+                    CronEntry,
+                    [(entry_id, f"cron entry #{entry_id}")],
+                    f"Run now: enqueued job #{result.id} (admin action).",
+                )
         if jobs:
             links = format_html_join(", ", "{}", ((link(Job, j),) for j in jobs))
             self.message_user(

@@ -23,6 +23,8 @@ from .. import services
 from ..compat import admin_action
 from ..exceptions import AlreadyReplayed
 from ..models import DeadLetter, Job
+from ..templatetags.dispatch_console import age_html
+from .bulk import BulkRetryPage
 from .common import (
     BOTH,
     BigTable,
@@ -41,6 +43,7 @@ from .common import (
     username,
 )
 from .forms import ReplayForm
+from .history import record
 
 logger = logging.getLogger("django_dispatch.admin")
 
@@ -61,25 +64,37 @@ class ReplayedFilter(admin.SimpleListFilter):
 
 
 def replay_one(request: HttpRequest, dead_letter_id: int, **corrections: Any) -> Any:
-    """Replay one entry as the current user; exceptions are the caller's to report."""
-    return services.replay(dead_letter_id, replayed_by=username(request), **corrections)
+    """Replay one entry as the current user, in its history; exceptions are the caller's."""
+    result = services.replay(dead_letter_id, replayed_by=username(request), **corrections)
+    how = " with corrected arguments" if corrections else ""
+    record(
+        request,
+        DeadLetter,
+        [(dead_letter_id, f"dead letter #{dead_letter_id}")],
+        f"Replayed{how} as job #{result.id} (admin action).",
+    )
+    return result
 
 
 @admin.register(DeadLetter)
 class DeadLetterAdmin(
-    SQLiteWriteLockFirst, ReadOnlyRows, DeleteThroughAction, BigTable, ReplayPage
+    BulkRetryPage, SQLiteWriteLockFirst, ReadOnlyRows, DeleteThroughAction, BigTable, ReplayPage
 ):
+    # Fits 1280 px with the sidebar open (namespace and partition key: the
+    # filters and the entry's page).
     list_display = [
         "id",
-        "namespace",
         "task_path",
         "error_class",
         "short_error_message",
-        "failed_at",
+        "failed_age",
         "replayed",
         "replay_job",
-        "partition_key",
     ]
+    bulk_action = "replay_entries"
+    bulk_permission = "replay"
+    bulk_label = "Replay all matching…"
+    bulk_verb = "replay"
     list_filter = [
         ("namespace", RecentValuesFilter),
         ("task_path", RecentValuesFilter),
@@ -164,6 +179,13 @@ class DeadLetterAdmin(
         return queryset, False
 
     # --- list and detail ----------------------------------------------------------
+
+    def bulk_actionable(self, queryset: Any) -> Any:
+        return queryset.filter(replayed_at__isnull=True)
+
+    @admin.display(description="Failed", ordering="failed_at")
+    def failed_age(self, letter: DeadLetter) -> str:
+        return age_html(letter.failed_at)
 
     @admin.display(description="Error message")
     def short_error_message(self, letter: DeadLetter) -> str:

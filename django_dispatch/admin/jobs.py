@@ -13,6 +13,7 @@ import logging
 from typing import Any
 
 from django.contrib import admin, messages
+from django.db.models import QuerySet
 from django.http import HttpRequest
 
 from .. import services
@@ -21,6 +22,7 @@ from ..exceptions import AlreadyReplayed
 from ..models import DeadLetter, Job
 from ..states import JobState
 from .artifacts import artifacts_field
+from .bulk import BulkRetryPage
 from .common import (
     BOTH,
     CHANGE_FORM_TEMPLATE,
@@ -38,6 +40,9 @@ from .common import (
     selected_rows,
     username,
 )
+from .history import record
+from .job_columns import STEP_TASK, JobColumns, attach_partition_heads, attach_steps
+from .job_search import parse_arguments_term, search_arguments
 from .overview import OverviewPage
 
 logger = logging.getLogger("django_dispatch.admin")
@@ -47,19 +52,29 @@ DELETE_BATCH = 1000
 
 
 @admin.register(Job)
-class JobAdmin(OverviewPage, SQLiteWriteLockFirst, ReadOnlyRows, DeleteThroughAction, BigTable):
+class JobAdmin(
+    OverviewPage,
+    BulkRetryPage,
+    JobColumns,
+    SQLiteWriteLockFirst,
+    ReadOnlyRows,
+    DeleteThroughAction,
+    BigTable,
+):
+    # Fits 1280 px with the sidebar open: namespace, priority and keys are
+    # filters or on the job's page; the task column carries the partition key.
     list_display = [
         "id",
-        "namespace",
-        "state",
-        "task_path",
+        "state_badge",
+        "task_display",
         "queue_name",
-        "priority",
-        "partition_key",
         "attempts",
-        "enqueued_at",
-        "started_at",
-        "finished_at",
+        "enqueued_age",
+        "run_after_display",
+        "wait_display",
+        "run_display",
+        "finished_age",
+        "error_summary",
     ]
     list_filter = [
         "state",
@@ -68,7 +83,10 @@ class JobAdmin(OverviewPage, SQLiteWriteLockFirst, ReadOnlyRows, DeleteThroughAc
         ("task_path", RecentValuesFilter),
     ]
     search_fields = ["id__exact", "task_path", "partition_key", "idempotency_key"]
-    search_help_text = "Job id (exact), task path, partition key or idempotency key."
+    search_help_text = (
+        "Job id (exact), task path, partition key or idempotency key; or arguments as JSON: "
+        '{"customer_id": 42} (keyword) or [42] (positional), among the newest 100,000 jobs.'
+    )
     change_form_template = CHANGE_FORM_TEMPLATE
     actions = ["cancel_jobs", "retry_jobs", "delete_finished_jobs"]
 
@@ -79,8 +97,9 @@ class JobAdmin(OverviewPage, SQLiteWriteLockFirst, ReadOnlyRows, DeleteThroughAc
             None,
             {
                 "fields": [
-                    ("id", "state"),
+                    ("id", "state", "state_badge"),
                     "task_path",
+                    "workflow_step",
                     ("queue_name", "priority", "backend", "namespace"),
                     ("partition_key", "idempotency_key"),
                     ("attempts", "max_attempts", "worker_lost_count"),
@@ -120,6 +139,8 @@ class JobAdmin(OverviewPage, SQLiteWriteLockFirst, ReadOnlyRows, DeleteThroughAc
         ),
     ]
     readonly_fields = [
+        "state_badge",
+        "workflow_step",
         "worker_ids_display",
         "args_display",
         "kwargs_display",
@@ -137,6 +158,49 @@ class JobAdmin(OverviewPage, SQLiteWriteLockFirst, ReadOnlyRows, DeleteThroughAc
 
     def has_retry_permission(self, request: HttpRequest) -> bool:
         return has_perm(request, "retry_job")
+
+    # --- list: step names in one query, arguments search ------------------------
+
+    def get_changelist_instance(self, request: HttpRequest) -> Any:
+        changelist = super().get_changelist_instance(request)
+        attach_steps(changelist.result_list)
+        attach_partition_heads(changelist.result_list)
+        return changelist
+
+    def get_search_results(
+        self, request: HttpRequest, queryset: QuerySet[Job], search_term: str
+    ) -> tuple[QuerySet[Job], bool]:
+        value = parse_arguments_term(search_term)
+        if value is None:
+            return super().get_search_results(request, queryset, search_term)
+        return search_arguments(queryset, value), False
+
+    # --- detail page: only the actions that can act on this job ------------------
+
+    def get_object(self, request: HttpRequest, object_id: str, from_field: Any = None) -> Any:
+        job = super().get_object(request, object_id, from_field)
+        request.dispatch_job = job  # type: ignore[attr-defined]
+        return job
+
+    def get_actions(self, request, action_location=None):
+        actions = super().get_actions(request, action_location)
+        job = getattr(request, "dispatch_job", None)
+        if job is not None and str(action_location).endswith("CHANGE_FORM"):
+            if job.state not in (JobState.PENDING, JobState.BLOCKED, JobState.RUNNING):
+                actions.pop("cancel_jobs", None)
+            waiting_retry = job.state == JobState.PENDING and job.attempts > 0
+            if not (waiting_retry or job.state == JobState.FAILED):
+                actions.pop("retry_jobs", None)
+            if job.state not in (JobState.SUCCEEDED, JobState.FAILED, JobState.CANCELLED):
+                actions.pop("delete_finished_jobs", None)
+        return actions
+
+    @admin.display(description="Workflow step")
+    def workflow_step(self, job: Job) -> str:
+        if job.task_path != STEP_TASK:
+            return "-"
+        attach_steps([job])
+        return self.task_display(job)
 
     # --- detail page ----------------------------------------------------------
 
@@ -165,15 +229,17 @@ class JobAdmin(OverviewPage, SQLiteWriteLockFirst, ReadOnlyRows, DeleteThroughAc
         location=BOTH,
     )
     def cancel_jobs(self, request: HttpRequest, queryset: Any) -> None:
-        cancelled = skipped = 0
+        cancelled: list[int] = []
+        skipped = 0
         for job_id in selected_ids(queryset):
             if services.cancel(job_id):
-                cancelled += 1
+                cancelled.append(job_id)
             else:
                 skipped += 1
+        record(request, Job, ((i, f"job #{i}") for i in cancelled), "Cancelled (admin action).")
         self.message_user(
             request,
-            f"{cancelled} cancelled, {skipped} skipped (already finished).",
+            f"{len(cancelled)} cancelled, {skipped} skipped (already finished).",
             messages.SUCCESS if cancelled else messages.WARNING,
         )
 
@@ -198,6 +264,7 @@ class JobAdmin(OverviewPage, SQLiteWriteLockFirst, ReadOnlyRows, DeleteThroughAc
                     failed.append(f"#{job_id}: {outcome}")
             elif services.retry_now(job_id):
                 retried += 1
+                record(request, Job, [(job_id, f"job #{job_id}")], "Retried now (admin action).")
             else:
                 skipped.append(job_id)
         text = f"{retried} retried, {replayed} replayed, {len(skipped)} skipped"
@@ -225,12 +292,15 @@ class JobAdmin(OverviewPage, SQLiteWriteLockFirst, ReadOnlyRows, DeleteThroughAc
         if letter is None:
             return None
         try:
-            services.replay(letter, replayed_by=username(request))
+            result = services.replay(letter, replayed_by=username(request))
         except AlreadyReplayed:
             return None
         except Exception as e:  # reported to the operator, never a 500
             logger.warning("admin: replay of dead letter %s failed", letter, exc_info=True)
             return f"{type(e).__name__}: {e}"
+        done = f"Replayed dead letter #{letter} as job #{result.id} (admin action)."
+        record(request, Job, [(job_id, f"job #{job_id}")], done)
+        record(request, DeadLetter, [(letter, f"dead letter #{letter}")], done)
         return True
 
     @admin.action(description="Delete selected finished jobs", permissions=["delete"])
@@ -240,6 +310,16 @@ class JobAdmin(OverviewPage, SQLiteWriteLockFirst, ReadOnlyRows, DeleteThroughAc
             services.delete_finished_jobs(ids[i : i + DELETE_BATCH])
             for i in range(0, len(ids), DELETE_BATCH)
         )
+        if deleted:
+            from django.contrib.admin.models import DELETION
+
+            record(
+                request,
+                Job,
+                [(f"{len(ids)} selected", "finished jobs")],
+                f"Deleted {deleted} finished jobs (admin action).",
+                flag=DELETION,
+            )
         self.message_user(
             request,
             f"{deleted} deleted, {len(ids) - deleted} skipped (not finished).",

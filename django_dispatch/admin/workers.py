@@ -10,8 +10,12 @@ from typing import Any
 
 from django.contrib import admin
 from django.http import HttpRequest
+from django.urls import reverse
+from django.utils.html import format_html
+from django.utils.http import urlencode
 
 from ..models import Worker
+from ..templatetags.dispatch_console import age_html
 from .common import ReadOnlyRows
 
 
@@ -26,7 +30,8 @@ class WorkerAdmin(ReadOnlyRows, admin.ModelAdmin):
         "concurrency",
         "running_jobs",
         "started_at",
-        "last_seen_at",
+        "last_seen_age",
+        "jobs_link",
     ]
     list_filter = ["namespace"]
     search_fields = ["id", "hostname"]
@@ -34,6 +39,17 @@ class WorkerAdmin(ReadOnlyRows, admin.ModelAdmin):
 
     def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
         return False
+
+    @admin.display(description="Last heartbeat", ordering="last_seen_at")
+    def last_seen_age(self, worker: Worker) -> str:
+        return age_html(worker.last_seen_at)
+
+    @admin.display(description="Jobs")
+    def jobs_link(self, worker: Worker) -> str:
+        """Its running jobs (and, from there, every job it ran: drop the state filter)."""
+        url = reverse("admin:django_dispatch_job_changelist")
+        query = urlencode({"worker_id__exact": worker.pk, "state__exact": "running"})
+        return format_html('<a href="{}?{}">running jobs</a>', url, query)
 
     @admin.display(description="Queues")
     def queues_display(self, worker: Worker) -> str:

@@ -75,6 +75,9 @@
           var replacement = fresh.getElementById(el.id);
           if (replacement) el.replaceWith(document.importNode(replacement, true));
         });
+        // The admin's actions.js bound the old list's checkboxes: bind the new ones.
+        var boxes = document.querySelectorAll("#dispatch-results tr input.action-select");
+        if (boxes.length && typeof window.Actions === "function") window.Actions(boxes);
         loadedAt = Date.now();
         setState("· live");
         tick();

@@ -1,0 +1,188 @@
+"""The jobs list's columns: what an operator reads first during an incident.
+
+A raw state says too little: "pending" covers a job deferred to tomorrow, a
+job backing off between retries and a job nobody is taking; a workflow step
+job "succeeded" even when the step it ran failed (the step's failure is the
+workflow's to handle, the job did its work). The badge says which. Times are
+relative with the exact time on hover; wait and run time are columns of
+their own. Everything here works from the row, except the step names of the
+page's workflow step jobs, looked up in one query for the whole page
+(``attach_steps``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+from django.contrib import admin
+from django.db.models import Min
+from django.utils import timezone
+from django.utils.html import format_html
+
+from ..models import Job, WorkflowRun, WorkflowTask
+from ..states import LIVE, JobState
+from ..templatetags.dispatch_console import age_html, badge_html, human_seconds
+from .common import change_url
+
+#: The internal task each workflow step runs as.
+STEP_TASK = "django_dispatch.workflows.tasks.run_step"
+#: Characters of the last error shown in the list (the whole error: the job's page).
+ERROR_SUMMARY = 80
+
+
+def job_badge(job: Job, now: Any = None) -> str:
+    """The state badge, with what "pending" and "succeeded" really mean for this job."""
+    now = now or timezone.now()
+    state = job.state
+    head = getattr(job, "dispatch_head", None)
+    if state == JobState.PENDING and not (head is not None and head < job.pk):
+        if job.run_after and job.run_after > now:
+            if job.attempts:
+                return badge_html(
+                    "deferred", f"retry {human_seconds((job.run_after - now).total_seconds())}"
+                )
+            return badge_html("deferred", "deferred")
+        return badge_html("waiting", "waiting for a worker")
+    if state == JobState.BLOCKED or (
+        state == JobState.PENDING and head is not None and head < job.pk
+    ):
+        # Pending keyed jobs behind a live head are demoted to blocked only
+        # when a worker next looks at them; to the operator they are blocked now.
+        behind = f" behind #{head}" if head is not None and head < job.pk else ""
+        return format_html(
+            '<span title="{}">{}</span>',
+            f"Waits for the job ahead of it in partition {job.partition_key!r} to finish",
+            badge_html("blocked", f"blocked{behind}"),
+        )
+    if state == JobState.SUCCEEDED and step_outcome(job) == "failed":
+        return badge_html("step failed", "step failed")
+    return badge_html(state, job.get_state_display())
+
+
+def step_outcome(job: Job) -> str | None:
+    """A step job's report of its step's attempt (``{"outcome": ...}``), if any."""
+    if job.task_path != STEP_TASK or not isinstance(job.return_value, dict):
+        return None
+    outcome = job.return_value.get("outcome")
+    return outcome if isinstance(outcome, str) else None
+
+
+def attach_partition_heads(jobs: Iterable[Job]) -> None:
+    """Give each live keyed job of a page its partition's head id (``job.dispatch_head``).
+
+    One grouped query over the page's keys, through ``dispatch_job_part_live``
+    (namespace, partition_key, id; live jobs only).
+    """
+    keyed = [j for j in jobs if j.partition_key and j.state in LIVE]
+    if not keyed:
+        return
+    heads = (
+        Job.objects.filter(
+            state__in=list(LIVE),
+            partition_key__isnull=False,
+            partition_key__in={j.partition_key for j in keyed},
+            namespace__in={j.namespace for j in keyed},
+        )
+        .order_by()
+        .values("namespace", "partition_key")
+        .annotate(head=Min("id"))
+    )
+    found = {(h["namespace"], h["partition_key"]): h["head"] for h in heads}
+    for job in keyed:
+        job.dispatch_head = found.get((job.namespace, job.partition_key))  # type: ignore[attr-defined]
+
+
+def attach_steps(jobs: Iterable[Job]) -> None:
+    """Give each workflow step job of a page its step (``job.dispatch_step``), in one query."""
+    wanted: dict[int, list[Job]] = {}
+    for job in jobs:
+        if job.task_path == STEP_TASK and job.args and isinstance(job.args[0], int):
+            wanted.setdefault(job.args[0], []).append(job)
+    if not wanted:
+        return
+    steps = WorkflowTask.objects.filter(pk__in=list(wanted)).select_related("run")
+    for step in steps.only("id", "name", "state", "run__id", "run__name"):
+        for job in wanted[step.pk]:
+            job.dispatch_step = step  # type: ignore[attr-defined]
+
+
+class JobColumns:
+    """``list_display`` columns of ``JobAdmin``."""
+
+    @admin.display(description="State", ordering="state")
+    def state_badge(self, job: Job) -> str:
+        return job_badge(job)
+
+    @admin.display(description="Task", ordering="task_path")
+    def task_display(self, job: Job) -> str:
+        step: WorkflowTask | None = getattr(job, "dispatch_step", None)
+        if step is not None:
+            run: WorkflowRun = step.run
+            return format_html(
+                '<a href="{}">{} #{}</a> · step <a href="{}">{}</a>',
+                change_url(WorkflowRun, run.pk),
+                run.name,
+                run.pk,
+                change_url(WorkflowTask, step.pk),
+                step.name,
+            )
+        module, _, name = job.task_path.rpartition(".")
+        key = format_html(' <span class="dispatch-quiet">[{}]</span>', job.partition_key)
+        return format_html(
+            '<span title="{}">{}</span>{}',
+            job.task_path,
+            name or module,
+            key if job.partition_key else "",
+        )
+
+    @admin.display(description="Enqueued", ordering="enqueued_at")
+    def enqueued_age(self, job: Job) -> str:
+        return age_html(job.enqueued_at)
+
+    @admin.display(description="Runs at", ordering="run_after")
+    def run_after_display(self, job: Job) -> str:
+        if job.state in (JobState.PENDING, JobState.BLOCKED):
+            return age_html(job.run_after)
+        return "-"
+
+    @admin.display(description="Waited")
+    def wait_display(self, job: Job) -> str:
+        """Enqueue (or the deferred time) to first start; still waiting: so far."""
+        ready = max(job.enqueued_at, job.deferred_until) if job.deferred_until else job.enqueued_at
+        if ready is None:
+            return "-"
+        if job.started_at is None:
+            if job.state in (JobState.PENDING, JobState.BLOCKED):
+                waited = (timezone.now() - ready).total_seconds()
+                return format_html("<em>{}</em>", human_seconds(max(waited, 0)))
+            return "-"
+        return human_seconds(max((job.started_at - ready).total_seconds(), 0))
+
+    @admin.display(description="Ran")
+    def run_display(self, job: Job) -> str:
+        """The last attempt's duration; still running: so far."""
+        began = job.last_attempted_at or job.started_at
+        if began is None:
+            return "-"
+        if job.finished_at is None:
+            if job.state == JobState.RUNNING:
+                return format_html(
+                    "<em>{}</em>", human_seconds((timezone.now() - began).total_seconds())
+                )
+            return "-"
+        return human_seconds(max((job.finished_at - began).total_seconds(), 0))
+
+    @admin.display(description="Finished", ordering="finished_at")
+    def finished_age(self, job: Job) -> str:
+        return age_html(job.finished_at)
+
+    @admin.display(description="Last error")
+    def error_summary(self, job: Job) -> str:
+        if not job.errors:
+            return ""
+        last = job.errors[-1]
+        cls = str(last.get("exception_class_path", "?")).rpartition(".")[2]
+        text = f"{cls}: {last.get('message', '')}".strip().rstrip(":")
+        short = text if len(text) <= ERROR_SUMMARY else text[: ERROR_SUMMARY - 1] + "…"
+        return format_html('<span class="dispatch-error-summary" title="{}">{}</span>', text, short)
