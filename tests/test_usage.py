@@ -149,3 +149,45 @@ def test_a_real_worker_records_failures_and_timeouts(start_worker):
     assert outcomes == {int(ok.id): "succeeded", int(bad.id): "failed", int(late.id): "timed_out"}
     assert JobUsage.objects.filter(job_id=bad.id, attempt=2, outcome="failed").exists()
     assert JobUsage.objects.count() == 4
+
+
+def test_the_raw_wave_insert_stores_what_the_orm_would():
+    """PostgreSQL's one-statement insert of a wave, beside its ORM twin."""
+    from django.db import connection
+
+    from django_dispatch.store.usage import UsageEntry, usage_record_many
+
+    if connection.vendor != "postgresql":
+        pytest.skip("the raw statement is PostgreSQL's")
+    now = timezone.now()
+    entries = [
+        UsageEntry(
+            job_id=i,
+            namespace="ns",
+            task_path="a.b",
+            queue_name="q",
+            attempt=2,
+            worker_id="w",
+            host="h",
+            outcome="succeeded",
+            started_at=now,
+            wall_seconds=None if i == 1 else 1.5,
+            cpu_seconds=0.25,
+            peak_rss_mb=None,
+            resources=None if i == 1 else {"memory_mb": 3},
+        )
+        for i in (1, 2)
+    ]
+    usage_record_many(entries, raw=True)
+    usage_record_many(entries, raw=False)
+    # finished_at: each statement's own now(), checked apart.
+    fields = [f.name for f in JobUsage._meta.concrete_fields if f.name not in ("id", "finished_at")]
+    raw, orm = (
+        list(JobUsage.objects.filter(id__in=ids).order_by("job_id").values(*fields))
+        for ids in (
+            JobUsage.objects.order_by("id").values_list("id", flat=True)[:2],
+            JobUsage.objects.order_by("id").values_list("id", flat=True)[2:],
+        )
+    )
+    assert raw == orm and len(raw) == 2
+    assert not JobUsage.objects.filter(finished_at__isnull=True).exists()
