@@ -219,8 +219,13 @@ def save(
         # The purge deletes whatever part of the file was written.
         artifact_store.artifacts_soft_delete([artifact.pk])
         raise
-    if finish(artifact.pk, stored) is None:
-        raise lost()
+    try:
+        link = finish(artifact.pk, stored)
+    except BaseException:
+        artifact_store.artifacts_soft_delete([artifact.pk])  # refused: never linked
+        raise
+    if link is None:
+        raise lost()  # unlinked: the orphan sweep's (the file is kept until then)
     return Artifact.objects.get(pk=artifact.pk)
 
 

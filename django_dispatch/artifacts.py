@@ -40,6 +40,7 @@ __all__ = [
     "for_owner",
     "get",
     "get_record",
+    "link",
     "links",
     "open",
     "page",
@@ -174,6 +175,23 @@ def page(*, limit: int = 50, before: int | None = None, **filters: Any) -> Artif
     more = len(items) > limit
     items = items[:limit]
     return ArtifactPage(items, items[-1].pk if more else None)
+
+
+def link(
+    owner: Any, artifact: Artifact | int, name: str, *, role: str = "input", attempt: int = 0
+) -> ArtifactLink:
+    """Link an existing artifact to another owner: a step's input, a run's final
+    output. Not fenced (no attempt is racing for it) and idempotent; a different
+    artifact already linked under (owner, name, attempt) is ``ArtifactExists``."""
+    from .artifact_files import check_name
+    from .models.artifact import Role
+
+    if role not in Role.values:
+        raise ValueError(f"role must be one of {Role.values}, got {role!r}")
+    kind, owner_id = owner_key(owner)
+    target = artifact if isinstance(artifact, Artifact) else get(int(artifact))
+    spec = artifact_store.LinkSpec(kind, owner_id, check_name(name), attempt, role=role)
+    return artifact_store.artifact_link(target.pk, spec, namespace=target.namespace)
 
 
 def update(

@@ -11,7 +11,7 @@ from asgiref.sync import sync_to_async
 from . import artifact_files, store
 from .compat import TaskContext
 from .encoding import to_json
-from .exceptions import JobCancelled
+from .exceptions import ArtifactExists, JobCancelled
 from .models.artifact import Artifact, OwnerKind
 from .store import artifacts as artifact_store
 from .store.artifacts import LinkSpec
@@ -31,6 +31,9 @@ class DispatchTaskContext(TaskContext):  # type: ignore[misc]
     lease_seconds: float
     cancel_event: threading.Event = field(default_factory=threading.Event)
     saved_checkpoint: Any = None
+    #: Artifact names this claim saved: a second save of one is ``ArtifactExists``;
+    #: a first one takes over a link an earlier claim of the same attempt number made.
+    saved_artifacts: set[str] = field(default_factory=set)
 
     @property
     def checkpoint(self) -> Any:
@@ -89,17 +92,28 @@ class DispatchTaskContext(TaskContext):  # type: ignore[misc]
         """
         if self.cancel_event.is_set():
             raise JobCancelled(self._gone())
+        if name in self.saved_artifacts:
+            raise ArtifactExists(
+                f"this attempt of job {self.lease.job_id} already saved an artifact named "
+                f"{name!r}; use another name"
+            )
         attempt = self.task_result.attempts
         spec = LinkSpec(OwnerKind.JOB, self.lease.job_id, name, attempt)
 
         def finish(artifact_id: int, stored: dict[str, Any]) -> Any:
-            return artifact_store.artifact_finish_job(self.lease, artifact_id, spec, stored=stored)
+            return artifact_store.artifact_finish_job(
+                self.lease,
+                artifact_id,
+                spec,
+                stored=stored,
+                supersede=name not in self.saved_artifacts,
+            )
 
         def lost() -> JobCancelled:
             self.cancel_event.set()
             return JobCancelled(self._gone())
 
-        return artifact_files.save(
+        artifact = artifact_files.save(
             namespace=self.lease.namespace,
             kind=OwnerKind.JOB,
             owner_id=self.lease.job_id,
@@ -112,6 +126,8 @@ class DispatchTaskContext(TaskContext):  # type: ignore[misc]
             finish=finish,
             lost=lost,
         )
+        self.saved_artifacts.add(name)
+        return artifact
 
     async def asave_artifact(self, name: str, content: Any, **options: Any) -> Artifact:
         return await sync_to_async(self.save_artifact, thread_sensitive=True)(

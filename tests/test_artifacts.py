@@ -408,3 +408,39 @@ def test_a_storage_that_reads_out_of_order_gets_the_hash_of_what_it_stored(setti
     assert read(artifact) == b"odd order attempt 1"
     assert artifact.size == len(b"odd order attempt 1")
     assert artifact.sha256 == hashlib.sha256(b"odd order attempt 1").hexdigest()
+
+
+def test_a_job_handed_back_reruns_its_attempt_and_takes_over_the_name(storage):
+    result = artifact_tasks.save_report.enqueue("handback")
+    first = _claimed_context(result.id, "w1")
+    before = first.save_artifact("report.txt", b"first claim")
+    with pytest.raises(ArtifactExists, match="already saved"):
+        first.save_artifact("report.txt", b"again in the same claim")
+    assert Artifact.objects.count() == 1  # refused before anything was written
+    # Graceful shutdown: handed back without spending the attempt.
+    assert store.job_release_if_leased(first.lease, attempts=0, worker_ids=[])
+    second = _claimed_context(result.id, "w2")
+    assert second.task_result.attempts == 1  # the same attempt number again
+    after = second.save_artifact("report.txt", b"second claim")
+    assert artifacts.find(result.id, "report.txt") == after
+    assert [a.pk for a in artifacts.for_owner(result.id)] == [after.pk]
+    assert not ArtifactLink.objects.filter(artifact_id=before.pk).exists()  # an orphan now
+    age(before, created_at=GRACE + 60)
+    assert sweep().orphans == 1  # the first claim's, now unlinked
+
+
+def test_run_links_and_owner_gone_for_runs_and_steps(storage):
+    run = artifact_tasks.exports.start({})
+    drain()
+    export_step = run.steps.get(name="export")
+    export = artifacts.find(export_step, "export.csv")
+    final = artifacts.link(run, export, "final.csv", role="output")
+    assert artifacts.link(run, export.pk, "final.csv", role="output") == final  # idempotent
+    assert artifacts.for_owner(run) == [export]
+    assert artifacts.for_owner(run, role="input") == []
+    with pytest.raises(ValueError, match="role"):
+        artifacts.link(run, export, "x.csv", role="bogus")
+    assert sweep().busy is False
+    run.delete()  # its steps go with it (as workflow retention does)
+    assert sweep().owner_gone == 1
+    assert artifacts.get_record(export.pk).deleted_at is not None

@@ -132,11 +132,18 @@ def artifact_update(artifact_id: int, *, db: str | None = None, **changes: Any) 
     return live.update(**changes) == 1
 
 
-def _insert_link(db: str, artifact_id: int, namespace: str, spec: LinkSpec) -> ArtifactLink:
+def _insert_link(
+    db: str, artifact_id: int, namespace: str, spec: LinkSpec, *, supersede: bool = False
+) -> ArtifactLink:
     """Insert the link, or return the same one if it is there already (idempotent).
 
     Another artifact linked under the same (owner, name, generation, attempt)
-    is ``ArtifactExists``: one attempt never replaces its own output.
+    is ``ArtifactExists``: one attempt never replaces its own output. Unless
+    ``supersede``: the link was made by an earlier claim that carried the
+    same attempt number (a job handed back at shutdown, or interrupted by
+    the database, runs again without spending an attempt), so the current
+    claim's artifact takes the link over, and the earlier one, unlinked, is
+    left to the orphan sweep.
     """
     key = {
         "owner_kind": spec.owner_kind,
@@ -154,6 +161,11 @@ def _insert_link(db: str, artifact_id: int, namespace: str, spec: LinkSpec) -> A
         existing = ArtifactLink.objects.using(db).filter(**key).first()
         if existing is None:
             raise
+        if existing.artifact_id != artifact_id and supersede:
+            ArtifactLink.objects.using(db).filter(id=existing.pk).update(
+                artifact_id=artifact_id, role=spec.role, created_at=Now()
+            )
+            return ArtifactLink.objects.using(db).get(id=existing.pk)
         if existing.artifact_id != artifact_id:
             raise ArtifactExists(
                 f"{spec.owner_kind} {spec.owner_id} already saved an artifact named "
@@ -177,6 +189,7 @@ def _finish(
     fence: Any,
     namespace: str,
     spec: LinkSpec,
+    supersede: bool = False,
 ) -> ArtifactLink | None:
     """Record what was written, then link it while ``fence`` still matches.
 
@@ -191,7 +204,7 @@ def _finish(
         fenced = fence.select_for_update(**_no_key(db)).values_list("id", flat=True)
         if not list(fenced):
             return None
-        return _insert_link(db, artifact_id, namespace, spec)
+        return _insert_link(db, artifact_id, namespace, spec, supersede=supersede)
 
 
 def _no_key(db: str) -> dict[str, bool]:
@@ -208,11 +221,17 @@ def artifact_finish_job(
     spec: LinkSpec,
     *,
     stored: dict[str, Any],
+    supersede: bool = False,
     db: str | None = None,
 ) -> ArtifactLink | None:
-    """Record the written file and link it to the job, fenced by ``lease``; None if lost."""
+    """Record the written file and link it to the job, fenced by ``lease``; None if lost.
+
+    ``supersede``: this claim did not save ``spec.name`` yet, so a link already
+    there under its attempt number is an earlier claim's (see ``_insert_link``).
+    """
     db = _db(db)
-    return _finish(db, artifact_id, stored, _leased(lease, db), lease.namespace, spec)
+    fence = _leased(lease, db)
+    return _finish(db, artifact_id, stored, fence, lease.namespace, spec, supersede)
 
 
 def artifact_finish_step(
