@@ -390,6 +390,8 @@ def run_phase(driver: Driver, logdir: Path) -> dict:
     with psycopg.connect(args.db, autocommit=True) as conn:
         if args.phase == "drain":
             return measure_drain(driver, conn, driver.prepare_backlog(), logdir)
+        if args.phase == "bulk_scale":
+            return driver.bulk_scale()  # type: ignore[attr-defined]
         if args.phase == "rss":
             return measure_rss(driver, conn, logdir)
         return driver.standard(conn, logdir)
@@ -398,7 +400,7 @@ def run_phase(driver: Driver, logdir: Path) -> dict:
 def main(driver_class: type[Driver]) -> None:
     """Command line of a driver module: ``python -m drivers.X PHASE --db URL ...``."""
     parser = argparse.ArgumentParser()
-    parser.add_argument("phase", choices=["standard", "drain", "rss", "worker"])
+    parser.add_argument("phase", choices=["standard", "drain", "rss", "bulk_scale", "worker"])
     parser.add_argument("--db", default=os.environ.get("DATABASE_URL"))
     parser.add_argument("--jobs", type=int, default=10_000)
     parser.add_argument("--bulk-jobs", type=int, default=100_000)

@@ -125,7 +125,7 @@ def _fastest_peer(rows: dict[str, dict], key: str) -> tuple[float | None, str]:
 def targets(rows: dict[str, dict], extras: dict[str, dict]) -> list[tuple[str, str, bool | None]]:
     """The issue's targets: (target, measured value as text, met or None if not measured)."""
     me = rows.get(DISPATCH, {})
-    flat, part, rss = (extras.get(k, {}) for k in ("flatness", "partitions", "rss"))
+    flat, part, rss, scale = (extras.get(k, {}) for k in ("flatness", "partitions", "rss", "scale"))
     steady = "steady_drain_per_s"
     drain_peer, drain_name = _fastest_peer(rows, "drain_per_s")
     bulk_peer, bulk_name = _fastest_peer(rows, "bulk_per_s")
@@ -151,6 +151,8 @@ def targets(rows: dict[str, dict], extras: dict[str, dict]) -> list[tuple[str, s
          flat.get("empty", {}).get(steady)), "{:.0%} of empty", lambda v: v >= 0.8),
         ("partitioned drain >= 50% of unkeyed", ratio(part.get("keyed", {}).get(steady),
          part.get("unkeyed", {}).get(steady)), "{:.0%}", lambda v: v >= 0.5),
+        ("drain atop 1M pending >= 80% of atop 10k", ratio(scale.get("deep", {}).get(steady),
+         scale.get("shallow", {}).get(steady)), "{:.0%}", lambda v: v >= 0.8),
         ("RSS after 100k jobs within 10% of after 1k", ratio(rss.get("rss_after_all_mb"),
          rss.get("rss_after_1k_mb")), "{:.2f}x", lambda v: v <= 1.1),
     ]  # fmt: skip
@@ -175,6 +177,7 @@ def extras_section(extras: dict[str, dict]) -> str:
     labels = {
         "flatness": ("empty", "full", "finished rows in the table"),
         "partitions": ("unkeyed", "keyed", "partition keys"),
+        "scale": ("shallow", "deep", "pending backlog"),
     }
     for name, (a, b, what) in labels.items():
         if name not in extras:
@@ -186,6 +189,14 @@ def extras_section(extras: dict[str, dict]) -> str:
             f"{fmt(e[a].get('steady_drain_per_s'))} ({a}) vs "
             f"{fmt(e[b].get('steady_drain_per_s'))} ({b}, {what})"
         )
+    if "bulk_scale" in extras:
+        e = extras["bulk_scale"]
+        parts.append(
+            f"- **bulk_scale**: one `enqueue_many` of {fmt(e.get('rows'))} rows at "
+            f"{fmt(e.get('rows_per_s'))} rows/s; the enqueuing process grew by "
+            f"{fmt(e.get('rss_growth_mb'), '{:.0f}')} MB (peak "
+            f"{fmt(e.get('peak_rss_mb'), '{:.0f}')} MB)"
+        )
     if "rss" in extras:
         e = extras["rss"]
         parts.append(
@@ -193,4 +204,4 @@ def extras_section(extras: dict[str, dict]) -> str:
             f"after 1,000 jobs, {fmt(e.get('rss_after_all_mb'), '{:.1f}')} MB after "
             f"{fmt(e.get('rss_jobs'))} jobs (largest worker process)"
         )
-    return "\n".join(parts) if parts else "(none run: add --flatness, --partitions, --rss)"
+    return "\n".join(parts) if parts else "(none run: add --flatness, --partitions, --scale, --rss)"

@@ -59,8 +59,8 @@ DRIVER_OPTIONS = ["jobs", "bulk_jobs", "workers", "concurrency", "idle_seconds",
                   "latency_seconds", "latency_rate", "realistic_jobs"]  # fmt: skip
 QUICK = {
     "jobs": 1000, "bulk_jobs": 5000, "realistic_jobs": 1000, "runs": 1, "idle_seconds": 3.0,
-    "latency_seconds": 3.0,
-    "flatness_rows": 100_000, "partition_keys": 100, "rss_jobs": 10_000, "quiet_wait": 10.0,
+    "latency_seconds": 3.0, "flatness_rows": 100_000, "partition_keys": 100,
+    "scale_backlog": 100_000, "rss_jobs": 10_000, "quiet_wait": 10.0,
 }  # fmt: skip
 
 
@@ -85,6 +85,13 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--flatness-rows", type=int, default=1_000_000)
     p.add_argument("--partitions", action="store_true", help="dispatch: keyed vs unkeyed drain")
     p.add_argument("--partition-keys", type=int, default=1000)
+    p.add_argument(
+        "--scale",
+        action="store_true",
+        help="dispatch: drain atop a 10k vs a "
+        "--scale-backlog pending backlog; one enqueue_many of --scale-backlog rows",
+    )
+    p.add_argument("--scale-backlog", type=int, default=1_000_000)
     p.add_argument("--rss", action="store_true", help="dispatch: RSS after 1k vs after all")
     p.add_argument("--rss-jobs", type=int, default=100_000)
     p.add_argument("--checks-only", action="store_true", help="only the checks above, not the "
@@ -228,6 +235,15 @@ class Bench:
                 f"{args.jobs:,} jobs, unkeyed vs over {args.partition_keys:,} partition keys",
                 ("unkeyed", []), ("keyed", ["--partition-keys", str(args.partition_keys)]),
             )  # fmt: skip
+        if args.scale:
+            deep = args.scale_backlog
+            out["scale"] = self.drain_pair(
+                f"the first {args.jobs:,} jobs of a 10,000 vs a {deep:,} pending backlog",
+                ("shallow", ["--pending-backlog", str(max(10_000, args.jobs))]),
+                ("deep", ["--pending-backlog", str(deep)]),
+            )  # fmt: skip
+            log(f"scale: one enqueue_many of {deep:,} rows")
+            out["bulk_scale"] = self.measure("dispatch", "bulk_scale", jobs=deep)
         if args.rss:
             log(f"rss: {args.rss_jobs:,} jobs")
             out["rss"] = self.measure("dispatch", "rss", jobs=args.rss_jobs)

@@ -52,6 +52,7 @@ class DispatchDriver(Driver):
     def add_arguments(cls, parser) -> None:
         parser.add_argument("--prefill-finished", type=int, default=0)
         parser.add_argument("--partition-keys", type=int, default=0)
+        parser.add_argument("--pending-backlog", type=int, default=0)
 
     def setup(self) -> None:
         django_setup.setup(self.db, "benchproject.settings")
@@ -123,6 +124,17 @@ class DispatchDriver(Driver):
                 after = cursor.fetchone()[0]
             self.unfinished_sql = UNFINISHED_SQL.format(after=after)
         jobs, keys = self.args.jobs, self.args.partition_keys
+        if self.args.pending_backlog:
+            # A deep backlog: the drain is timed over its first ``jobs``
+            # completions, so that a 10,000-job and a 1,000,000-job backlog
+            # are measured over the same work.
+            backlog = self.args.pending_backlog - jobs
+            for start in range(0, backlog, 100_000):
+                enqueue_many(self.tasks.noop, [((), {})] * min(100_000, backlog - start))
+            self.unfinished_sql = (
+                f"SELECT greatest(0, {jobs} - count(*)) FROM django_dispatch_job "
+                "WHERE state = 'succeeded'"
+            )
         if keys:
             # Round robin over the keys, as events of many customers arrive; one
             # transaction only to make the setup quick.
@@ -133,6 +145,25 @@ class DispatchDriver(Driver):
             for start in range(0, jobs, CHUNK):
                 enqueue_many(self.tasks.noop, [((), {})] * min(CHUNK, jobs - start))
         return jobs
+
+    def bulk_scale(self) -> dict:
+        """One ``enqueue_many`` call of ``--jobs`` rows: its rate and the memory it took."""
+        import resource
+
+        from django_dispatch import enqueue_many
+
+        before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+        started = time.perf_counter()
+        results = enqueue_many(self.tasks.noop, (((), {}) for _ in range(self.args.jobs)))
+        elapsed = time.perf_counter() - started
+        peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+        assert len(results) == self.args.jobs
+        return {
+            "rows": self.args.jobs,
+            "rows_per_s": self.args.jobs / elapsed,
+            "peak_rss_mb": peak,
+            "rss_growth_mb": peak - before,
+        }
 
     def close(self) -> None:
         from django.db import connections
