@@ -444,3 +444,36 @@ def test_run_links_and_owner_gone_for_runs_and_steps(storage):
     run.delete()  # its steps go with it (as workflow retention does)
     assert sweep().owner_gone == 1
     assert artifacts.get_record(export.pk).deleted_at is not None
+
+
+class GeneratedStream(io.RawIOBase):
+    """A non-seekable stream of ``total`` bytes made on the fly, as a pipe or an
+    HTTP body gives them; refuses unbounded reads and records the largest read."""
+
+    def __init__(self, total: int) -> None:
+        self.left = total
+        self.largest = 0
+        self.hasher = __import__("hashlib").sha256()
+
+    def readable(self) -> bool:
+        return True
+
+    def read(self, size: int = -1) -> bytes:
+        assert size is not None and size >= 0, "read everything at once: not streamed"
+        self.largest = max(self.largest, size)
+        chunk = bytes((self.left + i) % 251 for i in range(min(size, self.left)))
+        self.left -= len(chunk)
+        self.hasher.update(chunk)
+        return chunk
+
+
+def test_a_non_seekable_stream_is_saved_in_chunks(storage):
+    result = artifact_tasks.save_report.enqueue("stream")
+    context = _claimed_context(result.id, "w1")
+    stream = GeneratedStream(3 * 1024 * 1024 + 7)
+    artifact = context.save_artifact("big.bin", stream)
+    assert stream.left == 0 and stream.largest <= 1024 * 1024  # bounded chunks
+    assert artifact.size == 3 * 1024 * 1024 + 7
+    assert artifact.sha256 == stream.hasher.hexdigest()
+    with artifacts.open(artifact) as f:
+        assert __import__("hashlib").sha256(f.read()).hexdigest() == artifact.sha256
