@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from django.core.files.storage import Storage, storages
-from django.db import IntegrityError, transaction
+from django.db import IntegrityError, connections, transaction
 from django.db.models import Exists, OuterRef
 from django.db.models.functions import Now
 
@@ -210,8 +210,6 @@ def _finish(
 def _no_key(db: str) -> dict[str, bool]:
     """FOR NO KEY UPDATE on PostgreSQL: conflicts with the takeover's UPDATE, not
     with inserts referencing the row."""
-    from django.db import connections
-
     return {"no_key": True} if connections[db].vendor == "postgresql" else {}
 
 
