@@ -477,3 +477,20 @@ def test_a_non_seekable_stream_is_saved_in_chunks(storage):
     assert artifact.sha256 == stream.hasher.hexdigest()
     with artifacts.open(artifact) as f:
         assert __import__("hashlib").sha256(f.read()).hexdigest() == artifact.sha256
+
+
+def test_an_async_task_saves_through_asave_artifact(storage):
+    result = artifact_tasks.save_async.enqueue("from a coroutine")
+    drain()
+    artifact = artifacts.find(result.id, "async.txt")
+    assert Job.objects.get(pk=result.id).return_value == artifact.pk
+    assert read(artifact) == b"from a coroutine"
+
+
+def test_sweeps_stay_in_their_namespace(storage):
+    theirs = artifact_store.artifact_create(
+        storage="artifacts", name="dispatch/acme/o.bin", namespace="acme"
+    )
+    age(theirs, created_at=GRACE + 60)
+    assert sweep().orphans == 0  # the default namespace's leader leaves it alone
+    assert sweep(namespace="acme").orphans == 1

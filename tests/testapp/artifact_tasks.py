@@ -37,3 +37,10 @@ def consume(ctx):
 
     with artifacts.open(ctx.outputs["export"]["artifact"]) as f:
         return {"lines": f.read().decode().count("\n")}
+
+
+@task(takes_context=True)
+async def save_async(context, text):
+    """An ``async def`` task saving through ``asave_artifact``."""
+    artifact = await context.asave_artifact("async.txt", text.encode())
+    return artifact.pk
