@@ -20,6 +20,7 @@ from ..models.workflow import RunState
 from ..workflows import services
 from ..workflows.exceptions import ActionNotAllowed, AlreadyReopened
 from .common import ReplayPage, change_url
+from .history import record_one
 
 
 class ReplayForm(forms.Form):
@@ -60,6 +61,8 @@ class ReplayFromStep(ReplayPage):
                 except (ActionNotAllowed, AlreadyReopened) as e:
                     form.add_error(None, str(e))
                 else:
+                    step = form.cleaned_data["step"]
+                    record_one(request, run, f"Replayed from step {step!r} (admin action).")
                     self.message_user(
                         request,
                         f"Run #{run.pk} replayed from step {form.cleaned_data['step']!r}.",

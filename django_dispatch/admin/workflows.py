@@ -41,6 +41,8 @@ from .common import (
     selected_ids,
     selected_rows,
 )
+from .dag import dag_field
+from .history import record
 from .workflow_replay import ReplayFromStep
 
 
@@ -160,6 +162,8 @@ class OperatorActions(SQLiteWriteLockFirst, ReadOnlyRows):
         ``why`` is formatted with ``n`` (how many were left alone) and ``ids``.
         A warning unless something changed and nothing was left alone.
         """
+        pks = (d[0] if isinstance(d, tuple) else d for d in done)  # #19: the admin history
+        record(request, self.model, ((pk, f"#{pk}") for pk in pks), f"{verb} (admin action).")  # type: ignore[attr-defined]
         text = f"{len(done)} {verb}"
         if skipped:
             text += why.format(n=len(skipped), ids=id_list(skipped))
@@ -199,6 +203,7 @@ class WorkflowRunAdmin(OperatorActions, BigTable, ReplayFromStep):
         ("idempotency_key", "queue_name"),
         ("created_at", "updated_at", "finished_at"),
         ("parent_link", "children_links"),
+        "dag_display",  # #19
         "steps_table",
         "input_display",
         "output_display",
@@ -208,6 +213,7 @@ class WorkflowRunAdmin(OperatorActions, BigTable, ReplayFromStep):
     readonly_fields = [
         "parent_link",
         "children_links",
+        "dag_display",  # #19
         "steps_table",
         "input_display",
         "output_display",
@@ -223,6 +229,7 @@ class WorkflowRunAdmin(OperatorActions, BigTable, ReplayFromStep):
         return getattr(run, "current", None) or "-"
 
     artifacts_display = artifacts_field("run")  # #18
+    dag_display = dag_field  # #19
 
     @admin.display(description="Started by")
     def parent_link(self, run: WorkflowRun) -> str:
