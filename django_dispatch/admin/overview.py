@@ -65,9 +65,8 @@ class OverviewPage:
     def pause_view(self, request: HttpRequest) -> HttpResponse:
         """Pause or resume one queue (POST, CSRF-checked by ``admin_view``), then back.
 
-        Needs both ``add_pausedqueue`` and ``delete_pausedqueue`` (a pause is
-        a PausedQueue row, a resume deletes it), checked here whatever the
-        page showed. Goes through ``flow.pause_queue``/``resume_queue`` under
+        Needs ``pause_queue`` (as the Queues page does), checked here whatever
+        the page showed. Goes through ``flow.pause_queue``/``resume_queue`` under
         the TASKS alias of the namespace shown, so their validation applies.
         """
         if not (self.has_view_permission(request) and can_pause(request)):  # type: ignore[attr-defined]
@@ -114,7 +113,8 @@ class OverviewPage:
 
 
 def can_pause(request: HttpRequest) -> bool:
-    return has_perm(request, "add_pausedqueue") and has_perm(request, "delete_pausedqueue")
+    """The flow-control permission (#17's ``pause_queue``, also used by the Queues page)."""
+    return has_perm(request, "pause_queue")
 
 
 def alias_of(namespace: str) -> str | None:
