@@ -177,6 +177,7 @@ def extras_section(extras: dict[str, dict]) -> str:
     labels = {
         "flatness": ("empty", "full", "finished rows in the table"),
         "partitions": ("unkeyed", "keyed", "partition keys"),
+        "mixed_sizes": ("plain", "mixed", "resource needs and --capacity"),
         "scale": ("shallow", "deep", "pending backlog"),
     }
     for name, (a, b, what) in labels.items():

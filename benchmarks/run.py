@@ -92,6 +92,8 @@ def parse_args() -> argparse.Namespace:
         "--scale-backlog pending backlog; one enqueue_many of --scale-backlog rows",
     )
     p.add_argument("--scale-backlog", type=int, default=1_000_000)
+    p.add_argument("--mixed-sizes", action="store_true",
+                   help="dispatch: drain without vs with resource needs and --capacity (#16)")
     p.add_argument("--rss", action="store_true", help="dispatch: RSS after 1k vs after all")
     p.add_argument("--rss-jobs", type=int, default=100_000)
     p.add_argument("--checks-only", action="store_true", help="only the checks above, not the "
@@ -244,6 +246,11 @@ class Bench:
             )  # fmt: skip
             log(f"scale: one enqueue_many of {deep:,} rows")
             out["bulk_scale"] = self.measure("dispatch", "bulk_scale", jobs=deep)
+        if args.mixed_sizes:
+            out["mixed_sizes"] = self.drain_pair(
+                f"{args.jobs:,} jobs, no needs vs mixed sizes (20/500 MB) on --capacity workers",
+                ("plain", []), ("mixed", ["--mixed-sizes"]),
+            )  # fmt: skip
         if args.rss:
             log(f"rss: {args.rss_jobs:,} jobs")
             out["rss"] = self.measure("dispatch", "rss", jobs=args.rss_jobs)

@@ -16,6 +16,7 @@ from harness import Driver, main
 from drivers import django_setup
 
 CHUNK = 10_000
+MIXED_BIG_EVERY = 20  # --mixed-sizes: one 500 MB job per 20
 ROUND = 200  # creates, then enqueues, per round of the ORM baseline
 
 #: One million finished jobs in the shape the worker leaves them: succeeded,
@@ -52,6 +53,10 @@ class DispatchDriver(Driver):
     def add_arguments(cls, parser) -> None:
         parser.add_argument("--prefill-finished", type=int, default=0)
         parser.add_argument("--partition-keys", type=int, default=0)
+        # #16: a backlog of mixed sizes (1 in MIXED_BIG_EVERY needs 500 MB, the
+        # rest 20 MB) drained by workers with --capacity roomy enough that the
+        # fit never idles a slot: the cost of the resource-aware claim itself.
+        parser.add_argument("--mixed-sizes", action="store_true")
         parser.add_argument("--pending-backlog", type=int, default=0)
 
     def setup(self) -> None:
@@ -80,8 +85,11 @@ class DispatchDriver(Driver):
             enqueue_many(self.tasks.realistic, [((seq,), {}) for seq in seqs])
 
     def worker_argv(self, concurrency: int) -> list[str]:
-        return [sys.executable, django_setup.manage_py(), "rundispatch",
+        argv = [sys.executable, django_setup.manage_py(), "rundispatch",
                 "--concurrency", str(concurrency)]  # fmt: skip
+        if self.args.mixed_sizes:
+            argv += ["--capacity", f"memory_mb={500 * concurrency}"]
+        return argv
 
     def before(self) -> dict:
         """Bare ORM vs enqueue, interleaved in rounds so that drift hits both alike.
@@ -141,6 +149,13 @@ class DispatchDriver(Driver):
             with transaction.atomic():
                 for index in range(jobs):
                     self.tasks.noop.using(partition_key=f"key-{index % keys}").enqueue()
+        elif self.args.mixed_sizes:
+            small = self.tasks.noop.using(resources={"memory_mb": 20})
+            big = self.tasks.noop.using(resources={"memory_mb": 500})
+            for start in range(0, jobs, MIXED_BIG_EVERY):
+                count = min(MIXED_BIG_EVERY, jobs - start)
+                enqueue_many(small, [((), {})] * (count - 1))
+                enqueue_many(big, [((), {})])
         else:
             for start in range(0, jobs, CHUNK):
                 enqueue_many(self.tasks.noop, [((), {})] * min(CHUNK, jobs - start))

@@ -16,6 +16,7 @@ from .artifacts import ArtifactAdmin
 from .cron import CronEntryAdmin
 from .dead_letters import DeadLetterAdmin
 from .jobs import JobAdmin
+from .usage import JobUsageAdmin
 from .workers import WorkerAdmin
 from .workflows import WorkflowRunAdmin, WorkflowTaskAdmin
 
@@ -24,6 +25,7 @@ __all__ = [
     "CronEntryAdmin",
     "DeadLetterAdmin",
     "JobAdmin",
+    "JobUsageAdmin",
     "WorkerAdmin",
     "WorkflowRunAdmin",
     "WorkflowTaskAdmin",

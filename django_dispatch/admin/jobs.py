@@ -44,6 +44,7 @@ from .history import record
 from .job_columns import STEP_TASK, JobColumns, attach_partition_heads, attach_steps
 from .job_search import parse_arguments_term, search_arguments
 from .overview import OverviewPage
+from .usage import usage_field
 
 logger = logging.getLogger("django_dispatch.admin")
 
@@ -108,6 +109,7 @@ class JobAdmin(
         ),
         ("Errors", {"fields": ["errors_display", "dead_letter_link"]}),
         ("Artifacts", {"fields": ["artifacts_display"]}),  # #18
+        ("Resources and usage", {"fields": ["usage_display"]}),  # #16
         (
             "Data",
             {
@@ -149,6 +151,7 @@ class JobAdmin(
         "errors_display",
         "dead_letter_link",
         "artifacts_display",
+        "usage_display",
     ]
 
     # --- permissions: read-only rows; state changes only through actions ----
@@ -206,6 +209,7 @@ class JobAdmin(
 
     worker_ids_display = rendered_field("worker_ids", "Worker ids (one per attempt)")
     artifacts_display = artifacts_field("job")
+    usage_display = usage_field()
     args_display = rendered_field("args", "Args")
     kwargs_display = rendered_field("kwargs", "Kwargs")
     checkpoint_display = rendered_field("checkpoint", "Checkpoint")

@@ -28,6 +28,8 @@ class WorkerAdmin(ReadOnlyRows, admin.ModelAdmin):
         "pid",
         "queues_display",
         "concurrency",
+        "capacity",  # #16
+        "locality",
         "running_jobs",
         "started_at",
         "last_seen_age",

@@ -37,10 +37,10 @@ from datetime import timedelta
 from typing import Any
 
 from django.db import connections
-from django.db.models import Q
+from django.db.models import Count, Q
 from django.db.models.functions import Now
 
-from ..models import Job
+from ..models import Job, Worker
 from ..resources import Needs, fits, minus
 from ..states import JobState
 from .base import job_sql, namespace_literal
@@ -211,3 +211,30 @@ def _lock(db: str, ids: list[int], fields: Sequence[str]) -> list[dict[str, Any]
     rank = {job_id: i for i, job_id in enumerate(ids)}
     rows.sort(key=lambda row: rank[row["id"]])
     return rows
+
+
+def unplaceable(db: str, namespace: str, *, live_within: float) -> list[tuple[Needs, int]]:
+    """Needs of pending jobs that no live worker's whole capacity could hold,
+    with how many jobs wait with them (``dispatch_status`` warns, the admin
+    flags). Not an enqueue error: workers come and go."""
+    shapes = pending_shapes(db, namespace)
+    if not shapes:
+        return []
+    seen = Now() - timedelta(seconds=live_within)
+    capacities = [
+        capacity or {}
+        for capacity in Worker.objects.using(db)
+        .filter(namespace=namespace, last_seen_at__gte=seen)
+        .values_list("capacity", flat=True)
+    ]
+    stuck = [s for s, needs in shapes.items() if not any(fits(needs, c) for c in capacities)]
+    if not stuck:
+        return []
+    counts = dict(
+        Job.objects.using(db)
+        .filter(namespace=namespace, state=JobState.PENDING, resource_shape__in=stuck)
+        .values_list("resource_shape")
+        .annotate(n=Count("id"))
+        .values_list("resource_shape", "n")
+    )
+    return [(shapes[s], counts.get(s, 0)) for s in stuck]

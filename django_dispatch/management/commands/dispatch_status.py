@@ -4,7 +4,10 @@ from typing import Any
 
 from django.core.management.base import BaseCommand, CommandParser
 
+from ... import resources, store
+from ...conf import get_settings
 from ...status import snapshot
+from ...store.resources import unplaceable
 from ..backend_option import add_backend_argument, backend_namespace
 
 
@@ -17,6 +20,7 @@ class Command(BaseCommand):
     def handle(self, *args: Any, **options: Any) -> None:
         namespace = backend_namespace(options["backend"])
         status = snapshot(namespace)
+        live = get_settings().LEASE_SECONDS
         out = self.stdout.write
         if namespace:
             out(f"Namespace: {namespace}")
@@ -32,6 +36,8 @@ class Command(BaseCommand):
             out(
                 f"  {w.id}  host={w.hostname} pid={w.pid} queues={queues} "
                 f"concurrency={w.concurrency} running={w.running_jobs} seen={seen:.0f}s ago"
+                + (f" capacity={resources.key_of(w.capacity)}" if w.capacity else "")
+                + (f" locality={w.locality}" if w.locality else "")
             )
         out("Queues:")
         if not status.queues:
@@ -41,6 +47,11 @@ class Command(BaseCommand):
             out(
                 f"  {q.name}: pending={q.pending} blocked={q.blocked} running={q.running} "
                 f"oldest_waiting={age}" + (" PAUSED" if q.paused else "")
+            )
+        for needs, count in unplaceable(store.db_alias(), namespace, live_within=live):
+            self.stderr.write(  # #16: a warning, not an error (workers come and go)
+                f"WARNING: {count} pending job(s) need {resources.key_of(needs)}, which no "
+                "live worker's capacity can hold: start one with rundispatch --capacity."
             )
         out(f"Dead letters not replayed: {status.dead_letters_unreplayed}")
         out(f"Cron entries ({len(status.cron)}):")
