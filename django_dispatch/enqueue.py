@@ -23,15 +23,15 @@ from . import store
 from .compat import BaseTaskBackend, InvalidTask, Task, TaskResult, task_enqueued
 from .dispatch_task import check_arguments, plain_arity, validate_options
 from .encoding import JSON_DECODER, check_storable_json, dumps, json_text, to_json
+from .flow_options import concurrency_columns
 from .limits import JSONTooLarge, check_size
 from .models import Job
 from .observability import metrics
 from .placement import is_auto, place
 from .results import enqueued_signal_is_silent, ready_results, send_robust
 from .retry import Backoff, exponential_backoff
-from .flow_options import concurrency_columns
-from .store.flow import jobs_insert_limited
 from .store.enqueue import CallChunk, JobSpec, jobs_insert_calls
+from .store.flow import jobs_insert_limited
 
 #: Tasks whose plan one backend keeps; past that the cache starts over (tasks
 #: made per call with ``using(partition_key=...)`` must not grow it forever).

@@ -28,6 +28,14 @@ from tests.testapp.models import SideEffect
 pytestmark = pytest.mark.django_db(transaction=True)
 
 
+@pytest.fixture(autouse=True)
+def _fresh_flow_cache():
+    """Each test starts from the database, not from the cache an earlier test left."""
+    from django_dispatch.store import flow
+
+    flow.forget_paused()
+
+
 def claim(queues=(), limit=10, poll_interval=1.0):
     return store.jobs_claim(
         worker_id="w", queues=queues, limit=limit, lease_seconds=30, poll_interval=poll_interval

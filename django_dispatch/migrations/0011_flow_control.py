@@ -67,4 +67,39 @@ class Migration(migrations.Migration):
                 name="dispatch_job_conc_live",
             ),
         ),
+        migrations.CreateModel(
+            name="ConcurrencyWait",
+            fields=[
+                (
+                    "id",
+                    models.BigAutoField(
+                        auto_created=True, primary_key=True, serialize=False, verbose_name="ID"
+                    ),
+                ),
+                (
+                    "namespace",
+                    models.CharField(
+                        blank=True,
+                        db_default="",
+                        default="",
+                        help_text="The backend's OPTIONS['NAMESPACE'] (empty: the default namespace).",
+                        max_length=63,
+                    ),
+                ),
+                ("task_path", models.CharField(max_length=255)),
+                ("concurrency_key", models.CharField(blank=True, max_length=255)),
+                ("limit", models.PositiveIntegerField()),
+                ("since", models.DateTimeField(auto_now_add=True)),
+            ],
+            options={
+                "constraints": [
+                    models.UniqueConstraint(
+                        models.F("namespace"),
+                        models.F("task_path"),
+                        models.F("concurrency_key"),
+                        name="dispatch_concurrency_wait",
+                    )
+                ],
+            },
+        ),
     ]

@@ -11,7 +11,7 @@ from django.db import models
 
 from .job import namespace_field
 
-__all__ = ["PausedQueue"]
+__all__ = ["ConcurrencyWait", "PausedQueue"]
 
 
 class PausedQueue(models.Model):
@@ -39,3 +39,32 @@ class PausedQueue(models.Model):
 
     def __str__(self) -> str:
         return f"{self.queue_name} (paused)"
+
+
+class ConcurrencyWait(models.Model):
+    """A concurrency group (namespace, task, key) that has jobs blocked at its cap.
+
+    Written by the claim in the transaction that blocks the group's excess
+    jobs, under the group's lock; the claim promotes blocked jobs of the
+    groups listed here as running ones end, and deletes a row once its group
+    has no blocked job left (see ``store.flow``). So the claim finds the
+    groups to promote without reading any blocked job, and a site without
+    limits has no row here and pays nothing.
+    """
+
+    namespace = namespace_field()
+    task_path = models.CharField(max_length=255)
+    concurrency_key = models.CharField(max_length=255, blank=True)
+    limit = models.PositiveIntegerField()
+    since = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        app_label = "django_dispatch"
+        constraints = [
+            models.UniqueConstraint(
+                "namespace", "task_path", "concurrency_key", name="dispatch_concurrency_wait"
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.task_path} [{self.concurrency_key}] at its cap of {self.limit}"

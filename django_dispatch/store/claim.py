@@ -81,6 +81,8 @@ CLAIM_FIELDS = (
     "started_at",
     "trace_context",
     "resources",
+    "concurrency_key",  # concurrency limits (#17, flow.ConcurrencyGate)
+    "concurrency_limit",
 )
 
 
@@ -167,7 +169,7 @@ WITH candidates AS MATERIALIZED (
         last_attempted_at = c.db_now,
         worker_ids = COALESCE(j.worker_ids, '[]'::jsonb) || jsonb_build_array(%(worker_id)s::text)
     FROM (
-        SELECT id, db_now FROM candidates WHERE partition_key IS NULL
+        SELECT id, db_now FROM candidates WHERE partition_key IS NULL AND concurrency_limit IS NULL
         ORDER BY priority DESC, run_after, id LIMIT %(lease)s
     ) AS c
     WHERE j.id = c.id
@@ -280,10 +282,13 @@ def jobs_claim(
     # savepoint=False: the worker calls this inside its own cycle transaction
     with transaction.atomic(using=db, savepoint=False):
         take_sqlite_write_lock(db)
-        paused_set = flow.paused_for_claim(db, namespace, poll_interval)
+        paused_set, waiting = flow.flow_state(db, namespace, poll_interval)
         queues, paused = flow.claimable_queues(queues, paused_set)
         if paused_set and not queues and not paused:
             return []  # every queue this worker serves is paused
+        if waiting:  # concurrency groups with blocked jobs: free slots refill first
+            flow.concurrency_promote(db, namespace)
+        gate: flow.ConcurrencyGate | None = None  # made when a limited job shows up
         leased: list[dict[str, Any]] = []  # leased by _CLAIM_SQL already
         chosen: list[dict[str, Any]] = []  # runnable, lease still to write
         passed: list[int] = []  # looked at, neither claimed nor demoted
@@ -328,6 +333,11 @@ def jobs_claim(
                     )
                 )
             runnable, demoted = _sort_out_partitions(db, rows, chosen, passed, namespace)
+            if any(r["concurrency_limit"] is not None for r in runnable):
+                gate = gate or flow.ConcurrencyGate(db, namespace)
+                runnable, skipped, capped = gate.sort(runnable, free)
+                passed += skipped
+                demoted += capped
             if placement is not None:  # only what fits, together (#16)
                 runnable, unfit = placement.take(runnable, free)
                 passed += unfit

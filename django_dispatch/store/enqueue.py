@@ -95,7 +95,8 @@ class JobSpec:
         if self.deferred_until is not None:
             job.run_after = self.deferred_until
         if self.concurrency_limit is not None:
-            job.concurrency_key, job.concurrency_limit = self.concurrency_key, self.concurrency_limit
+            job.concurrency_key = self.concurrency_key
+            job.concurrency_limit = self.concurrency_limit
         if self.resources is not None or self.locality is not None:
             job.resources, job.resource_shape = self.resources, self.resource_shape
             job.locality = self.locality

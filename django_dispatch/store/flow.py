@@ -36,16 +36,16 @@ from typing import Any
 from django.db import IntegrityError, connections, transaction
 
 from ..models.flow import PausedQueue
-from .base import notify_channel
+from .base import job_sql, notify_channel
 from .enqueue import CallChunk, JobSpec, jobs_insert
 
 #: The NOTIFY payload that tells listening workers the paused set changed
 #: (job inserts notify with an empty payload).
 FLOW_PAYLOAD = "flow"
 
-#: ``(db, namespace) -> (read at, paused set)``; ``read at`` is monotonic,
-#: taken before the SELECT.
-_cache: dict[tuple[str, str], tuple[float, frozenset[str]]] = {}
+#: ``(db, namespace) -> (read at, paused set, any concurrency group waiting)``;
+#: ``read at`` is monotonic, taken before the SELECT.
+_cache: dict[tuple[str, str], tuple[float, frozenset[str], bool]] = {}
 _invalidated_at = 0.0
 _lock = threading.Lock()
 
@@ -107,23 +107,40 @@ def forget_paused() -> None:
 
 
 def paused_for_claim(db: str, namespace: str, max_age: float) -> frozenset[str]:
-    """The paused queues of ``namespace`` as the claim should see them.
+    """The paused queues of ``namespace`` as the claim should see them (``flow_state``)."""
+    return flow_state(db, namespace, max_age)[0]
+
+
+def flow_state(db: str, namespace: str, max_age: float) -> tuple[frozenset[str], bool]:
+    """(paused queues, whether any concurrency group waits) as the claim should see them.
 
     From the cache when it is younger than ``max_age`` seconds (the poll
-    interval) and was read after the last invalidation; otherwise one SELECT
-    on the small ``PausedQueue`` table, which the caller runs inside its
-    claim transaction.
+    interval) and was read after the last invalidation; otherwise two small
+    SELECTs (``PausedQueue``, ``ConcurrencyWait``), which the caller runs
+    inside its claim transaction.
     """
+    from ..models import ConcurrencyWait
+
     key = (db, namespace)
     now = time.monotonic()
     entry = _cache.get(key)
     if entry is not None and now - entry[0] < max_age and entry[0] > _invalidated_at:
-        return entry[1]
+        return entry[1], entry[2]
     paused = frozenset(queues_paused(db, namespace=namespace))
+    waits = ConcurrencyWait.objects.using(db).filter(namespace=namespace).exists()
     with _lock:
         if now > _invalidated_at:
-            _cache[key] = (now, paused)
-    return paused
+            _cache[key] = (now, paused, waits)
+    return paused, waits
+
+
+def _note_waits(db: str, namespace: str, *, waiting: bool = True) -> None:
+    """This process just listed a waiting group (or removed the last one): its
+    next claims promote (or stop promoting) without waiting for a refresh."""
+    with _lock:
+        entry = _cache.get((db, namespace))
+        if entry is not None:
+            _cache[(db, namespace)] = (entry[0], entry[1], waiting)
 
 
 def claimable_queues(queues: Sequence[str], paused: frozenset[str]) -> tuple[list[str], list[str]]:
@@ -160,3 +177,262 @@ def jobs_insert_limited(
     with transaction.atomic(using=db, savepoint=False):
         jobs_insert(jobs, db=db)
     return [job.pk for job in jobs], [job.enqueued_at for job in jobs]
+
+
+# --- concurrency limits ----------------------------------------------------------
+#
+# A *group* is (namespace, task_path, concurrency_key) of jobs with a
+# ``concurrency_limit``. How the cap holds with any number of claimers:
+#
+# - Admission (``ConcurrencyGate``, in the claim): before leasing a group's
+#   job, the claim takes the group's transaction-level advisory lock without
+#   waiting (a group locked by another claimer is skipped this time, its jobs
+#   left pending), counts the group's running jobs in a statement after the
+#   lock was granted, and admits at most ``limit - running`` of its jobs
+#   (fewer by those this claim admitted already). Running jobs are only ever
+#   added by admissions, which the lock serialises per group, so no two
+#   claims can both fill the last slot; jobs ending meanwhile only make the
+#   count conservative. The fused PostgreSQL claim never leases a limited
+#   row itself (``concurrency_limit IS NULL`` in its lease), so every limited
+#   job goes through the gate.
+# - Excess jobs of a group at its cap are *blocked* (out of the claim index,
+#   as partitions do) and the group is listed in ``ConcurrencyWait``, in that
+#   transaction, under the lock. They are not read again by claims.
+# - Promotion (``concurrency_promote``, at the start of a claim while any
+#   group waits): for every waiting group, as many of its oldest blocked jobs
+#   as it has free slots (limit - pending - running) become pending again,
+#   in one statement; the same claim then reads them. Promoting too many is
+#   harmless (the gate blocks the excess again); a group row is deleted only
+#   under its lock, by a statement after the lock, when no blocked job of it
+#   is left, so a group with blocked jobs always has its row and never stalls.
+# - On SQLite (one writer at a time) the locks are not needed and do nothing.
+#
+# Cost when unused: the claim asks the per-process flow cache whether any
+# group waits (refreshed once per poll interval, like the paused set); no
+# limited job in a claim's rows means no gate at all.
+
+#: The first key of the group locks (``pg_try_advisory_xact_lock(int, int)``),
+#: apart from the partition locks' ``LOCK_CLASS``.
+CONCURRENCY_LOCK_CLASS = 0x44534343  # "DSCC"
+
+_TRY_LOCK_GROUPS_SQL = """
+SELECT g.t, g.k FROM unnest(%s::text[], %s::text[]) AS g(t, k)
+WHERE pg_try_advisory_xact_lock(%s, hashtext(g.t || chr(31) || g.k))
+"""
+
+_RUNNING_SQL = """
+SELECT task_path, concurrency_key, count(*) FROM {job}
+WHERE namespace = %s AND state = {running} AND concurrency_limit IS NOT NULL
+  AND ({groups})
+GROUP BY task_path, concurrency_key
+"""
+
+Group = tuple[str, str]  # (task_path, concurrency_key)
+
+
+def _try_lock_groups(db: str, groups: set[Group]) -> set[Group]:
+    if not groups or connections[db].vendor != "postgresql":
+        return set(groups)
+    ts, ks = zip(*sorted(groups), strict=True)
+    with connections[db].cursor() as cursor:
+        cursor.execute(_TRY_LOCK_GROUPS_SQL, [list(ts), list(ks), CONCURRENCY_LOCK_CLASS])
+        return {(t, k) for t, k in cursor.fetchall()}
+
+
+def _running(db: str, namespace: str, groups: set[Group]) -> dict[Group, int]:
+    if not groups:
+        return {}
+    connection = connections[db]
+    where = " OR ".join(["(task_path = %s AND concurrency_key = %s)"] * len(groups))
+    sql = job_sql(connection, _RUNNING_SQL).format(groups=where)
+    params: list[str] = [namespace]
+    for t, k in sorted(groups):
+        params += [t, k]
+    with connection.cursor() as cursor:
+        cursor.execute(sql, params)
+        return {(t, k): n for t, k, n in cursor.fetchall()}
+
+
+class ConcurrencyGate:
+    """One claim's view of the concurrency groups it met (see the notes above).
+
+    Built only when a claim's candidates include a limited job, so plain
+    claims never make one.
+    """
+
+    def __init__(self, db: str, namespace: str) -> None:
+        self.db, self.namespace = db, namespace
+        self.locked: set[Group] = set()
+        self.busy: set[Group] = set()  # locked by another claimer: skip this time
+        self.room: dict[Group, int] = {}  # slots left to admit in this claim
+
+    def sort(
+        self, rows: list[dict[str, Any]], free: int
+    ) -> tuple[list[dict[str, Any]], list[int], int]:
+        """Split runnable ``rows`` (claim order): (admitted, passed ids, number blocked).
+
+        Walks the rows in order until ``free`` are admitted: unlimited rows
+        are admitted, limited ones while their group has room; a limited row
+        whose group is at its cap is blocked, one whose group another claimer
+        holds is passed. Rows after the ``free``-th admitted one are returned
+        unchecked at the end of the admitted list (the caller passes them).
+        """
+        fresh = {_group(r) for r in rows if r.get("concurrency_limit") is not None}
+        fresh -= self.locked | self.busy
+        if fresh:
+            got = _try_lock_groups(self.db, fresh)
+            self.busy |= fresh - got
+            running = _running(self.db, self.namespace, got)
+            self.locked |= got
+            for group in got:
+                self.room[group] = -running.get(group, 0)  # plus the row's limit, below
+        admitted: list[dict[str, Any]] = []
+        passed: list[int] = []
+        capped: list[dict[str, Any]] = []
+        rest: list[dict[str, Any]] = []
+        for row in rows:
+            if len(admitted) >= free:
+                rest.append(row)
+            elif row.get("concurrency_limit") is None:
+                admitted.append(row)
+            elif (group := _group(row)) in self.busy:
+                passed.append(row["id"])
+            elif self.room[group] + row["concurrency_limit"] > 0:
+                self.room[group] -= 1
+                admitted.append(row)
+            else:
+                capped.append(row)
+        return admitted + rest, passed, self._block(capped)
+
+    def _block(self, rows: list[dict[str, Any]]) -> int:
+        """Block capped jobs (pending -> blocked) and list their groups as waiting."""
+        if not rows:
+            return 0
+        from ..models import ConcurrencyWait, Job
+        from ..states import JobState
+
+        blocked = (
+            Job.objects.using(self.db)
+            .filter(id__in=[r["id"] for r in rows], state=JobState.PENDING)
+            .update(state=JobState.BLOCKED)
+        )
+        waits = {
+            _group(r): ConcurrencyWait(
+                namespace=self.namespace,
+                task_path=r["task_path"],
+                concurrency_key=r["concurrency_key"] or "",
+                limit=r["concurrency_limit"],
+            )
+            for r in rows
+        }
+        ConcurrencyWait.objects.using(self.db).bulk_create(
+            list(waits.values()), ignore_conflicts=True
+        )
+        _note_waits(self.db, self.namespace)
+        return blocked
+
+
+def _group(row: dict[str, Any]) -> Group:
+    return (row["task_path"], row["concurrency_key"] or "")
+
+
+#: The promotion, PostgreSQL: per waiting group, its oldest blocked jobs up to
+#: its free slots (limit - pending - running), in one statement. Each group's
+#: count and its blocked jobs are index probes of ``dispatch_job_conc_live``.
+_PROMOTE_PG_SQL = """
+WITH w AS (
+    SELECT w.task_path, w.concurrency_key, w."limit" - (
+        SELECT count(*) FROM {job} r
+        WHERE r.namespace = w.namespace AND r.task_path = w.task_path
+          AND r.concurrency_key = w.concurrency_key AND r.concurrency_limit IS NOT NULL
+          AND r.state IN ({pending}, {running})
+    ) AS room
+    FROM {waits} w WHERE w.namespace = %(ns)s
+), promoted AS (
+    UPDATE {job} SET state = {pending}
+    WHERE state = {blocked} AND id IN (
+        SELECT b.id FROM w, LATERAL (
+            SELECT j.id FROM {job} j
+            WHERE j.namespace = %(ns)s AND j.task_path = w.task_path
+              AND j.concurrency_key = w.concurrency_key AND j.concurrency_limit IS NOT NULL
+              AND j.state = {blocked}
+            ORDER BY j.id LIMIT GREATEST(w.room, 0)
+        ) b
+    )
+    RETURNING 1
+)
+SELECT count(*) FROM promoted
+"""
+
+#: Groups listed as waiting with no blocked job left (candidates for deletion).
+_EMPTY_WAITS_SQL = """
+SELECT w.task_path, w.concurrency_key FROM {waits} w
+WHERE w.namespace = %s AND NOT EXISTS (
+    SELECT 1 FROM {job} j
+    WHERE j.namespace = w.namespace AND j.task_path = w.task_path
+      AND j.concurrency_key = w.concurrency_key AND j.concurrency_limit IS NOT NULL
+      AND j.state = {blocked}
+)
+"""
+
+
+def concurrency_promote(db: str, namespace: str) -> int:
+    """Promote blocked jobs of waiting groups that have free slots; return how many.
+
+    Then forget groups with no blocked job left: each under its lock (taken
+    without waiting; a busy group is left for a later claim), re-checked by
+    a statement after the lock (``_EMPTY_WAITS_SQL`` again), so a claim
+    blocking a job of the group meanwhile keeps its row.
+    """
+    from ..models import ConcurrencyWait
+
+    connection = connections[db]
+    waits_table = connection.ops.quote_name(ConcurrencyWait._meta.db_table)
+    with connection.cursor() as cursor:
+        if connection.vendor == "postgresql":
+            cursor.execute(
+                job_sql(connection, _PROMOTE_PG_SQL).format(waits=waits_table), {"ns": namespace}
+            )
+            promoted = int(cursor.fetchone()[0])
+        else:
+            promoted = _promote_each(db, namespace)
+        empty_sql = job_sql(connection, _EMPTY_WAITS_SQL).format(waits=waits_table)
+        cursor.execute(empty_sql, [namespace])
+        empty = {(t, k) for t, k in cursor.fetchall()}
+        if empty:
+            locked = _try_lock_groups(db, empty)
+            cursor.execute(empty_sql, [namespace])  # again, after the locks
+            still = {(t, k) for t, k in cursor.fetchall()} & locked
+            for t, k in still:
+                ConcurrencyWait.objects.using(db).filter(
+                    namespace=namespace, task_path=t, concurrency_key=k
+                ).delete()
+            if not ConcurrencyWait.objects.using(db).filter(namespace=namespace).exists():
+                _note_waits(db, namespace, waiting=False)  # claims stop promoting at once
+    return promoted
+
+
+def _promote_each(db: str, namespace: str) -> int:
+    """``_PROMOTE_PG_SQL`` group by group, for SQLite (no LATERAL; one writer anyway)."""
+    from ..models import ConcurrencyWait, Job
+    from ..states import JobState
+
+    promoted = 0
+    for wait in ConcurrencyWait.objects.using(db).filter(namespace=namespace):
+        group = Job.objects.using(db).filter(
+            namespace=namespace,
+            task_path=wait.task_path,
+            concurrency_key=wait.concurrency_key,
+            concurrency_limit__isnull=False,
+        )
+        room = wait.limit - group.filter(state__in=[JobState.PENDING, JobState.RUNNING]).count()
+        if room > 0:
+            ids = list(
+                group.filter(state=JobState.BLOCKED)
+                .order_by("id")
+                .values_list("id", flat=True)[:room]
+            )
+            promoted += group.filter(id__in=ids, state=JobState.BLOCKED).update(
+                state=JobState.PENDING
+            )
+    return promoted

@@ -21,3 +21,20 @@ def mark(key, seconds=0.0, note="run"):
         time.sleep(seconds)
     SideEffect.objects.filter(pk=row.pk).update(finished_at=timezone.now())
     return key
+
+
+@task(concurrency_limit=3)
+def capped(key, seconds=0.0):
+    """At most 3 at once per concurrency key: records its window (start, end)."""
+    row = SideEffect.objects.create(
+        key=key, note="capped", worker_pid=os.getpid(), started_at=timezone.now()
+    )
+    if seconds:
+        time.sleep(seconds)
+    SideEffect.objects.filter(pk=row.pk).update(finished_at=timezone.now())
+    return key
+
+
+@task(concurrency_limit=2)
+def capped_two(key):
+    return key
