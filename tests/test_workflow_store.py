@@ -1,0 +1,127 @@
+"""The rest of the workflow store (#15): call context, run_now, parking without an
+attempt, retention. Steps run through the real worker path."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+from django.db import transaction
+from django.db.models.functions import Now
+
+from django_dispatch.models import Job, Worker, WorkflowRun, WorkflowTask
+from django_dispatch.models.workflow import RunState, StepState
+from django_dispatch.states import JobState
+from django_dispatch.store import workflows as wf_store
+from django_dispatch.store.base import now_plus
+from django_dispatch.testing import drain
+from django_dispatch.workflows import retry_run, run_now
+from django_dispatch.workflows.testing import drain_workflows
+from tests.conftest import postgres_only, wait_until
+from tests.testapp import wait_workflows as wfs
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+def step_of(run: WorkflowRun, name: str) -> WorkflowTask:
+    return WorkflowTask.objects.get(run=run, name=name)
+
+
+def test_call_context_is_stored_and_reaches_every_step_and_child_runs():
+    context = {"request_id": "req-1", "user_id": 42}
+    run = wfs.context_parent.start({"key": "ctx"}, context=context)
+    assert WorkflowRun.objects.get(pk=run.pk).call_context == context
+    drain_workflows()
+    run.refresh_from_db()
+    assert run.state == RunState.SUCCEEDED
+    assert run.output == {"parent_context": context, "child": {"child_context": context}}
+    child = WorkflowRun.objects.get(parent_run=run)
+    assert child.call_context == context
+
+
+def test_call_context_must_be_json_and_nothing_is_written():
+    from django_dispatch.exceptions import InvalidTaskArguments
+
+    with pytest.raises(InvalidTaskArguments, match="call context"):
+        wfs.context_parent.start({"key": "bad"}, context={"user": object()})
+    assert not WorkflowRun.objects.exists() and not Job.objects.exists()
+
+
+def test_an_output_that_is_not_json_parks_the_run_without_counting_an_attempt():
+    run = wfs.unstorable.start({"key": "set"})
+    drain_workflows()
+    run.refresh_from_db()
+    step = step_of(run, "returns_a_set")
+    assert run.state == RunState.STUCK and step.state == StepState.FAILED
+    assert (step.attempts, step.failures) == (0, 0)  # max_attempts=3, none spent
+    assert step.errors[-1]["counted"] is False
+    assert "JSON" in step.errors[-1]["message"]
+
+
+def test_a_step_no_longer_defined_parks_the_run_without_counting_an_attempt():
+    run = wfs.sleeper.start({"key": "gone", "seconds": 0})
+    WorkflowTask.objects.filter(run=run).update(handler_path="tests.testapp.nowhere.step")
+    drain_workflows()
+    run.refresh_from_db()
+    step = step_of(run, "nap")
+    assert run.state == RunState.STUCK and step.state == StepState.FAILED
+    assert (step.attempts, step.failures) == (0, 0)
+    assert "tests.testapp.nowhere.step" in step.errors[-1]["message"]
+    # fixed (the deploy brought it back): a retry runs it
+    WorkflowTask.objects.filter(run=run).update(handler_path="tests.testapp.wait_workflows.nap")
+    assert retry_run(run.pk) is True
+    drain_workflows()
+    run.refresh_from_db()
+    assert run.state == RunState.SUCCEEDED and step_of(run, "nap").attempts == 2  # slept once
+
+
+def test_run_now_makes_a_step_in_backoff_due_at_once():
+    run = wfs.sleeper.start({"key": "now", "seconds": 0})
+    Job.objects.update(run_after=now_plus(3600))  # as if waiting out a long backoff
+    assert drain(include_retries=False) == 0  # not due
+    assert run_now(run.pk) == [step_of(run, "nap").job_id]
+    assert not Job.objects.filter(state=JobState.PENDING, run_after__gt=Now()).exists()
+    assert run_now(123456789) == []
+
+
+@postgres_only
+@pytest.mark.slow
+def test_run_now_starts_a_step_without_waiting_for_a_poll(start_worker):
+    """A worker polling once a minute takes the step at once: the NOTIFY woke it."""
+    start_worker(overrides={"POLL_INTERVAL": 60.0, "SCHEDULER_INTERVAL": 60.0})
+    wait_until(lambda: Worker.objects.exists(), timeout=60, what="the worker to start")
+    time.sleep(1.0)  # its LISTEN is up
+    with transaction.atomic():  # deferred before any worker can see it
+        run = wfs.sleeper.start({"key": "rn", "seconds": 0})
+        Job.objects.update(run_after=now_plus(3600))
+    time.sleep(0.5)
+    assert step_of(run, "nap").state == StepState.READY
+    started = time.monotonic()
+    assert run_now(run.pk)
+    wait_until(
+        lambda: WorkflowRun.objects.get(pk=run.pk).state == RunState.SUCCEEDED,
+        timeout=30,
+        what="the run to finish",
+    )
+    assert time.monotonic() - started < 30  # far below the 60 s poll
+
+
+def test_retention_purges_old_finished_runs_in_batches_and_keeps_live_ones():
+    done = [wfs.sleeper.start({"key": f"d{i}", "seconds": 0}) for i in range(3)]
+    stuck = wfs.unstorable.start({"key": "stuck"})
+    drain_workflows()
+    parent = wfs.context_parent.start({"key": "p"})
+    drain_workflows()  # parent and child succeeded
+    WorkflowRun.objects.filter(state__in=[RunState.SUCCEEDED]).update(finished_at=now_plus(-100))
+    live_parent = wfs.awaits.start({"key": "lp", "event_key": "x"})
+    live_child = WorkflowRun.objects.create(
+        name="tests.context_child", state=RunState.SUCCEEDED, parent_run=live_parent
+    )
+    WorkflowRun.objects.filter(pk=live_child.pk).update(finished_at=now_plus(-100))
+    deleted = wf_store.workflow_runs_purge(50, batch=2, max_seconds=10)
+    remaining = set(WorkflowRun.objects.values_list("pk", flat=True))
+    assert not remaining & {r.pk for r in done}
+    assert parent.pk not in remaining
+    assert {stuck.pk, live_parent.pk, live_child.pk} <= remaining
+    assert deleted >= 4
+    assert not WorkflowTask.objects.filter(run_id__in=[r.pk for r in done]).exists()

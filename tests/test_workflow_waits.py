@@ -1,0 +1,279 @@
+"""Durable waits in workflow steps: events, timeouts, sleeps; no lost wake-up.
+
+Steps run through the real worker path (``drain_workflows``, worker threads
+with their own connections), and through real ``rundispatch`` processes for
+the restart test. Side effects are counted in SideEffect rows.
+"""
+
+from __future__ import annotations
+
+import signal
+import time
+
+import pytest
+
+from django_dispatch import events
+from django_dispatch.models import Job, WorkflowRun, WorkflowTask
+from django_dispatch.models.workflow import RunState, StepState
+from django_dispatch.states import JobState
+from django_dispatch.workflows import cancel_run
+from django_dispatch.workflows.testing import drain_workflows
+from tests.concurrency import run_concurrently
+from tests.conftest import wait_until
+from tests.testapp import wait_workflows as wfs
+from tests.testapp.models import SideEffect
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+def effects(key: str, note: str) -> int:
+    return SideEffect.objects.filter(key=key, note=note).count()
+
+
+def step_of(run: WorkflowRun, name: str) -> WorkflowTask:
+    return WorkflowTask.objects.get(run=run, name=name)
+
+
+def test_a_step_waits_without_a_job_and_resumes_with_the_payload():
+    run = wfs.awaits.start({"key": "r1", "event_key": "order:1"}, context={"request_id": "abc"})
+    drain_workflows()
+    waiting = step_of(run, "wait")
+    assert waiting.state == StepState.WAITING
+    assert (waiting.wait_event_name, waiting.wait_event_key, waiting.wait_until) == (
+        "payment",
+        "order:1",
+        None,
+    )
+    assert waiting.job_id is None  # no timeout: no job at all while it waits
+    assert not Job.objects.filter(state=JobState.PENDING).exists()
+    assert drain_workflows() == 0  # nothing to do for a worker
+
+    events.publish("payment", {"amount": 10}, key="order:2")  # another key: still waiting
+    assert step_of(run, "wait").state == StepState.WAITING
+    events.publish("payment", {"amount": 42}, key="order:1")
+    drain_workflows()
+    run.refresh_from_db()
+    assert run.state == RunState.SUCCEEDED
+    assert run.output == {"got": {"amount": 42}, "context": {"request_id": "abc"}}
+    assert (effects("r1", "started"), effects("r1", "resumed"), effects("r1", "after")) == (2, 1, 1)
+    assert step_of(run, "wait").waits[0]["payload"] == {"amount": 42}
+
+
+def test_one_publish_wakes_every_run_waiting_on_the_key_each_exactly_once():
+    runs = [wfs.awaits.start({"key": f"many-{i}", "event_key": "batch:1"}) for i in range(100)]
+    others = [wfs.awaits.start({"key": f"other-{i}", "event_key": "batch:2"}) for i in range(3)]
+    drain_workflows(concurrency=4)
+    assert WorkflowTask.objects.filter(name="wait", state=StepState.WAITING).count() == 103
+
+    events.publish("payment", {"amount": 1}, key="batch:1")
+    assert WorkflowTask.objects.filter(name="wait", state=StepState.READY).count() == 100
+    drain_workflows(concurrency=4)
+    for run in runs:
+        run.refresh_from_db()
+        assert run.state == RunState.SUCCEEDED
+        assert effects(run.input["key"], "resumed") == 1
+        assert effects(run.input["key"], "after") == 1
+    assert SideEffect.objects.filter(note="resumed").count() == 100
+    for run in others:
+        assert step_of(run, "wait").state == StepState.WAITING
+        assert effects(run.input["key"], "resumed") == 0
+
+
+def test_an_event_published_before_the_wait_since_the_run_began_is_not_lost():
+    run = wfs.awaits.start({"key": "early", "event_key": "k"})
+    events.publish("payment", {"amount": 7}, key="k")  # before the step even ran
+    drain_workflows()
+    run.refresh_from_db()
+    assert run.state == RunState.SUCCEEDED and run.output["got"] == {"amount": 7}
+    assert effects("early", "resumed") == 1
+
+
+def test_a_publish_between_the_step_start_and_its_wait_record_still_wakes_it():
+    """Forced interleaving: the step has started (claimed, running) when the event
+    is published, and only then reaches its wait."""
+    run = wfs.interleaved.start({"key": "inter"})
+
+    def publisher():
+        wait_until(lambda: effects("inter", "started") == 1, what="the step to start")
+        assert step_of(run, "slow_then_wait").state == StepState.RUNNING
+        events.publish("interleaved", "hello", key="inter")
+        SideEffect.objects.create(key="inter", note="go")
+
+    run_concurrently(drain_workflows, publisher)
+    drain_workflows()
+    run.refresh_from_db()
+    assert run.state == RunState.SUCCEEDED and run.output == "hello"
+    assert effects("inter", "resumed") == 1
+
+
+def test_a_wait_times_out_with_event_timeout_that_the_step_can_catch():
+    run = wfs.order.start({"key": "unpaid", "timeout": 0.5})
+    drain_workflows()
+    waiting = step_of(run, "await_payment")
+    assert waiting.state == StepState.WAITING and waiting.wait_until is not None
+    timer = Job.objects.get(id=waiting.job_id)
+    assert timer.state == JobState.PENDING  # the timeout is one deferred job
+    drain_workflows()  # not due yet: still waiting (its timer keeps its time)
+    assert step_of(run, "await_payment").state == StepState.WAITING
+    time.sleep(0.6)
+    drain_workflows()
+    run.refresh_from_db()
+    assert run.state == RunState.SUCCEEDED and run.output == {"status": "cancelled"}
+    assert effects("unpaid", "cancelled") == 1 and effects("unpaid", "paid") == 0
+
+
+def test_a_payment_in_time_wins_over_the_timeout_and_cancels_the_timer():
+    run = wfs.order.start({"key": "paid", "timeout": 60})
+    drain_workflows()
+    timer_id = step_of(run, "await_payment").job_id
+    events.publish("payment", {"amount": 99}, key="paid")
+    assert Job.objects.get(id=timer_id).state == JobState.CANCELLED
+    drain_workflows()
+    run.refresh_from_db()
+    assert run.output == {"status": "paid", "amount": 99}
+    assert effects("paid", "cancelled") == 0
+
+
+def test_a_durable_sleep_holds_no_worker_and_resumes_once():
+    run = wfs.sleeper.start({"key": "nap", "seconds": 0.5})
+    drain_workflows()
+    nap = step_of(run, "nap")
+    assert nap.state == StepState.WAITING and nap.wait_event_name is None
+    time.sleep(0.6)
+    drain_workflows()
+    run.refresh_from_db()
+    assert run.state == RunState.SUCCEEDED
+    assert (effects("nap", "started"), effects("nap", "woke")) == (2, 1)
+
+
+def test_waits_are_numbered_by_call_order_within_the_step():
+    run = wfs.twice.start({"key": "tw"})
+    drain_workflows()
+    events.publish("second", 2, key="tw")  # published first, waited for second
+    drain_workflows()
+    assert step_of(run, "two_waits").state == StepState.WAITING  # still on "first"
+    events.publish("first", 1, key="tw")
+    drain_workflows()
+    run.refresh_from_db()
+    assert run.state == RunState.SUCCEEDED and run.output == [1, 2]
+    assert [w["kind"] for w in step_of(run, "two_waits").waits] == ["event", "sleep", "event"]
+
+
+def test_cancelling_a_waiting_run_cancels_its_timer_and_a_later_publish_wakes_nothing():
+    run = wfs.order.start({"key": "gone", "timeout": 60})
+    drain_workflows()
+    timer_id = step_of(run, "await_payment").job_id
+    assert cancel_run(run.pk) is True
+    assert Job.objects.get(id=timer_id).state == JobState.CANCELLED
+    events.publish("payment", {"amount": 1}, key="gone")
+    assert step_of(run, "await_payment").state == StepState.CANCELLED
+    assert drain_workflows() == 0
+
+
+def test_bad_wait_arguments_fail_the_step_clearly():
+    run = wfs.awaits.start({"key": "bad", "event_key": "", "timeout": None})
+    drain_workflows()
+    step = step_of(run, "wait")
+    assert step.state == StepState.FAILED
+    assert "event key" in step.errors[-1]["message"]
+
+
+@pytest.mark.slow
+def test_a_sleep_survives_sigkill_of_every_worker_and_resumes_once_on_time(start_worker):
+    overrides = {"POLL_INTERVAL": 0.1}
+    workers = [start_worker("--concurrency", "2", overrides=overrides) for _ in range(2)]
+    run = wfs.sleeper.start({"key": "kill", "seconds": 5})
+    try:
+        wait_until(
+            lambda: step_of(run, "nap").state == StepState.WAITING,
+            timeout=60,
+            what="the step to sleep",
+        )
+    except AssertionError:
+        raise AssertionError(workers[0].output() + workers[1].output()) from None
+    nap = step_of(run, "nap")
+    for worker in workers:
+        worker.signal(signal.SIGKILL)
+        worker.wait()
+    time.sleep(1.0)
+    start_worker("--concurrency", "2", overrides=overrides)
+    wait_until(lambda: effects("kill", "woke") == 1, timeout=20, what="the sleeper to wake")
+    wait_until(
+        lambda: WorkflowRun.objects.get(pk=run.pk).state == RunState.SUCCEEDED,
+        what="the run to succeed",
+    )
+    time.sleep(0.5)
+    assert (effects("kill", "started"), effects("kill", "woke")) == (2, 1)
+    # On time: its timer job started at the sleep's end, within a poll interval or so.
+    timer = Job.objects.get(id=nap.job_id)
+    assert nap.wait_until is not None and timer.started_at is not None
+    late = (timer.started_at - nap.wait_until).total_seconds()
+    assert 0 <= late < 1.0, late
+
+
+def _waiting_runs(count: int) -> None:
+    """``count`` runs whose one step waits for an event, half of them with a timeout
+    a day away (a deferred timer job each), as ``drain_workflows`` would leave them."""
+    from django.db.models.functions import Now
+
+    from django_dispatch.store.base import now_plus
+    from django_dispatch.workflows.engine import build_step_job
+
+    runs = WorkflowRun.objects.bulk_create(
+        [WorkflowRun(name=wfs.awaits.name, input={"key": f"w{i}"}) for i in range(count)]
+    )
+    steps = WorkflowTask.objects.bulk_create(
+        [
+            WorkflowTask(
+                run=run,
+                name="wait",
+                sequence=0,
+                handler_path="tests.testapp.wait_workflows.wait",
+                state=StepState.WAITING,
+                wait_event_name="payment",
+                wait_event_key=f"order:{i}",
+                started_at=Now(),
+            )
+            for i, run in enumerate(runs)
+        ]
+    )
+    timers = [build_step_job(step.pk, 1, "default") for step in steps[::2]]
+    for timer in timers:
+        timer.run_after = now_plus(86400)
+    Job.objects.bulk_create(timers)
+    for step, timer in zip(steps[::2], timers, strict=True):
+        step.job_id = timer.pk
+        step.wait_until = timer.run_after
+    WorkflowTask.objects.bulk_update(steps[::2], ["job_id", "wait_until"])
+
+
+def _drain_seconds(jobs: int) -> float:
+    from django_dispatch import enqueue_many
+    from django_dispatch.testing import drain
+    from tests.testapp.tasks import noop
+
+    enqueue_many(noop, [((i,), {}) for i in range(jobs)])
+    started = time.monotonic()
+    ran = drain(concurrency=4)
+    elapsed = time.monotonic() - started
+    assert ran == jobs
+    return elapsed
+
+
+@pytest.mark.slow
+def test_ten_thousand_waiting_runs_do_not_slow_a_worker_down():
+    """The same drain of 1,000 unrelated jobs (4 threads), with and without 10,000
+    waiting runs (5,000 of them with a deferred timer job), in alternation so that
+    the noise of a busy machine hits both alike: best of three each, as a ratio."""
+    without, with_waiting = [], []
+    for _ in range(3):
+        without.append(_drain_seconds(1000))
+        _waiting_runs(10_000)
+        with_waiting.append(_drain_seconds(1000))
+        assert WorkflowTask.objects.filter(state=StepState.WAITING).count() == 10_000
+        # One statement each (no cascade collector: the test's bookkeeping, not measured).
+        WorkflowTask.objects.filter(name="wait")._raw_delete("default")
+        WorkflowRun.objects.filter(name=wfs.awaits.name)._raw_delete("default")
+        Job.objects.filter(state=JobState.PENDING)._raw_delete("default")  # the timers
+    ratio = min(without) / min(with_waiting)
+    assert ratio >= 0.8, f"{without=} {with_waiting=} ratio={ratio:.2f}"
