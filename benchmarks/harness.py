@@ -138,7 +138,7 @@ class Workers:
                     driver.worker_argv(concurrency),
                     stdout=log,
                     stderr=subprocess.STDOUT,
-                    env={**os.environ, "DATABASE_URL": driver.db},
+                    env={**os.environ, "DATABASE_URL": driver.args.worker_db or driver.db},
                 )
             )
             log.close()
@@ -232,6 +232,11 @@ def measure_bulk(driver: Driver, count: int) -> float | None:
     return count / (time.perf_counter() - started)
 
 
+#: Client sessions on the server besides the harness's own (PgBouncer's server
+#: connections count as sessions; its clients do not).
+SESSIONS_SQL = "SELECT count(*) - 1 FROM pg_stat_activity WHERE backend_type = 'client backend'"
+
+
 def measure_drain(driver: Driver, conn, count: int, logdir: Path) -> dict:
     """Start the workers on ``count`` queued jobs; time until all are finished.
 
@@ -254,15 +259,21 @@ def measure_drain(driver: Driver, conn, count: int, logdir: Path) -> dict:
         return (sum(workers.cpu_seconds()), proc.cpu_seconds(postmaster, reaped=True),
                 mine.user + mine.system, proc.machine_cpu_seconds())  # fmt: skip
 
+    sessions = 0  # the server's client sessions, at most, while draining
     try:
         for done_at, left in poll_unfinished(conn, driver, workers, 0):
             if first is None and 0 < left < count:
                 first = (done_at, left, cpu())
+            sessions = max(sessions, conn.execute(SESSIONS_SQL).fetchone()[0])
         last = cpu()
         peak = workers.peak_rss_mb()
     finally:
         workers.stop()
-    result = {"drain_per_s": count / (done_at - workers.started), "peak_rss_mb": peak}
+    result = {
+        "drain_per_s": count / (done_at - workers.started),
+        "peak_rss_mb": peak,
+        "server_sessions": sessions,
+    }
     if first and done_at > first[0]:
         at, left, before = first
         w, pg, me, machine = (b - a for a, b in zip(before, last, strict=True))
@@ -411,6 +422,8 @@ def main(driver_class: type[Driver]) -> None:
     parser.add_argument("--latency-rate", type=float, default=20.0)
     parser.add_argument("--config", default="matched", choices=sorted(driver_class.CONFIGS))
     parser.add_argument("--realistic-jobs", type=int, default=0)
+    parser.add_argument("--worker-db", default="", help="the workers' database URL, if not --db "
+                        "(e.g. through PgBouncer)")  # fmt: skip
     driver_class.add_arguments(parser)
     args = parser.parse_args()
     driver = driver_class(args)

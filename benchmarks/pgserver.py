@@ -14,9 +14,11 @@ import contextlib
 import glob
 import os
 import shutil
+import signal
 import socket
 import subprocess
 import tempfile
+import time
 from pathlib import Path
 
 import psycopg
@@ -45,7 +47,8 @@ def free_port() -> int:
 class PgServer:
     """Context manager: a running server; ``url(db)`` for a database on it."""
 
-    def __init__(self) -> None:
+    def __init__(self, max_connections: int = MAX_CONNECTIONS) -> None:
+        self.max_connections = max_connections
         self.bin = find_bin_dir()
         self.port = free_port()
         self.tmp = Path(tempfile.mkdtemp(prefix="dispatch-bench-pg."))
@@ -68,7 +71,7 @@ class PgServer:
                   "--auth=trust", "-E", "UTF8")  # fmt: skip
         options = (
             f"-p {self.port} -k {self.tmp} -c listen_addresses=127.0.0.1 "
-            f"-c max_connections={MAX_CONNECTIONS}"
+            f"-c max_connections={self.max_connections}"
         )
         log = str(self.tmp / "server.log")
         self._run(str(self.bin / "pg_ctl"), "-D", str(self.data), "-l", log,
@@ -102,3 +105,52 @@ class PgServer:
                  "shared_buffers", "max_connections"]  # fmt: skip
         with self.admin() as conn:
             return {n: conn.execute(f"SHOW {n}").fetchone()[0] for n in names}
+
+
+class PgBouncer:
+    """Context manager: Debian's ``pgbouncer`` in transaction mode in front of ``server``.
+
+    As ``scripts/with-postgres`` starts it for the test suite: any database
+    name is forwarded, clients authenticate with trust. ``pool_size`` server
+    connections per database at most, however many clients connect.
+    """
+
+    def __init__(self, server: PgServer, pool_size: int = 20) -> None:
+        self.server, self.pool_size = server, pool_size
+        self.port = free_port()
+        self.tmp = server.tmp / "pgbouncer"
+
+    def __enter__(self) -> PgBouncer:
+        binary = shutil.which("pgbouncer") or "/usr/sbin/pgbouncer"
+        if not Path(binary).exists():
+            raise RuntimeError("pgbouncer not found: apt-get install pgbouncer")
+        self.tmp.mkdir()
+        (self.tmp / "userlist.txt").write_text('"postgres" ""\n')
+        (self.tmp / "pgbouncer.ini").write_text(
+            f"[databases]\n* = host=127.0.0.1 port={self.server.port} user=postgres\n\n"
+            f"[pgbouncer]\nlisten_addr = 127.0.0.1\nlisten_port = {self.port}\n"
+            "unix_socket_dir =\nauth_type = trust\n"
+            f"auth_file = {self.tmp}/userlist.txt\npool_mode = transaction\n"
+            f"max_client_conn = 2000\ndefault_pool_size = {self.pool_size}\n"
+            "ignore_startup_parameters = extra_float_digits,options\n"
+            f"logfile = {self.tmp}/pgbouncer.log\npidfile = {self.tmp}/pgbouncer.pid\n"
+        )
+        if self.server.as_postgres:
+            for path in [self.tmp, *self.tmp.iterdir()]:
+                shutil.chown(path, "postgres")
+        self.server._run(binary, "-d", "-q", str(self.tmp / "pgbouncer.ini"))
+        for _ in range(300):
+            with contextlib.suppress(OSError):
+                socket.create_connection(("127.0.0.1", self.port), timeout=1).close()
+                return self
+            time.sleep(0.05)
+        raise RuntimeError("pgbouncer did not start: " + (self.tmp / "pgbouncer.log").read_text())
+
+    def __exit__(self, *exc: object) -> None:
+        pidfile = self.tmp / "pgbouncer.pid"
+        if pidfile.exists():
+            with contextlib.suppress(ProcessLookupError, ValueError):
+                os.kill(int(pidfile.read_text().strip()), signal.SIGTERM)
+
+    def url(self, database: str) -> str:
+        return f"postgres://postgres@127.0.0.1:{self.port}/{database}"

@@ -37,7 +37,7 @@ sys.path.insert(0, str(BENCH_DIR))
 import proc  # noqa: E402
 import report  # noqa: E402
 import venvs  # noqa: E402
-from pgserver import PgServer  # noqa: E402
+from pgserver import PgBouncer, PgServer  # noqa: E402
 
 SYSTEMS = {  # name -> driver module
     "dispatch": "drivers.dispatch",
@@ -92,8 +92,19 @@ def parse_args() -> argparse.Namespace:
         "--scale-backlog pending backlog; one enqueue_many of --scale-backlog rows",
     )
     p.add_argument("--scale-backlog", type=int, default=1_000_000)
-    p.add_argument("--mixed-sizes", action="store_true",
-                   help="dispatch: drain without vs with resource needs and --capacity (#16)")
+    p.add_argument(
+        "--fleet",
+        action="store_true",
+        help="dispatch: --fleet-workers processes "
+        "x C against a server with max_connections=100, directly (LISTEN on) and "
+        "through PgBouncer in transaction mode (LISTEN off)",
+    )
+    p.add_argument("--fleet-workers", type=int, default=10)
+    p.add_argument(
+        "--mixed-sizes",
+        action="store_true",
+        help="dispatch: drain without vs with resource needs and --capacity (#16)",
+    )
     p.add_argument("--rss", action="store_true", help="dispatch: RSS after 1k vs after all")
     p.add_argument("--rss-jobs", type=int, default=100_000)
     p.add_argument("--checks-only", action="store_true", help="only the checks above, not the "
@@ -132,11 +143,13 @@ def log(message: str) -> None:
     print(f"[{datetime.now():%H:%M:%S}] {message}", file=sys.stderr, flush=True)
 
 
-def run_driver(python: str, system: str, phase: str, db: str, args, *extra: str) -> dict:
+def run_driver(
+    python: str, system: str, phase: str, db: str, args, *extra: str, env_extra=None
+) -> dict:
     """Run one phase of a driver in its venv; its result is the last line of stdout."""
     common = [f"--{name.replace('_', '-')}={getattr(args, name)}" for name in DRIVER_OPTIONS]
     argv = [python, "-m", SYSTEMS[system], phase, "--db", db, *common, *extra]
-    env = {**os.environ, "PYTHONPATH": str(BENCH_DIR)}
+    env = {**os.environ, "PYTHONPATH": str(BENCH_DIR), **(env_extra or {})}
     # Its own process group, so that an interruption can stop its workers too.
     child = subprocess.Popen(argv, cwd=BENCH_DIR, env=env, text=True, start_new_session=True,
                              stdout=subprocess.PIPE, stderr=subprocess.PIPE)  # fmt: skip
@@ -246,6 +259,8 @@ class Bench:
             )  # fmt: skip
             log(f"scale: one enqueue_many of {deep:,} rows")
             out["bulk_scale"] = self.measure("dispatch", "bulk_scale", jobs=deep)
+        if args.fleet:
+            out["fleet"] = self.fleet()
         if args.mixed_sizes:
             out["mixed_sizes"] = self.drain_pair(
                 f"{args.jobs:,} jobs, no needs vs mixed sizes (20/500 MB) on --capacity workers",
@@ -257,6 +272,36 @@ class Bench:
             out["rss"]["description"] = (
                 f"{args.workers} workers x {args.concurrency} draining {args.rss_jobs:,} jobs"
             )
+        return out
+
+    def fleet(self) -> dict:
+        """Many worker processes on a small server: directly, then through PgBouncer.
+
+        Its own server with ``max_connections=100``, as many managed databases
+        have; a direct fleet that needs more sessions than that fails, and the
+        report says so (that is the measurement).
+        """
+        args, out = self.args, {}
+        n, c = args.fleet_workers, args.concurrency
+        out["description"] = f"{n} processes x {c}, {args.jobs:,} jobs, max_connections=100"
+        with PgServer(max_connections=100) as small, PgBouncer(small, pool_size=20) as bouncer:
+            for label, via_bouncer in (("direct", False), ("pgbouncer", True)):
+                log(f"fleet: {n} x {c}, {label}")
+                db = small.create_database(f"fleet_{label}")
+                extra = ["--worker-db", bouncer.url(f"fleet_{label}")] if via_bouncer else []
+                try:
+                    fleet_args = argparse.Namespace(**{**vars(args), "workers": n})
+                    out[label] = run_driver(
+                        self.pythons["dispatch"], "dispatch", "drain", db, fleet_args, *extra,
+                        env_extra={"BENCH_POOLER": "1"} if via_bouncer else None,
+                    )  # fmt: skip
+                except RuntimeError as e:
+                    lines = [line.strip() for line in str(e).splitlines() if line.strip()]
+                    why = [line for line in lines if "too many clients" in line or "FATAL" in line]
+                    out[label] = {"failed": (why or lines or ["?"])[0][:300]}
+                    log(f"fleet, {label} FAILED:\n{e}")
+                finally:
+                    small.drop_database(f"fleet_{label}")
         return out
 
 

@@ -1,7 +1,8 @@
 """The benchmark's Django project on django_dispatch, production-like.
 
 The database comes from ``DATABASE_URL`` (PostgreSQL only). ``DISPATCH`` is
-left at its defaults: leases, heartbeats and polling are what users get.
+left at its defaults: leases, heartbeats and polling are what users get;
+with ``BENCH_POOLER=1`` (the workers behind PgBouncer), LISTEN is off.
 """
 
 import os
@@ -35,6 +36,11 @@ TASKS = {
     }
 }
 DISPATCH: dict = {}
+
+if os.environ.get("BENCH_POOLER"):
+    # Behind PgBouncer in transaction mode, configured as docs/deployment.md says.
+    DISPATCH["LISTEN"] = False
+    DATABASES["default"]["DISABLE_SERVER_SIDE_CURSORS"] = True
 
 # Warnings and errors only: no system in the benchmark logs every job (Django's
 # "django.tasks" logger would log two INFO lines per job, which costs time).
