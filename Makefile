@@ -108,9 +108,11 @@ lint: $(STAMP)
 typecheck: $(STAMP)
 	DISPATCH_TEST_DB=sqlite $(VENV)/bin/mypy
 
-## bench: the benchmark against peer queues (about 20 minutes); results in benchmarks/results/
+## bench: the benchmark against peer queues (each at its defaults and slot-matched), with
+## every django_dispatch check (flatness, partitions, scale, fleet, rss); about an hour;
+## results in benchmarks/results/
 bench: $(STAMP)
-	$(PY) benchmarks/run.py
+	$(PY) benchmarks/run.py --flatness --partitions --scale --fleet --rss
 
 bench-quick: $(STAMP)
 	$(PY) benchmarks/run.py --quick
