@@ -125,3 +125,26 @@ def test_retention_purges_old_finished_runs_in_batches_and_keeps_live_ones():
     assert {stuck.pk, live_parent.pk, live_child.pk} <= remaining
     assert deleted >= 4
     assert not WorkflowTask.objects.filter(run_id__in=[r.pk for r in done]).exists()
+
+
+@pytest.mark.slow
+def test_a_step_over_its_timeout_that_ignores_the_stop_is_ended_by_recycling(start_worker):
+    """As for a task: asked to stop at the step's timeout, still running a grace period
+    later, so ``rundispatch`` recycles its process; the step's next attempt runs."""
+    from tests.testapp.models import SideEffect
+
+    overrides = {"TIMEOUT_GRACE": 0.5}
+    worker = start_worker("--concurrency", "2", overrides=overrides)
+    run = wfs.stuck.start({"key": "stuck"})
+    wait_until(
+        lambda: WorkflowRun.objects.get(pk=run.pk).state == RunState.SUCCEEDED,
+        timeout=60,
+        what="the run to succeed after the recycle",
+    )
+    assert "recycling the worker process" in worker.output(), worker.output()
+    ticks = SideEffect.objects.filter(key="stuck", note="tick").count()
+    time.sleep(0.5)
+    assert SideEffect.objects.filter(key="stuck", note="tick").count() == ticks  # ended
+    assert SideEffect.objects.filter(key="stuck", note="second attempt").count() == 1
+    step = step_of(run, "never_returns")
+    assert step.attempts == 2 and step.errors  # the lost attempt is on record

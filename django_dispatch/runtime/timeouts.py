@@ -38,6 +38,9 @@ from . import executor
 
 logger = logging.getLogger("django_dispatch.worker")
 
+#: The job this thread runs, as (overseer, running job): see ``limit_this_job``.
+_current = threading.local()
+
 #: Extra seconds an async task gets past its timeout before the worker asks
 #: it to stop from outside (its own asyncio timeout should have fired first).
 ASYNC_TIMEOUT_GRACE = 1.0
@@ -109,6 +112,10 @@ class Overseer:
         self.grace = grace
         self.overtime: dict[int, Overtime] = {}
         self.in_task: set[int] = set()
+        #: Time limits set from inside a job (``limit_this_job``), by job id.
+        self.limits: dict[int, float] = {}
+        #: Whether this worker's process can recycle (as ``check`` last heard).
+        self.can_recycle = False
 
     # --- job threads ---------------------------------------------------------
 
@@ -118,11 +125,14 @@ class Overseer:
         with self.lock:
             running.deadline = None if limit is None else time.monotonic() + limit
             self.in_task.add(running.claimed.id)
+        _current.job = (self, running)
 
     def returned(self, running: executor.RunningJob) -> Overtime | None:
         """Once the task code returned or raised: whether it had been asked to stop."""
+        _current.job = None
         with self.lock:
             self.in_task.discard(running.claimed.id)
+            self.limits.pop(running.claimed.id, None)
             return self.overtime.pop(running.claimed.id, None)
 
     # --- control loop --------------------------------------------------------
@@ -150,6 +160,7 @@ class Overseer:
         recycle (in-process) gives up on a timed-out thread: its late result
         is void (``abandoned``), and the worker records the timeout.
         """
+        self.can_recycle = can_recycle
         recycle = can_recycle and not shutting_down
         verdict = Verdict(recycle=recycle, grace=self.grace, can_recycle=can_recycle)
         with self.lock:
@@ -157,7 +168,7 @@ class Overseer:
                 deadline = running.deadline
                 overdue = deadline is not None and now >= deadline
                 if overdue and job_id in self.in_task and job_id not in self.overtime:
-                    timeout = timeout_of(running.task) or 0.0
+                    timeout = self.limits.get(job_id) or timeout_of(running.task) or 0.0
                     over = Overtime(reason="timeout", asked_at=now, timeout=timeout)
                     self.overtime[job_id] = over
                     verdict.asked.append((running, over))
@@ -172,6 +183,29 @@ class Overseer:
                     if over.reason == "timeout" and not can_recycle:
                         running.abandoned = True  # its late result is void
         return verdict
+
+
+def limit_this_job(seconds: float) -> bool:
+    """End the job this thread runs after ``seconds``, as a task's own timeout would.
+
+    For code that learns its time limit only once it runs: a workflow step
+    (the step job's task has none; the step row has its own). Past the limit
+    the job is asked to stop (``cancelled`` turns True), and if its code
+    has not returned ``TIMEOUT_GRACE`` seconds later, ``rundispatch``
+    recycles the process, ending it. False, changing nothing, when this
+    thread runs no job of a worker process that can recycle (in-process
+    workers, ``drain()``): the caller must enforce the limit itself.
+    """
+    current = getattr(_current, "job", None)
+    if current is None:
+        return False
+    overseer, running = current
+    with overseer.lock:
+        if not overseer.can_recycle:
+            return False
+        overseer.limits[running.claimed.id] = seconds
+        running.deadline = time.monotonic() + seconds
+    return True
 
 
 def act(

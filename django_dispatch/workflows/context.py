@@ -62,9 +62,19 @@ class StepContext:
     waits: list[Any] = field(default_factory=list)
     #: Wait calls made so far by this attempt.
     wait_calls: int = 0
+    #: Monotonic time the worker stops this attempt at (its timeout), if it does.
+    deadline: float | None = None
 
     def __post_init__(self) -> None:
         self.outputs = MappingProxyType(dict(self.outputs))
+
+    def over_time(self) -> bool:
+        """Whether the worker stopped this attempt at the step's timeout."""
+        import time
+
+        return (
+            self.deadline is not None and self.cancelled and time.monotonic() >= self.deadline
+        )
 
     @property
     def checkpoint(self) -> Any:

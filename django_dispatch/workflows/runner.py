@@ -66,7 +66,7 @@ def run_attempt(
         if iscoroutinefunction(func):
             value = async_to_sync(_call_async)(func, ctx, timeout)
         elif timeout is not None:
-            value = _call_on_thread(func, ctx, timeout)
+            value = _call_limited(func, ctx, timeout)
         else:
             value = func(ctx)
     except WaitRequested as wait:  # a durable wait with no result yet: record it
@@ -77,11 +77,15 @@ def run_attempt(
         ctx.stop_event.set()
         return StepOutcome(kind="failed", exception=e)
     except (JobCancelled, asyncio.CancelledError) as e:
+        if ctx.over_time():  # asked to stop by the worker at the step's timeout
+            return StepOutcome(kind="failed", exception=_overran(ctx, timeout))
         if ctx.cancelled:  # stopped on purpose: discard
             return StepOutcome(kind="lost", exception=e)
         return StepOutcome(kind="failed", exception=e)  # raised by the step itself
     except BaseException as e:  # SystemExit from a step fails the attempt, not the worker
         return StepOutcome(kind="failed", exception=e)
+    if ctx.over_time():
+        return StepOutcome(kind="failed", exception=_overran(ctx, timeout))
     if ctx.cancelled:
         return StepOutcome(kind="lost")
     if isinstance(value, StartChild):
@@ -116,6 +120,29 @@ async def _call_async(
                 f"step {ctx.step!r} ran longer than its timeout of {timeout} s"
             ) from e
         raise
+
+
+def _call_limited(func: Callable[[StepContext], Any], ctx: StepContext, timeout: float) -> Any:
+    """A sync step with a timeout. In ``rundispatch``, on the job's own thread under
+    the worker's timeout (``limit_this_job``): past it the step is asked to stop,
+    and stuck code is ended by recycling the process, as for a task. Elsewhere
+    (``drain()``, no process to recycle), on a helper thread that is abandoned."""
+    import time
+
+    from ..runtime.timeouts import limit_this_job
+
+    if not limit_this_job(timeout):
+        return _call_on_thread(func, ctx, timeout)
+    ctx.deadline = time.monotonic() + timeout
+    return func(ctx)
+
+
+def _overran(ctx: StepContext, timeout: float | None) -> StepTimeout:
+    ctx.stop_event.set()
+    return StepTimeout(
+        f"step {ctx.step!r} ran longer than its timeout of {timeout} s; it was asked to stop, "
+        "and did"
+    )
 
 
 def _call_on_thread(func: Callable[[StepContext], Any], ctx: StepContext, timeout: float) -> Any:

@@ -127,3 +127,18 @@ def parent_step(ctx):
 @context_parent.step(after=["parent_step"])
 def parent_after(ctx):
     return {"parent_context": ctx.call_context, "child": ctx.outputs["parent_step"]}
+
+
+# --- a step that ignores its timeout: the worker process is recycled ----------------
+
+stuck = Workflow("tests.stuck")
+
+
+@stuck.step(timeout=0.5, max_attempts=2)
+def never_returns(ctx):
+    if ctx.attempt > 1:
+        mark(ctx, "second attempt")
+        return "done"
+    while True:  # ignores ctx.cancelled: only ending the process stops it
+        mark(ctx, "tick")
+        time.sleep(0.1)
