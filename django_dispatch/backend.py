@@ -69,7 +69,7 @@ class DispatchBackend(DispatchBackendBase):
         json_args, json_kwargs, args_text, kwargs_text = plan.encode_call(args, kwargs)
         db = store.db_alias()
         spec = plan.spec
-        if spec.idempotency_key is None and spec.concurrency_limit is None:
+        if spec.idempotency_key is None and spec.concurrency_key is None:
             job_id, enqueued_at = job_insert_call(
                 spec,
                 json_args,

@@ -19,9 +19,9 @@ from django.utils.module_loading import import_string
 
 from .compat import InvalidTask, Task
 from .exceptions import InvalidTaskArguments, UnknownTask
+from .flow_options import check_concurrency
 from .models.job import KEY_MAX_LENGTH
 from .resources import AUTO, FrozenNeeds, check_locality, check_needs
-from .flow_options import check_concurrency
 from .retry import Backoff
 
 
@@ -43,6 +43,8 @@ class DispatchTask(Task):
     #: At most this many jobs of the task run at once, per ``concurrency_key`` (#17).
     concurrency_limit: int | None = None
     concurrency_key: str | None = None
+    #: At most this many starts per window, e.g. "100/m" (#17, ``flow_options``).
+    rate_limit: str | None = None
     #: Resource needs (#16): {name: whole number}, or "auto" (from usage history).
     resources: Mapping[str, int] | str | None = None
     locality: str | None = None

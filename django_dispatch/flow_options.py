@@ -9,47 +9,83 @@ needs no task import; a task without a limit adds no column value at all
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 from .compat import InvalidTask, Task
 
+#: Seconds per unit of a rate string.
+RATE_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+_RATE_RE = re.compile(r"^\s*(\d+)\s*/\s*(\d*)\s*([smhd])\s*$")
+
+
+def parse_rate(rate: object) -> tuple[int, int]:
+    """``"N/unit"`` or ``"N/Kunit"`` (unit: s, m, h, d) -> (N starts, window seconds).
+
+    ``"100/m"``: at most 100 starts per minute; ``"10/5s"``: 10 per 5 seconds.
+    A ValueError saying what is accepted otherwise.
+    """
+    match = _RATE_RE.match(rate) if isinstance(rate, str) else None
+    count = int(match.group(1)) if match else 0
+    period = (int(match.group(2) or 1) * RATE_UNITS[match.group(3)]) if match else 0
+    if not match or count < 1 or period < 1:
+        raise ValueError(
+            f"rate limit {rate!r} does not parse: write starts per window as 'N/unit' "
+            "or 'N/Kunit' with N >= 1 and unit s, m, h or d (e.g. '100/m', '10/5s')."
+        )
+    return count, period
+
 
 def check_concurrency(task: Task) -> None:
-    """InvalidTask, saying what to change, for concurrency options that cannot work.
+    """InvalidTask, saying what to change, for concurrency or rate options that cannot work.
 
-    A ``concurrency_key`` needs a ``concurrency_limit`` (a key alone would
-    limit nothing); a partition key already means one at a time in order, so
-    both on one job would be two gates with different promotion rules; jobs
-    with resource needs are claimed by their own path (#16), which does not
-    apply limits, so the combination is refused rather than silently unlimited.
+    A ``concurrency_key`` needs a limit (a key alone would limit nothing); a
+    partition key already means one at a time in order, so both on one job
+    would be two gates with different promotion rules; jobs with resource
+    needs are claimed by their own path (#16), which does not apply limits,
+    so the combination is refused rather than silently unlimited.
     """
     limit = getattr(task, "concurrency_limit", None)
     key = getattr(task, "concurrency_key", None)
-    if limit is None:
+    rate = getattr(task, "rate_limit", None)
+    if rate is not None:
+        try:
+            parse_rate(rate)
+        except ValueError as e:
+            raise InvalidTask(str(e)) from e
+    if limit is None and rate is None:
         if key is not None:
             raise InvalidTask(
-                f"concurrency_key={key!r} needs @task(concurrency_limit=N) on "
-                f"{task.module_path}: a key alone limits nothing."
+                f"concurrency_key={key!r} needs @task(concurrency_limit=N) or "
+                f"@task(rate_limit=...) on {task.module_path}: a key alone limits nothing."
             )
         return
-    if not isinstance(limit, int) or isinstance(limit, bool) or limit < 1:
+    if limit is not None and (not isinstance(limit, int) or isinstance(limit, bool) or limit < 1):
         raise InvalidTask(f"concurrency_limit must be a whole number of at least 1, got {limit!r}.")
     if getattr(task, "partition_key", None) is not None:
         raise InvalidTask(
             "a job cannot have both a partition_key (one at a time, in order) and a "
-            "concurrency_limit; use concurrency_limit=1 with a concurrency_key for "
-            "one at a time in any order."
+            "concurrency_limit or rate_limit; use concurrency_limit=1 with a "
+            "concurrency_key for one at a time in any order."
         )
     if getattr(task, "resources", None):
-        raise InvalidTask("concurrency_limit cannot be combined with resources yet.")
+        raise InvalidTask("concurrency or rate limits cannot be combined with resources yet.")
 
 
 def concurrency_columns(task: Task) -> dict[str, Any]:
-    """The job columns of a task's concurrency limit; empty without one."""
+    """The job columns of a task's concurrency and rate limits; empty without any.
+
+    ``concurrency_key`` is set (``""`` for the task-wide group) whenever a
+    limit is: a non-NULL key is what sends a row through the claim's gate.
+    """
     limit = getattr(task, "concurrency_limit", None)
-    if limit is None:
+    rate = getattr(task, "rate_limit", None)
+    if limit is None and rate is None:
         return {}
-    return {
+    columns: dict[str, Any] = {
         "concurrency_key": getattr(task, "concurrency_key", None) or "",
         "concurrency_limit": limit,
     }
+    if rate is not None:
+        columns["rate_limit"], columns["rate_period"] = parse_rate(rate)
+    return columns

@@ -52,6 +52,16 @@ class Migration(migrations.Migration):
             name="concurrency_limit",
             field=models.PositiveIntegerField(blank=True, null=True),
         ),
+        migrations.AddField(
+            model_name="job",
+            name="rate_limit",
+            field=models.PositiveIntegerField(blank=True, null=True),
+        ),
+        migrations.AddField(
+            model_name="job",
+            name="rate_period",
+            field=models.PositiveIntegerField(blank=True, null=True),
+        ),
         migrations.AddIndex(
             model_name="job",
             index=models.Index(
@@ -61,10 +71,21 @@ class Migration(migrations.Migration):
                 models.F("state"),
                 models.F("id"),
                 condition=models.Q(
-                    ("concurrency_limit__isnull", False),
+                    ("concurrency_key__isnull", False),
                     ("state__in", ["pending", "blocked", "running"]),
                 ),
                 name="dispatch_job_conc_live",
+            ),
+        ),
+        migrations.AddIndex(
+            model_name="job",
+            index=models.Index(
+                models.F("namespace"),
+                models.F("task_path"),
+                models.F("concurrency_key"),
+                models.F("last_attempted_at"),
+                condition=models.Q(("rate_limit__isnull", False)),
+                name="dispatch_job_rate_starts",
             ),
         ),
         migrations.CreateModel(
@@ -88,7 +109,9 @@ class Migration(migrations.Migration):
                 ),
                 ("task_path", models.CharField(max_length=255)),
                 ("concurrency_key", models.CharField(blank=True, max_length=255)),
-                ("limit", models.PositiveIntegerField()),
+                ("limit", models.PositiveIntegerField(null=True)),
+                ("rate_limit", models.PositiveIntegerField(null=True)),
+                ("rate_period", models.PositiveIntegerField(null=True)),
                 ("since", models.DateTimeField(auto_now_add=True)),
             ],
             options={

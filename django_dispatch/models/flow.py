@@ -55,7 +55,11 @@ class ConcurrencyWait(models.Model):
     namespace = namespace_field()
     task_path = models.CharField(max_length=255)
     concurrency_key = models.CharField(max_length=255, blank=True)
-    limit = models.PositiveIntegerField()
+    #: The group's caps, as its jobs carry them: running at once, and starts
+    #: per window of ``rate_period`` seconds (None: no such cap).
+    limit = models.PositiveIntegerField(null=True)
+    rate_limit = models.PositiveIntegerField(null=True)
+    rate_period = models.PositiveIntegerField(null=True)
     since = models.DateTimeField(auto_now_add=True)
 
     class Meta:
@@ -67,4 +71,4 @@ class ConcurrencyWait(models.Model):
         ]
 
     def __str__(self) -> str:
-        return f"{self.task_path} [{self.concurrency_key}] at its cap of {self.limit}"
+        return f"{self.task_path} [{self.concurrency_key}] at its cap"

@@ -78,6 +78,11 @@ class Job(models.Model):
     #: key is ``.using(concurrency_key=...)``, ``""`` for the task-wide cap.
     concurrency_key = models.CharField(max_length=KEY_MAX_LENGTH, null=True, blank=True)
     concurrency_limit = models.PositiveIntegerField(null=True, blank=True)
+    #: ``@task(rate_limit="N/period")`` (#17): at most ``rate_limit`` starts
+    #: per fixed window of ``rate_period`` seconds per (task, key). A job with
+    #: either limit has a non-NULL ``concurrency_key``: that is what marks it.
+    rate_limit = models.PositiveIntegerField(null=True, blank=True)
+    rate_period = models.PositiveIntegerField(null=True, blank=True)
 
     attempts = models.PositiveIntegerField(default=0, help_text="Attempts started.")
     max_attempts = models.PositiveIntegerField(default=1)
@@ -180,7 +185,17 @@ class Job(models.Model):
                 "state",
                 "id",
                 name="dispatch_job_conc_live",
-                condition=Q(state__in=LIVE_STATES, concurrency_limit__isnull=False),
+                condition=Q(state__in=LIVE_STATES, concurrency_key__isnull=False),
+            ),
+            # Rate limits (#17): a group's starts (claims) by time, to count
+            # those of the current window; only rate-limited jobs enter it.
+            models.Index(
+                "namespace",
+                "task_path",
+                "concurrency_key",
+                "last_attempted_at",
+                name="dispatch_job_rate_starts",
+                condition=Q(rate_limit__isnull=False),
             ),
             # Retention: finished jobs by state and age. Partial on terminal
             # states, so it never competes with the claim index.

@@ -81,8 +81,10 @@ CLAIM_FIELDS = (
     "started_at",
     "trace_context",
     "resources",
-    "concurrency_key",  # concurrency limits (#17, flow.ConcurrencyGate)
+    "concurrency_key",  # concurrency and rate limits (#17, flow.ConcurrencyGate)
     "concurrency_limit",
+    "rate_limit",
+    "rate_period",
 )
 
 
@@ -169,7 +171,7 @@ WITH candidates AS MATERIALIZED (
         last_attempted_at = c.db_now,
         worker_ids = COALESCE(j.worker_ids, '[]'::jsonb) || jsonb_build_array(%(worker_id)s::text)
     FROM (
-        SELECT id, db_now FROM candidates WHERE partition_key IS NULL AND concurrency_limit IS NULL
+        SELECT id, db_now FROM candidates WHERE partition_key IS NULL AND concurrency_key IS NULL
         ORDER BY priority DESC, run_after, id LIMIT %(lease)s
     ) AS c
     WHERE j.id = c.id
@@ -333,7 +335,7 @@ def jobs_claim(
                     )
                 )
             runnable, demoted = _sort_out_partitions(db, rows, chosen, passed, namespace)
-            if any(r["concurrency_limit"] is not None for r in runnable):
+            if any(r["concurrency_key"] is not None for r in runnable):
                 gate = gate or flow.ConcurrencyGate(db, namespace)
                 runnable, skipped, capped = gate.sort(runnable, free)
                 passed += skipped

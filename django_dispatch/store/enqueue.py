@@ -61,6 +61,8 @@ class JobSpec:
     #: through the ORM, keeping the raw INSERT of plain jobs as it was.
     concurrency_key: str | None = None
     concurrency_limit: int | None = None
+    rate_limit: int | None = None
+    rate_period: int | None = None
     #: Resource needs, their shape and the locality (#16, see ``placement``);
     #: a spec with any of them is inserted through the ORM.
     resources: dict[str, int] | None = None
@@ -94,9 +96,10 @@ class JobSpec:
         )
         if self.deferred_until is not None:
             job.run_after = self.deferred_until
-        if self.concurrency_limit is not None:
+        if self.concurrency_key is not None:  # a flow-limited job (#17)
             job.concurrency_key = self.concurrency_key
             job.concurrency_limit = self.concurrency_limit
+            job.rate_limit, job.rate_period = self.rate_limit, self.rate_period
         if self.resources is not None or self.locality is not None:
             job.resources, job.resource_shape = self.resources, self.resource_shape
             job.locality = self.locality

@@ -31,12 +31,13 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Sequence
+from datetime import UTC, datetime
 from typing import Any
 
 from django.db import IntegrityError, connections, transaction
 
 from ..models.flow import PausedQueue
-from .base import job_sql, notify_channel
+from .base import db_now, job_sql, notify_channel
 from .enqueue import CallChunk, JobSpec, jobs_insert
 
 #: The NOTIFY payload that tells listening workers the paused set changed
@@ -222,8 +223,15 @@ WHERE pg_try_advisory_xact_lock(%s, hashtext(g.t || chr(31) || g.k))
 
 _RUNNING_SQL = """
 SELECT task_path, concurrency_key, count(*) FROM {job}
-WHERE namespace = %s AND state = {running} AND concurrency_limit IS NOT NULL
+WHERE namespace = %s AND state = {running} AND concurrency_key IS NOT NULL
   AND ({groups})
+GROUP BY task_path, concurrency_key
+"""
+
+#: Starts (claims) of rate-limited groups since their windows began.
+_STARTS_SQL = """
+SELECT task_path, concurrency_key, count(*) FROM {job}
+WHERE namespace = %s AND rate_limit IS NOT NULL AND ({groups})
 GROUP BY task_path, concurrency_key
 """
 
@@ -240,14 +248,40 @@ def _try_lock_groups(db: str, groups: set[Group]) -> set[Group]:
 
 
 def _running(db: str, namespace: str, groups: set[Group]) -> dict[Group, int]:
+    """Running jobs per group (``dispatch_job_conc_live``)."""
     if not groups:
         return {}
     connection = connections[db]
     where = " OR ".join(["(task_path = %s AND concurrency_key = %s)"] * len(groups))
     sql = job_sql(connection, _RUNNING_SQL).format(groups=where)
-    params: list[str] = [namespace]
+    params: list[Any] = [namespace]
     for t, k in sorted(groups):
         params += [t, k]
+    with connection.cursor() as cursor:
+        cursor.execute(sql, params)
+        return {(t, k): n for t, k, n in cursor.fetchall()}
+
+
+def window_start(now: datetime, period: int) -> datetime:
+    """The start of the fixed window of ``period`` seconds holding ``now``
+    (windows aligned on the Unix epoch, so every worker agrees)."""
+    epoch = now.timestamp()
+    return datetime.fromtimestamp(epoch - epoch % period, tz=UTC)
+
+
+def _starts(db: str, namespace: str, periods: dict[Group, int]) -> dict[Group, int]:
+    """Starts per rate-limited group in its current window (``dispatch_job_rate_starts``)."""
+    if not periods:
+        return {}
+    connection = connections[db]
+    now = db_now(db)
+    where = " OR ".join(
+        ["(task_path = %s AND concurrency_key = %s AND last_attempted_at >= %s)"] * len(periods)
+    )
+    sql = job_sql(connection, _STARTS_SQL).format(groups=where)
+    params: list[Any] = [namespace]
+    for (t, k), period in sorted(periods.items()):
+        params += [t, k, window_start(now, period)]
     with connection.cursor() as cursor:
         cursor.execute(sql, params)
         return {(t, k): n for t, k, n in cursor.fetchall()}
@@ -277,32 +311,40 @@ class ConcurrencyGate:
         holds is passed. Rows after the ``free``-th admitted one are returned
         unchecked at the end of the admitted list (the caller passes them).
         """
-        fresh = {_group(r) for r in rows if r.get("concurrency_limit") is not None}
-        fresh -= self.locked | self.busy
+        first = {_group(r): r for r in reversed(rows) if r.get("concurrency_key") is not None}
+        fresh = set(first) - self.locked - self.busy
         if fresh:
             got = _try_lock_groups(self.db, fresh)
             self.busy |= fresh - got
-            running = _running(self.db, self.namespace, got)
+            capped = {g for g in got if first[g]["concurrency_limit"] is not None}
+            rated = {g: first[g]["rate_period"] for g in got if first[g]["rate_limit"] is not None}
+            running = _running(self.db, self.namespace, capped)
+            starts = _starts(self.db, self.namespace, rated)
             self.locked |= got
             for group in got:
-                self.room[group] = -running.get(group, 0)  # plus the row's limit, below
+                row, room = first[group], 1 << 30
+                if row["concurrency_limit"] is not None:
+                    room = row["concurrency_limit"] - running.get(group, 0)
+                if row["rate_limit"] is not None:
+                    room = min(room, row["rate_limit"] - starts.get(group, 0))
+                self.room[group] = room
         admitted: list[dict[str, Any]] = []
         passed: list[int] = []
-        capped: list[dict[str, Any]] = []
+        over: list[dict[str, Any]] = []
         rest: list[dict[str, Any]] = []
         for row in rows:
             if len(admitted) >= free:
                 rest.append(row)
-            elif row.get("concurrency_limit") is None:
+            elif row.get("concurrency_key") is None:
                 admitted.append(row)
             elif (group := _group(row)) in self.busy:
                 passed.append(row["id"])
-            elif self.room[group] + row["concurrency_limit"] > 0:
+            elif self.room[group] > 0:
                 self.room[group] -= 1
                 admitted.append(row)
             else:
-                capped.append(row)
-        return admitted + rest, passed, self._block(capped)
+                over.append(row)
+        return admitted + rest, passed, self._block(over)
 
     def _block(self, rows: list[dict[str, Any]]) -> int:
         """Block capped jobs (pending -> blocked) and list their groups as waiting."""
@@ -322,6 +364,8 @@ class ConcurrencyGate:
                 task_path=r["task_path"],
                 concurrency_key=r["concurrency_key"] or "",
                 limit=r["concurrency_limit"],
+                rate_limit=r["rate_limit"],
+                rate_period=r["rate_period"],
             )
             for r in rows
         }
@@ -341,11 +385,24 @@ def _group(row: dict[str, Any]) -> Group:
 #: count and its blocked jobs are index probes of ``dispatch_job_conc_live``.
 _PROMOTE_PG_SQL = """
 WITH w AS (
-    SELECT w.task_path, w.concurrency_key, w."limit" - (
-        SELECT count(*) FROM {job} r
-        WHERE r.namespace = w.namespace AND r.task_path = w.task_path
-          AND r.concurrency_key = w.concurrency_key AND r.concurrency_limit IS NOT NULL
-          AND r.state IN ({pending}, {running})
+    SELECT w.task_path, w.concurrency_key, LEAST(
+        COALESCE(w."limit" - (
+            SELECT count(*) FROM {job} r
+            WHERE r.namespace = w.namespace AND r.task_path = w.task_path
+              AND r.concurrency_key = w.concurrency_key
+              AND r.state IN ({pending}, {running})
+        ), 1 << 30),
+        COALESCE(w.rate_limit - (
+            SELECT count(*) FROM {job} s
+            WHERE s.namespace = w.namespace AND s.task_path = w.task_path
+              AND s.concurrency_key = w.concurrency_key AND s.rate_limit IS NOT NULL
+              AND s.last_attempted_at >= to_timestamp(
+                  floor(extract(epoch FROM now()) / w.rate_period) * w.rate_period)
+        ) - (
+            SELECT count(*) FROM {job} p
+            WHERE p.namespace = w.namespace AND p.task_path = w.task_path
+              AND p.concurrency_key = w.concurrency_key AND p.state = {pending}
+        ), 1 << 30)
     ) AS room
     FROM {waits} w WHERE w.namespace = %(ns)s
 ), promoted AS (
@@ -354,8 +411,7 @@ WITH w AS (
         SELECT b.id FROM w, LATERAL (
             SELECT j.id FROM {job} j
             WHERE j.namespace = %(ns)s AND j.task_path = w.task_path
-              AND j.concurrency_key = w.concurrency_key AND j.concurrency_limit IS NOT NULL
-              AND j.state = {blocked}
+              AND j.concurrency_key = w.concurrency_key AND j.state = {blocked}
             ORDER BY j.id LIMIT GREATEST(w.room, 0)
         ) b
     )
@@ -370,7 +426,7 @@ SELECT w.task_path, w.concurrency_key FROM {waits} w
 WHERE w.namespace = %s AND NOT EXISTS (
     SELECT 1 FROM {job} j
     WHERE j.namespace = w.namespace AND j.task_path = w.task_path
-      AND j.concurrency_key = w.concurrency_key AND j.concurrency_limit IS NOT NULL
+      AND j.concurrency_key = w.concurrency_key AND j.concurrency_key IS NOT NULL
       AND j.state = {blocked}
 )
 """
@@ -420,12 +476,16 @@ def _promote_each(db: str, namespace: str) -> int:
     promoted = 0
     for wait in ConcurrencyWait.objects.using(db).filter(namespace=namespace):
         group = Job.objects.using(db).filter(
-            namespace=namespace,
-            task_path=wait.task_path,
-            concurrency_key=wait.concurrency_key,
-            concurrency_limit__isnull=False,
+            namespace=namespace, task_path=wait.task_path, concurrency_key=wait.concurrency_key
         )
-        room = wait.limit - group.filter(state__in=[JobState.PENDING, JobState.RUNNING]).count()
+        room = 1 << 30
+        if wait.limit is not None:
+            room = wait.limit - group.filter(state__in=[JobState.PENDING, JobState.RUNNING]).count()
+        if wait.rate_limit is not None and wait.rate_period is not None:
+            since = window_start(db_now(db), wait.rate_period)
+            started = group.filter(rate_limit__isnull=False, last_attempted_at__gte=since).count()
+            pending = group.filter(state=JobState.PENDING).count()
+            room = min(room, wait.rate_limit - started - pending)
         if room > 0:
             ids = list(
                 group.filter(state=JobState.BLOCKED)

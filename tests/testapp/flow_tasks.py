@@ -38,3 +38,14 @@ def capped(key, seconds=0.0):
 @task(concurrency_limit=2)
 def capped_two(key):
     return key
+
+
+@task(rate_limit="20/s")
+def rated(key):
+    """At most 20 starts per second (a fixed window)."""
+    return key
+
+
+@task(rate_limit="3/2s")
+def rated_slowly(key):
+    return key
