@@ -196,7 +196,9 @@ def _finish(
     One transaction: the owner's row is locked through the fence (SQLite: the
     write lock, taken first), so the claim cannot be taken over between the
     check and the insert. The record is updated even when the fence is lost:
-    it stays accurate for the orphan sweep.
+    it stays accurate for the orphan sweep. (On PostgreSQL a fence check that
+    lost may still lock the new row version until this short transaction
+    ends, so a claim at that instant skips the job: the next poll takes it.)
     """
     with transaction.atomic(using=db):
         take_sqlite_write_lock(db)
