@@ -29,6 +29,8 @@ def drain(
     max_jobs: int | None = None,
     include_retries: bool = True,
     backend: str | None = None,
+    capacity: dict[str, int] | None = None,
+    locality: str = "",
 ) -> int:
     """Run every runnable job (as ``rundispatch --burst``); return how many ran.
 
@@ -39,6 +41,10 @@ def drain(
     With ``include_retries`` (the default), retries are made due at once and
     drained too, so a test sees a job's final outcome without waiting out
     its backoff.
+
+    ``capacity``/``locality``: as ``rundispatch --capacity/--locality`` (#16).
+    Without ``capacity``, like a worker without it, only jobs without
+    resource needs run: pass one to drain jobs with needs.
     """
     settings = replace(get_settings(), POLL_INTERVAL=0.01, LISTEN=False)  # polls anyway
     if backend is None:
@@ -57,6 +63,8 @@ def drain(
                 burst=True,
                 max_jobs=None if max_jobs is None else max_jobs - total,
                 scheduler=False,  # cron fires through scheduler.tick(), not drain()
+                capacity=capacity or {},
+                locality=locality,
             ),
             settings=settings,
             close_connections=False,

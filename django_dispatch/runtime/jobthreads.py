@@ -21,7 +21,7 @@ from django.db import DatabaseError, InterfaceError, connections
 
 from ..observability import events, tracing
 from ..resources import minus
-from ..store.resources import Placement
+from ..store.resources import SHAPES_TTL, Placement, ShapeCache
 from . import completer, executor, metering, timeouts
 from .connections import ThreadConnections, database_went_away
 from .executor import Outcome, RunningJob
@@ -38,6 +38,8 @@ class Slots:
         self.running: dict[int, RunningJob] = {}
         #: The thread running each job, once one picked it up.
         self.threads: dict[int, threading.Thread] = {}
+        #: The shapes of jobs with needs pending, as last read (#16).
+        self.shapes = ShapeCache(SHAPES_TTL)
 
     def free(self) -> int:
         with self.lock:
@@ -62,6 +64,7 @@ class Slots:
             locality=locality or None,
             held={name: -amount for name, amount in held.items()},
             starvation_seconds=starvation_seconds,
+            cache=self.shapes,
         )
 
 

@@ -31,6 +31,7 @@ longest running job's duration, however many small jobs keep coming.
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import timedelta
@@ -54,6 +55,8 @@ class Placement:
     locality: str | None = None
     held: Needs = field(default_factory=dict)
     starvation_seconds: float = 60.0
+    #: The worker's ``ShapeCache`` (None: read the shapes at every claim).
+    cache: ShapeCache | None = None
 
     @property
     def free(self) -> Needs:
@@ -95,6 +98,32 @@ WITH RECURSIVE shapes AS (
 )
 SELECT resource_shape, resources FROM shapes
 """
+
+
+#: Longest a busy worker goes on with the shapes it read (``ShapeCache``).
+SHAPES_TTL = 1.0
+
+
+class ShapeCache:
+    """The shapes pending, as a worker last read them, for up to ``ttl`` seconds.
+
+    Why: a busy worker claims many times a second, and the shapes change
+    rarely. A claim that finds nothing reads them again at once (``fresh``),
+    so an idle worker sees a new shape immediately; a busy one within ``ttl``.
+    """
+
+    def __init__(self, ttl: float) -> None:
+        self.ttl = ttl
+        self.read_at = -float("inf")
+        self.shapes: dict[int, Needs] = {}
+
+    def get(self, db: str, namespace: str, *, fresh: bool = False) -> tuple[dict[int, Needs], bool]:
+        """(shapes, whether they were read just now)."""
+        now = time.monotonic()
+        if fresh or now - self.read_at > self.ttl:
+            self.shapes, self.read_at = pending_shapes(db, namespace), now
+            return self.shapes, True
+        return self.shapes, False
 
 
 def pending_shapes(db: str, namespace: str) -> dict[int, Needs]:
@@ -145,6 +174,31 @@ def candidates(
     The claim order here is priority, then the worker's own locality first,
     then run_after, then id; the cut to ``window`` comes after that order.
     """
+    shapes: dict[int, Needs]
+    if not placement.capacity:
+        shapes, fresh = {}, True
+    elif placement.cache is not None:
+        shapes, fresh = placement.cache.get(db, namespace)
+    else:
+        shapes, fresh = pending_shapes(db, namespace), True
+    args = (db, queues, window, exclude, namespace, placement, fields, paused)
+    rows = _candidates(*args, shapes)
+    if not rows and not fresh and placement.cache is not None:  # a shape new since?
+        rows = _candidates(*args, placement.cache.get(db, namespace, fresh=True)[0])
+    return rows
+
+
+def _candidates(
+    db: str,
+    queues: Sequence[str],
+    window: int,
+    exclude: Sequence[int],
+    namespace: str,
+    placement: Placement,
+    fields: Sequence[str],
+    paused: Sequence[str],
+    shapes: dict[int, Needs],
+) -> list[dict[str, Any]]:
     base = Job.objects.using(db).filter(
         namespace=namespace, state=JobState.PENDING, run_after__lte=Now()
     )
@@ -154,7 +208,6 @@ def candidates(
         base = base.exclude(id__in=list(exclude))
     if paused:
         base = base.exclude(queue_name__in=list(paused))
-    shapes = pending_shapes(db, namespace) if placement.capacity else {}
     ours = [shape for shape, needs in shapes.items() if fits(needs, placement.capacity)]
     starved = _starved(base, ours, placement)
     if starved is not None:
@@ -163,6 +216,8 @@ def candidates(
         ids = [starved["id"]]  # ... then it first, alone
         return _lock(db, ids, fields)
     fitting = [shape for shape in ours if fits(shapes[shape], placement.free)]
+    if connections[db].vendor == "postgresql":
+        return _pick_pg(db, queues, window, exclude, namespace, placement, fields, paused, fitting)
     order = ("-priority", "run_after", "id")
     sources = [base.filter(resource_shape__isnull=True)]
     sources += [base.filter(resource_shape=shape) for shape in fitting]
@@ -238,3 +293,98 @@ def unplaceable(db: str, namespace: str, *, live_within: float) -> list[tuple[Ne
         .values_list("resource_shape", "n")
     )
     return [(shapes[s], counts.get(s, 0)) for s in stuck]
+
+
+#: ``candidates`` on PostgreSQL, in one statement: the first ``window`` jobs
+#: of each source (jobs without needs; each fitting shape, through LATERAL;
+#: the worker's locality), merged in claim order and cut to ``window``, then
+#: locked (SKIP LOCKED). Every source reads its own index, in order, and stops
+#: at ``window`` rows: no job that does not fit is read.
+_PICK_SQL = """
+WITH picked AS (
+    SELECT id FROM (
+        (SELECT id, priority, run_after, locality FROM {job}
+         WHERE namespace = {namespace} AND state = {pending} AND resource_shape IS NULL
+             AND run_after <= now() {filters}
+         ORDER BY priority DESC, run_after, id LIMIT %(window)s)
+        UNION
+        SELECT j.id, j.priority, j.run_after, j.locality
+        FROM unnest(%(shapes)s::bigint[]) AS s(shape) CROSS JOIN LATERAL (
+            SELECT id, priority, run_after, locality FROM {job}
+            WHERE namespace = {namespace} AND state = {pending} AND resource_shape = s.shape
+                AND run_after <= now() {filters}
+            ORDER BY priority DESC, run_after, id LIMIT %(window)s
+        ) AS j
+        {local}
+    ) AS c
+    ORDER BY priority DESC, COALESCE(locality = %(locality)s::text, false) DESC, run_after, id
+    LIMIT %(window)s
+)
+SELECT {fields}, locality AS claim_locality, now() AS db_now FROM {job}
+WHERE id IN (SELECT id FROM picked) AND state = {pending}
+FOR UPDATE SKIP LOCKED
+"""
+_LOCAL_SQL = """
+        UNION
+        (SELECT id, priority, run_after, locality FROM {job}
+         WHERE namespace = {namespace} AND state = {pending} AND locality = %(locality)s::text
+             AND (resource_shape IS NULL OR resource_shape = ANY(%(shapes)s::bigint[]))
+             AND run_after <= now() {filters}
+         ORDER BY priority DESC, run_after, id LIMIT %(window)s)"""
+
+
+def _pick_pg(
+    db: str,
+    queues: Sequence[str],
+    window: int,
+    exclude: Sequence[int],
+    namespace: str,
+    placement: Placement,
+    fields: Sequence[str],
+    paused: Sequence[str],
+    shapes: list[int],
+) -> list[dict[str, Any]]:
+    connection = connections[db]
+    filters = ""
+    if queues:
+        filters += " AND queue_name = ANY(%(queues)s)"
+    if exclude:
+        filters += " AND NOT (id = ANY(%(exclude)s))"
+    if paused:
+        filters += " AND NOT (queue_name = ANY(%(paused)s))"
+    local = _LOCAL_SQL if placement.locality else ""
+    sql = (
+        job_sql(connection, _PICK_SQL.replace("{local}", local))
+        .replace("{filters}", filters)
+        .format(fields=", ".join(fields), namespace=namespace_literal(namespace))
+    )
+    params: dict[str, Any] = {
+        "window": window,
+        "shapes": shapes,
+        "locality": placement.locality,
+        "queues": list(queues),
+        "exclude": list(exclude),
+        "paused": list(paused),
+    }
+    with connection.cursor() as cursor:
+        cursor.execute(sql, params)
+        names = [column.name for column in cursor.description]
+        rows = [dict(zip(names, record, strict=True)) for record in cursor.fetchall()]
+    for row in rows:
+        for name in _json_fields(fields):
+            if isinstance(row[name], str):
+                row[name] = json.loads(row[name])
+    mine = placement.locality
+
+    def order(row: dict[str, Any]) -> tuple[Any, ...]:
+        local = 0 if mine and row["claim_locality"] == mine else 1
+        return (-row["priority"], local, row["run_after"], row["id"])
+
+    rows.sort(key=order)
+    for row in rows:
+        del row["claim_locality"]
+    return rows
+
+
+def _json_fields(fields: Sequence[str]) -> list[str]:
+    return [name for name in fields if Job._meta.get_field(name).get_internal_type() == "JSONField"]
