@@ -54,9 +54,14 @@ def throughput_chart(per_minute: Sequence[tuple[datetime, int, int]]) -> SafeStr
         )
     ticks = format_html_join(
         "",
-        '<text class="dispatch-axis" x="{}" y="{}" text-anchor="middle">{}</text>',
+        '<text class="dispatch-axis" x="{}" y="{}" text-anchor="{}">{}</text>',
         (
-            (i * BAR + BAR // 2, HEIGHT - 4, f"{timezone.localtime(m):%H:%M}")
+            (
+                i * BAR + BAR // 2,
+                HEIGHT - 4,
+                "start" if i == 0 else "end" if i == len(per_minute) - 1 else "middle",
+                f"{timezone.localtime(m):%H:%M}",
+            )
             for i, (m, _, _) in enumerate(per_minute)
             if i % 10 == 0 or i == len(per_minute) - 1
         ),
@@ -76,7 +81,7 @@ def throughput_chart(per_minute: Sequence[tuple[datetime, int, int]]) -> SafeStr
     )
 
 
-def sparkline(values: Sequence[int], width: int = 120, height: int = 24) -> SafeString:
+def sparkline(values: Sequence[int], width: int = 60, height: int = 22) -> SafeString:
     """A queue's throughput over the window as one line (empty: a flat line)."""
     values = list(values) or [0, 0]
     peak = max(values) or 1

@@ -82,8 +82,11 @@ def test_badges_tell_deferred_waiting_blocked_and_failed_apart(client, user):
     assert "dispatch-badge-failed" in row
     assert "ValueError: customer 17 has no address" in row  # the last error column
     # Times are relative, the exact time on hover; wait and run are columns.
-    assert 'class="dispatch-age"' in row and "ago" in row
-    assert "Waited" in text and "Ran" in text and "Runs at" in text
+    assert 'class="dispatch-age"' in row and "just now" in row and 'title="20' in row
+    assert "Waited" in text and "Ran" in text and "Tries" in text
+    deferred_row = row_of(text, deferred.id)
+    assert "runs <time" in deferred_row  # its run_after, relative, exact on hover
+    assert "in 59 min" in deferred_row or "in 1 h" in deferred_row
     # The list refreshes itself (our own script, served with the app).
     assert 'id="dispatch-results" data-dispatch-live' in text
     assert "django_dispatch/console.js" in text
@@ -102,7 +105,7 @@ def test_a_workflow_step_job_names_its_run_and_step_and_a_failed_step_reads_fail
     text = page(client.get(reverse(CHANGELIST)))
     row = row_of(text, gate_jobs[-1].pk)
     assert "step failed" in row and "dispatch-badge-failed" in row
-    assert f"tests.gated #{run.pk}" in row and ">gate</a>" in row
+    assert f"tests.gated #{run.pk}</a>" in row and ">gate</a>" in row
     assert reverse("admin:django_dispatch_workflowrun_change", args=[run.pk]) in row
     prepare = WorkflowTask.objects.get(run=run, name="prepare")
     ok_row = row_of(text, prepare.job_id)

@@ -38,11 +38,13 @@ def job_badge(job: Job, now: Any = None) -> str:
     head = getattr(job, "dispatch_head", None)
     if state == JobState.PENDING and not (head is not None and head < job.pk):
         if job.run_after and job.run_after > now:
-            if job.attempts:
-                return badge_html(
-                    "deferred", f"retry {human_seconds((job.run_after - now).total_seconds())}"
-                )
-            return badge_html("deferred", "deferred")
+            # Not runnable yet: its run_after (a deferral, or a retry's backoff) is shown.
+            label = "retry backoff" if job.attempts else "deferred"
+            return format_html(
+                '{}<div class="dispatch-sub">runs {}</div>',
+                badge_html("deferred", label),
+                age_html(job.run_after, now),
+            )
         return badge_html("waiting", "waiting for a worker")
     if state == JobState.BLOCKED or (
         state == JobState.PENDING and head is not None and head < job.pk
@@ -120,25 +122,32 @@ class JobColumns:
         if step is not None:
             run: WorkflowRun = step.run
             return format_html(
-                '<a href="{}">{} #{}</a> · step <a href="{}">{}</a>',
+                'step <a href="{}">{}</a><div class="dispatch-sub">'
+                '<a href="{}">{} #{}</a> · {}</div>',
+                change_url(WorkflowTask, step.pk),
+                step.name,
                 change_url(WorkflowRun, run.pk),
                 run.name,
                 run.pk,
-                change_url(WorkflowTask, step.pk),
-                step.name,
+                job.queue_name,
             )
         module, _, name = job.task_path.rpartition(".")
-        key = format_html(' <span class="dispatch-quiet">[{}]</span>', job.partition_key)
+        key = format_html(" · [{}]", job.partition_key) if job.partition_key else ""
         return format_html(
-            '<span title="{}">{}</span>{}',
+            '<span title="{}">{}</span><div class="dispatch-sub">{}{}</div>',
             job.task_path,
             name or module,
-            key if job.partition_key else "",
+            job.queue_name,
+            key,
         )
 
     @admin.display(description="Enqueued", ordering="enqueued_at")
     def enqueued_age(self, job: Job) -> str:
         return age_html(job.enqueued_at)
+
+    @admin.display(description="Tries", ordering="attempts")
+    def tries(self, job: Job) -> str:
+        return f"{job.attempts}/{job.max_attempts}"
 
     @admin.display(description="Runs at", ordering="run_after")
     def run_after_display(self, job: Job) -> str:

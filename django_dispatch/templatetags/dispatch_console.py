@@ -47,13 +47,25 @@ def duration(value: float | timedelta | None) -> str:
     return human_seconds(value)
 
 
+#: Ages closer to zero than this read "just now": the database's clock (which
+#: stamps heartbeats) and the web server's may differ by that much.
+JUST_NOW = 2.0
+
+
+def relative(seconds: float) -> str:
+    """``3 s ago``, ``in 5 min``, or ``just now`` (the same text as console.js)."""
+    if abs(seconds) < JUST_NOW:
+        return "just now"
+    return f"{human_seconds(seconds)} ago" if seconds > 0 else f"in {human_seconds(-seconds)}"
+
+
 def age_html(moment: datetime | None, now: datetime | None = None) -> SafeString | str:
     """``<time>`` saying how long ago (or in how long) ``moment`` is, exact time on hover."""
     if moment is None:
         return "-"
     now = now or timezone.now()
     seconds = (now - moment).total_seconds()
-    text = f"{human_seconds(seconds)} ago" if seconds >= 0 else f"in {human_seconds(-seconds)}"
+    text = relative(seconds)
     local = timezone.localtime(moment)
     exact = local.strftime("%Y-%m-%d %H:%M:%S.%f")[:-3] + local.strftime(" %Z")
     return format_html(

@@ -36,7 +36,8 @@
     var elapsed = (Date.now() - loadedAt) / 1000;
     document.querySelectorAll("time.dispatch-age[data-age]").forEach(function (el) {
       var age = parseFloat(el.getAttribute("data-age")) + elapsed;
-      el.textContent = age >= 0 ? human(age) + " ago" : "in " + human(-age);
+      el.textContent =
+        Math.abs(age) < 2 ? "just now" : age > 0 ? human(age) + " ago" : "in " + human(-age);
     });
   }
 
