@@ -84,7 +84,8 @@ class DispatchBackend(DispatchBackendBase):
             job = spec.new_job(json_args, json_kwargs)
             if trace_context is not None:
                 job.trace_context = tracing.stored_context(trace_context)
-            job, created = store.job_insert_idempotent(job, db=db)
+            unique_for = getattr(task, "unique_for", None)
+            job, created = store.job_insert_idempotent(job, db=db, unique_for=unique_for)
             if not created:
                 return result_from_job(job)
             result = result_from_job(job, task=task)

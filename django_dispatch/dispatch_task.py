@@ -45,6 +45,9 @@ class DispatchTask(Task):
     concurrency_key: str | None = None
     #: At most this many starts per window, e.g. "100/m" (#17, ``flow_options``).
     rate_limit: str | None = None
+    #: Seconds after its job finished during which an ``idempotency_key`` still
+    #: dedupes (#17); None: the key is free again once the job has finished.
+    unique_for: float | None = None
     #: Resource needs (#16): {name: whole number}, or "auto" (from usage history).
     resources: Mapping[str, int] | str | None = None
     locality: str | None = None
@@ -64,6 +67,7 @@ class DispatchTask(Task):
         partition_key: str | None = None,
         idempotency_key: str | None = None,
         concurrency_key: str | None = None,
+        unique_for: float | None = None,
         resources: Mapping[str, int] | str | None = None,
         locality: str | None = None,
     ) -> DispatchTask:
@@ -76,6 +80,7 @@ class DispatchTask(Task):
             "partition_key": partition_key,
             "idempotency_key": idempotency_key,
             "concurrency_key": concurrency_key,
+            "unique_for": unique_for,
             "resources": resources,
             "locality": locality,
         }

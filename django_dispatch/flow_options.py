@@ -45,6 +45,7 @@ def check_concurrency(task: Task) -> None:
     needs are claimed by their own path (#16), which does not apply limits,
     so the combination is refused rather than silently unlimited.
     """
+    check_unique_for(task)
     limit = getattr(task, "concurrency_limit", None)
     key = getattr(task, "concurrency_key", None)
     rate = getattr(task, "rate_limit", None)
@@ -70,6 +71,21 @@ def check_concurrency(task: Task) -> None:
         )
     if getattr(task, "resources", None):
         raise InvalidTask("concurrency or rate limits cannot be combined with resources yet.")
+
+
+def check_unique_for(task: Task) -> None:
+    """``unique_for`` is positive seconds and comes with an ``idempotency_key``
+    (it widens that key's dedupe to jobs that finished within the window)."""
+    window = getattr(task, "unique_for", None)
+    if window is None:
+        return
+    if not isinstance(window, int | float) or isinstance(window, bool) or window <= 0:
+        raise InvalidTask(f"unique_for must be a positive number of seconds, got {window!r}.")
+    if getattr(task, "idempotency_key", None) is None:
+        raise InvalidTask(
+            "unique_for needs an idempotency_key: give both, as in "
+            ".using(idempotency_key=..., unique_for=3600)."
+        )
 
 
 def concurrency_columns(task: Task) -> dict[str, Any]:

@@ -1,4 +1,4 @@
-"""Schema for #17 flow control: paused queues, concurrency limits."""
+"""Schema for #17 flow control: paused queues, concurrency and rate limits, unique_for."""
 
 from django.db import migrations, models
 
@@ -75,6 +75,20 @@ class Migration(migrations.Migration):
                     ("state__in", ["pending", "blocked", "running"]),
                 ),
                 name="dispatch_job_conc_live",
+            ),
+        ),
+        migrations.AddIndex(
+            model_name="job",
+            index=models.Index(
+                models.F("namespace"),
+                models.F("task_path"),
+                models.F("idempotency_key"),
+                models.F("finished_at"),
+                condition=models.Q(
+                    ("idempotency_key__isnull", False),
+                    ("state__in", ["succeeded", "failed", "cancelled"]),
+                ),
+                name="dispatch_job_key_finished",
             ),
         ),
         migrations.AddIndex(

@@ -187,6 +187,19 @@ class Job(models.Model):
                 name="dispatch_job_conc_live",
                 condition=Q(state__in=LIVE_STATES, concurrency_key__isnull=False),
             ),
+            # unique_for (#17): finished jobs by idempotency key and age, so an
+            # enqueue finds one that finished within its window.
+            models.Index(
+                "namespace",
+                "task_path",
+                "idempotency_key",
+                "finished_at",
+                name="dispatch_job_key_finished",
+                condition=Q(
+                    state__in=[JobState.SUCCEEDED, JobState.FAILED, JobState.CANCELLED],
+                    idempotency_key__isnull=False,
+                ),
+            ),
             # Rate limits (#17): a group's starts (claims) by time, to count
             # those of the current window; only rate-limited jobs enter it.
             models.Index(

@@ -33,7 +33,7 @@ from ..conf import size_limit
 from ..limits import call_sizes, too_large
 from ..models import Job
 from ..states import LIVE, JobState
-from .base import job_sql
+from .base import job_sql, now_plus
 
 #: Rows per ``bulk_create`` batch (SQLite and other non-PostgreSQL engines).
 BULK_BATCH_SIZE = 5000
@@ -119,19 +119,39 @@ def jobs_insert(jobs: Sequence[Job], *, db: str, batch_size: int = BULK_BATCH_SI
     return Job.objects.using(db).bulk_create(jobs, batch_size=batch_size)
 
 
-def job_insert_idempotent(job: Job, *, db: str) -> tuple[Job, bool]:
+def job_insert_idempotent(
+    job: Job, *, db: str, unique_for: float | None = None
+) -> tuple[Job, bool]:
     """Insert ``job`` unless a live job holds its (namespace, task, idempotency key).
 
     Returns (the job, created). The partial unique index decides: two
     concurrent inserts of one key create one job, the other waits for the
     first to commit and gets it back. The attempt runs in a savepoint, so a
     conflict never aborts the caller's transaction.
+
+    With ``unique_for`` (seconds), a job of the key that *finished* within
+    that window also counts (``recently_finished``): it is returned instead.
+    Checked before the insert and again after it, in the savepoint: an
+    insert can succeed only because the holder's finish committed while it
+    waited on the unique index, and the check after it then sees that job
+    and undoes the insert.
     """
     for _ in range(3):
         try:
             with transaction.atomic(using=db):
+                if unique_for is not None:
+                    recent = recently_finished(job, unique_for, db=db)
+                    if recent is not None:
+                        return recent, False
                 jobs_insert([job], db=db)
+                if unique_for is not None:
+                    recent = recently_finished(job, unique_for, db=db)
+                    if recent is not None:
+                        raise _FinishedMeanwhile(recent)
             return job, True
+        except _FinishedMeanwhile as meanwhile:
+            job.pk = None
+            return meanwhile.job, False
         except IntegrityError:
             existing = (
                 Job.objects.using(db)
@@ -150,6 +170,31 @@ def job_insert_idempotent(job: Job, *, db: str) -> tuple[Job, bool]:
         f"could not enqueue {job.task_path} with idempotency key {job.idempotency_key!r}: "
         "it kept conflicting with jobs that finished at once; try again"
     )
+
+
+class _FinishedMeanwhile(Exception):
+    """Rolls back an insert's savepoint: a job of the key finished within the window."""
+
+    def __init__(self, job: Job) -> None:
+        self.job = job
+
+
+def recently_finished(job: Job, seconds: float, *, db: str) -> Job | None:
+    """The newest job of ``job``'s (namespace, task, idempotency key) that finished
+    within ``seconds`` (database clock), other than ``job`` itself; None if none.
+
+    Served by the partial index ``dispatch_job_key_finished``.
+    """
+    finished = Job.objects.using(db).filter(
+        namespace=job.namespace,
+        task_path=job.task_path,
+        idempotency_key=job.idempotency_key,
+        state__in=[JobState.SUCCEEDED, JobState.FAILED, JobState.CANCELLED],
+        finished_at__gte=now_plus(-seconds),
+    )
+    if job.pk is not None:
+        finished = finished.exclude(pk=job.pk)
+    return finished.order_by("-finished_at").first()
 
 
 # --- enqueue from JSON: raw SQL on PostgreSQL -----------------------------------
