@@ -15,6 +15,7 @@ Actions a user may not take are not offered:
 from .artifacts import ArtifactAdmin
 from .cron import CronEntryAdmin
 from .dead_letters import DeadLetterAdmin
+from .events import EventAdmin
 from .jobs import JobAdmin
 from .usage import JobUsageAdmin
 from .workers import WorkerAdmin
@@ -24,6 +25,7 @@ __all__ = [
     "ArtifactAdmin",
     "CronEntryAdmin",
     "DeadLetterAdmin",
+    "EventAdmin",
     "JobAdmin",
     "JobUsageAdmin",
     "WorkerAdmin",

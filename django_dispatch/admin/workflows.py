@@ -75,6 +75,61 @@ def _skip_current_step(run_id: int) -> bool:
     return bool([name for name in names if services.skip_step(run_id, name)])
 
 
+def waiting_for(step: WorkflowTask) -> str:
+    """What a waiting step waits for, and until when ("" when it is not waiting)."""
+    if step.state != StepState.WAITING:
+        return ""
+    if step.child_run_id and not step.wait_event_name and not step.wait_until:
+        return f"child run #{step.child_run_id}"
+    if step.wait_event_name:
+        key = f" (key {step.wait_event_key})" if step.wait_event_key is not None else ""
+        what = f"event {step.wait_event_name}{key}"
+    else:
+        what = "time (sleep)"
+    if step.wait_until:
+        what += f" until {step.wait_until:%Y-%m-%d %H:%M:%S %Z}"
+    return what
+
+
+class WaitingFilter(admin.SimpleListFilter):
+    """Steps waiting, by what for: an event, a time, a child run (``RunWaitingFilter``:
+    runs with such a step)."""
+
+    title = "waiting for"
+    parameter_name = "waiting"
+
+    def lookups(self, request: HttpRequest, model_admin: Any) -> list[tuple[str, str]]:
+        return [
+            ("any", "Anything"),
+            ("event", "An event"),
+            ("time", "A time"),
+            ("child", "A child run"),
+        ]
+
+    def steps(self, queryset: QuerySet[WorkflowTask]) -> QuerySet[WorkflowTask]:
+        value = self.value()
+        waiting = queryset.filter(state=StepState.WAITING)
+        if value == "event":
+            return waiting.filter(wait_event_name__isnull=False)
+        if value == "time":
+            return waiting.filter(wait_event_name__isnull=True, wait_until__isnull=False)
+        if value == "child":
+            return waiting.filter(
+                child_run__isnull=False, wait_event_name__isnull=True, wait_until__isnull=True
+            )
+        return waiting
+
+    def queryset(self, request: HttpRequest, queryset: QuerySet[Any]) -> QuerySet[Any]:
+        return self.steps(queryset) if self.value() else queryset
+
+
+class RunWaitingFilter(WaitingFilter):
+    def queryset(self, request: HttpRequest, queryset: QuerySet[Any]) -> QuerySet[Any]:
+        if not self.value():
+            return queryset
+        return queryset.filter(id__in=self.steps(WorkflowTask.objects.all()).values("run_id"))
+
+
 def _last_error(errors: list[dict[str, Any]]) -> str:
     if not errors:
         return ""
@@ -189,6 +244,7 @@ class WorkflowRunAdmin(OperatorActions, BigTable, ReplayFromStep):
     ]
     list_filter = [
         "state",
+        RunWaitingFilter,
         ("namespace", RecentValuesFilter),
         ("name", RecentValuesFilter),
         "created_at",
@@ -205,6 +261,7 @@ class WorkflowRunAdmin(OperatorActions, BigTable, ReplayFromStep):
         ("parent_link", "children_links"),
         "dag_display",  # #19
         "steps_table",
+        "call_context_display",
         "input_display",
         "output_display",
         "replay_link",
@@ -215,6 +272,7 @@ class WorkflowRunAdmin(OperatorActions, BigTable, ReplayFromStep):
         "children_links",
         "dag_display",  # #19
         "steps_table",
+        "call_context_display",
         "input_display",
         "output_display",
         "replay_link",
@@ -254,7 +312,9 @@ class WorkflowRunAdmin(OperatorActions, BigTable, ReplayFromStep):
             (
                 (
                     s.name,
-                    s.get_state_display(),
+                    f"{s.get_state_display()}: {waiting_for(s)}"
+                    if s.state == StepState.WAITING
+                    else s.get_state_display(),
                     f"{s.attempts} ({s.failures} failed, max {s.max_attempts})",
                     ", ".join(s.depends_on) or "-",
                     Truncator(_last_error(s.errors)).chars(120) or "-",
@@ -271,6 +331,7 @@ class WorkflowRunAdmin(OperatorActions, BigTable, ReplayFromStep):
 
     input_display = rendered_field("input", "Input")
     output_display = rendered_field("output", "Output")
+    call_context_display = rendered_field("call_context", "Call context (who started it)")
 
     # --- actions: each run on its own (see ``_split``) ------------------------------------
 
@@ -311,9 +372,15 @@ class WorkflowTaskAdmin(StepDisplays, OperatorActions, BigTable):
         "state",
         "attempts",
         "failures",
+        "waiting_display",
         "updated_at",
     ]
-    list_filter = ["state", ("namespace", RecentValuesFilter), ("name", RecentValuesFilter)]
+    list_filter = [
+        "state",
+        WaitingFilter,
+        ("namespace", RecentValuesFilter),
+        ("name", RecentValuesFilter),
+    ]
     search_fields = ["run__id__exact", "name"]
     search_help_text = "Run id (exact) or step name."
     list_select_related = False
@@ -325,12 +392,16 @@ class WorkflowTaskAdmin(StepDisplays, OperatorActions, BigTable):
         ("attempts", "failures", "max_attempts", "backoff", "timeout"),
         ("generation", "job_link", "child_link"),
         ("ready_at", "started_at", "heartbeat_at", "finished_at"),
+        ("waiting_display", "wait_event_name", "wait_event_key", "wait_until"),
+        "waits_display",
         "output_display",
         "checkpoint_display",
         "errors_display",
         "artifacts_display",
     ]
     readonly_fields = [
+        "waiting_display",
+        "waits_display",
         "run_link",
         "job_link",
         "child_link",
@@ -341,6 +412,11 @@ class WorkflowTaskAdmin(StepDisplays, OperatorActions, BigTable):
     ]
 
     artifacts_display = artifacts_field("step")  # #18
+    waits_display = rendered_field("waits", "Finished waits (in call order)")
+
+    @admin.display(description="Waiting for")
+    def waiting_display(self, step: WorkflowTask) -> str:
+        return waiting_for(step) or "-"
 
     @admin.display(description="Run", ordering="run_id")
     def run_link(self, step: WorkflowTask) -> str:
