@@ -17,11 +17,19 @@ from django.db.models import Count
 
 from . import store
 from .enqueue import backend_for, namespace_for
-from .models import Job, PausedQueue
+from .models import ConcurrencyWait, Job, PausedQueue
 from .states import JobState
 from .store import flow as flow_store
 
-__all__ = ["QueueOverview", "pause_queue", "paused_queues", "queue_overview", "resume_queue"]
+__all__ = [
+    "GroupAtCap",
+    "QueueOverview",
+    "groups_at_cap",
+    "pause_queue",
+    "paused_queues",
+    "queue_overview",
+    "resume_queue",
+]
 
 #: Longest queue name (``Job.queue_name``).
 MAX_QUEUE_NAME = 100
@@ -118,3 +126,67 @@ def queue_overview(*, backend: str | None = None) -> list[QueueOverview]:
         queue = queues.setdefault(paused.queue_name, QueueOverview(paused.queue_name))
         queue.paused, queue.paused_at = True, paused.paused_at
     return sorted(queues.values(), key=lambda q: q.name)
+
+
+@dataclass
+class GroupAtCap:
+    """A concurrency/rate group (task, key) with jobs set aside at its cap."""
+
+    task_path: str
+    concurrency_key: str
+    limit: int | None  # running at once (None: no such cap)
+    rate: str | None  # "N/Ks" (None: no rate limit)
+    running: int
+    blocked: int
+    starts: int | None  # starts in the current window (rate-limited groups)
+    since: datetime
+
+
+def groups_at_cap(*, backend: str | None = None, limit: int = 100) -> list[GroupAtCap]:
+    """The groups whose excess jobs wait (``ConcurrencyWait``), oldest first, at most
+    ``limit``: for the admin's queue page, ``dispatch_queue list`` and the console.
+
+    Three bounded queries: the wait rows, the running/blocked counts of
+    those groups (index ``dispatch_job_conc_live``), and the window starts of
+    the rate-limited ones (``dispatch_job_rate_starts``).
+    """
+    db = store.db_alias()
+    namespace = _namespace(backend)
+    waits = list(
+        ConcurrencyWait.objects.using(db).filter(namespace=namespace).order_by("since")[:limit]
+    )
+    if not waits:
+        return []
+    counts: dict[tuple[str, str, str], int] = {}
+    rows = (
+        Job.objects.using(db)
+        .filter(
+            namespace=namespace,
+            task_path__in={w.task_path for w in waits},
+            concurrency_key__in={w.concurrency_key for w in waits},
+            state__in=[JobState.RUNNING, JobState.BLOCKED],
+        )
+        .values_list("task_path", "concurrency_key", "state")
+        .annotate(n=Count("id"))
+    )
+    for task_path, key, state, n in rows:
+        counts[(task_path, key, state)] = n
+    periods = {
+        (w.task_path, w.concurrency_key): w.rate_period
+        for w in waits
+        if w.rate_limit is not None and w.rate_period is not None
+    }
+    starts = flow_store.starts_in_window(db, namespace, periods)
+    return [
+        GroupAtCap(
+            task_path=w.task_path,
+            concurrency_key=w.concurrency_key,
+            limit=w.limit,
+            rate=f"{w.rate_limit}/{w.rate_period}s" if w.rate_limit is not None else None,
+            running=counts.get((w.task_path, w.concurrency_key, JobState.RUNNING), 0),
+            blocked=counts.get((w.task_path, w.concurrency_key, JobState.BLOCKED), 0),
+            starts=starts.get((w.task_path, w.concurrency_key), 0) if w.rate_limit else None,
+            since=w.since,
+        )
+        for w in waits
+    ]

@@ -78,3 +78,15 @@ def test_posts_need_the_csrf_token(django_user_model):
     response = strict.post(reverse(URL), {"action": "pause", "queue": "emails"})
     assert response.status_code == 403
     assert paused_queues() == set()
+
+
+def test_the_page_shows_groups_at_their_cap(client, login):
+    from django_dispatch import store
+
+    for i in range(4):
+        flow_tasks.capped.using(concurrency_key="cust-7").enqueue(f"c{i}")
+    store.jobs_claim(worker_id="w", queues=(), limit=10, lease_seconds=30)
+    login("view_pausedqueue")
+    page = text(client.get(reverse(URL)))
+    assert "Limits at their cap" in page
+    assert "cust-7" in page and "3 / 3" in page

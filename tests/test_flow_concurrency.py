@@ -247,3 +247,21 @@ def test_three_workers_four_threads_never_run_more_than_the_cap_per_key(start_wo
     assert max(itertools.accumulate(step for _, step in overall)) > 3  # the cap is per key
     assert Job.objects.filter(state=JobState.SUCCEEDED).count() == 40
     assert not Job.objects.filter(state=JobState.BLOCKED).exists()
+
+
+def test_groups_at_cap_are_listed_for_operators():
+    from io import StringIO
+
+    from django.core.management import call_command
+
+    from django_dispatch.flow import groups_at_cap
+
+    for i in range(5):
+        flow_tasks.capped.using(concurrency_key="A").enqueue(f"a{i}")
+    claim()
+    [group] = groups_at_cap()
+    assert (group.concurrency_key, group.limit, group.running, group.blocked) == ("A", 3, 3, 2)
+    assert group.rate is None and group.starts is None
+    out = StringIO()
+    call_command("dispatch_queue", "list", stdout=out)
+    assert "at cap: tests.testapp.flow_tasks.capped [A] running=3/3 waiting=2" in out.getvalue()

@@ -1,8 +1,11 @@
 """The admin's queue page: every queue's state and backlog, with pause/resume buttons.
 
-It lives at the ``PausedQueue`` changelist URL (``/admin/django_dispatch/pausedqueue/``,
-titled "Queues") and shows ``flow.queue_overview()``, the read function the
-console and ``dispatch_queue list`` share. Pausing and resuming go through
+It lives at the ``PausedQueue`` changelist URL
+(``/admin/django_dispatch/pausedqueue/``, titled "Queues") and shows
+``flow.queue_overview()``, the read function the console and
+``dispatch_queue list`` share; below the queues, the concurrency/rate groups
+whose excess jobs wait at their cap (``flow.groups_at_cap()``): running
+against the cap, starts in the current window, jobs set aside. Pausing and resuming go through
 ``flow.pause_queue``/``resume_queue`` (never a row edited here), need the
 ``django_dispatch.pause_queue`` permission, and are POSTs under the admin's
 CSRF protection; a user without the permission sees no buttons and is refused
@@ -21,6 +24,7 @@ from django.template.response import TemplateResponse
 from .. import flow
 from ..models import PausedQueue
 from .common import has_perm
+from .history import record
 
 
 @admin.register(PausedQueue)
@@ -52,6 +56,7 @@ class QueueAdmin(admin.ModelAdmin):
             "opts": self.model._meta,
             "title": "Queues",
             "queues": flow.queue_overview(),
+            "groups": flow.groups_at_cap(),
             "may_pause": self.may_pause(request),
             **(extra_context or {}),
         }
@@ -70,6 +75,8 @@ class QueueAdmin(admin.ModelAdmin):
             self.message_user(request, str(e), messages.ERROR)
             return HttpResponseRedirect(request.path)
         if changed:
+            message = f"{action.capitalize()}d queue {name!r} (Queues page)."  # #19: history
+            record(request, PausedQueue, [(name, f"queue {name}")], message)
             done = "paused: no new job of it starts" if action == "pause" else "resumed"
             self.message_user(request, f"Queue {name!r} {done}.", messages.SUCCESS)
         else:

@@ -269,7 +269,7 @@ def window_start(now: datetime, period: int) -> datetime:
     return datetime.fromtimestamp(epoch - epoch % period, tz=UTC)
 
 
-def _starts(db: str, namespace: str, periods: dict[Group, int]) -> dict[Group, int]:
+def starts_in_window(db: str, namespace: str, periods: dict[Group, int]) -> dict[Group, int]:
     """Starts per rate-limited group in its current window (``dispatch_job_rate_starts``)."""
     if not periods:
         return {}
@@ -319,7 +319,7 @@ class ConcurrencyGate:
             capped = {g for g in got if first[g]["concurrency_limit"] is not None}
             rated = {g: first[g]["rate_period"] for g in got if first[g]["rate_limit"] is not None}
             running = _running(self.db, self.namespace, capped)
-            starts = _starts(self.db, self.namespace, rated)
+            starts = starts_in_window(self.db, self.namespace, rated)
             self.locked |= got
             for group in got:
                 row, room = first[group], 1 << 30

@@ -57,3 +57,12 @@ class Command(BaseCommand):
                 f"{q.name}: {state} pending={q.pending} blocked={q.blocked} "
                 f"running={q.running}{limits}"
             )
+        if name:
+            return
+        for g in flow.groups_at_cap(backend=backend):
+            cap = f" running={g.running}" + (f"/{g.limit}" if g.limit else "")
+            rate = f" starts={g.starts}/{g.rate}" if g.rate else ""
+            self.stdout.write(
+                f"at cap: {g.task_path} [{g.concurrency_key or 'task-wide'}]{cap}{rate} "
+                f"waiting={g.blocked}"
+            )
