@@ -10,7 +10,7 @@ person to retry it (after "fixing" the card), skip the step, or cancel it,
 from Django's admin (Workflow runs).
 """
 
-from django_dispatch.workflows import Workflow
+from django_dispatch.workflows import EventTimeout, Workflow
 
 from .models import Delivery
 
@@ -91,3 +91,35 @@ def close_order(ctx):
         "tracking": ctx.outputs["ship"]["tracking"],
         "receipt_to": ctx.outputs["send_receipt"]["sent_to"],
     }
+
+
+# --- invoice: waits for its payment, durably -----------------------------------------
+#
+# ``python manage.py start_invoice_demo`` starts a run; it sends the invoice,
+# then waits (holding no worker) for the event ``payment.received`` with key
+# ``invoice:<id>``, which ``python manage.py publish_event`` or the admin's
+# Events page ("Publish an event...") publishes. Unpaid after ``timeout``
+# seconds, the invoice is voided instead.
+
+invoice = Workflow("invoice")
+
+
+@invoice.step()
+def send_invoice(ctx):
+    # A side effect: in its own step, so resuming the wait below never repeats it.
+    record(ctx, f"invoice {ctx.input['invoice_id']} sent to {ctx.input['email']}")
+    return {"sent": True}
+
+
+@invoice.step(after=["send_invoice"])
+def await_payment(ctx):
+    """Waits for the payment event; on resume this step runs again from the top,
+    and the wait returns the event's payload (or raises EventTimeout)."""
+    key = f"invoice:{ctx.input['invoice_id']}"
+    try:
+        payment = ctx.wait_for_event("payment.received", key=key, timeout=ctx.input["timeout"])
+    except EventTimeout:
+        record(ctx, f"invoice {ctx.input['invoice_id']} voided: no payment in time")
+        return {"status": "voided"}
+    record(ctx, f"invoice {ctx.input['invoice_id']} paid: {payment}")
+    return {"status": "paid", "payment": payment, "started_by": ctx.call_context}
