@@ -150,7 +150,7 @@ def jobs(namespace: str) -> QuerySet[Job]:
     return Job.objects.using(db_alias()).filter(namespace=namespace)
 
 
-def live_counts(namespace: str, state: str, now: datetime) -> list[dict[str, Any]]:
+def live_counts(namespace: str, state: str, now: datetime) -> list[Any]:
     """Per queue: jobs in ``state``, those due, the oldest due ``run_after``.
 
     The inner query walks the state's partial index and stops at
@@ -169,7 +169,7 @@ def live_counts(namespace: str, state: str, now: datetime) -> list[dict[str, Any
     )
 
 
-def finished_per_minute(namespace: str, since: datetime) -> list[dict[str, Any]]:
+def finished_per_minute(namespace: str, since: datetime) -> list[Any]:
     """Finished jobs per (queue, state, minute) since ``since``: the index's range only."""
     return list(
         jobs(namespace)

@@ -314,3 +314,90 @@ def test_links_from_workers_and_cron_entries_to_their_jobs(client, user):
     assert entry.last_run_at is not None
     history = page(client.get(reverse("admin:django_dispatch_cronentry_history", args=[entry.pk])))
     assert "Run now: enqueued job #" in history
+
+
+@pytest.mark.django_db(transaction=True)
+def test_cron_workflow_and_queue_controls_refuse_view_only_anonymous_and_csrf_less(
+    client, user, django_user_model
+):
+    from django_dispatch.models import CronEntry, PausedQueue, WorkflowRun
+
+    entry = CronEntry.objects.create(
+        name="hourly",
+        schedule="0 * * * *",
+        timezone="UTC",
+        task_path="tests.testapp.tasks.add",
+        args=[1, 2],
+    )
+    run = wfs.gated.start({"key": "controls"})
+    drain_workflows()  # the gate step fails: the run is stuck
+    assert WorkflowRun.objects.get(pk=run.pk).state == "stuck"
+
+    def action(name, pk):
+        return {"action": name, "_selected_action": [str(pk)], "index": "0"}
+
+    runs = reverse("admin:django_dispatch_workflowrun_changelist")
+    controls = [
+        (
+            "cron run now",
+            reverse("admin:django_dispatch_cronentry_changelist"),
+            action("run_now", entry.pk),
+        ),
+        (
+            "cron disable",
+            reverse("admin:django_dispatch_cronentry_changelist"),
+            action("disable_entries", entry.pk),
+        ),
+        ("run cancel", runs, action("cancel_runs", run.pk)),
+        ("run retry (unpark)", runs, action("retry_runs", run.pk)),
+        ("run skip", runs, action("skip_current_steps", run.pk)),
+        (
+            "replay from step",
+            reverse("admin:django_dispatch_workflowrun_replay", args=[run.pk]),
+            {"step": "gate", "generation": "1"},
+        ),
+        (
+            "queue pause",
+            reverse("admin:django_dispatch_pausedqueue_changelist"),
+            {"action": "pause", "queue": "default"},
+        ),
+    ]
+
+    def state() -> tuple:
+        return (
+            Job.objects.count(),
+            sorted(CronEntry.objects.values_list("pk", "enabled", "last_run_at")),
+            sorted(WorkflowRun.objects.values_list("pk", "state", "generation")),
+            sorted(WorkflowTask.objects.values_list("pk", "state")),
+            PausedQueue.objects.count(),
+            LogEntry.objects.count(),
+        )
+
+    before = state()
+    for name, url, data in controls:
+        response = Client().post(url, data)
+        assert response.status_code == 302 and "/login/" in response["Location"], name
+    user(
+        "view_cronentry",
+        "view_workflowrun",
+        "view_workflowtask",
+        "view_pausedqueue",
+        name="viewer",
+    )
+    for name, url, data in controls:
+        assert client.post(url, data).status_code in (200, 302, 403), name
+        assert state() == before, name
+    operator = django_user_model.objects.create_superuser("boss", "b@x.test", "pw")
+    strict = Client(enforce_csrf_checks=True)
+    strict.force_login(operator)
+    for name, url, data in controls:
+        assert strict.post(url, data).status_code == 403, name
+    assert state() == before
+    # Allowed and with the token, each acts and leaves a line in the history.
+    client.force_login(operator)
+    for name, url, data in (controls[0], controls[-1], controls[4]):
+        client.post(url, data)
+    messages = set(LogEntry.objects.values_list("change_message", flat=True))
+    assert any(m.startswith("Run now: enqueued job #") for m in messages)
+    assert "Paused queue 'default' (Queues page)." in messages
+    assert "had their step skipped (admin action)." in messages

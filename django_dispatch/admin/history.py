@@ -36,6 +36,8 @@ def record(
     Returns the number of entries written.
     """
     user_id = request.user.pk
+    if user_id is None:  # admin views always have a user; never log as nobody
+        raise ValueError("admin history needs a logged-in user")
     content_type = ContentType.objects.get_for_model(model, for_concrete_model=False)
     written = 0
     batch: list[LogEntry] = []
