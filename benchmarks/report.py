@@ -177,6 +177,7 @@ def extras_section(extras: dict[str, dict]) -> str:
     labels = {
         "flatness": ("empty", "full", "finished rows in the table"),
         "partitions": ("unkeyed", "keyed", "partition keys"),
+        "concurrency": ("unkeyed", "capped", "keys with concurrency_limit=2"),
         "mixed_sizes": ("plain", "mixed", "resource needs and --capacity"),
         "scale": ("shallow", "deep", "pending backlog"),
     }

@@ -86,6 +86,12 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--partitions", action="store_true", help="dispatch: keyed vs unkeyed drain")
     p.add_argument("--partition-keys", type=int, default=1000)
     p.add_argument(
+        "--concurrency-limits",
+        action="store_true",
+        help="dispatch: plain drain vs jobs over --concurrency-keys keys with concurrency_limit=2",
+    )
+    p.add_argument("--concurrency-keys", type=int, default=1000)
+    p.add_argument(
         "--scale",
         action="store_true",
         help="dispatch: drain atop a 10k vs a "
@@ -249,6 +255,12 @@ class Bench:
             out["partitions"] = self.drain_pair(
                 f"{args.jobs:,} jobs, unkeyed vs over {args.partition_keys:,} partition keys",
                 ("unkeyed", []), ("keyed", ["--partition-keys", str(args.partition_keys)]),
+            )  # fmt: skip
+        if args.concurrency_limits:
+            n = args.concurrency_keys
+            out["concurrency"] = self.drain_pair(
+                f"{args.jobs:,} jobs, unlimited vs over {n:,} keys with concurrency_limit=2",
+                ("unkeyed", []), ("capped", ["--concurrency-keys", str(n)]),
             )  # fmt: skip
         if args.scale:
             deep = args.scale_backlog

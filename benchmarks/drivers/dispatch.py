@@ -53,6 +53,11 @@ class DispatchDriver(Driver):
     def add_arguments(cls, parser) -> None:
         parser.add_argument("--prefill-finished", type=int, default=0)
         parser.add_argument("--partition-keys", type=int, default=0)
+        # #17: jobs spread over this many concurrency keys of a task with
+        # concurrency_limit=--concurrency-limit (the claim's gate and its
+        # blocked/promoted excess, against the plain drain).
+        parser.add_argument("--concurrency-keys", type=int, default=0)
+        parser.add_argument("--concurrency-limit", type=int, default=2)
         # #16: a backlog of mixed sizes (1 in MIXED_BIG_EVERY needs 500 MB, the
         # rest 20 MB) drained by workers with --capacity roomy enough that the
         # fit never idles a slot: the cost of the resource-aware claim itself.
@@ -149,6 +154,17 @@ class DispatchDriver(Driver):
             with transaction.atomic():
                 for index in range(jobs):
                     self.tasks.noop.using(partition_key=f"key-{index % keys}").enqueue()
+        elif self.args.concurrency_keys:
+            import dataclasses
+
+            # noop itself runs; the rows carry the limit and the key (#17).
+            capped = dataclasses.replace(
+                self.tasks.noop, concurrency_limit=self.args.concurrency_limit
+            )
+            ckeys = self.args.concurrency_keys
+            with transaction.atomic():
+                for index in range(jobs):
+                    capped.using(concurrency_key=f"key-{index % ckeys}").enqueue()
         elif self.args.mixed_sizes:
             small = self.tasks.noop.using(resources={"memory_mb": 20})
             big = self.tasks.noop.using(resources={"memory_mb": 500})
