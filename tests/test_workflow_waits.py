@@ -19,7 +19,7 @@ from django_dispatch.states import JobState
 from django_dispatch.workflows import cancel_run
 from django_dispatch.workflows.testing import drain_workflows
 from tests.concurrency import run_concurrently
-from tests.conftest import wait_until
+from tests.conftest import postgres_only, wait_until
 from tests.testapp import wait_workflows as wfs
 from tests.testapp.models import SideEffect
 
@@ -104,6 +104,37 @@ def test_a_publish_between_the_step_start_and_its_wait_record_still_wakes_it():
     run.refresh_from_db()
     assert run.state == RunState.SUCCEEDED and run.output == "hello"
     assert effects("inter", "resumed") == 1
+
+
+@postgres_only
+def test_a_publish_committing_while_the_wait_is_recorded_is_not_lost():
+    """The publish's transaction is still open when the step records its wait: the
+    wait's look-back cannot see the event yet, and the publish's wake-up ran before
+    the step was waiting. The event-name lock makes the recording wait for the
+    publish's commit, so its look-back finds the event."""
+    import threading
+
+    from django.db import transaction
+
+    run = wfs.interleaved.start({"key": "locked"})
+    published = threading.Event()
+
+    def publisher():
+        wait_until(lambda: effects("locked", "started") == 1, what="the step to start")
+        with transaction.atomic():
+            events.publish("interleaved", "held", key="locked")
+            published.set()
+            time.sleep(1.5)  # the step reaches its wait meanwhile, and blocks on the lock
+
+    def go():
+        published.wait(20)
+        SideEffect.objects.create(key="locked", note="go")  # another connection: visible now
+
+    run_concurrently(drain_workflows, publisher, go)
+    drain_workflows()
+    run.refresh_from_db()
+    assert run.state == RunState.SUCCEEDED and run.output == "held"
+    assert effects("locked", "resumed") == 1
 
 
 def test_a_wait_times_out_with_event_timeout_that_the_step_can_catch():
