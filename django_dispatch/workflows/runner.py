@@ -8,12 +8,15 @@ timed out, cancelled or its claim lost, so whatever it produced must not be
 written). Persisting the outcome is the engine's job.
 
 Timeouts: an ``async def`` step runs under ``asyncio.timeout``. A sync step
-with a timeout runs on a helper thread that the step job waits for at most
-``timeout`` seconds; a thread cannot be killed, so on timeout the attempt is
-failed at once and ``ctx.cancelled`` turns True: the function should check it
-(or call ``ctx.progress()``, which raises) and stop. Its late writes to the
-step are rejected by the claim fence. Without a timeout, a sync step runs on
-the job's own thread.
+with a timeout, under ``rundispatch``, runs on the job's own thread with the
+step's timeout set on its job (``runtime.timeouts.limit_this_job``): asked to
+stop at the deadline, and ended by recycling the process if it has not
+returned a grace period later, as a task is. Where the process cannot be
+recycled (``drain()``), it runs on a helper thread the step job waits for at
+most ``timeout`` seconds; a thread cannot be killed, so the attempt is
+failed at once, ``ctx.cancelled`` turns True, and its late writes to the step
+are rejected by the claim fence. Without a timeout, a sync step runs on the
+job's own thread.
 """
 
 from __future__ import annotations
