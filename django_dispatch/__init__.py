@@ -8,7 +8,7 @@ from importlib.metadata import PackageNotFoundError
 from importlib.metadata import version as _version
 from typing import TYPE_CHECKING, Any
 
-from .exceptions import AlreadyReplayed, JobCancelled, TaskTimeout
+from .exceptions import AlreadyReplayed, ArtifactExists, JobCancelled, TaskTimeout
 
 try:
     __version__ = _version("django-dispatch")
@@ -17,6 +17,7 @@ except PackageNotFoundError:  # imported from a source tree that was never insta
 
 __all__ = [
     "AlreadyReplayed",
+    "ArtifactExists",
     "JobCancelled",
     "TaskTimeout",
     "__version__",
