@@ -494,3 +494,27 @@ def test_sweeps_stay_in_their_namespace(storage):
     age(theirs, created_at=GRACE + 60)
     assert sweep().orphans == 0  # the default namespace's leader leaves it alone
     assert sweep(namespace="acme").orphans == 1
+
+
+def test_owner_and_orphan_sweeps_walk_big_tables_in_windows(storage):
+    result = artifact_tasks.save_report.enqueue("windows")
+    made = [
+        artifact_store.artifact_create(storage="artifacts", name=f"dispatch/w{i}.bin")
+        for i in range(25)
+    ]
+    for i, artifact in enumerate(made[:-1]):  # the last one stays an orphan
+        owner = 10**12 if i == 22 else int(result.id)  # link 22's owner is gone
+        artifact_store.artifact_link(artifact.pk, artifact_store.LinkSpec("job", owner, f"n{i}", 1))
+        age(artifact, created_at=GRACE + 60)
+    age(made[-1], created_at=GRACE + 60)
+    cursor = None
+    rounds = []
+    for _ in range(3):  # windows of 10 rows (batch 1): the whole table in 3 rounds
+        counts = sweep(batch=1, cursor=cursor)
+        rounds.append((counts.owner_gone, counts.orphans))
+        cursor = counts.cursor
+    assert rounds == [(0, 0), (0, 0), (1, 1)]
+    assert cursor == artifact_store.SweepCursor()  # the end: start over next time
+    assert artifacts.get_record(made[22].pk).deleted_at is not None
+    assert artifacts.get_record(made[24].pk).deleted_at is not None
+    assert Artifact.objects.filter(deleted_at=None).count() == 23

@@ -176,8 +176,10 @@ class Maintenance:
             purge_grace=cfg.ARTIFACT_PURGE_GRACE,
             batch=cfg.PURGE_BATCH,
             namespace=self.namespace,
+            cursor=getattr(self, "artifact_cursor", None),
             db=self.db,
         )
+        self.artifact_cursor = counts.cursor  # the windowed sweeps go on from here
         if counts.busy:
             logger.info("artifacts: %s", counts)
 

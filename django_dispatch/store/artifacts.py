@@ -286,51 +286,95 @@ def artifacts_sweep_expired(*, namespace: str = "", batch: int, db: str | None =
     return _soft_delete_batch(db, expired, batch)
 
 
-def artifacts_sweep_owner_gone(*, namespace: str = "", batch: int, db: str | None = None) -> int:
-    """Soft-delete one batch of live ephemeral artifacts whose owner no longer exists.
+#: Rows a sweep reads per round, per ``batch`` it may soft-delete: the owner
+#: and orphan sweeps walk their table by id in windows of ``batch * WINDOW``
+#: rows (a primary-key range, whatever the table's size), so one round's
+#: cost never grows with the number of live artifacts.
+WINDOW = 10
+
+
+@dataclass(frozen=True, slots=True)
+class SweepCursor:
+    """Where the owner and orphan sweeps go on next round (last id read; 0: start over)."""
+
+    links: int = 0
+    artifacts: int = 0
+
+
+def artifacts_sweep_owner_gone(
+    *, namespace: str = "", batch: int, after: int = 0, db: str | None = None
+) -> tuple[int, int]:
+    """Soft-delete the live ephemeral artifacts whose owner no longer exists, among
+    the next window of links after id ``after``: (how many, the cursor for next time).
 
     Owners go away through retention (jobs), or with their run (steps).
     Owners are referenced by id, not foreign key, so their deletion does not
-    cascade here: this anti-join finds them. Durable artifacts are left alone.
+    cascade here: the window's owner ids are looked up, one query per kind.
+    Durable artifacts are left alone. The cursor is 0 once the end is reached.
     """
     db = _db(db)
+    window = list(
+        ArtifactLink.objects.using(db)
+        .filter(namespace=namespace, id__gt=after)
+        .order_by("id")
+        .values_list("id", "owner_kind", "owner_id", "artifact_id")[: batch * WINDOW]
+    )
+    by_kind: dict[str, set[int]] = {}
+    for _, kind, owner_id, _ in window:
+        by_kind.setdefault(kind, set()).add(owner_id)
+    alive = {
+        (kind, owner_id)
+        for kind, ids in by_kind.items()
+        for owner_id in _OWNER_MODELS[kind]
+        .objects.using(db)
+        .filter(id__in=list(ids))
+        .values_list("id", flat=True)
+    }
+    gone = {artifact for _, kind, owner, artifact in window if (kind, owner) not in alive}
     done = 0
-    for kind, model in _OWNER_MODELS.items():
-        gone = (
-            ArtifactLink.objects.using(db)
-            .filter(
-                namespace=namespace,
-                owner_kind=kind,
-                artifact__deleted_at=None,
-                artifact__lifecycle=Lifecycle.EPHEMERAL,
-            )
-            .exclude(Exists(model.objects.using(db).filter(id=OuterRef("owner_id"))))
-            .values_list("artifact_id", flat=True)[: batch - done]
+    if gone:
+        done = (
+            Artifact.objects.using(db)
+            .filter(id__in=list(gone), deleted_at=None, lifecycle=Lifecycle.EPHEMERAL)
+            .update(deleted_at=Now())
         )
-        ids = list(gone)
-        if ids:
-            done += artifacts_soft_delete(ids, db=db)
-        if done >= batch:
-            break
-    return done
+    return done, (window[-1][0] if len(window) == batch * WINDOW else 0)
 
 
 def artifacts_sweep_orphans(
-    *, older_than: float, namespace: str = "", batch: int, db: str | None = None
-) -> int:
-    """Soft-delete one batch of live ephemeral artifacts with no link, created
-    more than ``older_than`` seconds ago: files of attempts that lost their
-    lease or crashed before linking. The cutoff must be longer than the
-    longest write (an artifact is linked only once its file is written)."""
+    *, older_than: float, namespace: str = "", batch: int, after: int = 0, db: str | None = None
+) -> tuple[int, int]:
+    """Soft-delete the live ephemeral artifacts with no link, created more than
+    ``older_than`` seconds ago, among the next window after id ``after``:
+    (how many, the cursor for next time; 0 once the end is reached).
+
+    These are files of attempts that lost their lease or crashed before
+    linking. The cutoff must be longer than the longest write (an artifact is
+    linked only once its file is written).
+    """
     db = _db(db)
-    orphans = Artifact.objects.using(db).filter(
-        ~Exists(ArtifactLink.objects.using(db).filter(artifact_id=OuterRef("id"))),
-        namespace=namespace,
-        deleted_at=None,
-        lifecycle=Lifecycle.EPHEMERAL,
-        created_at__lt=now_plus(-older_than),
+    window = list(
+        Artifact.objects.using(db)
+        .filter(
+            namespace=namespace,
+            deleted_at=None,
+            lifecycle=Lifecycle.EPHEMERAL,
+            created_at__lt=now_plus(-older_than),
+            id__gt=after,
+        )
+        .order_by("id")
+        .values_list("id", flat=True)[: batch * WINDOW]
     )
-    return _soft_delete_batch(db, orphans, batch)
+    if not window:
+        return 0, 0
+    orphans = (
+        Artifact.objects.using(db)
+        .filter(id__in=window)
+        .filter(~Exists(ArtifactLink.objects.using(db).filter(artifact_id=OuterRef("id"))))
+        .values_list("id", flat=True)
+    )
+    done = artifacts_soft_delete(list(orphans), db=db)
+    return done, (window[-1] if len(window) == batch * WINDOW else 0)
 
 
 def artifacts_purgeable(
@@ -412,6 +456,8 @@ class SweepCounts:
     orphans: int = 0
     purged: int = 0
     purge_failed: int = 0
+    #: Where the windowed sweeps go on next round (pass it back in).
+    cursor: SweepCursor = SweepCursor()
 
     @property
     def busy(self) -> bool:
@@ -424,14 +470,23 @@ def artifacts_sweep(
     purge_grace: float,
     batch: int,
     namespace: str = "",
+    cursor: SweepCursor | None = None,
     db: str | None = None,
 ) -> SweepCounts:
-    """One bounded round of the whole lifecycle (the leader's duty): each sweep
-    soft-deletes at most ``batch`` artifacts, the purge handles at most ``batch``."""
+    """One bounded round of the whole lifecycle (the leader's duty).
+
+    The expiry sweep and the purge read at most ``batch`` rows through their
+    partial indexes; the owner and orphan sweeps read one window each (see
+    ``WINDOW``), going on from ``cursor`` (the previous round's
+    ``SweepCounts.cursor``), so a big table is covered over several rounds.
+    """
+    cursor = cursor or SweepCursor()
     expired = artifacts_sweep_expired(namespace=namespace, batch=batch, db=db)
-    gone = artifacts_sweep_owner_gone(namespace=namespace, batch=batch, db=db)
-    orphans = artifacts_sweep_orphans(
-        older_than=orphan_seconds, namespace=namespace, batch=batch, db=db
+    gone, links = artifacts_sweep_owner_gone(
+        namespace=namespace, batch=batch, after=cursor.links, db=db
+    )
+    orphans, artifacts = artifacts_sweep_orphans(
+        older_than=orphan_seconds, namespace=namespace, batch=batch, after=cursor.artifacts, db=db
     )
     purged, failed = artifacts_purge(grace=purge_grace, namespace=namespace, batch=batch, db=db)
-    return SweepCounts(expired, gone, orphans, purged, failed)
+    return SweepCounts(expired, gone, orphans, purged, failed, SweepCursor(links, artifacts))
