@@ -518,3 +518,28 @@ def test_owner_and_orphan_sweeps_walk_big_tables_in_windows(storage):
     assert artifacts.get_record(made[22].pk).deleted_at is not None
     assert artifacts.get_record(made[24].pk).deleted_at is not None
     assert Artifact.objects.filter(deleted_at=None).count() == 23
+
+
+def test_a_step_attempt_that_lost_its_claim_cannot_link(storage):
+    from django_dispatch.workflows.context import StepContext
+    from django_dispatch.workflows.exceptions import StepLost
+
+    run = artifact_tasks.exports.start({})
+    step = run.steps.get(name="export")  # ready: no attempt holds it
+    stale = StepContext(
+        run_id=run.pk,
+        step="export",
+        input={},
+        outputs={},
+        attempt=1,
+        generation=1,
+        step_id=step.pk,
+        claim_id="a-void-claim",
+    )
+    with pytest.raises(StepLost):
+        stale.save_artifact("export.csv", b"stale")
+    assert stale.cancelled
+    (orphan,) = Artifact.objects.all()
+    assert not orphan.links.exists() and read(orphan) == b"stale"
+    assert orphan.name.startswith(f"dispatch/_default/step/{step.pk}/g1a1/")
+    assert artifacts.find(step, "export.csv") is None
