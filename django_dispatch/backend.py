@@ -69,7 +69,11 @@ class DispatchBackend(DispatchBackendBase):
         json_args, json_kwargs, args_text, kwargs_text = plan.encode_call(args, kwargs)
         db = store.db_alias()
         spec = plan.spec
-        if spec.idempotency_key is None and spec.concurrency_key is None:
+        if (
+            spec.idempotency_key is None
+            and spec.concurrency_key is None
+            and not spec.partition_yield
+        ):
             job_id, enqueued_at = job_insert_call(
                 spec,
                 json_args,

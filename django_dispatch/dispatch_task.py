@@ -48,6 +48,9 @@ class DispatchTask(Task):
     #: Seconds after its job finished during which an ``idempotency_key`` still
     #: dedupes (#17); None: the key is free again once the job has finished.
     unique_for: float | None = None
+    #: A keyed job waiting for its retry: "hold" its partition (the default)
+    #: or "yield" it to the next job (#17, see docs/tasks.md).
+    partition_retry: str = "hold"
     #: Resource needs (#16): {name: whole number}, or "auto" (from usage history).
     resources: Mapping[str, int] | str | None = None
     locality: str | None = None

@@ -276,7 +276,7 @@ def enqueue_many(
             except InvalidTask as e:
                 raise type(e)(f"call #{index}: {e}") from e
             index += 1
-    if plan.spec.concurrency_key is None:
+    if plan.spec.concurrency_key is None and not plan.spec.partition_yield:
         ids, enqueued_ats = jobs_insert_calls(plan.spec, chunks, db=store.db_alias())
     else:  # through the ORM (#17), leaving the plain raw INSERT as it was
         ids, enqueued_ats = jobs_insert_limited(plan.spec, chunks, db=store.db_alias())

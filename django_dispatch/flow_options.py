@@ -46,6 +46,7 @@ def check_concurrency(task: Task) -> None:
     so the combination is refused rather than silently unlimited.
     """
     check_unique_for(task)
+    check_partition_retry(task)
     limit = getattr(task, "concurrency_limit", None)
     key = getattr(task, "concurrency_key", None)
     rate = getattr(task, "rate_limit", None)
@@ -73,6 +74,12 @@ def check_concurrency(task: Task) -> None:
         raise InvalidTask("concurrency or rate limits cannot be combined with resources yet.")
 
 
+def check_partition_retry(task: Task) -> None:
+    retry = getattr(task, "partition_retry", "hold")
+    if retry not in ("hold", "yield"):
+        raise InvalidTask(f"partition_retry must be 'hold' or 'yield', got {retry!r}.")
+
+
 def check_unique_for(task: Task) -> None:
     """``unique_for`` is positive seconds and comes with an ``idempotency_key``
     (it widens that key's dedupe to jobs that finished within the window)."""
@@ -97,6 +104,8 @@ def concurrency_columns(task: Task) -> dict[str, Any]:
     limit = getattr(task, "concurrency_limit", None)
     rate = getattr(task, "rate_limit", None)
     if limit is None and rate is None:
+        if getattr(task, "partition_retry", "hold") == "yield":
+            return {"partition_yield": True}
         return {}
     columns: dict[str, Any] = {
         "concurrency_key": getattr(task, "concurrency_key", None) or "",

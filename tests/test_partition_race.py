@@ -326,6 +326,7 @@ def _statements(action: Callable[[], Any]) -> list[str]:
 
 def test_unkeyed_claims_and_completions_take_no_partition_lock():
     enqueue_many(tasks.add, [((i, i), {}) for i in range(4)])
+    claim(limit=0)  # reads the flow state (paused queues), as a worker does once per poll
     claimed: list[store.ClaimedJob] = []
     claim_sql = _statements(lambda: claimed.extend(claim(limit=4)))
     assert len(claimed) == 4

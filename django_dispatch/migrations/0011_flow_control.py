@@ -1,4 +1,5 @@
-"""Schema for #17 flow control: paused queues, concurrency and rate limits, unique_for."""
+"""Schema for #17 flow control: paused queues, concurrency and rate limits, unique_for,
+partition_retry."""
 
 from django.db import migrations, models
 
@@ -51,6 +52,11 @@ class Migration(migrations.Migration):
             model_name="job",
             name="concurrency_limit",
             field=models.PositiveIntegerField(blank=True, null=True),
+        ),
+        migrations.AddField(
+            model_name="job",
+            name="partition_yield",
+            field=models.BooleanField(db_default=False, default=False),
         ),
         migrations.AddField(
             model_name="job",

@@ -83,6 +83,9 @@ class Job(models.Model):
     #: either limit has a non-NULL ``concurrency_key``: that is what marks it.
     rate_limit = models.PositiveIntegerField(null=True, blank=True)
     rate_period = models.PositiveIntegerField(null=True, blank=True)
+    #: ``@task(partition_retry="yield")`` (#17): while this keyed job waits
+    #: for a retry, it is not its partition's head and lets the next job pass.
+    partition_yield = models.BooleanField(default=False, db_default=False)
 
     attempts = models.PositiveIntegerField(default=0, help_text="Attempts started.")
     max_attempts = models.PositiveIntegerField(default=1)

@@ -63,6 +63,7 @@ class JobSpec:
     concurrency_limit: int | None = None
     rate_limit: int | None = None
     rate_period: int | None = None
+    partition_yield: bool = False
     #: Resource needs, their shape and the locality (#16, see ``placement``);
     #: a spec with any of them is inserted through the ORM.
     resources: dict[str, int] | None = None
@@ -96,6 +97,8 @@ class JobSpec:
         )
         if self.deferred_until is not None:
             job.run_after = self.deferred_until
+        if self.partition_yield:
+            job.partition_yield = True
         if self.concurrency_key is not None:  # a flow-limited job (#17)
             job.concurrency_key = self.concurrency_key
             job.concurrency_limit = self.concurrency_limit

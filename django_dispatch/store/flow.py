@@ -116,23 +116,43 @@ def flow_state(db: str, namespace: str, max_age: float) -> tuple[frozenset[str],
     """(paused queues, whether any concurrency group waits) as the claim should see them.
 
     From the cache when it is younger than ``max_age`` seconds (the poll
-    interval) and was read after the last invalidation; otherwise two small
-    SELECTs (``PausedQueue``, ``ConcurrencyWait``), which the caller runs
-    inside its claim transaction.
+    interval) and was read after the last invalidation; otherwise one small
+    SELECT over ``PausedQueue`` and ``ConcurrencyWait`` (``_FLOW_STATE_SQL``),
+    which the caller runs inside its claim transaction.
     """
-    from ..models import ConcurrencyWait
-
     key = (db, namespace)
     now = time.monotonic()
     entry = _cache.get(key)
     if entry is not None and now - entry[0] < max_age and entry[0] > _invalidated_at:
         return entry[1], entry[2]
-    paused = frozenset(queues_paused(db, namespace=namespace))
-    waits = ConcurrencyWait.objects.using(db).filter(namespace=namespace).exists()
+    paused, waits = _read_flow_state(db, namespace)
     with _lock:
         if now > _invalidated_at:
             _cache[key] = (now, paused, waits)
     return paused, waits
+
+
+#: The paused queues, and one NULL row if any concurrency group waits: one
+#: statement per refresh. Plain SQL for the LIMIT inside a UNION (SQLite).
+_FLOW_STATE_SQL = """
+SELECT queue_name FROM {paused} WHERE namespace = %s
+UNION ALL
+SELECT NULL FROM (SELECT 1 FROM {waits} WHERE namespace = %s LIMIT 1) AS w
+"""
+
+
+def _read_flow_state(db: str, namespace: str) -> tuple[frozenset[str], bool]:
+    from ..models import ConcurrencyWait
+
+    connection = connections[db]
+    sql = _FLOW_STATE_SQL.format(
+        paused=connection.ops.quote_name(PausedQueue._meta.db_table),
+        waits=connection.ops.quote_name(ConcurrencyWait._meta.db_table),
+    )
+    with connection.cursor() as cursor:
+        cursor.execute(sql, [namespace, namespace])
+        names = [name for (name,) in cursor.fetchall()]
+    return frozenset(n for n in names if n is not None), None in names
 
 
 def _note_waits(db: str, namespace: str, *, waiting: bool = True) -> None:

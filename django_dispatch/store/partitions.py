@@ -61,11 +61,14 @@ more than needed.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Iterable
 from dataclasses import dataclass
+from typing import Any
 
 from django.db import connections
 
+from ..states import JobState
 from .base import job_sql, notify_channel
 
 #: The first key of every partition lock (``pg_advisory_xact_lock(int, int)``),
@@ -135,7 +138,7 @@ _HEADS_SQL = """
 SELECT k.column1,
     (SELECT j.id FROM {job} j
       WHERE j.namespace = %s AND j.partition_key = k.column1
-        AND j.state IN ({pending}, {blocked}, {running})
+        AND j.state IN ({pending}, {blocked}, {running}) {not_yielding}
       ORDER BY j.id LIMIT 1),
     (SELECT j.id FROM {job} j
       WHERE j.namespace = %s AND j.partition_key = k.column1
@@ -143,6 +146,31 @@ SELECT k.column1,
       LIMIT 1)
 FROM (VALUES {values}) AS k
 """
+
+
+@functools.lru_cache(maxsize=8)
+def _not_yielding_sql(vendor: str, alias: str) -> str:
+    now = "now()" if vendor == "postgresql" else _SQLITE_NOW
+    pending = f"'{JobState.PENDING.value}'"
+    return (
+        f"AND NOT ({alias}.partition_yield AND {alias}.state = {pending} "
+        f"AND {alias}.run_after > {now})"
+    )
+
+
+def _not_yielding(connection: Any, alias: str) -> str:
+    """A filter leaving out jobs that yield their partition while they wait for
+    a retry (``@task(partition_retry="yield")``, #17): pending, flagged, and
+    not due yet. Such a job is not its key's head, so the next job may run;
+    once due it is the head again (and waits for a running job to end).
+    Jobs without the flag (every task's by default) are unaffected.
+    """
+    return _not_yielding_sql(connection.vendor, alias)
+
+
+#: SQLite's clock in the text form Django stores datetimes in (``%%``: the
+#: statements run with parameters).
+_SQLITE_NOW = "strftime('%%Y-%%m-%%d %%H:%%M:%%f', 'now')"
 
 
 @dataclass(frozen=True, slots=True)
@@ -161,7 +189,9 @@ def partition_heads(db: str, keys: Iterable[str], namespace: str = "") -> dict[s
     if not keys:
         return {}
     connection = connections[db]
-    sql = job_sql(connection, _HEADS_SQL).format(values=", ".join(["(%s)"] * len(keys)))
+    sql = job_sql(connection, _HEADS_SQL).format(
+        values=", ".join(["(%s)"] * len(keys)), not_yielding=_not_yielding(connection, "j")
+    )
     with connection.cursor() as cursor:
         cursor.execute(sql, [namespace, namespace, *keys])
         return {key: Head(head_id, active_id) for key, head_id, active_id in cursor.fetchall()}
@@ -180,7 +210,7 @@ WHERE id IN ({ids}) AND state = {pending} AND EXISTS (
       AND o.id <> {job}.id
       AND (o.state = {running}
            OR (o.state = {cancelled} AND o.lease_expires_at IS NOT NULL)
-           OR (o.state IN ({pending}, {blocked}) AND o.id < {job}.id))
+           OR (o.state IN ({pending}, {blocked}) AND o.id < {job}.id {not_yielding}))
 )
 RETURNING id
 """
@@ -201,7 +231,9 @@ def partitions_demote(db: str, jobs: Iterable[tuple[int, str]]) -> set[int]:
     if not ids:
         return set()
     connection = connections[db]
-    sql = job_sql(connection, _DEMOTE_SQL).format(ids=", ".join(["%s"] * len(ids)))
+    sql = job_sql(connection, _DEMOTE_SQL).format(
+        ids=", ".join(["%s"] * len(ids)), not_yielding=_not_yielding(connection, "o")
+    )
     with connection.cursor() as cursor:
         cursor.execute(sql, ids)
         return {job_id for (job_id,) in cursor.fetchall()}
@@ -216,7 +248,7 @@ UPDATE {job} SET state = {pending}
 WHERE state = {blocked} AND id IN (
     SELECT (SELECT j.id FROM {job} j
              WHERE j.namespace = %s AND j.partition_key = k.partition_key
-               AND j.state IN ({pending}, {blocked}, {running})
+               AND j.state IN ({pending}, {blocked}, {running}) {not_yielding}
              ORDER BY j.id LIMIT 1)
     FROM ({keys}) AS k
 )
@@ -235,7 +267,9 @@ def _promote(db: str, namespace: str, keys_sql: str, params: list[str]) -> int:
     """Run ``_PROMOTE_SQL`` for the keys ``keys_sql`` selects in ``namespace``;
     return how many it promoted."""
     connection = connections[db]
-    promote = job_sql(connection, _PROMOTE_SQL).format(keys=keys_sql)
+    promote = job_sql(connection, _PROMOTE_SQL).format(
+        keys=keys_sql, not_yielding=_not_yielding(connection, "j")
+    )
     params = [namespace, *params]
     with connection.cursor() as cursor:
         if connection.vendor == "postgresql":

@@ -49,3 +49,13 @@ def rated(key):
 @task(rate_limit="3/2s")
 def rated_slowly(key):
     return key
+
+
+@task(max_attempts=2, partition_retry="yield")
+def flaky_yielding(key):
+    return key
+
+
+@task(max_attempts=2)
+def flaky_holding(key):
+    return key
