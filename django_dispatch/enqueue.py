@@ -148,7 +148,7 @@ class DispatchBackendBase(BaseTaskBackend):
                     deferred_until=task.run_after,
                     partition_key=getattr(task, "partition_key", None),
                     idempotency_key=getattr(task, "idempotency_key", None),
-                **concurrency_columns(task),
+                    **concurrency_columns(task),
                     max_attempts=self.max_attempts_for(task),
                 ),
                 task,
