@@ -1,4 +1,5 @@
-"""Every write to the artifact tables: create, link (fenced), update, soft delete, sweeps, purge.
+"""Writes to the artifact tables: create, update, link (fenced); the lifecycle
+(soft delete, sweeps, purge) is ``artifact_lifecycle``'s, re-exported here.
 
 An artifact is created *before* its file is written (``artifact_create``) and
 linked to its owner only after (``artifact_finish_job`` /
@@ -12,43 +13,44 @@ the owner's row is locked while this exact claim still holds it (the job's
 lease, or a step's claim id), then the link is inserted. An attempt that lost
 its job to another worker links nothing.
 
-The lifecycle sweeps (run by the leader, each bounded by ``batch``) only set
+The lifecycle sweeps (run by the leader, bounded per round) only set
 ``deleted_at``; ``artifacts_purge`` deletes the file from storage first and
 the row after, so a storage error keeps the row for the next sweep.
 """
 
 from __future__ import annotations
 
-import logging
-from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from django.core.files.storage import Storage, storages
 from django.db import IntegrityError, connections, transaction
-from django.db.models import Exists, OuterRef
 from django.db.models.functions import Now
 
 from ..exceptions import ArtifactExists
-from ..models import Artifact, ArtifactLink, Job, WorkflowRun, WorkflowTask
-from ..models.artifact import Lifecycle, OwnerKind
+from ..models import Artifact, ArtifactLink, WorkflowTask
+from ..models.artifact import Lifecycle
+from .artifact_lifecycle import (
+    SweepCounts,
+    SweepCursor,
+    artifact_purge_one,
+    artifacts_delete_now,
+    artifacts_purge,
+    artifacts_purgeable,
+    artifacts_soft_delete,
+    artifacts_sweep,
+    artifacts_sweep_expired,
+    artifacts_sweep_orphans,
+    artifacts_sweep_owner_gone,
+)
 from .base import db_alias, now_plus, take_sqlite_write_lock
 from .claim import Lease
 from .leases import _leased
 from .workflows.common import claim_fence
 
-logger = logging.getLogger("django_dispatch.store")
-
 #: The fields ``artifact_update`` may change: what describes the bytes, and
 #: how long they live. Where they are (storage, name) and who owns them never
 #: change after creation.
 UPDATABLE = frozenset({"size", "sha256", "content_type", "expires_at"})
-
-_OWNER_MODELS: dict[str, Any] = {
-    OwnerKind.JOB: Job,
-    OwnerKind.RUN: WorkflowRun,
-    OwnerKind.STEP: WorkflowTask,
-}
 
 
 @dataclass(frozen=True, slots=True)
@@ -260,233 +262,23 @@ def step_namespace(step_id: int, *, db: str | None = None) -> str:
     )
 
 
-# --- soft deletion and the sweeps ---------------------------------------------------------
-
-
-def artifacts_soft_delete(artifact_ids: Iterable[int], *, db: str | None = None) -> int:
-    """Mark live artifacts deleted (their files go at the purge); how many were live."""
-    return (
-        Artifact.objects.using(_db(db))
-        .filter(id__in=list(artifact_ids), deleted_at=None)
-        .update(deleted_at=Now())
-    )
-
-
-def _soft_delete_batch(db: str, query: Any, batch: int) -> int:
-    ids = list(query.order_by("id").values_list("id", flat=True)[:batch])
-    return artifacts_soft_delete(ids, db=db) if ids else 0
-
-
-def artifacts_sweep_expired(*, namespace: str = "", batch: int, db: str | None = None) -> int:
-    """Soft-delete one batch of live artifacts past their expiry, durable ones included."""
-    db = _db(db)
-    expired = Artifact.objects.using(db).filter(
-        namespace=namespace, deleted_at=None, expires_at__isnull=False, expires_at__lt=Now()
-    )
-    return _soft_delete_batch(db, expired, batch)
-
-
-#: Rows a sweep reads per round, per ``batch`` it may soft-delete: the owner
-#: and orphan sweeps walk their table by id in windows of ``batch * WINDOW``
-#: rows (a primary-key range, whatever the table's size), so one round's
-#: cost never grows with the number of live artifacts.
-WINDOW = 10
-
-
-@dataclass(frozen=True, slots=True)
-class SweepCursor:
-    """Where the owner and orphan sweeps go on next round (last id read; 0: start over)."""
-
-    links: int = 0
-    artifacts: int = 0
-
-
-def artifacts_sweep_owner_gone(
-    *, namespace: str = "", batch: int, after: int = 0, db: str | None = None
-) -> tuple[int, int]:
-    """Soft-delete the live ephemeral artifacts whose owner no longer exists, among
-    the next window of links after id ``after``: (how many, the cursor for next time).
-
-    Owners go away through retention (jobs), or with their run (steps).
-    Owners are referenced by id, not foreign key, so their deletion does not
-    cascade here: the window's owner ids are looked up, one query per kind.
-    Durable artifacts are left alone. The cursor is 0 once the end is reached.
-    """
-    db = _db(db)
-    window = list(
-        ArtifactLink.objects.using(db)
-        .filter(namespace=namespace, id__gt=after)
-        .order_by("id")
-        .values_list("id", "owner_kind", "owner_id", "artifact_id")[: batch * WINDOW]
-    )
-    by_kind: dict[str, set[int]] = {}
-    for _, kind, owner_id, _ in window:
-        by_kind.setdefault(kind, set()).add(owner_id)
-    alive = {
-        (kind, owner_id)
-        for kind, ids in by_kind.items()
-        for owner_id in _OWNER_MODELS[kind]
-        .objects.using(db)
-        .filter(id__in=list(ids))
-        .values_list("id", flat=True)
-    }
-    gone = {artifact for _, kind, owner, artifact in window if (kind, owner) not in alive}
-    done = 0
-    if gone:
-        done = (
-            Artifact.objects.using(db)
-            .filter(id__in=list(gone), deleted_at=None, lifecycle=Lifecycle.EPHEMERAL)
-            .update(deleted_at=Now())
-        )
-    return done, (window[-1][0] if len(window) == batch * WINDOW else 0)
-
-
-def artifacts_sweep_orphans(
-    *, older_than: float, namespace: str = "", batch: int, after: int = 0, db: str | None = None
-) -> tuple[int, int]:
-    """Soft-delete the live ephemeral artifacts with no link, created more than
-    ``older_than`` seconds ago, among the next window after id ``after``:
-    (how many, the cursor for next time; 0 once the end is reached).
-
-    These are files of attempts that lost their lease or crashed before
-    linking. The cutoff must be longer than the longest write (an artifact is
-    linked only once its file is written).
-    """
-    db = _db(db)
-    window = list(
-        Artifact.objects.using(db)
-        .filter(
-            namespace=namespace,
-            deleted_at=None,
-            lifecycle=Lifecycle.EPHEMERAL,
-            created_at__lt=now_plus(-older_than),
-            id__gt=after,
-        )
-        .order_by("id")
-        .values_list("id", flat=True)[: batch * WINDOW]
-    )
-    if not window:
-        return 0, 0
-    orphans = (
-        Artifact.objects.using(db)
-        .filter(id__in=window)
-        .filter(~Exists(ArtifactLink.objects.using(db).filter(artifact_id=OuterRef("id"))))
-        .values_list("id", flat=True)
-    )
-    done = artifacts_soft_delete(list(orphans), db=db)
-    return done, (window[-1] if len(window) == batch * WINDOW else 0)
-
-
-def artifacts_purgeable(
-    *, grace: float, namespace: str = "", batch: int, db: str | None = None
-) -> list[Artifact]:
-    """One batch of artifacts soft-deleted more than ``grace`` seconds ago, oldest first."""
-    return list(
-        Artifact.objects.using(_db(db))
-        .filter(namespace=namespace, deleted_at__lt=now_plus(-grace))
-        .order_by("deleted_at", "id")[:batch]
-    )
-
-
-def artifact_purge_one(
-    artifact: Artifact,
-    *,
-    get_storage: Callable[[str], Storage] | None = None,
-    db: str | None = None,
-) -> bool:
-    """Delete a soft-deleted artifact's file, then its record (links go with it).
-
-    The file first: if the storage fails (or the alias is no longer in
-    ``STORAGES``), the record stays, still soft-deleted, and the next sweep
-    tries again. A live artifact is never purged. True when the record went.
-    """
-    if artifact.deleted_at is None:
-        return False
-    get_storage = get_storage or storages.__getitem__
-    try:
-        get_storage(artifact.storage).delete(artifact.name)
-    except Exception:
-        logger.warning(
-            "artifact %s: could not delete %r from storage %r; kept for the next sweep",
-            artifact.pk,
-            artifact.name,
-            artifact.storage,
-            exc_info=True,
-        )
-        return False
-    deleted, _ = (
-        Artifact.objects.using(_db(db)).filter(id=artifact.pk, deleted_at__isnull=False).delete()
-    )
-    return deleted > 0
-
-
-def artifacts_purge(
-    *, grace: float, namespace: str = "", batch: int, db: str | None = None
-) -> tuple[int, int]:
-    """Purge one batch of soft-deleted artifacts; (purged, kept after a storage error)."""
-    purged = failed = 0
-    for artifact in artifacts_purgeable(grace=grace, namespace=namespace, batch=batch, db=db):
-        if artifact_purge_one(artifact, db=db):
-            purged += 1
-        else:
-            failed += 1
-    return purged, failed
-
-
-def artifacts_delete_now(artifact_ids: Iterable[int], *, db: str | None = None) -> tuple[int, int]:
-    """Soft-delete, then purge at once (the admin's "delete now"): (purged, kept).
-
-    Kept records (a storage error) stay soft-deleted for the leader's purge.
-    """
-    ids = list(artifact_ids)
-    artifacts_soft_delete(ids, db=db)
-    purged = failed = 0
-    for artifact in Artifact.objects.using(_db(db)).filter(id__in=ids, deleted_at__isnull=False):
-        if artifact_purge_one(artifact, db=db):
-            purged += 1
-        else:
-            failed += 1
-    return purged, failed
-
-
-@dataclass(frozen=True, slots=True)
-class SweepCounts:
-    expired: int = 0
-    owner_gone: int = 0
-    orphans: int = 0
-    purged: int = 0
-    purge_failed: int = 0
-    #: Where the windowed sweeps go on next round (pass it back in).
-    cursor: SweepCursor = SweepCursor()
-
-    @property
-    def busy(self) -> bool:
-        return any((self.expired, self.owner_gone, self.orphans, self.purged, self.purge_failed))
-
-
-def artifacts_sweep(
-    *,
-    orphan_seconds: float,
-    purge_grace: float,
-    batch: int,
-    namespace: str = "",
-    cursor: SweepCursor | None = None,
-    db: str | None = None,
-) -> SweepCounts:
-    """One bounded round of the whole lifecycle (the leader's duty).
-
-    The expiry sweep and the purge read at most ``batch`` rows through their
-    partial indexes; the owner and orphan sweeps read one window each (see
-    ``WINDOW``), going on from ``cursor`` (the previous round's
-    ``SweepCounts.cursor``), so a big table is covered over several rounds.
-    """
-    cursor = cursor or SweepCursor()
-    expired = artifacts_sweep_expired(namespace=namespace, batch=batch, db=db)
-    gone, links = artifacts_sweep_owner_gone(
-        namespace=namespace, batch=batch, after=cursor.links, db=db
-    )
-    orphans, artifacts = artifacts_sweep_orphans(
-        older_than=orphan_seconds, namespace=namespace, batch=batch, after=cursor.artifacts, db=db
-    )
-    purged, failed = artifacts_purge(grace=purge_grace, namespace=namespace, batch=batch, db=db)
-    return SweepCounts(expired, gone, orphans, purged, failed, SweepCursor(links, artifacts))
+__all__ = [
+    "LinkSpec",
+    "SweepCounts",
+    "SweepCursor",
+    "artifact_create",
+    "artifact_finish_job",
+    "artifact_finish_step",
+    "artifact_link",
+    "artifact_purge_one",
+    "artifact_update",
+    "artifacts_delete_now",
+    "artifacts_purge",
+    "artifacts_purgeable",
+    "artifacts_soft_delete",
+    "artifacts_sweep",
+    "artifacts_sweep_expired",
+    "artifacts_sweep_orphans",
+    "artifacts_sweep_owner_gone",
+    "step_namespace",
+]
