@@ -73,6 +73,7 @@ class QueueRow:
     pending: int = 0
     #: Pending and due now: waiting for a worker (the rest are deferred).
     waiting: int = 0
+    #: Blocked: marked so, or pending behind an earlier due job of their key.
     blocked: int = 0
     running: int = 0
     succeeded: int = 0
@@ -160,12 +161,22 @@ def live_counts(namespace: str, state: str, now: datetime) -> list[Any]:
         jobs(namespace).filter(LIVE_COUNTS[JobState(state)]).order_by().values("pk")[: LIVE_CAP + 1]
     )
     due = Q(run_after__lte=now)
+    keyed_due = due & Q(partition_key__isnull=False)
     return list(
         Job.objects.using(db_alias())
         .filter(pk__in=capped)
         .order_by()
         .values("queue_name")
-        .annotate(n=Count("pk"), due=Count("pk", filter=due), oldest=Min("run_after", filter=due))
+        .annotate(
+            n=Count("pk"),
+            due=Count("pk", filter=due),
+            oldest=Min("run_after", filter=due),
+            # Due keyed jobs, and their distinct keys: all but one job per
+            # key wait behind another (blocked, whether or not a worker has
+            # marked them so yet).
+            keyed_due=Count("pk", filter=keyed_due),
+            keys_due=Count("partition_key", filter=keyed_due, distinct=True),
+        )
     )
 
 
@@ -234,9 +245,12 @@ def overview(namespace: str = "") -> Overview:
                 row(r["queue_name"]).capped = True
         for r in found:
             queue = row(r["queue_name"])
-            setattr(queue, state, r["n"])
+            setattr(queue, state, getattr(queue, state) + r["n"])
             if state == JobState.PENDING:
-                queue.waiting = r["due"]
+                behind = r["keyed_due"] - r["keys_due"]
+                queue.waiting = r["due"] - behind
+                queue.pending -= behind
+                queue.blocked += behind
                 queue.oldest_waiting = r["oldest"]
 
     minutes = [

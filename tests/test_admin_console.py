@@ -99,6 +99,18 @@ def test_overview_counts_queues_and_flags_the_unserved_one():
     assert [w.worker.pk for w in data.workers] == ["w-default"]
 
 
+@pytest.mark.django_db
+def test_keyed_jobs_behind_another_of_their_key_count_as_blocked():
+    """A worker marks them blocked only when it next looks; the operator sees it now."""
+    for n in range(3):
+        tasks.echo.using(partition_key="user:1").enqueue(n)
+    tasks.echo.using(partition_key="user:2").enqueue("x")
+    tasks.echo.enqueue("unkeyed")
+    (emails,) = [q for q in console.overview().queues if q.name == "emails"]
+    assert (emails.waiting, emails.blocked, emails.pending) == (3, 2, 3)
+    assert Job.objects.filter(state="blocked").count() == 0  # none marked yet
+
+
 @pytest.mark.django_db(transaction=True)
 def test_overview_page_renders_for_a_view_only_user(client, staff):
     make_incident()

@@ -165,6 +165,20 @@ def test_an_incident_from_the_overview_to_the_bulk_replay(
     expect(queue_cell(page, "emails", "waiting")).to_have_text("15")
     assert page.evaluate("window.__notReloaded") is True
 
+    # ... and the jobs list's rows too.
+    page.goto(f"{base}/admin/django_dispatch/job/?queue_name__exact=emails")
+    rows = page.locator("#result_list tbody tr")
+    expect(rows).to_have_count(15)
+    page.evaluate("window.__notReloaded = true")
+    newest = console_tasks.send_email.enqueue("latest@example.com")
+    expect(rows).to_have_count(16)
+    expect(rows.first).to_contain_text("waiting for a worker")
+    assert page.evaluate("window.__notReloaded") is True
+    # The refreshed rows still work with the action menu.
+    page.check(f'input[name="_selected_action"][value="{newest.id}"]')
+    expect(page.locator(".action-counter")).to_contain_text("1 of 16 selected")
+    page.goto(f"{base}/admin/django_dispatch/job/overview/")
+
     # 3. Find the failing task: failed jobs of "default", last error in the list.
     page.locator('#dispatch-queues tr[data-queue="default"] a.dispatch-bad').click()
     expect(page.locator("#result_list")).to_contain_text("LookupError: customer")

@@ -395,7 +395,7 @@ def test_cron_workflow_and_queue_controls_refuse_view_only_anonymous_and_csrf_le
     assert state() == before
     # Allowed and with the token, each acts and leaves a line in the history.
     client.force_login(operator)
-    for name, url, data in (controls[0], controls[-1], controls[4]):
+    for _name, url, data in (controls[0], controls[-1], controls[4]):
         client.post(url, data)
     messages = set(LogEntry.objects.values_list("change_message", flat=True))
     assert any(m.startswith("Run now: enqueued job #") for m in messages)

@@ -76,7 +76,13 @@
           var replacement = fresh.getElementById(el.id);
           if (replacement) el.replaceWith(document.importNode(replacement, true));
         });
-        // The admin's actions.js bound the old list's checkboxes: bind the new ones.
+        // The admin's actions.js bound the old list's checkboxes and counted
+        // them: give it the new count, then bind the new ones.
+        var counter = document.querySelector(".action-counter");
+        var freshCounter = fresh.querySelector(".action-counter");
+        if (counter && freshCounter) {
+          counter.setAttribute("data-actions-icnt", freshCounter.getAttribute("data-actions-icnt"));
+        }
         var boxes = document.querySelectorAll("#dispatch-results tr input.action-select");
         if (boxes.length && typeof window.Actions === "function") window.Actions(boxes);
         loadedAt = Date.now();
