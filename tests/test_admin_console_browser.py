@@ -165,6 +165,27 @@ def test_an_incident_from_the_overview_to_the_bulk_replay(
     expect(queue_cell(page, "emails", "waiting")).to_have_text("15")
     assert page.evaluate("window.__notReloaded") is True
 
+    # A hidden tab fetches nothing; shown again, it refreshes at once.
+    page.evaluate(
+        """() => {
+            window.__fetches = 0;
+            const fetch = window.fetch;
+            window.fetch = (...args) => { window.__fetches += 1; return fetch(...args); };
+            Object.defineProperty(document, "hidden", {value: true, configurable: true});
+            document.dispatchEvent(new Event("visibilitychange"));
+            window.__fetches = 0;
+        }"""
+    )
+    page.wait_for_timeout(3000)  # three refresh intervals
+    assert page.evaluate("window.__fetches") == 0
+    page.evaluate(
+        """() => {
+            Object.defineProperty(document, "hidden", {value: false, configurable: true});
+            document.dispatchEvent(new Event("visibilitychange"));
+        }"""
+    )
+    assert page.evaluate("window.__fetches") >= 1
+
     # ... and the jobs list's rows too.
     page.goto(f"{base}/admin/django_dispatch/job/?queue_name__exact=emails")
     rows = page.locator("#result_list tbody tr")
