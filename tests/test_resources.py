@@ -355,3 +355,29 @@ def test_drain_with_a_capacity_runs_jobs_with_needs():
     assert drain() == 0  # like a worker without --capacity
     assert drain(capacity={"memory_mb": 1000}) == 1
     assert SideEffect.objects.filter(key="drained").exists()
+
+
+def test_a_lease_written_by_the_resource_claim_equals_the_plain_claims():
+    """PostgreSQL leases the rows of a worker with capacity in raw SQL: the
+    row must come out as the plain claim's ORM/fused lease leaves it."""
+    plain = tasks.add.enqueue(1, 1)
+    (a,) = claim(None, worker_id="w1")
+    placed = tasks.add.enqueue(2, 2)
+    (b,) = claim(mem(10), worker_id="w1")
+    assert (a.id, b.id) == (int(plain.id), int(placed.id))
+    fields = [
+        "state",
+        "worker_id",
+        "lease_epoch",
+        "attempts",
+        "worker_ids",
+        "worker_lost_count",
+    ]
+    rows = {r["id"]: r for r in Job.objects.filter(id__in=[a.id, b.id]).values("id", *fields)}
+    assert {k: v for k, v in rows[a.id].items() if k != "id"} == {
+        k: v for k, v in rows[b.id].items() if k != "id"
+    }
+    job = Job.objects.get(pk=b.id)
+    assert job.started_at == job.last_attempted_at == job.heartbeat_at == b.claimed_at
+    assert 29 < (job.lease_expires_at - job.heartbeat_at).total_seconds() <= 30
+    assert b.row["lease_epoch"] == job.lease_epoch and b.row["attempts"] == job.attempts

@@ -353,7 +353,9 @@ def jobs_claim(
         if not chosen and not leased:
             return []
         now: datetime = (chosen or leased)[0]["db_now"]
-        if chosen:
+        if chosen and placement is not None and connections[db].vendor == "postgresql":
+            resources.lease_pg(db, [r["id"] for r in chosen], worker_id, lease_seconds)  # #16
+        elif chosen:
             _lease(db, chosen, worker_id, now, lease_seconds)
     claimed = sorted(leased + chosen, key=lambda r: (-r["priority"], r["run_after"], r["id"]))
     return [_claimed(row, worker_id, now, namespace) for row in claimed]
