@@ -11,6 +11,7 @@ import signal
 import time
 
 import pytest
+from django.db import connection
 
 from django_dispatch import events
 from django_dispatch.models import Job, WorkflowRun, WorkflowTask
@@ -276,6 +277,15 @@ def _waiting_runs(count: int) -> None:
         step.job_id = timer.pk
         step.wait_until = timer.run_after
     WorkflowTask.objects.bulk_update(steps[::2], ["job_id", "wait_until"])
+    _checkpoint()
+
+
+def _checkpoint() -> None:
+    """SQLite: write the fixture's changes out of the WAL now, or the checkpoint that
+    the next connection close runs is timed as part of the drain."""
+    if connection.vendor == "sqlite":
+        with connection.cursor() as cursor:
+            cursor.execute("PRAGMA wal_checkpoint(TRUNCATE)")
 
 
 def _drain_seconds(jobs: int) -> float:
@@ -295,9 +305,9 @@ def _drain_seconds(jobs: int) -> float:
 def test_ten_thousand_waiting_runs_do_not_slow_a_worker_down():
     """The same drain of 1,000 unrelated jobs (4 threads), with and without 10,000
     waiting runs (5,000 of them with a deferred timer job), in alternation so that
-    the noise of a busy machine hits both alike: best of three each, as a ratio."""
+    the noise of a busy machine hits both alike: best of two each, as a ratio."""
     without, with_waiting = [], []
-    for _ in range(3):
+    for _ in range(2):
         without.append(_drain_seconds(1000))
         _waiting_runs(10_000)
         with_waiting.append(_drain_seconds(1000))
@@ -306,5 +316,6 @@ def test_ten_thousand_waiting_runs_do_not_slow_a_worker_down():
         WorkflowTask.objects.filter(name="wait")._raw_delete("default")
         WorkflowRun.objects.filter(name=wfs.awaits.name)._raw_delete("default")
         Job.objects.filter(state=JobState.PENDING)._raw_delete("default")  # the timers
+        _checkpoint()
     ratio = min(without) / min(with_waiting)
     assert ratio >= 0.8, f"{without=} {with_waiting=} ratio={ratio:.2f}"
