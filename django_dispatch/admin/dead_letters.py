@@ -29,6 +29,7 @@ from .common import (
     BOTH,
     BigTable,
     DeleteThroughAction,
+    NamespaceColumn,
     ReadOnlyRows,
     RecentValuesFilter,
     ReplayPage,
@@ -78,12 +79,19 @@ def replay_one(request: HttpRequest, dead_letter_id: int, **corrections: Any) ->
 
 @admin.register(DeadLetter)
 class DeadLetterAdmin(
-    BulkRetryPage, SQLiteWriteLockFirst, ReadOnlyRows, DeleteThroughAction, BigTable, ReplayPage
+    NamespaceColumn,
+    BulkRetryPage,
+    SQLiteWriteLockFirst,
+    ReadOnlyRows,
+    DeleteThroughAction,
+    BigTable,
+    ReplayPage,
 ):
-    # Fits 1280 px with the sidebar open (namespace and partition key: the
-    # filters and the entry's page).
+    # Fits 1280 px with the sidebar open (partition key: the entry's page;
+    # the namespace column only with several namespaces, ``NamespaceColumn``).
     list_display = [
         "id",
+        "namespace",
         "task_path",
         "error_class",
         "short_error_message",

@@ -28,6 +28,7 @@ from .common import (
     CHANGE_FORM_TEMPLATE,
     BigTable,
     DeleteThroughAction,
+    NamespaceColumn,
     ReadOnlyRows,
     RecentValuesFilter,
     SQLiteWriteLockFirst,
@@ -54,6 +55,7 @@ DELETE_BATCH = 1000
 
 @admin.register(Job)
 class JobAdmin(
+    NamespaceColumn,
     OverviewPage,
     BulkRetryPage,
     JobColumns,
@@ -65,9 +67,10 @@ class JobAdmin(
     # Fits 1280 px with both sidebars open (tests/test_admin_console_browser.py):
     # the task cell carries the queue and partition key, the state cell a
     # deferred job's run_after; namespace and priority are filters or on the
-    # job's page.
+    # job's page. The namespace column: only with several (``NamespaceColumn``).
     list_display = [
         "id",
+        "namespace",
         "state_badge",
         "task_display",
         "tries",
