@@ -72,9 +72,7 @@ class StepContext:
         """Whether the worker stopped this attempt at the step's timeout."""
         import time
 
-        return (
-            self.deadline is not None and self.cancelled and time.monotonic() >= self.deadline
-        )
+        return self.deadline is not None and self.cancelled and time.monotonic() >= self.deadline
 
     @property
     def checkpoint(self) -> Any:
