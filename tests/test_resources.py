@@ -381,3 +381,13 @@ def test_a_lease_written_by_the_resource_claim_equals_the_plain_claims():
     assert job.started_at == job.last_attempted_at == job.heartbeat_at == b.claimed_at
     assert 29 < (job.lease_expires_at - job.heartbeat_at).total_seconds() <= 30
     assert b.row["lease_epoch"] == job.lease_epoch and b.row["attempts"] == job.attempts
+
+
+def test_processes_divide_the_hosts_capacity(settings):
+    from django_dispatch.management.commands.rundispatch import Command
+
+    options = {"capacity": "memory_mb=1001,gpu=1", "locality": None, "processes": 2}
+    assert Command._placement(options) == ({"memory_mb": 500, "gpu": 0}, "")
+    settings.DISPATCH = {"CAPACITY": {"memory_mb": 300}, "LOCALITY": "eu"}
+    options = {"capacity": None, "locality": None, "processes": 1}
+    assert Command._placement(options) == ({"memory_mb": 300}, "eu")

@@ -50,6 +50,7 @@ class JobUsageAdmin(ReadOnlyRows, admin.ModelAdmin):
         "resources",
         "worker_id",
         "host",
+        "namespace",
     ]
     list_filter = ["outcome", "namespace"]
     search_fields = ["=task_path"]
