@@ -391,3 +391,23 @@ def test_processes_divide_the_hosts_capacity(settings):
     settings.DISPATCH = {"CAPACITY": {"memory_mb": 300}, "LOCALITY": "eu"}
     options = {"capacity": None, "locality": None, "processes": 1}
     assert Command._placement(options) == ({"memory_mb": 300}, "eu")
+
+
+@pytest.mark.slow
+def test_two_idle_workers_each_take_their_own_localitys_jobs_first(start_worker):
+    for i in range(4):
+        # 0.4 s each: the second worker starts long before the first ran out
+        # of its own jobs.
+        rt.window.using(locality="eu").enqueue(f"eu-{i}", 0.4)
+        rt.window.using(locality="us").enqueue(f"us-{i}", 0.4)
+    eu = start_worker("--burst", "--concurrency", "1", "--locality", "eu")
+    us = start_worker("--burst", "--concurrency", "1", "--locality", "us")
+    assert eu.wait() == 0 and us.wait() == 0, eu.output() + us.output()
+    runs = list(SideEffect.objects.order_by("started_at"))
+    assert len(runs) == 8
+    for worker, mine in ((eu, "eu-"), (us, "us-")):
+        own = [r.key for r in runs if r.worker_pid == worker.pid]
+        # Its first job is its own locality's, and so is most of what it ran
+        # (the other takes its jobs only once its own are gone).
+        assert own[0].startswith(mine), own
+        assert sum(key.startswith(mine) for key in own) >= len(own) / 2, own
