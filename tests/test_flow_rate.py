@@ -98,3 +98,14 @@ def test_three_workers_hold_twenty_per_second_and_reach_it(start_worker):
     assert len(full) >= 5
     slow = {s: starts[s] for s in full if starts[s] < 18}
     assert not slow, f"windows below 90% of the limit: {slow} of {sorted(starts.items())}"
+
+
+def test_with_a_concurrency_key_the_rate_is_per_key():
+    for key in ("A", "B"):
+        for i in range(4):
+            flow_tasks.rated_slowly.using(concurrency_key=key).enqueue(f"{key}{i}")
+    wait_until(lambda: time.time() % 2 < 0.2, timeout=3, what="a window boundary")
+    claimed = claim()
+    per_key = Counter(Job.objects.get(pk=c.id).concurrency_key for c in claimed)
+    assert per_key == {"A": 3, "B": 3}
+    assert ConcurrencyWait.objects.count() == 2
