@@ -411,3 +411,14 @@ def test_two_idle_workers_each_take_their_own_localitys_jobs_first(start_worker)
         # (the other takes its jobs only once its own are gone).
         assert own[0].startswith(mine), own
         assert sum(key.startswith(mine) for key in own) >= len(own) / 2, own
+
+
+def test_a_job_given_up_on_holds_its_resources_until_its_code_returns(settings):
+    """Past its timeout and grace, a job's thread is given up on (its slot is
+    freed) but its code still runs: what it holds stays held until it returns."""
+    settings.DISPATCH = {"TIMEOUT_GRACE": 0.2}
+    rt.hog.enqueue("hog", 1.5)
+    rt.big.enqueue("next", 0.01)
+    drain(capacity={"memory_mb": 1000}, concurrency=2)
+    hog, after = SideEffect.objects.get(key="hog"), SideEffect.objects.get(key="next")
+    assert hog.finished_at <= after.started_at

@@ -40,6 +40,9 @@ class Slots:
         self.threads: dict[int, threading.Thread] = {}
         #: The shapes of jobs with needs pending, as last read (#16).
         self.shapes = ShapeCache(SHAPES_TTL)
+        #: Jobs given up on whose task code still runs on a retired thread:
+        #: no slot, but they still hold their resources until they return.
+        self.lingering: dict[int, RunningJob] = {}
 
     def free(self) -> int:
         with self.lock:
@@ -56,7 +59,7 @@ class Slots:
             return None
         held: dict[str, int] = {}
         with self.lock:
-            for running in self.running.values():
+            for running in [*self.running.values(), *self.lingering.values()]:
                 if running.finished is None:
                     held = minus(held, running.claimed.row.get("resources"))
         return Placement(
@@ -156,6 +159,7 @@ class JobRunner:
                 if self.slots.running.get(job_id) is running:
                     del self.slots.running[job_id]
                 self.slots.threads.pop(job_id, None)
+                self.slots.lingering.pop(job_id, None)
             self.wakeup.set()
 
     def _attempt(self, running: RunningJob) -> Outcome:

@@ -378,6 +378,8 @@ class Worker:
         with self.slots.lock:
             self.slots.running.pop(running.claimed.id, None)
             thread = self.slots.threads.get(running.claimed.id)
+            if thread is not None:  # its code still runs: it still holds its resources (#16)
+                self.slots.lingering[running.claimed.id] = running
         self.pool.retire(thread)
         self._guard(
             lambda: completer.record_timeout(

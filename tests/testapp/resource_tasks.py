@@ -68,3 +68,9 @@ def on_gpu(key):
 @task(resources="auto")
 def estimated(mb):
     return holds_memory.func(mb)
+
+
+@task(resources={"memory_mb": 600}, timeout=0.2, max_attempts=1)
+def hog(key, seconds):
+    """Overruns its timeout and ignores the request to stop."""
+    return window.func(key, seconds)
