@@ -148,3 +148,28 @@ def test_a_step_over_its_timeout_that_ignores_the_stop_is_ended_by_recycling(sta
     assert SideEffect.objects.filter(key="stuck", note="second attempt").count() == 1
     step = step_of(run, "never_returns")
     assert step.attempts == 2 and step.errors  # the lost attempt is on record
+
+
+def test_the_leaders_purge_deletes_old_acked_events_and_finished_runs():
+    from dataclasses import replace
+
+    from django_dispatch import events
+    from django_dispatch.conf import get_settings
+    from django_dispatch.models import Event
+    from django_dispatch.runtime.maintenance import Maintenance
+
+    old_run = wfs.sleeper.start({"key": "purged", "seconds": 0})
+    drain_workflows()
+    WorkflowRun.objects.filter(pk=old_run.pk).update(finished_at=now_plus(-100))
+    acked = events.publish("purge.me")
+    assert events.ack(acked)
+    Event.objects.filter(pk=acked).update(acked_at=now_plus(-100))
+    unacked = events.publish("keep.me")
+    settings = replace(get_settings(), EVENT_RETENTION=50.0, WORKFLOW_RETENTION=50.0)
+    maintenance = Maintenance("purger", settings, "default")
+    maintenance.purge()  # not the leader: nothing
+    assert Event.objects.filter(pk=acked).exists()
+    maintenance.leader = True
+    maintenance.purge()
+    assert list(Event.objects.values_list("pk", flat=True)) == [unacked]
+    assert not WorkflowRun.objects.filter(pk=old_run.pk).exists()
