@@ -27,6 +27,7 @@ PAGES = frozenset(
         "operating",
         "scheduling",
         "workflows",
+        "events",
         "artifacts",
         "testing",
         "reference",
