@@ -191,3 +191,16 @@ def test_the_raw_wave_insert_stores_what_the_orm_would():
     )
     assert raw == orm and len(raw) == 2
     assert not JobUsage.objects.filter(finished_at__isnull=True).exists()
+
+
+def test_an_attempt_measured_by_no_meter_here_still_gets_a_record():
+    """A recycled process's successor settles its predecessor's timeouts: the
+    measurements went with the old process, the record says None."""
+    from django_dispatch.runtime import completer, executor
+
+    enqueued = tasks.add.enqueue(1, 2)
+    (claimed,) = store.jobs_claim(worker_id="w", queues=(), limit=1, lease_seconds=30)
+    outcome = executor.Outcome(kind="failed", exception=ValueError("x"), errors=[])
+    assert completer.persist(claimed, outcome, give_up_after=1, signal=False)
+    (row,) = JobUsage.objects.filter(job_id=enqueued.id)
+    assert row.outcome == "failed" and row.wall_seconds is None and row.cpu_seconds is None

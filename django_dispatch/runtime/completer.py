@@ -98,8 +98,9 @@ class BatchCompleter:
             return set()
         results = [(r.claimed.lease, r.finished.return_value) for r in batch if r.finished]
         won = set(store.jobs_finish_many_if_leased(results, db=db))
-        entries = [metering.entry(r.claimed, "succeeded") for r in batch if r.claimed.id in won]
-        usage_record_many([e for e in entries if e is not None], db=db)
+        usage_record_many(
+            [metering.entry(r.claimed, "succeeded") for r in batch if r.claimed.id in won], db=db
+        )
         return won
 
     @staticmethod
@@ -143,9 +144,9 @@ def usage_outcome(outcome: Outcome) -> str | None:
 def _write_with_usage(claimed: store.ClaimedJob, outcome: Outcome) -> bool:
     """``_write``, and if it won, the attempt's usage record in the same transaction."""
     kind = usage_outcome(outcome)
-    entry = metering.entry(claimed, kind) if kind else None
-    if entry is None:  # released, or task code never began on this worker
+    if kind is None:  # released: no attempt spent, no record
         return _write(claimed, outcome)
+    entry = metering.entry(claimed, kind)
     db = store.db_alias()
     with transaction.atomic(using=db):
         won = _write(claimed, outcome)

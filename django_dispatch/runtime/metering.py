@@ -28,6 +28,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 
+from ..store.claim import ClaimedJob
 from ..store.usage import UsageEntry
 
 #: Meters of the attempts running in this process, by job id.
@@ -80,13 +81,16 @@ def forget(job_id: int, meter: Meter | None) -> None:
             del METERS[job_id]
 
 
-def entry(claimed, outcome: str) -> UsageEntry | None:  # claimed: store.ClaimedJob
-    """The record of ``claimed``'s attempt ending as ``outcome``; None if it never started."""
+def entry(claimed: ClaimedJob, outcome: str) -> UsageEntry:
+    """The record of ``claimed``'s attempt ending as ``outcome``.
+
+    Without a meter in this process (the attempt ran in the process this one
+    replaced by recycling, which settles its timeouts), what was measured is
+    lost: the record says so with None.
+    """
     with _LOCK:
         meter = METERS.get(claimed.id)
-    if meter is None:
-        return None
-    wall, cpu, rss = meter.reading()
+    wall, cpu, rss = meter.reading() if meter is not None else (None, None, None)
     row, lease = claimed.row, claimed.lease
     return UsageEntry(
         job_id=claimed.id,
