@@ -17,6 +17,7 @@ from .cron import CronEntryAdmin
 from .dead_letters import DeadLetterAdmin
 from .events import EventAdmin
 from .jobs import JobAdmin
+from .queues import QueueAdmin
 from .usage import JobUsageAdmin
 from .workers import WorkerAdmin
 from .workflows import WorkflowRunAdmin, WorkflowTaskAdmin
@@ -28,6 +29,7 @@ __all__ = [
     "EventAdmin",
     "JobAdmin",
     "JobUsageAdmin",
+    "QueueAdmin",
     "WorkerAdmin",
     "WorkflowRunAdmin",
     "WorkflowTaskAdmin",
