@@ -164,3 +164,33 @@ def start_worker(transactional_db, tmp_path) -> Iterator[Callable[..., WorkerPro
         if worker.popen.poll() is None:
             worker.popen.send_signal(signal.SIGKILL)
             worker.popen.wait()
+
+
+@pytest.fixture
+def login(client, django_user_model) -> Callable[..., object]:
+    """``login(*codenames, superuser=False, staff=True, name=None)``: create a user
+    holding exactly those ``django_dispatch`` permissions (or a superuser), log
+    the test client in as that user, and return it. Each call makes a new user."""
+    from django.contrib.auth.models import Permission
+
+    made = 0
+
+    def make(
+        *codenames: str, superuser: bool = False, staff: bool = True, name: str | None = None
+    ) -> object:
+        nonlocal made
+        made += 1
+        name = name or f"op{made}"
+        if superuser:
+            user = django_user_model.objects.create_superuser(name, f"{name}@x.test", "pw")
+        else:
+            user = django_user_model.objects.create_user(name, is_staff=staff)
+            user.user_permissions.set(
+                Permission.objects.filter(
+                    content_type__app_label="django_dispatch", codename__in=codenames
+                )
+            )
+        client.force_login(user)
+        return user
+
+    return make

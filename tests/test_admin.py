@@ -11,7 +11,6 @@ import html
 from datetime import UTC, datetime, timedelta
 
 import pytest
-from django.contrib.auth.models import Permission
 from django.db import connection, connections
 from django.test.utils import CaptureQueriesContext
 from django.urls import reverse
@@ -35,30 +34,6 @@ ALL_VIEW = ["view_job", "view_deadletter", "view_cronentry", "view_worker"]
 
 def url(model: str, view: str, *args: object) -> str:
     return reverse(f"admin:django_dispatch_{model}_{view}", args=args)
-
-
-@pytest.fixture
-def login(client, django_user_model):
-    """login(*codenames, superuser=False) -> the logged-in user."""
-    created = 0
-
-    def make(*codenames: str, superuser: bool = False):
-        nonlocal created
-        created += 1
-        name = f"op{created}"
-        if superuser:
-            user = django_user_model.objects.create_superuser(name, f"{name}@x.test", "pw")
-        else:
-            user = django_user_model.objects.create_user(name, is_staff=True)
-            user.user_permissions.set(
-                Permission.objects.filter(
-                    content_type__app_label="django_dispatch", codename__in=codenames
-                )
-            )
-        client.force_login(user)
-        return user
-
-    return make
 
 
 def run_action(client, model: str, action: str, ids, **extra):

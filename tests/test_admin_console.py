@@ -39,21 +39,9 @@ def page(response) -> str:
 
 
 @pytest.fixture
-def staff(client, django_user_model):
-    def make(*codenames: str, superuser: bool = False):
-        if superuser:
-            user = django_user_model.objects.create_superuser("boss", "b@x.test", "pw")
-        else:
-            user = django_user_model.objects.create_user("viewer", is_staff=True)
-            user.user_permissions.set(
-                Permission.objects.filter(
-                    content_type__app_label="django_dispatch", codename__in=codenames
-                )
-            )
-        client.force_login(user)
-        return user
-
-    return make
+def staff(login):
+    """The console tests' name for the suite's ``login`` fixture."""
+    return login
 
 
 def make_incident() -> dict[str, object]:

@@ -13,7 +13,6 @@ from datetime import timedelta
 
 import pytest
 from django.contrib.admin.models import LogEntry
-from django.contrib.auth.models import Permission
 from django.test import Client
 from django.urls import reverse
 from django.utils import timezone
@@ -44,21 +43,9 @@ def row_of(text: str, job_id: int | str) -> str:
 
 
 @pytest.fixture
-def user(client, django_user_model):
-    def make(*codenames: str, superuser: bool = False, name: str = "op"):
-        if superuser:
-            made = django_user_model.objects.create_superuser(name, f"{name}@x.test", "pw")
-        else:
-            made = django_user_model.objects.create_user(name, is_staff=True)
-            made.user_permissions.set(
-                Permission.objects.filter(
-                    content_type__app_label="django_dispatch", codename__in=codenames
-                )
-            )
-        client.force_login(made)
-        return made
-
-    return make
+def user(login):
+    """The console tests' name for the suite's ``login`` fixture."""
+    return login
 
 
 @pytest.mark.django_db(transaction=True)

@@ -6,7 +6,6 @@ from __future__ import annotations
 import html
 
 import pytest
-from django.contrib.auth.models import Permission
 from django.urls import reverse
 
 from django_dispatch import artifacts
@@ -31,21 +30,6 @@ def saved(settings, tmp_path):
     result = artifact_tasks.save_report.enqueue("admin")
     drain()
     return result, artifacts.find(result.id, "report.txt")
-
-
-@pytest.fixture
-def login(client, django_user_model):
-    def make(*codenames: str, staff: bool = True):
-        user = django_user_model.objects.create_user(f"u{len(codenames)}{staff}", is_staff=staff)
-        user.user_permissions.set(
-            Permission.objects.filter(
-                content_type__app_label="django_dispatch", codename__in=codenames
-            )
-        )
-        client.force_login(user)
-        return user
-
-    return make
 
 
 def download(client, artifact):

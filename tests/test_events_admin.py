@@ -5,7 +5,6 @@ from __future__ import annotations
 import html
 
 import pytest
-from django.contrib.auth.models import Permission
 from django.urls import reverse
 
 from django_dispatch import events
@@ -23,21 +22,6 @@ def url(model: str, view: str, *args: object) -> str:
 
 def page(response) -> str:
     return html.unescape(response.content.decode())
-
-
-@pytest.fixture
-def login(client, django_user_model):
-    def make(*codenames: str):
-        user = django_user_model.objects.create_user(f"op{len(codenames)}", is_staff=True)
-        user.user_permissions.set(
-            Permission.objects.filter(
-                content_type__app_label="django_dispatch", codename__in=codenames
-            )
-        )
-        client.force_login(user)
-        return user
-
-    return make
 
 
 def test_events_list_filters_by_name_key_and_acked_and_shows_the_payload(client, login):

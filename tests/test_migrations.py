@@ -13,4 +13,6 @@ def test_every_model_change_has_its_migration() -> None:
     try:
         call_command("makemigrations", "django_dispatch", "--check", "--dry-run", stdout=out)
     except SystemExit as exit:  # --check exits 1 when a migration is missing
-        raise AssertionError(f"models and migrations differ; run makemigrations:\n{out.getvalue()}") from exit
+        raise AssertionError(
+            f"models and migrations differ; run makemigrations:\n{out.getvalue()}"
+        ) from exit
