@@ -1,23 +1,19 @@
-"""The rest of the workflow store (#15): call context, run_now, parking without an
-attempt, retention. Steps run through the real worker path."""
+"""The rest of the workflow store (#15): call context, parking without an attempt,
+retention. Steps run through the real worker path. ``run_now``: tests/test_run_now.py."""
 
 from __future__ import annotations
 
 import time
 
 import pytest
-from django.db import transaction
-from django.db.models.functions import Now
 
-from django_dispatch.models import Job, Worker, WorkflowRun, WorkflowTask
+from django_dispatch.models import Job, WorkflowRun, WorkflowTask
 from django_dispatch.models.workflow import RunState, StepState
-from django_dispatch.states import JobState
 from django_dispatch.store import workflows as wf_store
 from django_dispatch.store.base import now_plus
-from django_dispatch.testing import drain
-from django_dispatch.workflows import retry_run, run_now
+from django_dispatch.workflows import retry_run
 from django_dispatch.workflows.testing import drain_workflows
-from tests.conftest import postgres_only, wait_until
+from tests.conftest import wait_until
 from tests.testapp import wait_workflows as wfs
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -73,37 +69,6 @@ def test_a_step_no_longer_defined_parks_the_run_without_counting_an_attempt():
     drain_workflows()
     run.refresh_from_db()
     assert run.state == RunState.SUCCEEDED and step_of(run, "nap").attempts == 2  # slept once
-
-
-def test_run_now_makes_a_step_in_backoff_due_at_once():
-    run = wfs.sleeper.start({"key": "now", "seconds": 0})
-    Job.objects.update(run_after=now_plus(3600))  # as if waiting out a long backoff
-    assert drain(include_retries=False) == 0  # not due
-    assert run_now(run.pk) == [step_of(run, "nap").job_id]
-    assert not Job.objects.filter(state=JobState.PENDING, run_after__gt=Now()).exists()
-    assert run_now(123456789) == []
-
-
-@postgres_only
-@pytest.mark.slow
-def test_run_now_starts_a_step_without_waiting_for_a_poll(start_worker):
-    """A worker polling once a minute takes the step at once: the NOTIFY woke it."""
-    start_worker(overrides={"POLL_INTERVAL": 60.0, "SCHEDULER_INTERVAL": 60.0})
-    wait_until(lambda: Worker.objects.exists(), timeout=60, what="the worker to start")
-    time.sleep(1.0)  # its LISTEN is up
-    with transaction.atomic():  # deferred before any worker can see it
-        run = wfs.sleeper.start({"key": "rn", "seconds": 0})
-        Job.objects.update(run_after=now_plus(3600))
-    time.sleep(0.5)
-    assert step_of(run, "nap").state == StepState.READY
-    started = time.monotonic()
-    assert run_now(run.pk)
-    wait_until(
-        lambda: WorkflowRun.objects.get(pk=run.pk).state == RunState.SUCCEEDED,
-        timeout=30,
-        what="the run to finish",
-    )
-    assert time.monotonic() - started < 30  # far below the 60 s poll
 
 
 def test_retention_purges_old_finished_runs_in_batches_and_keeps_live_ones():

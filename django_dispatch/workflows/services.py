@@ -1,6 +1,7 @@
 """Operator commands on workflow runs, each checking the state it acts on.
 
-The admin and management commands call these; none of them writes a row.
+The admin and management commands call these; none of them writes a row
+(``run_now`` runs a step, through the worker's path: see ``runtime.inline``).
 Each returns True only when this call made the change (False: the run or
 step was not in a state the action fits, e.g. already finished), except
 ``replay_run``, which raises a clear error instead.
@@ -8,8 +9,9 @@ step was not in a state the action fits, e.g. already finished), except
 
 from __future__ import annotations
 
-from django.db import router
+from django.db import connections, router
 from django.db.models import Min
+from django.db.transaction import TransactionManagementError
 
 from ..models import WorkflowRun, WorkflowTask
 from ..models.workflow import RUN_REOPENABLE, STEP_DONE, StepState
@@ -37,11 +39,41 @@ def skip_step(run_id: int, step_name: str) -> bool:
 
 
 def run_now(run_id: int) -> list[int]:
-    """Start the run's runnable steps at once: a step waiting out a retry backoff
-    is due now, and idle workers are woken without waiting for their next poll
-    (NOTIFY on PostgreSQL). Returns the step jobs' ids (empty: nothing was
-    runnable, e.g. the run waits for an event or is finished)."""
-    return wf_store.workflow_run_due_now(run_id)
+    """Run the run's next runnable step here, now, instead of waiting for a worker's poll.
+
+    The calling process claims the job of the run's first ``ready`` step
+    (in definition order; one waiting out a retry's backoff too) by id,
+    with a worker's lease, and runs it through the worker's own path (see
+    ``runtime.inline``): retries, parking, the run's advancement, durable
+    waits, usage records and timeouts are a worker's. It returns once the
+    step's outcome is committed. One step only: the steps it makes ready
+    are taken by workers (or by calling ``run_now`` again).
+
+    Returns the ids of the step jobs it ran: ``[job_id]``, or ``[]`` when
+    nothing could be claimed (the run waits for an event, a timer or a
+    child run, is stuck or finished, its next step is already claimed by a
+    worker or another ``run_now``, or its queue is paused).
+
+    Raises ``TypeError`` for a ``run_id`` that is not an int,
+    ``WorkflowRun.DoesNotExist`` for an unknown run, and
+    ``TransactionManagementError`` inside ``transaction.atomic()``: the claim
+    and the outcome are committed by this call, which the caller's
+    transaction would hold back; nothing is written in all three cases.
+    """
+    if isinstance(run_id, bool) or not isinstance(run_id, int):
+        raise TypeError(
+            f"run_now() takes a workflow run's id (an int, e.g. run.pk), got {run_id!r}."
+        )
+    if connections[db_alias()].in_atomic_block:
+        raise TransactionManagementError(
+            "run_now() cannot run inside transaction.atomic() (or ATOMIC_REQUESTS): it commits "
+            "the step's claim and outcome itself, and runs the step on a thread with its own "
+            "connection, which cannot see uncommitted rows. Call it once your transaction "
+            "has committed, e.g. transaction.on_commit(lambda: run_now(run.pk)). Nothing was run."
+        )
+    from ..runtime.inline import run_next_step  # the runtime sits beside services, not below
+
+    return run_next_step(run_id)
 
 
 def stuck_steps(run_id: int) -> list[str]:

@@ -23,9 +23,11 @@ All times come from the database clock.
 Modules: ``common`` (the run lock, the claim fence, moving a run on),
 ``runs`` (start, cancel, unpark, reopen), ``steps`` (the step job's claim
 and writes, skip), ``waits`` (durable waits: record, wake, time out),
-``sweep`` (recovering steps whose job ended), ``retention`` (the purge).
+``sweep`` (recovering steps whose job ended), ``retention`` (the purge),
+``claim_run`` (``run_now``'s claim of one run's next step job by id).
 """
 
+from .claim_run import workflow_run_claim_step
 from .common import (
     CHILD_CANCELLED_PATH,
     STEP_JOB_LOST_PATH,
@@ -35,7 +37,6 @@ from .common import (
     ancestors,
     descendants,
 )
-from .now import workflow_run_due_now
 from .retention import workflow_runs_purge
 from .runs import (
     workflow_run_cancel,
@@ -71,7 +72,7 @@ __all__ = [
     "sweep_stale_steps",
     "wake_waiting_steps",
     "workflow_run_cancel",
-    "workflow_run_due_now",
+    "workflow_run_claim_step",
     "workflow_run_insert",
     "workflow_run_reopen",
     "workflow_run_unpark",
