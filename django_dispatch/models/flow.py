@@ -11,7 +11,7 @@ from django.db import models
 
 from .job import namespace_field
 
-__all__ = ["ConcurrencyWait", "PausedQueue"]
+__all__ = ["ConcurrencyWait", "PausedQueue", "QueueWindow"]
 
 
 class PausedQueue(models.Model):
@@ -44,6 +44,11 @@ class PausedQueue(models.Model):
 class ConcurrencyWait(models.Model):
     """A concurrency group (namespace, task, key) that has jobs blocked at its cap.
 
+    A queue limited by ``DISPATCH["QUEUES"]`` is a group too: listed with
+    ``task_path`` ``""`` (no task has an empty path) and the queue's name as
+    ``concurrency_key``; its limits are read from settings when promoting,
+    the ones stored here only say what they were when it filled up.
+
     Written by the claim in the transaction that blocks the group's excess
     jobs, under the group's lock; the claim promotes blocked jobs of the
     groups listed here as running ones end, and deletes a row once its group
@@ -72,3 +77,30 @@ class ConcurrencyWait(models.Model):
 
     def __str__(self) -> str:
         return f"{self.task_path} [{self.concurrency_key}] at its cap"
+
+
+class QueueWindow(models.Model):
+    """Starts of a rate-limited queue (``DISPATCH["QUEUES"]``) in its current window.
+
+    A counter rather than a count of job rows: the jobs of a queue have no
+    index by start time, and adding one would charge every claim of every
+    site. It is exact because only the claim's gate admits a limited
+    queue's jobs, under the queue's lock, and it adds its admissions here in
+    the claim's own transaction (so a rolled-back claim counts nothing). A
+    row whose ``window_start`` is not the current window's holds no start of
+    it: the next admission resets it.
+    """
+
+    namespace = namespace_field()
+    queue_name = models.CharField(max_length=100)
+    window_start = models.DateTimeField()
+    starts = models.PositiveIntegerField(default=0)
+
+    class Meta:
+        app_label = "django_dispatch"
+        constraints = [
+            models.UniqueConstraint("namespace", "queue_name", name="dispatch_queue_window"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.queue_name}: {self.starts} starts since {self.window_start}"

@@ -86,6 +86,12 @@ class Job(models.Model):
     #: ``@task(partition_retry="yield")`` (#17): while this keyed job waits
     #: for a retry, it is not its partition's head and lets the next job pass.
     partition_yield = models.BooleanField(default=False, db_default=False)
+    #: The queue whose ``DISPATCH["QUEUES"]`` limits set this job aside
+    #: (#17): written by the claim's gate when it blocks the job, kept after
+    #: its promotion, so that a limited queue's blocked and promoted jobs
+    #: are found by index (``dispatch_job_queue_flow``). NULL for every
+    #: other job: the queue's limits themselves are read from settings.
+    flow_queue = models.CharField(max_length=100, null=True, blank=True)
 
     attempts = models.PositiveIntegerField(default=0, help_text="Attempts started.")
     max_attempts = models.PositiveIntegerField(default=1)
@@ -212,6 +218,18 @@ class Job(models.Model):
                 "last_attempted_at",
                 name="dispatch_job_rate_starts",
                 condition=Q(rate_limit__isnull=False),
+            ),
+            # Queue-level limits (#17): the jobs a limited queue set aside
+            # (blocked) or promoted and not yet claimed (pending), by age.
+            models.Index(
+                "namespace",
+                "flow_queue",
+                "state",
+                "id",
+                name="dispatch_job_queue_flow",
+                condition=Q(
+                    flow_queue__isnull=False, state__in=[JobState.PENDING, JobState.BLOCKED]
+                ),
             ),
             # Retention: finished jobs by state and age. Partial on terminal
             # states, so it never competes with the claim index.
