@@ -361,3 +361,60 @@ def check_artifact_storage(app_configs: Any = None, **kwargs: Any) -> list[check
             id="django_dispatch.E050",
         )
     ]
+
+
+@checks.register()
+def check_queue_limits(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:
+    """``DISPATCH["QUEUES"]`` (#17): a dict of queue name -> ``{"concurrency": N,
+    "rate_limit": "N/unit"}`` for queues a DispatchBackend allows.
+
+    Not to be confused with ``TASKS[alias]["QUEUES"]``, Django's list of
+    allowed names: a limit on a queue no backend allows would limit nothing,
+    so it is reported rather than ignored.
+    """
+    from .enqueue import backend_for, dispatch_aliases
+    from .flow_options import queue_limit_problems
+
+    raw = getattr(settings, "DISPATCH", None) or {}
+    if not isinstance(raw, dict) or "QUEUES" not in raw:
+        return []
+    see = f"See {docs_url('settings', 'queue-limits')}"
+    queues = raw["QUEUES"]
+    if not isinstance(queues, dict):
+        return [
+            checks.Error(
+                f"DISPATCH['QUEUES'] must be a dict of queue name -> limits, such as "
+                f"{{'emails': {{'rate_limit': '10/s', 'concurrency': 5}}}}, got "
+                f"{type(queues).__name__} {queues!r}. (The list of allowed queue names "
+                "is TASKS[alias]['QUEUES'], a different setting.)",
+                hint=see,
+                id="django_dispatch.E060",
+            )
+        ]
+    messages: list[checks.CheckMessage] = [
+        checks.Error(message, hint=see, id=f"django_dispatch.{check_id}")
+        for name, spec in queues.items()
+        for check_id, message in queue_limit_problems(name, spec)
+    ]
+    allowed: set[str] = set()
+    any_name = False
+    for alias in dispatch_aliases():
+        backend = backend_for(alias)
+        names = getattr(backend, "queues", None)
+        if not names:
+            any_name = True
+        else:
+            allowed |= set(names)
+    if not any_name:
+        for name in sorted((n for n in queues if isinstance(n, str)), key=str):
+            if name not in allowed:
+                messages.append(
+                    checks.Error(
+                        f"DISPATCH['QUEUES'] has limits for queue {name!r}, which no "
+                        f"DispatchBackend allows (TASKS[...]['QUEUES']: {sorted(allowed)}); "
+                        f"they would limit nothing.{did_you_mean(name, allowed)}",
+                        hint=f"Add {name!r} to TASKS[alias]['QUEUES'] or fix the name. {see}",
+                        id="django_dispatch.E064",
+                    )
+                )
+    return messages

@@ -108,6 +108,10 @@ class DispatchSettings:
     ARTIFACT_ORPHAN_SECONDS: float = DAY
     #: Seconds a soft-deleted artifact is kept before its file and record are purged.
     ARTIFACT_PURGE_GRACE: float = DAY
+    #: Queue-level limits (#17): ``{queue: {"concurrency": N, "rate_limit": "N/unit"}}``,
+    #: per namespace, read by every claim (``flow_options.queue_limits``). Not
+    #: ``TASKS[alias]["QUEUES"]``, Django's list of allowed queue names.
+    QUEUES: dict[str, Any] = field(default_factory=dict)
 
     @staticmethod
     def _validate_mapping(name: str, value: Any) -> list[str]:
@@ -138,6 +142,8 @@ class DispatchSettings:
         for f in fields(self):
             value = getattr(self, f.name)
             if f.name in ("CAPACITY", "LOCALITY"):  # #16: checked below
+                continue
+            if f.name == "QUEUES":  # #17: checked by checks.check_queue_limits
                 continue
             if f.name in ("JOB_RETENTION", "CRON"):
                 problems += self._validate_mapping(f.name, value)

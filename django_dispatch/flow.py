@@ -17,9 +17,11 @@ from django.db.models import Count
 
 from . import store
 from .enqueue import backend_for, namespace_for
+from .flow_options import queue_limits
 from .models import ConcurrencyWait, Job, PausedQueue
 from .states import JobState
 from .store import flow as flow_store
+from .store.base import db_now
 
 __all__ = [
     "GroupAtCap",
@@ -95,8 +97,22 @@ class QueueOverview:
     pending: int = 0
     blocked: int = 0
     running: int = 0
-    #: Limits from ``DISPATCH["QUEUES"]`` and how close the queue is to them.
+    #: Limits from ``DISPATCH["QUEUES"]`` and how close the queue is to them:
+    #: ``concurrency`` (the cap on ``running``), ``rate_limit`` (``"N/Ks"``)
+    #: and ``starts`` (in the current window); empty for a queue without limits.
     limits: dict[str, object] = field(default_factory=dict)
+
+    @property
+    def concurrency(self) -> object:
+        return self.limits.get("concurrency")
+
+    @property
+    def rate_limit(self) -> object:
+        return self.limits.get("rate_limit")
+
+    @property
+    def starts(self) -> object:
+        return self.limits.get("starts")
 
 
 def queue_overview(*, backend: str | None = None) -> list[QueueOverview]:
@@ -104,7 +120,8 @@ def queue_overview(*, backend: str | None = None) -> list[QueueOverview]:
     the admin's queue page and the console.
 
     Two bounded queries: live jobs counted per queue and state (over the
-    partial indexes of live jobs), and the paused rows.
+    partial indexes of live jobs), and the paused rows; with rate-limited
+    queues (``DISPATCH["QUEUES"]``), their window counters too.
     """
     db = store.db_alias()
     namespace = _namespace(backend)
@@ -125,6 +142,16 @@ def queue_overview(*, backend: str | None = None) -> list[QueueOverview]:
     for paused in PausedQueue.objects.using(db).filter(namespace=namespace):
         queue = queues.setdefault(paused.queue_name, QueueOverview(paused.queue_name))
         queue.paused, queue.paused_at = True, paused.paused_at
+    limits = queue_limits()
+    periods = {q: lim.rate_period for q, lim in limits.items() if lim.rate_period is not None}
+    starts = flow_store.queue_starts(db, namespace, periods, db_now(db)) if periods else {}
+    for name, limit in limits.items():
+        queue = queues.setdefault(name, QueueOverview(name))
+        if limit.concurrency is not None:
+            queue.limits["concurrency"] = limit.concurrency
+        if limit.rate is not None:
+            queue.limits["rate_limit"] = limit.rate
+            queue.limits["starts"] = starts.get(name, 0)
     return sorted(queues.values(), key=lambda q: q.name)
 
 
@@ -152,8 +179,11 @@ def groups_at_cap(*, backend: str | None = None, limit: int = 100) -> list[Group
     """
     db = store.db_alias()
     namespace = _namespace(backend)
-    waits = list(
-        ConcurrencyWait.objects.using(db).filter(namespace=namespace).order_by("since")[:limit]
+    waits = list(  # queue groups are shown with their queue (``queue_overview``)
+        ConcurrencyWait.objects.using(db)
+        .filter(namespace=namespace)
+        .exclude(task_path=flow_store.QUEUE_GROUP)
+        .order_by("since")[:limit]
     )
     if not waits:
         return []

@@ -10,7 +10,11 @@ needs no task import; a task without a limit adds no column value at all
 from __future__ import annotations
 
 import re
+from dataclasses import dataclass
 from typing import Any
+
+from django.core.signals import setting_changed
+from django.dispatch import receiver
 
 from .compat import InvalidTask, Task
 
@@ -55,6 +59,7 @@ def check_concurrency(task: Task) -> None:
             parse_rate(rate)
         except ValueError as e:
             raise InvalidTask(str(e)) from e
+    check_queue_of(task)
     if limit is None and rate is None:
         if key is not None:
             raise InvalidTask(
@@ -114,3 +119,153 @@ def concurrency_columns(task: Task) -> dict[str, Any]:
     if rate is not None:
         columns["rate_limit"], columns["rate_period"] = parse_rate(rate)
     return columns
+
+
+# --- queue-level limits: DISPATCH["QUEUES"] ----------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class QueueLimit:
+    """One queue's limits from ``DISPATCH["QUEUES"]`` (None: no such cap)."""
+
+    concurrency: int | None = None
+    rate_limit: int | None = None
+    rate_period: int | None = None
+
+    @property
+    def rate(self) -> str | None:
+        """The rate as the user wrote it, normalised (``"10/1s"``)."""
+        return None if self.rate_limit is None else f"{self.rate_limit}/{self.rate_period}s"
+
+
+#: The keys a queue's dict may hold.
+QUEUE_LIMIT_KEYS = ("concurrency", "rate_limit")
+
+
+def queue_limit_problems(name: object, spec: object) -> list[tuple[str, str]]:
+    """What is wrong with one ``DISPATCH["QUEUES"]`` entry: ``(check id, message)`` pairs.
+
+    Shared by the system checks (``checks.check_queue_limits``) and
+    ``queue_limits``, which leaves a bad entry out rather than guess.
+    """
+    from .conf import did_you_mean
+
+    where = f"DISPATCH['QUEUES'][{name!r}]"
+    if not isinstance(name, str) or not name or len(name) > 100:
+        return [
+            (
+                "E060",
+                f"DISPATCH['QUEUES'] has key {name!r}; a queue name is a non-empty "
+                "string of at most 100 characters.",
+            )
+        ]
+    if not isinstance(spec, dict):
+        return [
+            (
+                "E060",
+                f"{where} must be a dict such as {{'concurrency': 5, 'rate_limit': "
+                f"'10/s'}}, got {type(spec).__name__} {spec!r}.",
+            )
+        ]
+    problems = [
+        (
+            "E061",
+            f"{where} has an unknown key {key!r}.{did_you_mean(key, QUEUE_LIMIT_KEYS)} "
+            f"A queue's limits are {' and '.join(map(repr, QUEUE_LIMIT_KEYS))}.",
+        )
+        for key in sorted(set(spec) - set(QUEUE_LIMIT_KEYS), key=str)
+    ]
+    if "rate_limit" in spec:
+        try:
+            parse_rate(spec["rate_limit"])
+        except ValueError as e:
+            problems.append(("E062", f"{where}: {e}"))
+    if "concurrency" in spec:
+        value = spec["concurrency"]
+        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+            problems.append(
+                (
+                    "E063",
+                    f"{where}: 'concurrency' must be a whole number of at least 1 (jobs of "
+                    f"the queue running at once), got {value!r}. Leave the key out for no cap.",
+                )
+            )
+    return problems
+
+
+_queue_limits: dict[str, QueueLimit] | None = None
+
+
+def queue_limits() -> dict[str, QueueLimit]:
+    """The valid entries of ``DISPATCH["QUEUES"]`` that limit something, parsed.
+
+    Read on every claim and enqueue, so kept until Django reports a change
+    of ``DISPATCH`` (an empty dict on a site without queue limits: the
+    claim then runs exactly as before). Entries the system checks reject
+    are left out (the checks stop ``rundispatch`` from starting anyway).
+    """
+    global _queue_limits
+    limits = _queue_limits
+    if limits is None:
+        from django.conf import settings
+
+        raw = getattr(settings, "DISPATCH", None) or {}
+        queues = raw.get("QUEUES") if isinstance(raw, dict) else None
+        limits = {}
+        for name, spec in (queues or {}).items() if isinstance(queues, dict) else ():
+            if queue_limit_problems(name, spec):
+                continue
+            rate, period = parse_rate(spec["rate_limit"]) if "rate_limit" in spec else (None, None)
+            if spec.get("concurrency") is not None or rate is not None:
+                limits[name] = QueueLimit(spec.get("concurrency"), rate, period)
+        _queue_limits = limits
+    return limits
+
+
+@receiver(setting_changed)
+def _forget_queue_limits(*, setting: str, **kwargs: Any) -> None:
+    """A new ``DISPATCH`` (tests' ``override_settings``): read the limits again, and
+    forget the backends' enqueue plans, whose validation (``check_queue_of``)
+    depended on them."""
+    global _queue_limits
+    if setting != "DISPATCH":
+        return
+    _queue_limits = None
+    from django.conf import settings
+
+    from .enqueue import backend_for
+
+    for alias in getattr(settings, "TASKS", None) or {}:
+        backend = backend_for(alias)
+        if backend is not None:
+            backend._plans.clear()
+
+
+def check_queue_of(task: Task) -> None:
+    """InvalidTask for a job that a limited queue could not govern alone.
+
+    A job in a queue with ``DISPATCH["QUEUES"]`` limits is admitted by the
+    queue's gate; one job under two gates (its task's limits and its
+    queue's) could be blocked by one and promoted by the other over and
+    over, so the combination is refused: give such a task a queue of its
+    own. Partition keys (their own blocking and promotion) and resource
+    needs (their own claim) are refused for the same reason.
+    """
+    limits = queue_limits()
+    if not limits or task.queue_name not in limits:
+        return
+    what = None
+    if getattr(task, "concurrency_limit", None) is not None:
+        what = "a concurrency_limit"
+    elif getattr(task, "rate_limit", None) is not None:
+        what = "a rate_limit"
+    elif getattr(task, "partition_key", None) is not None:
+        what = "a partition_key"
+    elif getattr(task, "resources", None):
+        what = "resources"
+    if what is not None:
+        raise InvalidTask(
+            f"queue {task.queue_name!r} has limits in DISPATCH['QUEUES'], and a job of it "
+            f"cannot also have {what} ({task.module_path}): its queue's limits would be "
+            "a second gate on it. Enqueue it to a queue without limits, or drop one of them."
+        )

@@ -20,6 +20,7 @@ from django.db import connections, transaction
 from django.db.models import F, Value
 from django.db.models.functions import Coalesce, Now
 
+from ..flow_options import queue_limits
 from ..models import Job
 from ..sql import JSONAppend
 from ..states import JobState
@@ -172,7 +173,7 @@ WITH candidates AS MATERIALIZED (
         worker_ids = COALESCE(j.worker_ids, '[]'::jsonb) || jsonb_build_array(%(worker_id)s::text)
     FROM (
         SELECT id, db_now FROM candidates WHERE partition_key IS NULL AND concurrency_key IS NULL
-        ORDER BY priority DESC, run_after, id LIMIT %(lease)s
+        {lease_filters} ORDER BY priority DESC, run_after, id LIMIT %(lease)s
     ) AS c
     WHERE j.id = c.id
     RETURNING j.id
@@ -195,11 +196,19 @@ _JSON_FIELDS = (
 
 
 def claim_sql(
-    *, queues: bool, exclude: bool, db: str | None = None, namespace: str = "", paused: bool = False
+    *,
+    queues: bool,
+    exclude: bool,
+    db: str | None = None,
+    namespace: str = "",
+    paused: bool = False,
+    limited: bool = False,
 ) -> str:
     """``_CLAIM_SQL`` with the filters in use (named parameters, see ``_claim_pg``),
     for database ``db`` (default: the job table's) and ``namespace`` (a literal:
-    ``namespace_literal``)."""
+    ``namespace_literal``). ``limited``: some queues have ``DISPATCH["QUEUES"]``
+    limits, and the statement leases none of their rows (``flow.ConcurrencyGate``
+    admits them)."""
     connection = connections[db or db_alias()]
     filters = ""
     if queues:
@@ -209,7 +218,10 @@ def claim_sql(
     if paused:
         filters += flow.PAUSED_FILTER_SQL
     return job_sql(connection, _CLAIM_SQL).format(
-        fields=", ".join(CLAIM_FIELDS), filters=filters, namespace=namespace_literal(namespace)
+        fields=", ".join(CLAIM_FIELDS),
+        filters=filters,
+        namespace=namespace_literal(namespace),
+        lease_filters=flow.LIMITED_FILTER_SQL if limited else "",
     )
 
 
@@ -224,10 +236,16 @@ def _claim_pg(
     lease_seconds: float,
     namespace: str = "",
     paused: Sequence[str] = (),
+    limited: Sequence[str] = (),
 ) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     """Run ``_CLAIM_SQL``: (rows it leased, rows it only locked)."""
     sql = claim_sql(
-        queues=bool(queues), exclude=bool(exclude), db=db, namespace=namespace, paused=bool(paused)
+        queues=bool(queues),
+        exclude=bool(exclude),
+        db=db,
+        namespace=namespace,
+        paused=bool(paused),
+        limited=bool(limited),
     )
     params: dict[str, Any] = {
         "window": window,
@@ -237,6 +255,7 @@ def _claim_pg(
         "queues": list(queues),
         "exclude": list(exclude),
         "paused": list(paused),
+        "limited": list(limited),
     }
     with connections[db].cursor() as cursor:
         cursor.execute(sql, params)
@@ -290,6 +309,7 @@ def jobs_claim(
             return []  # every queue this worker serves is paused
         if waiting:  # concurrency groups with blocked jobs: free slots refill first
             flow.concurrency_promote(db, namespace)
+        limits = queue_limits()  # DISPATCH["QUEUES"] (cached; {} on most sites)
         gate: flow.ConcurrencyGate | None = None  # made when a limited job shows up
         leased: list[dict[str, Any]] = []  # leased by _CLAIM_SQL already
         chosen: list[dict[str, Any]] = []  # runnable, lease still to write
@@ -314,6 +334,7 @@ def jobs_claim(
                     lease_seconds=lease_seconds,
                     namespace=namespace,
                     paused=paused,
+                    limited=sorted(limits),
                 )
                 leased += took
                 free -= len(took)
@@ -335,8 +356,8 @@ def jobs_claim(
                     )
                 )
             runnable, demoted = _sort_out_partitions(db, rows, chosen, passed, namespace)
-            if any(r["concurrency_key"] is not None for r in runnable):
-                gate = gate or flow.ConcurrencyGate(db, namespace)
+            if any(r["concurrency_key"] is not None or r["queue_name"] in limits for r in runnable):
+                gate = gate or flow.ConcurrencyGate(db, namespace, limits)
                 runnable, skipped, capped = gate.sort(runnable, free)
                 passed += skipped
                 demoted += capped

@@ -30,13 +30,16 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime
 from typing import Any
 
 from django.db import IntegrityError, connections, transaction
+from django.db.models import Count, F, Q
+from django.db.models.functions import Now
 
-from ..models.flow import PausedQueue
+from ..flow_options import QueueLimit, queue_limits
+from ..models.flow import PausedQueue, QueueWindow
 from .base import db_now, job_sql, notify_channel
 from .enqueue import CallChunk, JobSpec, jobs_insert
 
@@ -231,6 +234,22 @@ def jobs_insert_limited(
 # Cost when unused: the claim asks the per-process flow cache whether any
 # group waits (refreshed once per poll interval, like the paused set); no
 # limited job in a claim's rows means no gate at all.
+#
+# Queue groups (``DISPATCH["QUEUES"]``): every job of a limited queue that
+# has no limit, partition key or resource need of its own (those are
+# refused at enqueue, ``flow_options.check_queue_of``) belongs to its
+# queue's group, ``("", queue_name)`` (no task path is empty). Membership
+# and limits are read from settings at claim time, not stamped on the row:
+# a deploy that changes a queue's limits applies them at the next claim of
+# each worker, to jobs already enqueued too, and a deploy that removes them
+# lets the queue's blocked jobs go (promotion finds no limit). The same
+# lock, count-after-lock, block and promote steps apply, with the queue's
+# own counts: running jobs of the queue (over the running jobs' index
+# ``dispatch_job_lease``), starts in the window from the ``QueueWindow``
+# counter the gate keeps under the lock, and the jobs it set aside or
+# promoted through ``Job.flow_queue`` (index ``dispatch_job_queue_flow``).
+# The fused PostgreSQL claim leaves the limited queues' rows to the gate
+# (``LIMITED_FILTER_SQL``, added only when some queue has limits).
 
 #: The first key of the group locks (``pg_try_advisory_xact_lock(int, int)``),
 #: apart from the partition locks' ``LOCK_CLASS``.
@@ -255,7 +274,16 @@ WHERE namespace = %s AND rate_limit IS NOT NULL AND ({groups})
 GROUP BY task_path, concurrency_key
 """
 
-Group = tuple[str, str]  # (task_path, concurrency_key)
+Group = tuple[str, str]  # (task_path, concurrency_key); ("", queue) for a queue group
+
+#: The task path of a queue group, in ``Group`` and in ``ConcurrencyWait``.
+QUEUE_GROUP = ""
+#: Blocked jobs of a queue whose limits were removed, promoted per claim:
+#: bounds the claim's transaction (the next claims go on).
+PROMOTE_BUDGET = 1000
+
+#: The fused claim's lease leaves rows of limited queues to the gate.
+LIMITED_FILTER_SQL = " AND NOT (queue_name = ANY(%(limited)s))"
 
 
 def _try_lock_groups(db: str, groups: set[Group]) -> set[Group]:
@@ -314,11 +342,15 @@ class ConcurrencyGate:
     claims never make one.
     """
 
-    def __init__(self, db: str, namespace: str) -> None:
+    def __init__(
+        self, db: str, namespace: str, queues: dict[str, QueueLimit] | None = None
+    ) -> None:
         self.db, self.namespace = db, namespace
+        self.queues = queues or {}  # limited queues (``flow_options.queue_limits``)
         self.locked: set[Group] = set()
         self.busy: set[Group] = set()  # locked by another claimer: skip this time
         self.room: dict[Group, int] = {}  # slots left to admit in this claim
+        self.now: datetime | None = None  # the claim's database clock, for queue windows
 
     def sort(
         self, rows: list[dict[str, Any]], free: int
@@ -331,40 +363,102 @@ class ConcurrencyGate:
         holds is passed. Rows after the ``free``-th admitted one are returned
         unchecked at the end of the admitted list (the caller passes them).
         """
-        first = {_group(r): r for r in reversed(rows) if r.get("concurrency_key") is not None}
+        first: dict[Group, dict[str, Any]] = {}
+        for r in reversed(rows):
+            if (g := self.group_of(r)) is not None:
+                first[g] = r
         fresh = set(first) - self.locked - self.busy
         if fresh:
             got = _try_lock_groups(self.db, fresh)
             self.busy |= fresh - got
-            capped = {g for g in got if first[g]["concurrency_limit"] is not None}
-            rated = {g: first[g]["rate_period"] for g in got if first[g]["rate_limit"] is not None}
+            tasks = {g for g in got if g[0] != QUEUE_GROUP}
+            capped = {g for g in tasks if first[g]["concurrency_limit"] is not None}
+            rated = {
+                g: first[g]["rate_period"] for g in tasks if first[g]["rate_limit"] is not None
+            }
             running = _running(self.db, self.namespace, capped)
             starts = starts_in_window(self.db, self.namespace, rated)
             self.locked |= got
-            for group in got:
-                row, room = first[group], 1 << 30
+            for task in tasks:
+                row, room = first[task], 1 << 30
                 if row["concurrency_limit"] is not None:
-                    room = row["concurrency_limit"] - running.get(group, 0)
+                    room = row["concurrency_limit"] - running.get(task, 0)
                 if row["rate_limit"] is not None:
-                    room = min(room, row["rate_limit"] - starts.get(group, 0))
-                self.room[group] = room
+                    room = min(room, row["rate_limit"] - starts.get(task, 0))
+                self.room[task] = room
+            queues = {g[1] for g in got - tasks}
+            if queues:
+                self.now = self.now or first[(QUEUE_GROUP, min(queues))].get("db_now")
+                self.room.update(self._queue_room(queues))
         admitted: list[dict[str, Any]] = []
         passed: list[int] = []
         over: list[dict[str, Any]] = []
         rest: list[dict[str, Any]] = []
+        started: dict[str, int] = {}  # admissions per rate-limited queue
         for row in rows:
+            group = self.group_of(row) if len(admitted) < free else None
             if len(admitted) >= free:
                 rest.append(row)
-            elif row.get("concurrency_key") is None:
+            elif group is None:
                 admitted.append(row)
-            elif (group := _group(row)) in self.busy:
+            elif group in self.busy:
                 passed.append(row["id"])
             elif self.room[group] > 0:
                 self.room[group] -= 1
                 admitted.append(row)
+                if group[0] == QUEUE_GROUP and self.queues[group[1]].rate_limit is not None:
+                    started[group[1]] = started.get(group[1], 0) + 1
             else:
                 over.append(row)
+        self._count_starts(started)
         return admitted + rest, passed, self._block(over)
+
+    def group_of(self, row: dict[str, Any]) -> Group | None:
+        """The group whose limits gate ``row``, or None (admitted freely)."""
+        if row.get("concurrency_key") is not None:
+            return _group(row)
+        if (
+            row["queue_name"] in self.queues
+            and row.get("partition_key") is None
+            and not row.get("resources")
+        ):
+            return (QUEUE_GROUP, row["queue_name"])
+        return None
+
+    def _queue_room(self, queues: set[str]) -> dict[Group, int]:
+        """Slots left per locked queue group: its caps minus its running jobs and
+        its starts in the current window (read after the lock was granted)."""
+        limits = {q: self.queues[q] for q in queues}
+        capped = {q for q, lim in limits.items() if lim.concurrency is not None}
+        running = queue_running(self.db, self.namespace, capped)
+        rated = {q: lim.rate_period for q, lim in limits.items() if lim.rate_period is not None}
+        starts: dict[str, int] = {}
+        if rated:
+            self.now = self.now or db_now(self.db)
+            starts = queue_starts(self.db, self.namespace, rated, self.now)
+        room: dict[Group, int] = {}
+        for q, lim in limits.items():
+            left = 1 << 30
+            if lim.concurrency is not None:
+                left = lim.concurrency - running.get(q, 0)
+            if lim.rate_limit is not None:
+                left = min(left, lim.rate_limit - starts.get(q, 0))
+            room[(QUEUE_GROUP, q)] = left
+        return room
+
+    def _count_starts(self, started: dict[str, int]) -> None:
+        """Add this claim's admissions to the queues' window counters (under their locks)."""
+        for q, n in started.items():
+            period = self.queues[q].rate_period
+            assert period is not None and self.now is not None
+            since = window_start(self.now, period)
+            rows = QueueWindow.objects.using(self.db).filter(namespace=self.namespace, queue_name=q)
+            if rows.filter(window_start=since).update(starts=F("starts") + n):
+                continue
+            if not rows.update(window_start=since, starts=n):
+                QueueWindow.objects.using(self.db).create(
+                    namespace=self.namespace, queue_name=q, window_start=since, starts=n
+                )
 
     def _block(self, rows: list[dict[str, Any]]) -> int:
         """Block capped jobs (pending -> blocked) and list their groups as waiting."""
@@ -373,22 +467,39 @@ class ConcurrencyGate:
         from ..models import ConcurrencyWait, Job
         from ..states import JobState
 
-        blocked = (
-            Job.objects.using(self.db)
-            .filter(id__in=[r["id"] for r in rows], state=JobState.PENDING)
-            .update(state=JobState.BLOCKED)
-        )
-        waits = {
-            _group(r): ConcurrencyWait(
-                namespace=self.namespace,
-                task_path=r["task_path"],
-                concurrency_key=r["concurrency_key"] or "",
-                limit=r["concurrency_limit"],
-                rate_limit=r["rate_limit"],
-                rate_period=r["rate_period"],
+        pending = Job.objects.using(self.db).filter(state=JobState.PENDING)
+        tasks = [r["id"] for r in rows if r.get("concurrency_key") is not None]
+        queues = [r["id"] for r in rows if r.get("concurrency_key") is None]
+        blocked = 0
+        if tasks:
+            blocked += pending.filter(id__in=tasks).update(state=JobState.BLOCKED)
+        if queues:  # marked with their queue: found again by dispatch_job_queue_flow
+            blocked += pending.filter(id__in=queues).update(
+                state=JobState.BLOCKED, flow_queue=F("queue_name")
             )
-            for r in rows
-        }
+        waits: dict[Group, ConcurrencyWait] = {}
+        for r in rows:
+            if (group := self.group_of(r)) is None:  # pragma: no cover - only grouped rows
+                continue
+            if group[0] == QUEUE_GROUP:
+                limit = self.queues[group[1]]
+                waits[group] = ConcurrencyWait(
+                    namespace=self.namespace,
+                    task_path=QUEUE_GROUP,
+                    concurrency_key=group[1],
+                    limit=limit.concurrency,
+                    rate_limit=limit.rate_limit,
+                    rate_period=limit.rate_period,
+                )
+            else:
+                waits[group] = ConcurrencyWait(
+                    namespace=self.namespace,
+                    task_path=r["task_path"],
+                    concurrency_key=r["concurrency_key"] or "",
+                    limit=r["concurrency_limit"],
+                    rate_limit=r["rate_limit"],
+                    rate_period=r["rate_period"],
+                )
         ConcurrencyWait.objects.using(self.db).bulk_create(
             list(waits.values()), ignore_conflicts=True
         )
@@ -424,7 +535,7 @@ WITH w AS (
               AND p.concurrency_key = w.concurrency_key AND p.state = {pending}
         ), 1 << 30)
     ) AS room
-    FROM {waits} w WHERE w.namespace = %(ns)s
+    FROM {waits} w WHERE w.namespace = %(ns)s AND w.task_path <> ''
 ), promoted AS (
     UPDATE {job} SET state = {pending}
     WHERE state = {blocked} AND id IN (
@@ -443,7 +554,7 @@ SELECT count(*) FROM promoted
 #: Groups listed as waiting with no blocked job left (candidates for deletion).
 _EMPTY_WAITS_SQL = """
 SELECT w.task_path, w.concurrency_key FROM {waits} w
-WHERE w.namespace = %s AND NOT EXISTS (
+WHERE w.namespace = %s AND w.task_path <> '' AND NOT EXISTS (
     SELECT 1 FROM {job} j
     WHERE j.namespace = w.namespace AND j.task_path = w.task_path
       AND j.concurrency_key = w.concurrency_key AND j.concurrency_key IS NOT NULL
@@ -475,17 +586,118 @@ def concurrency_promote(db: str, namespace: str) -> int:
         empty_sql = job_sql(connection, _EMPTY_WAITS_SQL).format(waits=waits_table)
         cursor.execute(empty_sql, [namespace])
         empty = {(t, k) for t, k in cursor.fetchall()}
-        if empty:
-            locked = _try_lock_groups(db, empty)
+    queue_waits = list(
+        ConcurrencyWait.objects.using(db)
+        .filter(namespace=namespace, task_path=QUEUE_GROUP)
+        .values_list("concurrency_key", flat=True)
+    )
+    if queue_waits:
+        more, queues_empty = _promote_queues(db, namespace, queue_waits)
+        promoted += more
+        empty |= {(QUEUE_GROUP, q) for q in queues_empty}
+    if empty:
+        locked = _try_lock_groups(db, empty)
+        with connection.cursor() as cursor:
             cursor.execute(empty_sql, [namespace])  # again, after the locks
-            still = {(t, k) for t, k in cursor.fetchall()} & locked
-            for t, k in still:
-                ConcurrencyWait.objects.using(db).filter(
-                    namespace=namespace, task_path=t, concurrency_key=k
-                ).delete()
-            if not ConcurrencyWait.objects.using(db).filter(namespace=namespace).exists():
-                _note_waits(db, namespace, waiting=False)  # claims stop promoting at once
+            still = {(t, k) for t, k in cursor.fetchall()}
+        still |= {
+            (t, q) for t, q in locked if t == QUEUE_GROUP and not _queue_blocked(db, namespace, q)
+        }
+        for t, k in still & locked:
+            ConcurrencyWait.objects.using(db).filter(
+                namespace=namespace, task_path=t, concurrency_key=k
+            ).delete()
+        if not ConcurrencyWait.objects.using(db).filter(namespace=namespace).exists():
+            _note_waits(db, namespace, waiting=False)  # claims stop promoting at once
     return promoted
+
+
+def _queue_blocked(db: str, namespace: str, queue: str) -> bool:
+    from ..models import Job
+    from ..states import JobState
+
+    return (
+        Job.objects.using(db)
+        .filter(namespace=namespace, flow_queue=queue, state=JobState.BLOCKED)
+        .exists()
+    )
+
+
+def queue_running(db: str, namespace: str, queues: set[str]) -> dict[str, int]:
+    """Running jobs per queue (the running jobs' index ``dispatch_job_lease``)."""
+    if not queues:
+        return {}
+    from ..models import Job
+    from ..states import JobState
+
+    rows = (
+        Job.objects.using(db)
+        .filter(namespace=namespace, state=JobState.RUNNING, queue_name__in=sorted(queues))
+        .values_list("queue_name")
+        .annotate(n=Count("id"))
+        .order_by()
+    )
+    return dict(rows)
+
+
+def queue_starts(
+    db: str, namespace: str, periods: Mapping[str, int | None], now: datetime
+) -> dict[str, int]:
+    """Starts per rate-limited queue in its current window (``QueueWindow``)."""
+    rows = QueueWindow.objects.using(db).filter(namespace=namespace, queue_name__in=sorted(periods))
+    counts: dict[str, int] = {}
+    for q, since, starts in rows.values_list("queue_name", "window_start", "starts"):
+        period = periods.get(q)
+        if period is not None and since == window_start(now, period):
+            counts[q] = starts
+    return counts
+
+
+def _promote_queues(db: str, namespace: str, queues: list[str]) -> tuple[int, set[str]]:
+    """Promote set-aside jobs of waiting queue groups into their free room, oldest
+    first: (how many, queues with nothing blocked left).
+
+    The room is computed from the limits in settings now: a queue whose
+    limits were raised fills the new slots, one whose limits were removed
+    lets its jobs go (``PROMOTE_BUDGET`` per claim). Jobs this promoted and
+    no claim took yet (pending, marked) count against the room, so claims
+    that do not serve the queue do not promote it again and again.
+    """
+    from ..models import Job
+    from ..states import JobState
+
+    limits = queue_limits()
+    jobs = Job.objects.using(db).filter(namespace=namespace)
+    promoted, empty = 0, set()
+    now = db_now(db) if any(q in limits and limits[q].rate_limit for q in queues) else None
+    for q in queues:
+        limit = limits.get(q)
+        room = PROMOTE_BUDGET
+        if limit is not None:
+            counts = dict(
+                jobs.filter(
+                    Q(flow_queue=q, state=JobState.PENDING, run_after__lte=Now())
+                    | Q(queue_name=q, state=JobState.RUNNING)
+                )
+                .values_list("state")
+                .annotate(n=Count("id"))
+                .order_by()
+            )
+            waiting = counts.get(JobState.PENDING, 0)
+            if limit.concurrency is not None:
+                room = min(room, limit.concurrency - counts.get(JobState.RUNNING, 0) - waiting)
+            if limit.rate_limit is not None and now is not None:
+                started = queue_starts(db, namespace, {q: limit.rate_period}, now).get(q, 0)
+                room = min(room, limit.rate_limit - started - waiting)
+        if room <= 0:
+            continue
+        blocked = jobs.filter(flow_queue=q, state=JobState.BLOCKED)
+        ids = list(blocked.order_by("id").values_list("id", flat=True)[:room])
+        if not ids:
+            empty.add(q)
+            continue
+        promoted += blocked.filter(id__in=ids).update(state=JobState.PENDING)
+    return promoted, empty
 
 
 def _promote_each(db: str, namespace: str) -> int:
@@ -494,7 +706,9 @@ def _promote_each(db: str, namespace: str) -> int:
     from ..states import JobState
 
     promoted = 0
-    for wait in ConcurrencyWait.objects.using(db).filter(namespace=namespace):
+    for wait in (
+        ConcurrencyWait.objects.using(db).filter(namespace=namespace).exclude(task_path=QUEUE_GROUP)
+    ):
         group = Job.objects.using(db).filter(
             namespace=namespace, task_path=wait.task_path, concurrency_key=wait.concurrency_key
         )

@@ -59,3 +59,9 @@ def flaky_yielding(key):
 @task(max_attempts=2)
 def flaky_holding(key):
     return key
+
+
+@task()
+def mark_too(key, seconds=0.0):
+    """``mark`` under another task path: queue-level limits span tasks."""
+    return mark.func(key, seconds, note="too")

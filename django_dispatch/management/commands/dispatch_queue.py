@@ -52,10 +52,11 @@ class Command(BaseCommand):
             self.stdout.write("(no queues with live jobs, paused or configured)")
         for q in queues:
             state = f"PAUSED since {q.paused_at:%Y-%m-%d %H:%M:%S}" if q.paused else "active"
-            limits = "".join(f" {k}={v}" for k, v in q.limits.items())
+            cap = f"/{q.concurrency}" if q.concurrency is not None else ""
+            rate = f" starts={q.starts}/{q.rate_limit}" if q.rate_limit is not None else ""
             self.stdout.write(
                 f"{q.name}: {state} pending={q.pending} blocked={q.blocked} "
-                f"running={q.running}{limits}"
+                f"running={q.running}{cap}{rate}"
             )
         if name:
             return
