@@ -131,11 +131,8 @@ class QueueLimit:
     concurrency: int | None = None
     rate_limit: int | None = None
     rate_period: int | None = None
-
-    @property
-    def rate(self) -> str | None:
-        """The rate as the user wrote it, normalised (``"10/1s"``)."""
-        return None if self.rate_limit is None else f"{self.rate_limit}/{self.rate_period}s"
+    #: The rate as the settings give it (``"10/s"``), for operators.
+    rate: str | None = None
 
 
 #: The keys a queue's dict may hold.
@@ -217,7 +214,8 @@ def queue_limits() -> dict[str, QueueLimit]:
                 continue
             rate, period = parse_rate(spec["rate_limit"]) if "rate_limit" in spec else (None, None)
             if spec.get("concurrency") is not None or rate is not None:
-                limits[name] = QueueLimit(spec.get("concurrency"), rate, period)
+                text = "".join(spec["rate_limit"].split()) if rate is not None else None
+                limits[name] = QueueLimit(spec.get("concurrency"), rate, period, text)
         _queue_limits = limits
     return limits
 

@@ -327,20 +327,20 @@ def test_the_queue_list_shows_limits_and_how_close_the_queue_is(client, django_u
         overview = {q.name: q for q in queue_overview()}
         assert (overview["capq"].running, overview["capq"].blocked) == (3, 2)
         assert overview["capq"].limits == {"concurrency": 3}
-        assert overview["rateq"].limits == {"rate_limit": "100/3600s", "starts": 2}
+        assert overview["rateq"].limits == {"rate_limit": "100/h", "starts": 2}
         assert "idle" not in overview  # no limits, no jobs
         out = StringIO()
         call_command("dispatch_queue", "list", stdout=out)
         lines = out.getvalue().splitlines()
         assert "capq: active pending=0 blocked=2 running=3/3" in lines
-        assert "rateq: active pending=0 blocked=0 running=2 starts=2/100/3600s" in lines
+        assert "rateq: active pending=0 blocked=0 running=2 starts=2 rate_limit=100/h" in lines
         assert not any(line.startswith("at cap:") for line in lines)  # shown with its queue
 
         user = django_user_model.objects.create_superuser("admin", "a@example.com", "pw")
         client.force_login(user)
         page = client.get(reverse("admin:django_dispatch_pausedqueue_changelist"))
         text = page.content.decode()
-        assert "<td>3 / 3</td>" in text and "2 / 100/3600s" in text
+        assert "<td>3 / 3</td>" in text and "<td>2 of 100/h</td>" in text
 
 
 # --- real workers ----------------------------------------------------------------------

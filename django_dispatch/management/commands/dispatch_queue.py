@@ -53,7 +53,7 @@ class Command(BaseCommand):
         for q in queues:
             state = f"PAUSED since {q.paused_at:%Y-%m-%d %H:%M:%S}" if q.paused else "active"
             cap = f"/{q.concurrency}" if q.concurrency is not None else ""
-            rate = f" starts={q.starts}/{q.rate_limit}" if q.rate_limit is not None else ""
+            rate = f" starts={q.starts} rate_limit={q.rate_limit}" if q.rate_limit else ""
             self.stdout.write(
                 f"{q.name}: {state} pending={q.pending} blocked={q.blocked} "
                 f"running={q.running}{cap}{rate}"
