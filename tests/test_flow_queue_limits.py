@@ -137,6 +137,21 @@ def test_changed_limits_apply_to_jobs_already_enqueued():
     del first
 
 
+def test_claims_that_do_not_serve_the_queue_promote_it_once():
+    """Promoted jobs not yet claimed count against the room: workers serving
+    other queues promote a capped queue's jobs into its free slots once, not
+    again at every claim (which would only be set aside again)."""
+    with limited({"capq": {"concurrency": 2}}):
+        jobs = enqueue(6)
+        finish(claim(queues=("capq",)))
+        assert Job.objects.filter(pk__in=jobs, state=JobState.BLOCKED).count() == 4
+        for _ in range(3):
+            assert claim(queues=("other",)) == []
+        assert Job.objects.filter(pk__in=jobs, state=JobState.PENDING).count() == 2
+        assert Job.objects.filter(pk__in=jobs, state=JobState.BLOCKED).count() == 2
+        assert {c.id for c in claim(queues=("capq",))} == set(jobs[2:4])  # oldest first
+
+
 @postgres_only
 def test_racing_claims_never_exceed_the_queue_cap():
     from tests.concurrency import run_concurrently
@@ -410,3 +425,43 @@ def test_three_workers_hold_a_queue_rate_and_reach_it(start_worker):
     assert len(full) >= 4
     slow = {s: starts[s] for s in full if starts[s] < 9}
     assert not slow, f"windows below 90% of the limit: {slow} of {sorted(starts.items())}"
+
+
+def test_a_deploy_that_changes_the_limits_strands_nothing(start_worker):
+    """Workers with concurrency 1 on "capq" leave a set-aside backlog; after a
+    "deploy" (new workers, cap removed) every job runs, more than one at once."""
+    import signal
+
+    with limited({"capq": {"concurrency": 1}}):
+        for i in range(16):
+            flow_tasks.mark.using(queue_name="capq").enqueue(f"cap:{i}", 0.15)
+    old = [
+        start_worker(
+            "--concurrency",
+            "4",
+            overrides={"POLL_INTERVAL": 0.1, "QUEUES": {"capq": {"concurrency": 1}}},
+        )
+        for _ in range(2)
+    ]
+    wait_until(
+        lambda: Job.objects.filter(state=JobState.SUCCEEDED).count() >= 2,
+        timeout=30,
+        what="the capped queue to start",
+    )
+    assert Job.objects.filter(state=JobState.BLOCKED).exists()
+    for worker in old:
+        worker.signal(signal.SIGTERM)
+    for worker in old:
+        assert worker.wait() == 0
+    before = {r[2] for r in spans()}
+    assert most_at_once(spans()) == 1
+    start_worker("--concurrency", "4", overrides={"POLL_INTERVAL": 0.1, "QUEUES": {}})
+    wait_until(
+        lambda: Job.objects.filter(state=JobState.SUCCEEDED).count() == 16,
+        timeout=60,
+        what="every job to run after the limit was removed",
+    )
+    after = [w for w in spans() if w[2] not in before]
+    assert most_at_once(after) > 1
+    assert not Job.objects.filter(state=JobState.BLOCKED).exists()
+    assert not ConcurrencyWait.objects.exists()
