@@ -16,10 +16,12 @@ import threading
 import time
 
 import pytest
+from django.conf import settings
 from django.db import connection, connections, transaction
 from django.db.models.functions import Now
+from django.test import override_settings
 
-from django_dispatch import events, usage
+from django_dispatch import events, pause_queue, resume_queue, usage
 from django_dispatch.models import DeadLetter, Job, Worker, WorkflowRun, WorkflowTask
 from django_dispatch.models.workflow import RunState, StepState
 from django_dispatch.runtime.inline import INLINE_WORKER_PREFIX
@@ -157,6 +159,22 @@ def test_bad_input_and_a_transaction_are_refused_and_nothing_runs():
     assert run_now(run.pk) == [job_id]  # the same call outside it runs the step
 
 
+def test_steps_of_a_paused_or_limited_queue_are_left_to_the_workers():
+    """A claim by id would bypass a pause and the DISPATCH["QUEUES"] gate (#17)."""
+    run = wfs.two.start({"key": "flow"})
+    job_id = step_of(run, "first").job_id
+    assert pause_queue("default") is True
+    assert run_now(run.pk) == []
+    assert resume_queue("default") is True
+    limited = {**settings.DISPATCH, "QUEUES": {"default": {"concurrency": 1}}}
+    with override_settings(DISPATCH=limited):
+        assert run_now(run.pk) == []
+    job = Job.objects.get(pk=job_id)
+    assert (job.state, job.attempts) == (JobState.PENDING, 0)
+    assert marks("flow", "first") == []
+    assert run_now(run.pk) == [job_id]  # neither paused nor limited any more
+
+
 @pytest.mark.slow
 def test_run_now_racing_a_worker_process_runs_every_step_exactly_once(start_worker):
     """Three threads call run_now on every run while a real worker process claims the
@@ -255,6 +273,12 @@ def test_a_caller_killed_mid_step_loses_its_lease_and_a_worker_finishes_the_step
     SideEffect.objects.create(key="killed", note="go")
     start_worker(overrides={"WORKER_STALE_SECONDS": 1.5})
     wait_until(lambda: state_of(run) == RunState.SUCCEEDED, timeout=60, what="the run to finish")
+    # the step's outcome commits first, its job's success with the worker's next wave
+    wait_until(
+        lambda: Job.objects.get(pk=job_id).state == JobState.SUCCEEDED,
+        timeout=30,
+        what="the step job to succeed",
+    )
     assert len(marks("killed", "started")) == 2 and len(marks("killed", "done")) == 1
     job = Job.objects.get(pk=job_id)
     assert job.state == JobState.SUCCEEDED and job.worker_lost_count == 1

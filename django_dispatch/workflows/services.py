@@ -52,7 +52,9 @@ def run_now(run_id: int) -> list[int]:
     Returns the ids of the step jobs it ran: ``[job_id]``, or ``[]`` when
     nothing could be claimed (the run waits for an event, a timer or a
     child run, is stuck or finished, its next step is already claimed by a
-    worker or another ``run_now``, or its queue is paused).
+    worker or another ``run_now``, or its queue is paused or has
+    ``DISPATCH["QUEUES"]`` limits: such steps are left to the workers,
+    whose claim enforces them).
 
     Raises ``TypeError`` for a ``run_id`` that is not an int,
     ``WorkflowRun.DoesNotExist`` for an unknown run, and

@@ -18,9 +18,12 @@ the condition on the locked row; SQLite claims under its write lock), and the
 lease update is conditional on ``pending`` again.
 
 Only jobs the worker's claim would lease without further rules are taken
-here: no partition key, no concurrency key (flow limits), no resource needs,
-and not in a paused queue. Step jobs carry none of the first three; a step of
-a paused queue waits for its queue to be resumed, inline or not.
+here: no partition key, no concurrency key (per-task flow limits), no
+resource needs, not in a paused queue, and not in a queue with
+``DISPATCH["QUEUES"]`` limits (its concurrency and rate are counted by the
+worker's claim gate, which a claim by id would bypass). Step jobs carry none
+of the first three; a step of a paused or limited queue is left to the
+workers, which resume it with its queue or admit it within its limits.
 """
 
 from __future__ import annotations
@@ -29,6 +32,7 @@ from django.db import transaction
 from django.db.models import Case, IntegerField, Value, When
 from django.db.models.functions import Now
 
+from ...flow_options import queue_limits
 from ...models import Job, WorkflowRun, WorkflowTask
 from ...models.workflow import StepState
 from ...states import JobState
@@ -49,7 +53,7 @@ def workflow_run_claim_step(
     runs, as a worker's claim. Returns None when no step of the run can be
     claimed now: none is ready (the run waits for an event, a timer or a
     child run, is stuck or finished), or its job is already claimed (by a
-    worker or another ``run_now``), or its queue is paused. Raises
+    worker or another ``run_now``), or its queue is paused or limited. Raises
     ``WorkflowRun.DoesNotExist`` for an unknown run.
     """
     db = db_or_default(db)
@@ -70,7 +74,7 @@ def workflow_run_claim_step(
     ]
     if not ready:
         return None
-    paused = queues_paused(db, namespace=namespace)
+    left_to_workers = queues_paused(db, namespace=namespace) | set(queue_limits())
     # savepoint=False: like jobs_claim, one transaction of our own.
     with transaction.atomic(using=db, savepoint=False):
         take_sqlite_write_lock(db)
@@ -82,8 +86,8 @@ def workflow_run_claim_step(
             concurrency_key__isnull=True,
             resource_shape__isnull=True,
         )
-        if paused:
-            candidates = candidates.exclude(queue_name__in=list(paused))
+        if left_to_workers:
+            candidates = candidates.exclude(queue_name__in=sorted(left_to_workers))
         # Definition order; LIMIT 1 with SKIP LOCKED locks that one row only.
         order = Case(
             *[When(id=job_id, then=Value(i)) for i, job_id in enumerate(ready)],
