@@ -228,6 +228,40 @@ def test_run_now_racing_a_worker_process_runs_every_step_exactly_once(start_work
     )
 
 
+@pytest.mark.slow
+def test_the_caller_renews_its_lease_while_a_long_step_runs(start_worker):
+    """A step running three lease lengths inline beside a live leader is not taken from
+    the caller: the calling thread's heartbeat keeps its lease, as a worker's loop does."""
+    start_worker()  # the leader: it would rescue an expired lease within a reclaim interval
+    wait_until(lambda: Worker.objects.exists(), timeout=60, what="the worker to start")
+    run = wfs.holds.start({"key": "long"})
+    job_id = step_of(run, "hold").job_id
+    ran: list[int] = []
+
+    def caller() -> None:
+        try:
+            ran.extend(run_now(run.pk))
+        finally:
+            connections.close_all()
+
+    thread = threading.Thread(target=caller)
+    thread.start()
+    wait_until(lambda: marks("long", "started"), timeout=30, what="the step to start")
+    time.sleep(3 * settings.DISPATCH["LEASE_SECONDS"])
+    job = Job.objects.get(pk=job_id)
+    assert job.state == JobState.RUNNING and job.worker_lost_count == 0
+    assert job.worker_id.startswith(INLINE_WORKER_PREFIX)
+    assert Worker.objects.filter(id=job.worker_id).exists()  # visible while it runs
+    SideEffect.objects.create(key="long", note="go")
+    thread.join(30)
+    assert not thread.is_alive() and ran == [job_id]
+    assert marks("long", "started") == [os.getpid()] and marks("long", "done") == [os.getpid()]
+    job = Job.objects.get(pk=job_id)
+    assert (job.state, job.attempts, job.worker_lost_count) == (JobState.SUCCEEDED, 1, 0)
+    assert step_of(run, "hold").state == StepState.SUCCEEDED
+    assert not Worker.objects.filter(id__startswith=INLINE_WORKER_PREFIX).exists()
+
+
 CALLER = """
 import sys
 import django
