@@ -143,4 +143,6 @@ def export_deliveries(context):
         job_id=context.task_result.id,
         detail=f"{artifact.size} bytes saved as artifact #{artifact.id}",
     )
-    return {"artifact": artifact.id, "bytes": artifact.size}
+    # Its size depends on which demo jobs ran before it (they run concurrently),
+    # so the result names the artifact and leaves the size to its record.
+    return {"artifact": artifact.id, "name": "deliveries.csv"}
