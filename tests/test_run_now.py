@@ -176,6 +176,19 @@ def test_steps_of_a_paused_or_limited_queue_are_left_to_the_workers():
 
 
 @pytest.mark.slow
+def test_a_step_a_worker_is_running_is_not_claimed_again(start_worker):
+    worker = start_worker()
+    run = wfs.holds.start({"key": "held"})
+    wait_until(lambda: marks("held", "started"), timeout=60, what="the worker to start the step")
+    assert run_now(run.pk) == []  # at once: nothing to wait for, nothing run
+    assert marks("held", "started") == [worker.popen.pid]
+    assert not Worker.objects.filter(id__startswith=INLINE_WORKER_PREFIX).exists()
+    SideEffect.objects.create(key="held", note="go")
+    wait_until(lambda: state_of(run) == RunState.SUCCEEDED, timeout=30, what="the run to finish")
+    assert marks("held", "done") == [worker.popen.pid]
+
+
+@pytest.mark.slow
 def test_run_now_racing_a_worker_process_runs_every_step_exactly_once(start_worker):
     """Three threads call run_now on every run while a real worker process claims the
     same steps: every step runs exactly once, and each run_now reports only what it ran."""
@@ -232,8 +245,6 @@ def test_run_now_racing_a_worker_process_runs_every_step_exactly_once(start_work
 def test_the_caller_renews_its_lease_while_a_long_step_runs(start_worker):
     """A step running three lease lengths inline beside a live leader is not taken from
     the caller: the calling thread's heartbeat keeps its lease, as a worker's loop does."""
-    start_worker()  # the leader: it would rescue an expired lease within a reclaim interval
-    wait_until(lambda: Worker.objects.exists(), timeout=60, what="the worker to start")
     run = wfs.holds.start({"key": "long"})
     job_id = step_of(run, "hold").job_id
     ran: list[int] = []
@@ -247,6 +258,13 @@ def test_the_caller_renews_its_lease_while_a_long_step_runs(start_worker):
     thread = threading.Thread(target=caller)
     thread.start()
     wait_until(lambda: marks("long", "started"), timeout=30, what="the step to start")
+    # then the leader: it would rescue an expired lease within a reclaim interval
+    start_worker()
+    wait_until(
+        lambda: Worker.objects.exclude(id__startswith=INLINE_WORKER_PREFIX).exists(),
+        timeout=60,
+        what="the worker to start",
+    )
     time.sleep(3 * settings.DISPATCH["LEASE_SECONDS"])
     job = Job.objects.get(pk=job_id)
     assert job.state == JobState.RUNNING and job.worker_lost_count == 0
