@@ -194,15 +194,15 @@ def test_run_now_racing_a_worker_process_runs_every_step_exactly_once(start_work
     same steps: every step runs exactly once, and each run_now reports only what it ran."""
     start_worker("--concurrency", "2")
     wait_until(lambda: Worker.objects.exists(), timeout=60, what="the worker to start")
-    runs = [wfs.two.start({"key": f"race-{i}"}) for i in range(25)]
+    runs: list[WorkflowRun] = []
     ran: list[int] = []
     lock = threading.Lock()
-    start = threading.Barrier(3)
+    start = threading.Barrier(4)  # the callers and this thread, once the runs are committed
     errors: list[BaseException] = []
 
     def caller() -> None:
         try:
-            start.wait()
+            start.wait(timeout=60)
             deadline = time.monotonic() + 60
             while time.monotonic() < deadline:
                 busy = [r for r in runs if state_of(r) != RunState.SUCCEEDED]
@@ -220,6 +220,9 @@ def test_run_now_racing_a_worker_process_runs_every_step_exactly_once(start_work
     threads = [threading.Thread(target=caller) for _ in range(3)]
     for thread in threads:
         thread.start()
+    with transaction.atomic():  # the worker (woken at commit) and the callers start together
+        runs.extend(wfs.two.start({"key": f"race-{i}"}) for i in range(25))
+    start.wait(timeout=60)
     for thread in threads:
         thread.join(90)
     assert not errors, errors
