@@ -72,7 +72,11 @@ def dispatch_python(ref: str) -> tuple[str, str]:
     with tempfile.TemporaryDirectory(prefix="dispatch-src-") as src:
         archive = subprocess.run([*git, "archive", sha], check=True, capture_output=True).stdout
         subprocess.run(["tar", "-x", "-C", src], input=archive, check=True)
-        return _venv(f"dispatch-{sha}", [src], label=f"django_dispatch {sha}"), sha
+        # The driver talks to PostgreSQL: the extra that brings psycopg (an older
+        # commit without that extra gets a warning from pip, and psycopg here).
+        requirements = [f"{src}[postgres]", "psycopg[binary]>=3.2"]
+        label = f"django_dispatch {sha} [postgres]"
+        return _venv(f"dispatch-{sha}", requirements, label=label), sha
 
 
 def installed_version(python: str, distribution: str) -> str:
