@@ -18,7 +18,7 @@ from django.utils import timezone
 from django_dispatch import artifacts, store
 from django_dispatch.context import DispatchTaskContext
 from django_dispatch.exceptions import ArtifactExists, JobCancelled
-from django_dispatch.models import Artifact, ArtifactLink, Job
+from django_dispatch.models import Artifact, ArtifactLink, Job, WorkflowRun
 from django_dispatch.store import artifacts as artifact_store
 from django_dispatch.testing import drain
 from tests.testapp import artifact_tasks
@@ -444,6 +444,65 @@ def test_run_links_and_owner_gone_for_runs_and_steps(storage):
     run.delete()  # its steps go with it (as workflow retention does)
     assert sweep().owner_gone == 1
     assert artifacts.get_record(export.pk).deleted_at is not None
+
+
+@pytest.mark.parametrize("second_owner", ["run", "step", "job"])
+def test_an_artifact_another_live_owner_links_outlives_its_purged_job(storage, second_owner):
+    """A run's final output (or a step's, or another job's input) is a job's
+    artifact: the job is purged after JOB_RETENTION, the run lives on for
+    WORKFLOW_RETENTION. The sweep keeps the artifact while one owner lives."""
+    made = artifact_tasks.save_report.enqueue("kept")
+    drain()
+    report = artifacts.find(made.id, "report.txt")
+    if second_owner == "job":
+        owner = Job.objects.get(pk=artifact_tasks.save_report.enqueue("user").id)
+        drain()
+        role = "input"
+    else:
+        owner = artifact_tasks.exports.start({})
+        drain()
+        role = "output"
+        if second_owner == "step":
+            owner, role = owner.steps.get(name="consume"), "input"
+    artifacts.link(owner, report, "final.txt", role=role)
+    Job.objects.filter(pk=made.id).delete()  # purged by retention, its link left behind
+    assert sweep().owner_gone == 0
+    assert artifacts.get(report.pk) == report  # still live: its other owner exists
+    age(report, created_at=GRACE * 48)
+    assert sweep().busy is False  # nor is it an orphan: it has links
+    assert storage.exists(report.name)
+    if second_owner == "step":
+        WorkflowRun.objects.filter(pk=owner.run_id).delete()  # the step goes with its run
+    else:
+        owner.delete()  # the last owner goes too
+    sweep()
+    assert artifacts.get_record(report.pk).deleted_at is not None
+    assert ArtifactLink.objects.filter(artifact_id=report.pk).count() == 2  # kept till the purge
+    with pytest.raises(Artifact.DoesNotExist):  # too late to keep it by linking it
+        artifact_store.artifact_link(report.pk, artifact_store.LinkSpec("run", 7, "late.txt", 0))
+    assert ArtifactLink.objects.filter(artifact_id=report.pk).count() == 2
+
+
+def test_the_owner_sweep_reads_all_links_of_a_candidate_in_pages(storage):
+    """An input shared by many jobs, all purged but the newest: more links than
+    a page (batch 1: windows and pages of 10 links). The sweep reads them all
+    before deciding, and keeps the artifact until its last owner is gone."""
+    newest = artifact_tasks.save_report.enqueue("pages")  # queued: alive
+    shared = artifact_store.artifact_create(storage="artifacts", name="dispatch/shared.bin")
+    owners = [10**12 + i for i in range(15)] + [int(newest.id)]  # 15 gone, then a live one
+    for owner in owners:
+        spec = artifact_store.LinkSpec("job", owner, "shared.bin", 0, role="input")
+        artifact_store.artifact_link(shared.pk, spec)
+    cursor = None
+    for _ in range(2):  # 16 links: two windows of 10, each making it a candidate
+        counts = sweep(batch=1, cursor=cursor)
+        assert counts.owner_gone == 0
+        cursor = counts.cursor
+    assert cursor == artifact_store.SweepCursor()
+    assert artifacts.get(shared.pk) == shared
+    Job.objects.filter(pk=newest.id).delete()
+    assert sweep(batch=1).owner_gone == 1
+    assert artifacts.get_record(shared.pk).deleted_at is not None
 
 
 class GeneratedStream(io.RawIOBase):

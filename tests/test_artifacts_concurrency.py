@@ -156,3 +156,44 @@ def test_a_save_racing_a_takeover_links_only_while_its_lease_holds(settings, tmp
             outcomes.add("linked")
         Job.objects.filter(pk=result.id).delete()
     assert outcomes  # each round ended one way or the other, consistently
+
+
+def test_a_link_being_inserted_while_the_owner_sweep_runs_keeps_the_artifact(settings, tmp_path):
+    """The artifact's first owner is purged, and a link to a live owner is being
+    inserted (its transaction still open) while the owner-gone sweep runs. The
+    sweep locks its candidates before reading their links, so it skips the
+    artifact (PostgreSQL: the insert holds it) or waits for the insert's
+    commit (SQLite: the write lock), then sees the link: nothing is deleted."""
+    import threading
+
+    from django.db import transaction
+
+    from django_dispatch.testing import drain
+
+    settings.MEDIA_ROOT = str(tmp_path / "media")
+    made = artifact_tasks.save_report.enqueue("linked while sweeping")
+    drain()
+    report = artifacts.find(made.id, "report.txt")
+    user = artifact_tasks.save_report.enqueue("user")  # stays queued: a live owner
+    Job.objects.filter(pk=made.id).delete()  # purged: its artifact is a candidate
+    inserted, swept = threading.Event(), threading.Event()
+
+    def link():
+        with transaction.atomic():
+            spec = artifact_store.LinkSpec("job", int(user.id), "input.txt", 0, role="input")
+            artifact_store.artifact_link(report.pk, spec)
+            inserted.set()
+            swept.wait(2.0)  # SQLite: the sweep waits for this commit instead
+
+    def sweep():
+        assert inserted.wait(10.0)
+        try:
+            return artifact_store.artifacts_sweep_owner_gone(batch=10)
+        finally:
+            swept.set()
+
+    _, (soft_deleted, _) = run_concurrently(link, sweep)
+    assert soft_deleted == 0
+    assert artifacts.get(report.pk) == report
+    assert artifact_store.artifacts_sweep_owner_gone(batch=10) == (0, 0)  # the link is seen
+    assert artifacts.get(report.pk) == report

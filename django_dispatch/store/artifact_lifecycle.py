@@ -1,7 +1,7 @@
 """The artifact lifecycle: soft deletion, the leader's sweeps, the purge.
 
 Every sweep only sets ``deleted_at`` (expired artifacts; ephemeral ones
-whose owner is gone; ephemeral ones never linked); ``artifacts_purge``
+none of whose owners is left; ephemeral ones never linked); ``artifacts_purge``
 deletes the file from storage first and the row after, so a storage error
 keeps the row (still soft-deleted) for the next round and nothing is lost
 track of. Each round is bounded: see ``WINDOW`` and ``artifacts_sweep``.
@@ -15,12 +15,13 @@ from dataclasses import dataclass
 from typing import Any
 
 from django.core.files.storage import Storage, storages
+from django.db import transaction
 from django.db.models import Exists, OuterRef
 from django.db.models.functions import Now
 
 from ..models import Artifact, ArtifactLink, Job, WorkflowRun, WorkflowTask
 from ..models.artifact import Lifecycle, OwnerKind
-from .base import db_alias, now_plus
+from .base import db_alias, now_plus, take_sqlite_write_lock
 
 logger = logging.getLogger("django_dispatch.store")
 
@@ -73,16 +74,81 @@ class SweepCursor:
     artifacts: int = 0
 
 
+def _alive_owners(db: str, links: list[tuple[int, str, int, int]]) -> set[tuple[str, int]]:
+    """The (kind, owner id) pairs of ``links`` whose owner row still exists.
+
+    Owners are referenced by id, not foreign key (their deletion does not
+    cascade to links), so they are looked up: one query per kind.
+    """
+    by_kind: dict[str, set[int]] = {}
+    for _, kind, owner_id, _ in links:
+        by_kind.setdefault(kind, set()).add(owner_id)
+    return {
+        (kind, owner_id)
+        for kind, ids in by_kind.items()
+        for owner_id in _OWNER_MODELS[kind]
+        .objects.using(db)
+        .filter(id__in=list(ids))
+        .values_list("id", flat=True)
+    }
+
+
+def _without_live_owner(db: str, candidates: set[int], page: int) -> set[int]:
+    """Those of ``candidates`` with no link to an existing owner.
+
+    All the candidates' links are read, ``page`` at a time, by link id; an
+    artifact found with a live owner leaves the set at once (the next pages
+    skip its links). At most ``WINDOW`` pages per round: an artifact whose
+    links are not all read by then is kept this round (a later pass over its
+    link decides), so a round stays bounded and nothing is deleted unchecked.
+    """
+    undecided = set(candidates)
+    seen: set[int] = set()
+    after = 0
+    for _ in range(WINDOW):
+        links = list(
+            ArtifactLink.objects.using(db)
+            .filter(artifact_id__in=list(undecided), id__gt=after)
+            .order_by("id")
+            .values_list("id", "owner_kind", "owner_id", "artifact_id")[:page]
+        )
+        alive = _alive_owners(db, links)
+        seen.update(artifact for *_, artifact in links)
+        undecided -= {artifact for _, kind, owner, artifact in links if (kind, owner) in alive}
+        if len(links) < page or not undecided:
+            return undecided & seen  # one with no link left at all is the orphan sweep's
+        after = links[-1][0]
+    return set()  # links left unread: keep them all this round
+
+
 def artifacts_sweep_owner_gone(
     *, namespace: str = "", batch: int, after: int = 0, db: str | None = None
 ) -> tuple[int, int]:
-    """Soft-delete the live ephemeral artifacts whose owner no longer exists, among
-    the next window of links after id ``after``: (how many, the cursor for next time).
+    """Soft-delete the live ephemeral artifacts none of whose owners exists any
+    more, among those linked in the next window of links after id ``after``:
+    (how many, the cursor for next time; 0 once the end is reached).
 
-    Owners go away through retention (jobs), or with their run (steps).
-    Owners are referenced by id, not foreign key, so their deletion does not
-    cascade here: the window's owner ids are looked up, one query per kind.
-    Durable artifacts are left alone. The cursor is 0 once the end is reached.
+    Owners go away through retention (jobs), or with their run (steps). One
+    artifact may have several owners (``artifacts.link``: a run's final
+    output, a step's input), kept for different times (a job for
+    ``JOB_RETENTION``, its run for ``WORKFLOW_RETENTION``), so a link to a
+    gone owner only makes its artifact a *candidate*: every link of the
+    candidates is then checked, and only those with no live owner left are
+    soft-deleted. Durable artifacts are left alone.
+
+    A link being added concurrently is not missed: in one transaction the
+    candidates are locked first (PostgreSQL: ``FOR UPDATE SKIP LOCKED``;
+    SQLite: the write lock), then their links are read. Whoever links an
+    artifact locks its row first, while it is live (``artifact_link``; a
+    worker's ``_finish`` updates the row): a link committed before the sweep's
+    lock is seen; one being inserted holds its artifact, which is skipped
+    this round (SQLite: waited for); one started after waits for this
+    commit, then finds the artifact deleted and links nothing.
+
+    The links to gone owners are kept, not deleted: like every sweep this one
+    only sets ``deleted_at`` (a wrong sweep can still be undone until the
+    purge), the links record who made and used the artifact, and they do not
+    pile up beyond it: the purge deletes them with the artifact's record.
     """
     db = _db(db)
     window = list(
@@ -91,25 +157,22 @@ def artifacts_sweep_owner_gone(
         .order_by("id")
         .values_list("id", "owner_kind", "owner_id", "artifact_id")[: batch * WINDOW]
     )
-    by_kind: dict[str, set[int]] = {}
-    for _, kind, owner_id, _ in window:
-        by_kind.setdefault(kind, set()).add(owner_id)
-    alive = {
-        (kind, owner_id)
-        for kind, ids in by_kind.items()
-        for owner_id in _OWNER_MODELS[kind]
-        .objects.using(db)
-        .filter(id__in=list(ids))
-        .values_list("id", flat=True)
-    }
+    alive = _alive_owners(db, window)
     gone = {artifact for _, kind, owner, artifact in window if (kind, owner) not in alive}
     done = 0
     if gone:
-        done = (
-            Artifact.objects.using(db)
-            .filter(id__in=list(gone), deleted_at=None, lifecycle=Lifecycle.EPHEMERAL)
-            .update(deleted_at=Now())
-        )
+        with transaction.atomic(using=db):
+            take_sqlite_write_lock(db)
+            locked = set(
+                Artifact.objects.using(db)
+                .filter(id__in=list(gone), deleted_at=None, lifecycle=Lifecycle.EPHEMERAL)
+                .order_by("id")
+                .select_for_update(skip_locked=True)
+                .values_list("id", flat=True)
+            )
+            doomed = _without_live_owner(db, locked, batch * WINDOW) if locked else set()
+            if doomed:
+                done = artifacts_soft_delete(doomed, db=db)
     return done, (window[-1][0] if len(window) == batch * WINDOW else 0)
 
 

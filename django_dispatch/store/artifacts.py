@@ -179,9 +179,23 @@ def _insert_link(
 def artifact_link(
     artifact_id: int, spec: LinkSpec, *, namespace: str = "", db: str | None = None
 ) -> ArtifactLink:
-    """Link an artifact to an owner, unfenced (from code that is not a worker's attempt,
-    e.g. linking a run's artifact, or a step's input). Idempotent."""
-    return _insert_link(_db(db), artifact_id, namespace, spec)
+    """Link a live artifact to an owner, unfenced (from code that is not a worker's
+    attempt, e.g. linking a run's artifact, or a step's input). Idempotent.
+
+    The artifact's row is locked first (SQLite: the write lock), so the
+    owner-gone sweep, which locks its candidates before reading their links,
+    either sees this link or has soft-deleted the artifact before it lands:
+    then ``Artifact.DoesNotExist``, nothing linked. (The foreign key's own
+    check is deferred to the commit on PostgreSQL: it locks too late.)
+    """
+    db = _db(db)
+    with transaction.atomic(using=db):
+        take_sqlite_write_lock(db)
+        live = Artifact.objects.using(db).filter(id=artifact_id, deleted_at=None)
+        no_key = connections[db].vendor == "postgresql"  # see _no_key
+        if not list(live.select_for_update(no_key=no_key).values_list("id", flat=True)):
+            raise Artifact.DoesNotExist(f"artifact {artifact_id} is deleted; it cannot be linked")
+        return _insert_link(db, artifact_id, namespace, spec)
 
 
 def _finish(
