@@ -178,6 +178,50 @@ def test_a_durable_sleep_holds_no_worker_and_resumes_once():
     assert (effects("nap", "started"), effects("nap", "woke")) == (2, 1)
 
 
+def test_a_wait_whose_timer_job_was_cancelled_is_rearmed_by_the_leaders_sweep():
+    """A timed wait's only way out is its one deferred timer job. Cancelled from the
+    jobs admin (or failed, or purged), the step would wait for ever; the leader's
+    sweep gives it a fresh timer once the wait is over, without counting an attempt
+    (shown to fail before the sweep looked at waiting steps)."""
+    from django_dispatch import services
+    from django_dispatch.conf import get_settings
+    from django_dispatch.runtime.maintenance import Maintenance
+
+    sleep = wfs.sleeper.start({"key": "lost-sleep", "seconds": 1.0})
+    timeout = wfs.order.start({"key": "lost-timeout", "timeout": 1.0})
+    no_end = wfs.awaits.start({"key": "no-end", "event_key": "never"})
+    drain_workflows()
+    nap, pay = step_of(sleep, "nap"), step_of(timeout, "await_payment")
+    assert nap.state == pay.state == step_of(no_end, "wait").state == StepState.WAITING
+    assert services.cancel(nap.job_id) is True  # as the jobs admin does
+    assert services.cancel(pay.job_id) is True
+    leader = Maintenance("leader", get_settings(), "default")
+    assert leader.elect() is True  # takes office, and sweeps at once
+    assert step_of(sleep, "nap").job_id == nap.job_id  # not over yet: left as it is
+    time.sleep(1.1)
+    assert drain_workflows() == 0  # nothing else would ever end these waits
+    leader.reclaim()
+    leader.reclaim()  # re-armed once
+    for before, run in ((nap, sleep), (pay, timeout)):
+        after = step_of(run, before.name)
+        assert after.state == StepState.WAITING and after.wait_until == before.wait_until
+        assert Job.objects.get(id=after.job_id).state == JobState.PENDING
+        assert after.job_id != before.job_id
+    assert step_of(no_end, "wait").job_id is None  # no end, no timer: a publish ends it
+    assert Job.objects.filter(state=JobState.PENDING).count() == 2
+    drain_workflows()
+    for run in (sleep, timeout):
+        run.refresh_from_db()
+        assert run.state == RunState.SUCCEEDED
+    assert timeout.output == {"status": "cancelled"}
+    assert (effects("lost-sleep", "started"), effects("lost-sleep", "woke")) == (2, 1)
+    assert effects("lost-timeout", "cancelled") == 1
+    for run, name in ((sleep, "nap"), (timeout, "await_payment")):
+        step = step_of(run, name)
+        assert (step.failures, step.errors) == (0, [])
+    assert step_of(no_end, "wait").state == StepState.WAITING
+
+
 def test_waits_are_numbered_by_call_order_within_the_step():
     run = wfs.twice.start({"key": "tw"})
     drain_workflows()

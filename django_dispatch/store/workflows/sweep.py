@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from django.db.models import F
+from django.db.models import Exists, F, OuterRef
 from django.db.models.functions import Now
 
 from ...models import Job, WorkflowTask
@@ -22,6 +22,7 @@ from .common import (
     locked_run,
     park,
 )
+from .waits import rearm
 
 
 def sweep_stale_steps(
@@ -43,8 +44,17 @@ def sweep_stale_steps(
     killing its workers ends up in front of a person. The old claim is void,
     so a late write from the old attempt is rejected. Safe to run anywhere,
     any number of times: each recovery is fenced on what was read.
+
+    A ``waiting`` step whose wait has an end is woken by one deferred timer
+    job only (see ``waits``). If that job is no longer live (cancelled from
+    the jobs admin, failed, purged) when ``wait_until`` has passed, nothing
+    else would ever end the wait: the step gets a fresh timer job, due at
+    once, and its ids are returned too. No attempt ran, so none is counted.
+    A wait with no end (an event with no timeout, a child run) has no timer
+    and is not affected: a publish or the child ends it.
     """
     db = db_or_default(db)
+    recovered = _recover_timers(db, namespace, build_job, limit)
     candidates = list(
         WorkflowTask.objects.using(db)
         .filter(
@@ -56,14 +66,13 @@ def sweep_stale_steps(
         .values("id", "run_id", "state", "claim_id", "job_id")[:limit]
     )
     if not candidates:
-        return []
+        return recovered
     job_ids = [c["job_id"] for c in candidates if c["job_id"]]
     live = set(
         Job.objects.using(db)
         .filter(id__in=job_ids, state__in=list(LIVE))
         .values_list("id", flat=True)
     )
-    recovered = []
     for step in candidates:
         if step["job_id"] not in live and _recover(db, step, build_job):
             recovered.append(step["id"])
@@ -103,6 +112,33 @@ def _recover(db: str, step: Mapping[str, Any], build_job: StepJobBuilder) -> boo
         else:
             enqueue_steps(db, run, [(step["id"], row["generation"])], build_job)
     return True
+
+
+def _recover_timers(db: str, namespace: str, build_job: StepJobBuilder, limit: int) -> list[int]:
+    """Waits past their end whose timer job is not live: re-armed (see ``sweep_stale_steps``).
+
+    Only waits already over are looked at: a lost timer matters from its
+    wait's end, and a timer still ahead of it is pending, so live.
+    """
+    live_timer = Job.objects.using(db).filter(id=OuterRef("job_id"), state__in=list(LIVE))
+    lost = list(
+        WorkflowTask.objects.using(db)
+        .filter(namespace=namespace, state=StepState.WAITING, wait_until__lt=Now())
+        .filter(~Exists(live_timer))
+        .order_by("wait_until")
+        .values("id", "run_id", "job_id")[:limit]
+    )
+    recovered = []
+    for step in lost:
+        with locked_run(db, run_id=step["run_id"]) as run:
+            if run is None:
+                continue
+            timer = Job.objects.using(db).filter(id=step["job_id"] or 0, state__in=list(LIVE))
+            if timer.exists():
+                continue  # made live again since (a retry from the jobs admin)
+            if rearm(db, run, step["id"], step["job_id"], build_job):
+                recovered.append(step["id"])
+    return recovered
 
 
 def step_jobs_retry_now(*, task_path: str, db: str | None = None) -> int:

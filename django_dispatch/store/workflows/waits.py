@@ -177,14 +177,28 @@ def rearm_timer(
     with locked_run(db, step_id=step_id) as run:
         if run is None:
             return False
-        waiting = WorkflowTask.objects.using(db).filter(
-            id=step_id, state=StepState.WAITING, job_id=job_id, wait_until__isnull=False
-        )
-        row = waiting.values("generation", "wait_until").first()
-        if row is None:
-            return False
-        timer = _insert_timer(db, run, step_id, row["generation"], row["wait_until"], build_job)
-        return waiting.update(job_id=timer) == 1
+        return rearm(db, run, step_id, job_id, build_job)
+
+
+def rearm(
+    db: str, run: RunRow, step_id: int, job_id: int | None, build_job: StepJobBuilder
+) -> bool:
+    """A fresh timer job at the step's ``wait_until``, if it still waits on timer ``job_id``.
+
+    Called with the run locked. The step row is locked before the timer is
+    inserted: a claim by the old timer job (which takes no run lock) either
+    committed first (the step is no longer waiting on it: nothing to do) or
+    waits for this commit and then no longer matches its fence. So a wait
+    never ends up with two timers, nor a timer for a step that is not waiting.
+    """
+    waiting = WorkflowTask.objects.using(db).filter(
+        id=step_id, state=StepState.WAITING, job_id=job_id, wait_until__isnull=False
+    )
+    row = waiting.select_for_update(of=("self",)).values("generation", "wait_until").first()
+    if row is None:
+        return False
+    timer = _insert_timer(db, run, step_id, row["generation"], row["wait_until"], build_job)
+    return waiting.update(job_id=timer) == 1
 
 
 def wake_waiting_steps(db: str, event: Event, build_job: StepJobBuilder) -> int:
