@@ -222,6 +222,46 @@ def test_a_wait_whose_timer_job_was_cancelled_is_rearmed_by_the_leaders_sweep():
     assert step_of(no_end, "wait").state == StepState.WAITING
 
 
+@pytest.mark.parametrize("seconds", [0, 60], ids=["already-over", "with-a-timer"])
+def test_a_wait_recorded_by_an_attempt_whose_claim_was_taken_over_writes_nothing(
+    monkeypatch, seconds
+):
+    """The job's re-run (its lease expired) takes the step over between the old
+    attempt's read of its claim and its write (the claim takes no run lock, so
+    this can happen on PostgreSQL; forced here at that exact point). The old
+    attempt's wait must return False and write nothing: no job inserted, the
+    re-run's claim intact (shown to fail when the write's result was unchecked)."""
+    from django_dispatch.store import workflows as wf_store
+    from django_dispatch.store.workflows import waits
+    from django_dispatch.workflows.engine import build_step_job
+
+    run = wfs.sleeper.start({"key": f"taken-{seconds}", "seconds": seconds})
+    nap = step_of(run, "nap")
+    first = wf_store.workflow_step_claim(nap.pk, 1, nap.job_id)
+    assert first is not None
+    rerun = []
+    already_over = waits._already_over
+
+    def taken_over_first(*args):
+        rerun.append(wf_store.workflow_step_claim(nap.pk, 1, nap.job_id))
+        return already_over(*args)
+
+    monkeypatch.setattr(waits, "_already_over", taken_over_first)
+    jobs = set(Job.objects.values_list("id", flat=True))
+    wait = waits.WaitSpec("sleep", seconds=seconds)
+    won = wf_store.workflow_step_wait(nap.pk, first.claim_id, wait, build_job=build_step_job)
+    assert won is False
+    assert rerun[0] is not None
+    after = step_of(run, "nap")
+    assert (after.state, after.claim_id, after.job_id) == (
+        StepState.RUNNING,
+        rerun[0].claim_id,
+        nap.job_id,
+    )
+    assert (after.waits, after.wait_until) == ([], None)
+    assert set(Job.objects.values_list("id", flat=True)) == jobs
+
+
 def test_waits_are_numbered_by_call_order_within_the_step():
     run = wfs.twice.start({"key": "tw"})
     drain_workflows()

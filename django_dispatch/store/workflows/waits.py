@@ -104,8 +104,13 @@ def workflow_step_wait(
         if step is None:
             return False
         entry = _already_over(db, run, wait, step["waits"])
+        # Every write below is fenced, its result checked first: a re-run of
+        # this step's job (after a lease expiry) takes the step over with no
+        # run lock, so the claim read above may be void by now. Then nothing
+        # may be written: no job inserted, the re-run's claim left intact.
         if entry is not None:
-            fence.update(claim_id=None, waits=JSONAppend("waits", entry), updated_at=Now())
+            if not fence.update(claim_id=None, waits=JSONAppend("waits", entry), updated_at=Now()):
+                return False
             enqueue_steps(db, run, [(step_id, step["generation"])], build_job)
             return True
         until: Any = None
@@ -113,19 +118,20 @@ def workflow_step_wait(
             until = now_plus(wait.seconds)
         elif wait.until is not None:
             until = wait.until
-        timer_id = None
-        if until is not None:
-            timer_id = _insert_timer(db, run, step_id, step["generation"], until, build_job)
-        fence.update(
+        if not fence.update(
             state=StepState.WAITING,
             claim_id=None,
-            job_id=timer_id,
+            job_id=None,
             wait_event_name=wait.name if wait.kind == "event" else None,
             wait_event_key=wait.key if wait.kind == "event" else None,
             wait_until=until,
             heartbeat_at=Now(),
             updated_at=Now(),
-        )
+        ):
+            return False
+        if until is not None:  # the step row is ours (locked by the update) until commit
+            timer_id = _insert_timer(db, run, step_id, step["generation"], until, build_job)
+            WorkflowTask.objects.using(db).filter(id=step_id).update(job_id=timer_id)
     return True
 
 
