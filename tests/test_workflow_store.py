@@ -49,9 +49,38 @@ def test_an_output_that_is_not_json_parks_the_run_without_counting_an_attempt():
     run.refresh_from_db()
     step = step_of(run, "returns_a_set")
     assert run.state == RunState.STUCK and step.state == StepState.FAILED
-    assert (step.attempts, step.failures) == (0, 0)  # max_attempts=3, none spent
+    assert (step.attempts, step.failures) == (1, 0)  # max_attempts=3, none spent
     assert step.errors[-1]["counted"] is False
     assert "JSON" in step.errors[-1]["message"]
+
+
+def test_retrying_a_parked_step_that_saved_an_artifact_runs_as_the_next_attempt(settings):
+    """The parked attempt's artifact is linked under its attempt number; the retry
+    after the fix is a new attempt, so saving the same name is no ``ArtifactExists``
+    (shown to fail when a park took the attempt number back)."""
+    from django_dispatch import artifacts
+    from tests.testapp.models import SideEffect
+
+    memory = {"BACKEND": "django.core.files.storage.InMemoryStorage"}
+    settings.STORAGES = {**settings.STORAGES, "artifacts": memory}
+    settings.DISPATCH = {**settings.DISPATCH, "ARTIFACT_STORAGE": "artifacts"}
+    run = wfs.reporting.start({"key": "rep"})
+    drain_workflows()
+    run.refresh_from_db()
+    step = step_of(run, "report")
+    assert run.state == RunState.STUCK and (step.attempts, step.failures) == (1, 0)
+    SideEffect.objects.create(key="rep", note="fixed")  # the deploy fixed the code
+    assert retry_run(run.pk) is True
+    drain_workflows()
+    run.refresh_from_db()
+    step = step_of(run, "report")
+    assert run.state == RunState.SUCCEEDED, step.errors
+    assert [e.get("counted") for e in step.errors] == [False]  # only the park
+    assert (run.output["attempt"], step.attempts, step.failures) == (2, 2, 0)
+    links = [(link.generation, link.attempt) for link in artifacts.links(step)]
+    assert links == [(1, 2), (1, 1)]
+    with artifacts.open(artifacts.find(step, "report")) as f:
+        assert f.read() == b"attempt 2"
 
 
 def test_a_step_no_longer_defined_parks_the_run_without_counting_an_attempt():
@@ -61,14 +90,16 @@ def test_a_step_no_longer_defined_parks_the_run_without_counting_an_attempt():
     run.refresh_from_db()
     step = step_of(run, "nap")
     assert run.state == RunState.STUCK and step.state == StepState.FAILED
-    assert (step.attempts, step.failures) == (0, 0)
+    assert (step.attempts, step.failures) == (1, 0)
     assert "tests.testapp.nowhere.step" in step.errors[-1]["message"]
     # fixed (the deploy brought it back): a retry runs it
     WorkflowTask.objects.filter(run=run).update(handler_path="tests.testapp.wait_workflows.nap")
     assert retry_run(run.pk) is True
     drain_workflows()
     run.refresh_from_db()
-    assert run.state == RunState.SUCCEEDED and step_of(run, "nap").attempts == 2  # slept once
+    assert (
+        run.state == RunState.SUCCEEDED and step_of(run, "nap").attempts == 3
+    )  # park, sleep, wake
 
 
 def test_retention_purges_old_finished_runs_in_batches_and_keeps_live_ones():

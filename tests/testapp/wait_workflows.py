@@ -106,6 +106,19 @@ def returns_a_set(ctx):
     return {1, 2}  # not JSON: no retry can fix it
 
 
+# --- saves an artifact, then parks (output not JSON) until the code is "fixed" -------
+
+reporting = Workflow("tests.reporting")
+
+
+@reporting.step(max_attempts=1)
+def report(ctx):
+    artifact = ctx.save_artifact("report", f"attempt {ctx.attempt}".encode())
+    if not SideEffect.objects.filter(key=ctx.input["key"], note="fixed").exists():
+        return {1, 2}  # not JSON: parks the run without counting an attempt
+    return {"artifact": artifact.pk, "attempt": ctx.attempt}
+
+
 # --- call context reaches child runs -------------------------------------------------
 
 context_child = Workflow("tests.context_child")

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from django.db.models import F
-from django.db.models.functions import Coalesce, Greatest, Now
+from django.db.models.functions import Coalesce, Now
 
 from ...models import WorkflowRun, WorkflowTask
 from ...models.workflow import RUN_ACTIVE, STEP_DONE, STEP_SKIPPABLE, StepState
@@ -247,9 +247,12 @@ def workflow_step_park(
 
     For causes no retry can fix and the step's own code cannot be blamed
     for: its workflow or step is no longer defined (a deploy removed it),
-    or its output is not JSON. The claim's attempt is taken back
-    (``attempts`` and ``failures`` as before it), so after a fix, a retry
-    from the admin starts with the attempts the step had.
+    or its output is not JSON. ``failures`` (what ``max_attempts`` counts)
+    is left as it was. ``attempts`` keeps this attempt, as it keeps every
+    claim's: an attempt number names one claim only (its artifacts are linked
+    under it), so a retry from the admin after a fix runs as the next
+    attempt, never as this one again (which made its first artifact save
+    raise ``ArtifactExists``).
     """
     db = db_or_default(db)
     with locked_run(db, step_id=step_id) as run:
@@ -259,7 +262,6 @@ def workflow_step_park(
         if not claim_fence(db, step_id, claim_id).update(
             state=StepState.FAILED,
             errors=JSONAppend("errors", entry),
-            attempts=Greatest(F("attempts") - 1, 0),
             claim_id=None,
             finished_at=Now(),
             updated_at=Now(),
