@@ -191,8 +191,19 @@ def test_starvation_policy_holds_back_until_the_big_job_fits():
     busy = Placement(capacity={"memory_mb": 1000}, held={"memory_mb": 200}, starvation_seconds=60)
     assert not claim(busy, limit=3)  # it waits past the threshold: nothing else is taken
     room = Placement(capacity={"memory_mb": 1000}, starvation_seconds=60)
-    assert [c.id for c in claim(room, limit=3)] == [int(big.id)]  # then it first
-    assert [c.id for c in claim(room, limit=3)] == [int(small.id)]
+    # then it first, with what fits beside it
+    assert [c.id for c in claim(room, limit=3)] == [int(big.id), int(small.id)]
+
+
+def test_a_backlog_older_than_the_threshold_is_still_claimed_a_window_at_a_time():
+    """Every job of a backlog older than the threshold is "starved"; the claim
+    must still take a full window (the oldest first), not one job at a time."""
+    old = Job.objects.get(pk=rt.big.using(resources={"memory_mb": 10}).enqueue("0").id).run_after
+    ids = [int(rt.big.using(resources={"memory_mb": 10}).enqueue(str(i)).id) for i in range(6)]
+    Job.objects.filter(pk__in=ids).update(run_after=old.replace(year=2000))
+    room = Placement(capacity={"memory_mb": 1000}, starvation_seconds=60)
+    claimed = [c.id for c in claim(room, limit=4)]
+    assert len(claimed) == 4 and claimed[0] == ids[0]
 
 
 @POSTGRES

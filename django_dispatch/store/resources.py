@@ -118,6 +118,8 @@ class ShapeCache:
         self.ttl = ttl
         self.read_at = -float("inf")
         self.shapes: dict[int, Needs] = {}
+        #: Until when no job is starved, as far as this worker knows (``_starved``).
+        self.none_starved_until = -float("inf")
 
     def get(self, db: str, namespace: str, *, fresh: bool = False) -> tuple[dict[int, Needs], bool]:
         """(shapes, whether they were read just now)."""
@@ -212,14 +214,24 @@ def _candidates(
         base = base.exclude(queue_name__in=list(paused))
     ours = [shape for shape, needs in shapes.items() if fits(needs, placement.capacity)]
     starved = _starved(base, ours, placement)
+    first: list[dict[str, Any]] = []
     if starved is not None:
         if not fits(starved["resources"], placement.free):
             return []  # hold back: nothing else until it fits ...
-        ids = [starved["id"]]  # ... then it first, alone
-        return _lock(db, ids, fields)
+        # ... then it first, and after it what the window holds as usual
+        # (``Placement.take`` keeps only what fits beside it). Not it alone:
+        # in a backlog older than the threshold *every* job is "starved", and
+        # one job per claim would cut a deep backlog's drain to a trickle.
+        first = _lock(db, [starved["id"]], fields)
+        exclude = [*exclude, starved["id"]]
+        base = base.exclude(id=starved["id"])
+        window -= len(first)
+    if window <= 0:
+        return first
     fitting = [shape for shape in ours if fits(shapes[shape], placement.free)]
     if connections[db].vendor == "postgresql":
-        return _pick_pg(db, queues, window, exclude, namespace, placement, fields, paused, fitting)
+        rows = _pick_pg(db, queues, window, exclude, namespace, placement, fields, paused, fitting)
+        return first + rows
     order = ("-priority", "run_after", "id")
     sources = [base.filter(resource_shape__isnull=True)]
     sources += [base.filter(resource_shape=shape) for shape in fitting]
@@ -237,21 +249,35 @@ def _candidates(
         )[:window]:
             mine = 0 if placement.locality and locality == placement.locality else 1
             picked[job_id] = (-priority, mine, run_after, job_id)
-    return _lock(db, [key[3] for key in sorted(picked.values())[:window]], fields)
+    return first + _lock(db, [key[3] for key in sorted(picked.values())[:window]], fields)
 
 
 def _starved(base: Any, shapes: list[int], placement: Placement) -> dict[str, Any] | None:
     """The oldest job of ``shapes`` (those this worker could ever hold) that has
-    waited past the starvation threshold, or None."""
+    waited past the starvation threshold, or None.
+
+    A worker (one with a ``ShapeCache``) keeps an answer of "none" for a
+    tenth of the threshold (at most a second): a job turns starved only after
+    waiting the whole threshold, so noticing it that much later moves the
+    bound by as little, while a busy worker stops paying this query on every
+    claim (a fifth of its CPU, profiled with 20,000 jobs of mixed sizes).
+    """
+    cache = placement.cache
     if not shapes:
         return None
+    now = time.monotonic()
+    if cache is not None and cache.none_starved_until > now:
+        return None
     threshold = Now() - timedelta(seconds=placement.starvation_seconds)
-    return (
+    row = (
         base.filter(resource_shape__in=shapes, run_after__lte=threshold)
         .order_by("run_after", "id")
         .values("id", "resources")
         .first()
     )
+    if row is None and cache is not None:
+        cache.none_starved_until = now + min(1.0, placement.starvation_seconds / 10)
+    return row
 
 
 def _lock(db: str, ids: list[int], fields: Sequence[str]) -> list[dict[str, Any]]:
