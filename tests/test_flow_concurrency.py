@@ -6,9 +6,11 @@ from __future__ import annotations
 
 import itertools
 from collections import Counter, defaultdict
+from datetime import timedelta
 
 import pytest
 from django.db import connection, transaction
+from django.utils import timezone
 
 from django_dispatch import enqueue_many, store
 from django_dispatch.compat import InvalidTask
@@ -111,6 +113,30 @@ def test_the_claim_admits_up_to_the_cap_per_key_and_blocks_the_rest():
     finish([last])
     assert claim() == []
     assert not ConcurrencyWait.objects.exists()  # forgotten once nothing of it waits
+
+
+def test_a_deferred_job_of_the_group_holds_no_slot():
+    """Review finding (wave 5): promotion counted every pending job of the group,
+    so one deferred to tomorrow (or backing off before a retry) kept a freed
+    slot empty and the group's blocked jobs waited until it ran."""
+    from django_dispatch.store import flow
+
+    group = flow_tasks.capped.using(concurrency_key="customer:42")
+    tomorrow = timezone.now() + timedelta(days=1)
+    deferred = group.using(run_after=tomorrow).enqueue("d")
+    running = [group.enqueue(f"a{i}") for i in range(3)]
+    waiting = group.enqueue("b")
+    first = claim()
+    assert {c.id for c in first} == {int(r.id) for r in running}
+    assert states([waiting]) == {JobState.BLOCKED: 1}
+    finish(first[:1])
+    db = store.db_alias()
+    assert flow.concurrency_promote(db, "") == 1  # the freed slot is filled ...
+    # ... once: the promoted job, pending and due, holds the slot until claimed
+    assert flow.concurrency_promote(db, "") == 0
+    [taken] = claim()
+    assert taken.id == int(waiting.id)
+    assert states([deferred]) == {JobState.PENDING: 1}  # still waiting for tomorrow
 
 
 def test_the_task_wide_cap_without_a_key():

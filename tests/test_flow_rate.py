@@ -6,9 +6,10 @@ from __future__ import annotations
 
 import time
 from collections import Counter
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 
 import pytest
+from django.utils import timezone
 
 from django_dispatch import store
 from django_dispatch.compat import InvalidTask
@@ -109,3 +110,25 @@ def test_with_a_concurrency_key_the_rate_is_per_key():
     per_key = Counter(Job.objects.get(pk=c.id).concurrency_key for c in claimed)
     assert per_key == {"A": 3, "B": 3}
     assert ConcurrencyWait.objects.count() == 2
+
+
+def test_deferred_jobs_of_the_group_hold_no_starts():
+    """Review finding (wave 5): promotion counted every pending job of a rated
+    group against the window, so jobs deferred to tomorrow filled every
+    window and the group's blocked jobs waited until they ran."""
+    group = flow_tasks.rated_slowly.using(concurrency_key="customer:42")
+    tomorrow = timezone.now() + timedelta(days=1)
+    deferred = [group.using(run_after=tomorrow).enqueue(f"d{i}") for i in range(3)]
+    wait_until(lambda: time.time() % 2 < 0.2, timeout=3, what="a window boundary")
+    for i in range(4):
+        group.enqueue(f"a{i}")
+    first = claim()
+    assert len(first) == 3  # the window is full: the fourth is set aside
+    for c in first:
+        store.job_finish_if_leased(c.lease, None)
+    assert Job.objects.filter(state=JobState.BLOCKED).count() == 1
+    wait_until(lambda: claim() or None, timeout=5, what="the next window to start the fourth")
+    assert Job.objects.filter(state=JobState.BLOCKED).count() == 0
+    assert set(
+        Job.objects.filter(pk__in=[d.id for d in deferred]).values_list("state", flat=True)
+    ) == {JobState.PENDING}

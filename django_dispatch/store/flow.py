@@ -224,7 +224,8 @@ def jobs_insert_limited(
 #   transaction, under the lock. They are not read again by claims.
 # - Promotion (``concurrency_promote``, at the start of a claim while any
 #   group waits): for every waiting group, as many of its oldest blocked jobs
-#   as it has free slots (limit - pending - running) become pending again,
+#   as it has free slots (limit - running - pending and due; a deferred job
+#   holds no slot) become pending again,
 #   in one statement; the same claim then reads them. Promoting too many is
 #   harmless (the gate blocks the excess again); a group row is deleted only
 #   under its lock, by a statement after the lock, when no blocked job of it
@@ -512,16 +513,29 @@ def _group(row: dict[str, Any]) -> Group:
 
 
 #: The promotion, PostgreSQL: per waiting group, its oldest blocked jobs up to
-#: its free slots (limit - pending - running), in one statement. Each group's
-#: count and its blocked jobs are index probes of ``dispatch_job_conc_live``.
+#: its free slots (limit - running - pending and due), in one statement. Each
+#: group's counts and its blocked jobs are index probes of ``dispatch_job_conc_live``.
+#:
+#: Only *due* pending jobs take a slot: mostly jobs promoted and not claimed
+#: yet, counted so that claims not serving the group's queue do not promote
+#: it again and again. A job deferred, or backing off before a retry
+#: (run_after in the future), uses no slot until it is due, and then goes
+#: through the gate like any other; counting it would keep a freed slot
+#: empty until it ran. Counting too few only promotes too many, which the
+#: gate blocks again. Running and due pending are two counts, each on one
+#: state, so the index's ``state`` column bounds both.
 _PROMOTE_PG_SQL = """
 WITH w AS (
     SELECT w.task_path, w.concurrency_key, LEAST(
         COALESCE(w."limit" - (
             SELECT count(*) FROM {job} r
             WHERE r.namespace = w.namespace AND r.task_path = w.task_path
-              AND r.concurrency_key = w.concurrency_key
-              AND r.state IN ({pending}, {running})
+              AND r.concurrency_key = w.concurrency_key AND r.state = {running}
+        ) - (
+            SELECT count(*) FROM {job} d
+            WHERE d.namespace = w.namespace AND d.task_path = w.task_path
+              AND d.concurrency_key = w.concurrency_key AND d.state = {pending}
+              AND d.run_after <= now()
         ), 1 << 30),
         COALESCE(w.rate_limit - (
             SELECT count(*) FROM {job} s
@@ -533,6 +547,7 @@ WITH w AS (
             SELECT count(*) FROM {job} p
             WHERE p.namespace = w.namespace AND p.task_path = w.task_path
               AND p.concurrency_key = w.concurrency_key AND p.state = {pending}
+              AND p.run_after <= now()
         ), 1 << 30)
     ) AS room
     FROM {waits} w WHERE w.namespace = %(ns)s AND w.task_path <> ''
@@ -712,14 +727,15 @@ def _promote_each(db: str, namespace: str) -> int:
         group = Job.objects.using(db).filter(
             namespace=namespace, task_path=wait.task_path, concurrency_key=wait.concurrency_key
         )
+        # Pending jobs take a slot only when due (see ``_PROMOTE_PG_SQL``).
+        due = group.filter(state=JobState.PENDING, run_after__lte=Now())
         room = 1 << 30
         if wait.limit is not None:
-            room = wait.limit - group.filter(state__in=[JobState.PENDING, JobState.RUNNING]).count()
+            room = wait.limit - group.filter(state=JobState.RUNNING).count() - due.count()
         if wait.rate_limit is not None and wait.rate_period is not None:
             since = window_start(db_now(db), wait.rate_period)
             started = group.filter(rate_limit__isnull=False, last_attempted_at__gte=since).count()
-            pending = group.filter(state=JobState.PENDING).count()
-            room = min(room, wait.rate_limit - started - pending)
+            room = min(room, wait.rate_limit - started - due.count())
         if room > 0:
             ids = list(
                 group.filter(state=JobState.BLOCKED)
