@@ -44,17 +44,19 @@ def _namespace(backend: str | None) -> str:
     return namespace_for(backend)  # an unknown alias: ValueError naming the right ones
 
 
-def _checked(name: object, backend: str | None) -> str:
+def _checked(name: object, backend: str | None, *, listed: bool = True) -> str:
     """``name`` if it can be a queue of ``backend``; a ValueError saying why not otherwise.
 
-    A backend whose ``QUEUES`` lists its queues accepts only those: pausing
-    a misspelt name would silently pause nothing.
+    With ``listed`` (pausing), a backend whose ``QUEUES`` lists its queues
+    accepts only those: pausing a misspelt name would silently pause nothing.
     """
     if not isinstance(name, str) or not name or len(name) > MAX_QUEUE_NAME:
         raise ValueError(
             f"queue name must be a non-empty string of at most {MAX_QUEUE_NAME} "
             f"characters, got {name!r}."
         )
+    if not listed:
+        return name
     dispatch_backend = backend_for(backend or "default")
     allowed = getattr(dispatch_backend, "queues", None)
     if allowed and name not in allowed:
@@ -77,8 +79,14 @@ def pause_queue(name: str, *, backend: str | None = None) -> bool:
 
 
 def resume_queue(name: str, *, backend: str | None = None) -> bool:
-    """Resume queue ``name``: True only when this call resumed it (False: it was not paused)."""
-    name = _checked(name, backend)
+    """Resume queue ``name``: True only when this call resumed it (False: it was not paused).
+
+    Any paused name is accepted, listed in ``TASKS[...]["QUEUES"]`` or not:
+    a deploy may drop a queue that was paused, and its pause row must still
+    be removable (else its jobs never start). Deleting a row that exists is
+    always safe; a misspelt name resumes nothing and says so (False).
+    """
+    name = _checked(name, backend, listed=False)
     return flow_store.queue_resume(store.db_alias(), name, namespace=_namespace(backend))
 
 

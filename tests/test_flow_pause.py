@@ -89,6 +89,24 @@ def test_a_backend_with_listed_queues_refuses_other_names(settings):
     assert pause_queue("emails")
 
 
+def test_a_queue_dropped_from_the_listed_queues_can_still_be_resumed(settings):
+    """Review finding (wave 5): resume checked the name against TASKS' QUEUES, so
+    once a deploy dropped a paused queue from that list its pause row could
+    not be removed and its jobs never started."""
+    backend = {"BACKEND": "django_dispatch.backend.DispatchBackend"}
+    settings.TASKS = {"default": {**backend, "QUEUES": ["default", "reports"]}}
+    assert pause_queue("reports")
+    settings.TASKS = {"default": {**backend, "QUEUES": ["default"]}}  # the deploy
+    with pytest.raises(ValueError, match="pause one of those"):
+        pause_queue("reprots")  # pausing still refuses names it does not list
+    assert "Queue 'reports' resumed." in run_command("resume", "reports")
+    assert paused_queues() == set()
+    assert resume_queue("reports") is False  # not paused (any more): nothing to do
+    for bad in ("", "x" * 101, None):
+        with pytest.raises(ValueError, match="queue name must be"):
+            resume_queue(bad)
+
+
 def test_pause_is_per_namespace(settings):
     settings.TASKS = {
         "default": {"BACKEND": "django_dispatch.backend.DispatchBackend"},
