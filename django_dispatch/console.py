@@ -5,9 +5,10 @@ overview exactly when the system is under stress, so every query here is
 bounded by an index and a cap, never by the size of the table:
 
 * live jobs (pending, blocked, running) are counted through their partial
-  indexes (``dispatch_job_claim``, ``dispatch_job_part_live``,
-  ``dispatch_job_lease``), each stopping at ``LIVE_CAP`` rows (a backlog
-  beyond that is shown as "more than");
+  indexes (``dispatch_job_claim``; ``dispatch_job_part_live``,
+  ``dispatch_job_conc_live`` and ``dispatch_job_queue_flow`` for blocked
+  ones; ``dispatch_job_lease``), each stopping at ``LIVE_CAP`` rows (a
+  backlog beyond that is shown as "more than");
 * finished jobs are read only inside the recent window, through
   ``dispatch_job_finished`` (namespace, state, finished_at);
 * wait and run time percentiles come from the newest ``TIMING_SAMPLE``
@@ -50,9 +51,16 @@ CRON_SHOWN = 8
 #: Live states counted, and the partial index each count walks.
 LIVE_COUNTS = {
     JobState.PENDING: Q(state=JobState.PENDING),
-    # Blocked jobs are always keyed today: the predicate lets PostgreSQL
-    # use dispatch_job_part_live, whose condition includes it.
-    JobState.BLOCKED: Q(state=JobState.BLOCKED, partition_key__isnull=False),
+    # Jobs are blocked behind their partition's head, or set aside by a
+    # concurrency or rate limit (#17): of their task (keyed by
+    # concurrency_key) or of their queue (marked with flow_queue). One
+    # predicate per partial index whose condition it implies
+    # (dispatch_job_part_live, dispatch_job_conc_live, dispatch_job_queue_flow),
+    # so PostgreSQL ORs the index scans instead of reading the table; a job
+    # matching two is counted once.
+    JobState.BLOCKED: Q(state=JobState.BLOCKED, partition_key__isnull=False)
+    | Q(state=JobState.BLOCKED, concurrency_key__isnull=False)
+    | Q(state=JobState.BLOCKED, flow_queue__isnull=False),
     JobState.RUNNING: Q(state=JobState.RUNNING),
 }
 if any(f.name == "resource_shape" for f in Job._meta.get_fields()):

@@ -99,6 +99,43 @@ def test_keyed_jobs_behind_another_of_their_key_count_as_blocked():
     assert Job.objects.filter(state="blocked").count() == 0  # none marked yet
 
 
+def set_aside_by_limits() -> dict[str, list[int]]:
+    """Jobs blocked by a task's concurrency limit (key "customer:42", cap 3) and by
+    queue "capq"'s (cap 1), through a real claim; run inside ``limited_queue()``."""
+    from django_dispatch import store
+    from django_dispatch.store import flow
+    from tests.testapp import flow_tasks
+
+    flow.forget_paused()
+    keyed = [
+        int(flow_tasks.capped.using(concurrency_key="customer:42").enqueue(f"t{i}").id)
+        for i in range(5)
+    ]
+    queued = [int(flow_tasks.mark.using(queue_name="capq").enqueue(f"q{i}").id) for i in range(4)]
+    claimed = store.jobs_claim(worker_id="w", queues=(), limit=20, lease_seconds=30)
+    assert {c.id for c in claimed} == {*keyed[:3], queued[0]}
+    return {"keyed": keyed[3:], "queued": queued[1:]}
+
+
+def limited_queue():
+    from django.conf import settings
+    from django.test.utils import override_settings
+
+    return override_settings(DISPATCH={**settings.DISPATCH, "QUEUES": {"capq": {"concurrency": 1}}})
+
+
+@pytest.mark.django_db(transaction=True)
+def test_jobs_set_aside_by_a_concurrency_or_queue_limit_count_as_blocked():
+    """Review finding (wave 5): the blocked count took only partitioned jobs, so
+    a backlog set aside by a limit showed as neither pending nor blocked."""
+    with limited_queue():
+        set_aside_by_limits()
+        queues = {q.name: q for q in console.overview().queues}
+    assert (queues["capq"].running, queues["capq"].blocked, queues["capq"].pending) == (1, 3, 0)
+    assert (queues["default"].running, queues["default"].blocked) == (3, 2)
+    assert queues["default"].pending == 0
+
+
 @pytest.mark.django_db(transaction=True)
 def test_overview_page_renders_for_a_view_only_user(client, staff):
     make_incident()

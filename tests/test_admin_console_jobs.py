@@ -49,6 +49,23 @@ def user(login):
 
 
 @pytest.mark.django_db(transaction=True)
+def test_a_job_set_aside_by_a_limit_says_so_not_partition_none(client, user):
+    """Review finding (wave 5): every blocked badge named a partition, "partition
+    None" for jobs set aside by a concurrency, rate or queue limit."""
+    from tests.test_admin_console import limited_queue, set_aside_by_limits
+
+    user(superuser=True)
+    with limited_queue():
+        blocked = set_aside_by_limits()
+        text = page(client.get(reverse(CHANGELIST)))
+    keyed, queued = row_of(text, blocked["keyed"][0]), row_of(text, blocked["queued"][0])
+    for row in (keyed, queued):
+        assert ">blocked<" in row and "partition" not in row
+    assert "Over its task's concurrency or rate limit (key 'customer:42')" in keyed
+    assert "Over the concurrency or rate limit of queue 'capq'" in queued
+
+
+@pytest.mark.django_db(transaction=True)
 def test_badges_tell_deferred_waiting_blocked_and_failed_apart(client, user):
     user(superuser=True)
     waiting = tasks.add.enqueue(1, 1)
@@ -62,6 +79,7 @@ def test_badges_tell_deferred_waiting_blocked_and_failed_apart(client, user):
     assert "waiting for a worker" in row_of(text, head.id)
     assert f">blocked behind #{head.id}<" in row_of(text, behind.id)
     assert "user:7" in row_of(text, behind.id)
+    assert "in partition 'user:7' to finish" in row_of(text, behind.id)
     failed = tasks.fail_always.enqueue("customer 17 has no address")
     drain(queues=["default"])
     text = page(client.get(reverse(CHANGELIST)))

@@ -54,12 +54,27 @@ def job_badge(job: Job, now: Any = None) -> str:
         behind = f" behind #{head}" if head is not None and head < job.pk else ""
         return format_html(
             '<span title="{}">{}</span>',
-            f"Waits for the job ahead of it in partition {job.partition_key!r} to finish",
+            blocked_reason(job),
             badge_html("blocked", f"blocked{behind}"),
         )
     if state == JobState.SUCCEEDED and step_outcome(job) == "failed":
         return badge_html("step failed", "step failed")
     return badge_html(state, job.get_state_display())
+
+
+def blocked_reason(job: Job) -> str:
+    """What a blocked job waits for: its partition's head, or room under a limit (#17)."""
+    if job.partition_key is not None:
+        return f"Waits for the job ahead of it in partition {job.partition_key!r} to finish"
+    if job.concurrency_key is not None:
+        group = f"key {job.concurrency_key!r}" if job.concurrency_key else "the task"
+        return f"Over its task's concurrency or rate limit ({group}): runs when the group has room"
+    if job.flow_queue is not None:
+        return (
+            f"Over the concurrency or rate limit of queue {job.flow_queue!r}: "
+            "runs when the queue has room"
+        )
+    return "Waits for room to start"
 
 
 def step_outcome(job: Job) -> str | None:
