@@ -19,7 +19,7 @@ from django.test.utils import CaptureQueriesContext, override_settings
 
 from django_dispatch import store
 from django_dispatch.compat import InvalidTask
-from django_dispatch.models import ConcurrencyWait, Job, QueueWindow
+from django_dispatch.models import ConcurrencyWait, Job, QueueWindow, Worker
 from django_dispatch.states import JobState
 from django_dispatch.testing import drain
 from tests.conftest import postgres_only, wait_until
@@ -449,6 +449,9 @@ def test_a_deploy_that_changes_the_limits_strands_nothing(start_worker):
         what="the capped queue to start",
     )
     assert Job.objects.filter(state=JobState.BLOCKED).exists()
+    # Both registered, so both have their stop handlers (installed before they
+    # register): one still starting would die of the SIGTERM (exit -15).
+    wait_until(lambda: Worker.objects.count() == 2, timeout=30, what="both old workers")
     for worker in old:
         worker.signal(signal.SIGTERM)
     for worker in old:
