@@ -6,7 +6,6 @@ from __future__ import annotations
 import html
 
 import pytest
-from django.contrib.auth.models import Permission
 from django.test import Client
 from django.urls import reverse
 
@@ -15,21 +14,6 @@ from tests.testapp import flow_tasks
 
 pytestmark = pytest.mark.django_db(transaction=True)
 URL = "admin:django_dispatch_pausedqueue_changelist"
-
-
-@pytest.fixture
-def login(client, django_user_model):
-    def make(*codenames: str):
-        user = django_user_model.objects.create_user(f"op{len(codenames)}", is_staff=True)
-        user.user_permissions.set(
-            Permission.objects.filter(
-                content_type__app_label="django_dispatch", codename__in=codenames
-            )
-        )
-        client.force_login(user)
-        return user
-
-    return make
 
 
 def text(response) -> str:

@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import hashlib
+import time
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from django.db import connections, router
-from django.db.models import DateTimeField, ExpressionWrapper, Value
+from django.db.models import DateTimeField, ExpressionWrapper, QuerySet, Value
 from django.db.models.functions import Now
 
 from ..limits import truncate_error_text
@@ -147,3 +148,26 @@ def error_entry(exception_class_path: str, message: str, traceback: str) -> dict
         "message": truncate_error_text(message),
         "traceback": truncate_error_text(traceback),
     }
+
+
+def delete_in_batches(old: QuerySet[Any], order_by: str, *, batch: int, max_seconds: float) -> int:
+    """Delete the rows of ``old``, oldest ``order_by`` first, ``batch`` at a time;
+    return how many rows of its model were deleted.
+
+    Why batches: each is its own short DELETE, so no purge holds locks for
+    long beside a busy worker; they repeat until none is left or
+    ``max_seconds`` pass (the leader's purges share its time). Safe with
+    several purgers: a row deleted twice is deleted once.
+    """
+    model, db = old.model, old.db
+    deleted = 0
+    deadline = time.monotonic() + max_seconds
+    while time.monotonic() < deadline:
+        ids = list(old.order_by(order_by).values_list("id", flat=True)[:batch])
+        if not ids:
+            break
+        _, per_model = model._default_manager.using(db).filter(id__in=ids).delete()
+        deleted += per_model.get(model._meta.label, 0)
+        if len(ids) < batch:
+            break
+    return deleted

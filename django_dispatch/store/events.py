@@ -22,7 +22,6 @@ caller (SKIP LOCKED on PostgreSQL; SQLite's write lock) for
 from __future__ import annotations
 
 import hashlib
-import time
 from typing import Any
 
 from django.db import connections, transaction
@@ -30,7 +29,7 @@ from django.db.models import F, Q
 from django.db.models.functions import Now
 
 from ..models import Event
-from .base import NOTIFY_CHANNEL, db_alias, now_plus, take_sqlite_write_lock
+from .base import NOTIFY_CHANNEL, db_alias, delete_in_batches, now_plus, take_sqlite_write_lock
 from .workflows.common import StepJobBuilder
 from .workflows.waits import wake_waiting_steps
 
@@ -140,14 +139,5 @@ def events_purge(
     subscribe). Returns how many were deleted.
     """
     db = db or db_alias()
-    deleted = 0
-    deadline = time.monotonic() + max_seconds
     old = Event.objects.using(db).filter(namespace=namespace, acked_at__lt=now_plus(-retention))
-    while time.monotonic() < deadline:
-        ids = list(old.order_by("acked_at").values_list("id", flat=True)[:batch])
-        if not ids:
-            break
-        deleted += Event.objects.using(db).filter(id__in=ids).delete()[0]
-        if len(ids) < batch:
-            break
-    return deleted
+    return delete_in_batches(old, "acked_at", batch=batch, max_seconds=max_seconds)

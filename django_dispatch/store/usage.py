@@ -13,7 +13,6 @@ has recorded already.
 from __future__ import annotations
 
 import json
-import time
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
@@ -23,7 +22,7 @@ from django.db import connections
 from django.db.models.functions import Now
 
 from ..models import JobUsage
-from .base import db_alias
+from .base import db_alias, delete_in_batches
 
 
 @dataclass(frozen=True, slots=True)
@@ -166,19 +165,10 @@ def usage_purge(
     ``max_seconds`` pass, like the jobs' retention purge.
     """
     db = db or db_alias()
-    deadline = time.monotonic() + max_seconds
-    deleted = 0
     old = JobUsage.objects.using(db).filter(
         namespace=namespace, finished_at__lt=Now() - timedelta(seconds=older_than)
     )
-    while time.monotonic() < deadline:
-        ids = list(old.order_by("finished_at").values_list("id", flat=True)[:batch])
-        if not ids:
-            break
-        deleted += JobUsage.objects.using(db).filter(id__in=ids).delete()[0]
-        if len(ids) < batch:
-            break
-    return deleted
+    return delete_in_batches(old, "finished_at", batch=batch, max_seconds=max_seconds)
 
 
 def usage_newest(

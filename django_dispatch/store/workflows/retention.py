@@ -9,13 +9,11 @@ parent's history points at it).
 
 from __future__ import annotations
 
-import time
-
 from django.db.models import Exists, OuterRef
 
 from ...models import WorkflowRun
 from ...models.workflow import RUN_ACTIVE, RunState
-from ..base import now_plus
+from ..base import delete_in_batches, now_plus
 from .common import db_or_default
 
 
@@ -42,14 +40,4 @@ def workflow_runs_purge(
         .exclude(Exists(live_child))
         .exclude(Exists(live_parent))
     )
-    deleted = 0
-    deadline = time.monotonic() + max_seconds
-    while time.monotonic() < deadline:
-        ids = list(old.order_by("finished_at").values_list("id", flat=True)[:batch])
-        if not ids:
-            break
-        WorkflowRun.objects.using(db).filter(id__in=ids).delete()
-        deleted += len(ids)
-        if len(ids) < batch:
-            break
-    return deleted
+    return delete_in_batches(old, "finished_at", batch=batch, max_seconds=max_seconds)
