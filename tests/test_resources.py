@@ -397,8 +397,12 @@ def test_a_lease_written_by_the_resource_claim_equals_the_plain_claims():
 def test_processes_divide_the_hosts_capacity(settings):
     from django_dispatch.management.commands.rundispatch import Command
 
+    options = {"capacity": "memory_mb=1001,gpu=2", "locality": None, "processes": 2}
+    assert Command._placement(options) == ({"memory_mb": 500, "gpu": 1}, "")
+    # A share of 0 would strand every job needing it: refused, saying what to do.
     options = {"capacity": "memory_mb=1001,gpu=1", "locality": None, "processes": 2}
-    assert Command._placement(options) == ({"memory_mb": 500, "gpu": 0}, "")
+    with pytest.raises(CommandError, match=r"gpu=1 divided among --processes 2 .*--processes 1"):
+        Command._placement(options)
     settings.DISPATCH = {"CAPACITY": {"memory_mb": 300}, "LOCALITY": "eu"}
     options = {"capacity": None, "locality": None, "processes": 1}
     assert Command._placement(options) == ({"memory_mb": 300}, "eu")

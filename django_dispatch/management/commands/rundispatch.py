@@ -218,7 +218,17 @@ class Command(BaseCommand):
         locality = options["locality"] if options["locality"] is not None else cfg.LOCALITY
         if locality and len(locality) > resources.NAME_MAX_LENGTH:
             raise CommandError(f"--locality is longer than {resources.NAME_MAX_LENGTH} characters.")
-        return resources.divide(capacity, options["processes"]), locality
+        shares = resources.divide(capacity, options["processes"])
+        lost = sorted(name for name, amount in capacity.items() if amount and not shares[name])
+        if lost:  # a silent 0 would leave every job needing it pending for ever
+            names = ", ".join(f"{name}={capacity[name]}" for name in lost)
+            raise CommandError(
+                f"--capacity {names} divided among --processes {options['processes']} leaves "
+                f"each process none of it, so no job needing {' or '.join(lost)} could run. "
+                "Give this host --processes 1, or run one rundispatch per device, each with "
+                "its own --capacity."
+            )
+        return shares, locality
 
     @staticmethod
     def _serve(start: Any, port: int, addr: str, *args: Any) -> exposition.Server | None:
