@@ -41,7 +41,6 @@ from typing import Any
 from django.db import connections
 from django.db.models import Count, Q
 from django.db.models.functions import Now
-from django.db.transaction import TransactionManagementError
 
 from ..models import Job, Worker
 from ..resources import Needs, fits, minus
@@ -417,36 +416,3 @@ def _pick_pg(
 @functools.lru_cache(maxsize=8)
 def _json_fields(fields: tuple[str, ...]) -> list[str]:
     return [name for name in fields if Job._meta.get_field(name).get_internal_type() == "JSONField"]
-
-
-#: The lease of the rows ``_pick_pg`` locked and ``Placement.take`` kept, as
-#: ``claim._lease`` writes it, in raw SQL: the ORM's compilation of that
-#: UPDATE was a visible share of a busy worker's claim (benchmark "mixed
-#: sizes"). Same transaction, so ``now()`` is the claim's ``db_now``.
-_LEASE_SQL = """
-UPDATE {job} SET
-    state = {running},
-    worker_id = %(worker_id)s::text,
-    lease_epoch = lease_epoch + 1,
-    lease_expires_at = now() + %(lease_seconds)s * interval '1 second',
-    heartbeat_at = now(),
-    attempts = attempts + 1,
-    started_at = COALESCE(started_at, now()),
-    last_attempted_at = now(),
-    worker_ids = COALESCE(worker_ids, '[]'::jsonb) || jsonb_build_array(%(worker_id)s::text)
-WHERE id = ANY(%(ids)s) AND state = {pending}
-"""
-
-
-def lease_pg(db: str, ids: list[int], worker_id: str, lease_seconds: float) -> None:
-    """Lease rows this transaction has locked (PostgreSQL); all of them, or raise."""
-    connection = connections[db]
-    with connection.cursor() as cursor:
-        cursor.execute(
-            job_sql(connection, _LEASE_SQL),
-            {"ids": ids, "worker_id": worker_id, "lease_seconds": lease_seconds},
-        )
-        if cursor.rowcount != len(ids):  # pragma: no cover - the row locks forbid it
-            raise TransactionManagementError(
-                f"claim locked {len(ids)} jobs but leased {cursor.rowcount}; rolled back"
-            )
