@@ -25,6 +25,7 @@ def drain(
     queues: Sequence[str] = (),
     *,
     concurrency: int = 1,
+    async_concurrency: int = 0,
     worker_id: str = "test-worker",
     max_jobs: int | None = None,
     include_retries: bool = True,
@@ -41,6 +42,9 @@ def drain(
     With ``include_retries`` (the default), retries are made due at once and
     drained too, so a test sees a job's final outcome without waiting out
     its backoff.
+
+    ``async_concurrency``: as ``rundispatch --async-concurrency`` (async jobs
+    together on one event loop).
 
     ``capacity``/``locality``: as ``rundispatch --capacity/--locality`` (#16).
     Without ``capacity``, like a worker without it, only jobs without
@@ -60,6 +64,7 @@ def drain(
                 queues=queues,
                 namespace=namespace,
                 concurrency=concurrency,
+                async_concurrency=async_concurrency,
                 burst=True,
                 max_jobs=None if max_jobs is None else max_jobs - total,
                 scheduler=False,  # cron fires through scheduler.tick(), not drain()

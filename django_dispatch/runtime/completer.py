@@ -57,14 +57,28 @@ class BatchCompleter:
 
     def submit(self, running: RunningJob, outcome: Outcome) -> bool:
         """On a job thread: have a success written by the next wave; False if not batchable."""
+        if not self.offer(running, outcome):
+            return False
+        if not running.persisted.wait(timeout=self.wait_seconds):
+            return False  # the control loop is stuck: write it ourselves (fenced)
+        return self.after_wave(running, outcome)
+
+    def offer(self, running: RunningJob, outcome: Outcome) -> bool:
+        """Queue a success for the next wave (no waiting); False if not batchable."""
         if outcome.kind != "succeeded":
             return False
         running.finished = outcome
         self.waiting.put(running)
         self.wakeup.set()
-        if not running.persisted.wait(timeout=self.wait_seconds):
-            return False  # the control loop is stuck: write it ourselves (fenced)
-        if running.won is None:  # the wave failed: write it ourselves
+        return True
+
+    @staticmethod
+    def after_wave(running: RunningJob, outcome: Outcome) -> bool:
+        """Once the wave is written: report it and send ``task_finished`` (user code).
+
+        False when the wave failed: the caller writes the outcome itself.
+        """
+        if running.won is None:
             return False
         if running.won:
             events.finished(running.claimed, "succeeded")
@@ -108,14 +122,14 @@ class BatchCompleter:
         """After the commit: wake each thread with its result."""
         for running in batch:
             running.won = running.claimed.id in won
-            running.persisted.set()
+            _persisted(running)
 
     @staticmethod
     def abort(batch: list[RunningJob]) -> None:
         """The wave's transaction failed: each thread writes its own outcome."""
         for running in batch:
             running.won = None
-            running.persisted.set()
+            _persisted(running)
 
     def coalesce(self, running: int) -> None:
         """Let a wave of finishing jobs gather before writing it.
@@ -130,6 +144,12 @@ class BatchCompleter:
         deadline = time.monotonic() + COALESCE_SECONDS
         while self.waiting.qsize() < running and time.monotonic() < deadline:
             time.sleep(COALESCE_SECONDS / 8)
+
+
+def _persisted(running: RunningJob) -> None:
+    running.persisted.set()
+    if running.on_persisted is not None:
+        running.on_persisted()
 
 
 def usage_outcome(outcome: Outcome) -> str | None:

@@ -23,6 +23,7 @@ import asyncio
 import contextlib
 import logging
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from inspect import iscoroutinefunction
 from typing import Any, Literal
@@ -76,6 +77,11 @@ class RunningJob:
     finished: Outcome | None = None
     persisted: threading.Event = field(default_factory=threading.Event)
     won: bool | None = False
+    #: Called (from the control loop) once ``persisted`` is set: how the
+    #: asyncio executor learns it without a thread blocked on the event.
+    on_persisted: Callable[[], None] | None = None
+    #: Runs on this process's event loop (``asyncjobs``), not a job thread.
+    on_loop: bool = False
     _loop: asyncio.AbstractEventLoop | None = None
     _atask: asyncio.Task[Any] | None = None
 
@@ -100,6 +106,12 @@ def resolve(running: RunningJob) -> Task | None:
         except UnknownTask as e:
             running.unknown = e
     return running.task
+
+
+def is_async(running: RunningJob) -> bool:
+    """Whether the job's task is an ``async def`` (resolving it; see ``resolve``)."""
+    task = resolve(running)
+    return task is not None and iscoroutinefunction(task.func)
 
 
 def _with_status(result: TaskResult, status: TaskResultStatus, **changes: Any) -> TaskResult:
@@ -184,8 +196,25 @@ def classify_interruption(claimed: ClaimedJob, exception: BaseException, *, task
     )
 
 
-def execute(claimed: ClaimedJob, running: RunningJob) -> Outcome:
-    """Run the job's task function once and classify the result."""
+@dataclass
+class Prepared:
+    """A job ready for its task function: what ``prepare`` found, for ``conclude``."""
+
+    task: Task
+    result: TaskResult
+    args: list[Any]
+    kwargs: dict[str, Any]
+    timeout: float | None
+
+
+def prepare(claimed: ClaimedJob, running: RunningJob) -> Outcome | Prepared:
+    """Everything before task code: resolve, check arguments, ``task_started``.
+
+    An ``Outcome`` when the attempt ends here (cancelled while it waited,
+    a task that cannot run). ``task_started`` receivers are user code: call
+    this where they may use the database (a job thread, or the asyncio
+    executor's sync thread), never on an event loop.
+    """
     row = claimed.row
     if running.cancel_event.is_set():  # cancelled while waiting for a thread
         return Outcome(kind="discarded")
@@ -202,7 +231,6 @@ def execute(claimed: ClaimedJob, running: RunningJob) -> Outcome:
 
     result = running_result(claimed, task)
     send_robust(task_started, signal_sender(task), result)
-    timeout = getattr(task, "timeout", None)
     args, kwargs = list(row["args"]), dict(row["kwargs"])
     if task.takes_context:
         context = DispatchTaskContext(
@@ -213,19 +241,27 @@ def execute(claimed: ClaimedJob, running: RunningJob) -> Outcome:
             saved_checkpoint=row["checkpoint"],
         )
         args.insert(0, context)
-    try:
-        if iscoroutinefunction(task.func):
-            value = async_to_sync(_run_async)(task, args, kwargs, timeout, running)
-        else:
-            value = task.func(*args, **kwargs)
-    except (JobCancelled, asyncio.CancelledError) as e:
+    return Prepared(task, result, args, kwargs, getattr(task, "timeout", None))
+
+
+def conclude(
+    claimed: ClaimedJob,
+    running: RunningJob,
+    prepared: Prepared,
+    *,
+    value: Any = None,
+    error: BaseException | None = None,
+) -> Outcome:
+    """Classify what the task function did: returned ``value`` or raised ``error``."""
+    task, result = prepared.task, prepared.result
+    if isinstance(error, (JobCancelled, asyncio.CancelledError)):
         if running.cancel_event.is_set():  # we asked it to stop
-            return Outcome(kind="discarded", exception=e, task_result=result)
-        return classify_failure(claimed, e, task=task)  # raised on its own: an error
-    except BaseException as e:  # SystemExit from a task fails the job, not the thread
-        if lost_connection(e):
-            return classify_interruption(claimed, e, task=task)
-        return classify_failure(claimed, e, task=task)
+            return Outcome(kind="discarded", exception=error, task_result=result)
+        return classify_failure(claimed, error, task=task)  # raised on its own: an error
+    if error is not None:  # SystemExit from a task fails the job, not the thread
+        if lost_connection(error):
+            return classify_interruption(claimed, error, task=task)
+        return classify_failure(claimed, error, task=task)
     if running.cancel_event.is_set() or running.abandoned:
         return Outcome(kind="discarded", task_result=result)
     try:
@@ -237,10 +273,30 @@ def execute(claimed: ClaimedJob, running: RunningJob) -> Outcome:
     return Outcome(kind="succeeded", return_value=value, task_result=result)
 
 
-async def _run_async(
+def execute(claimed: ClaimedJob, running: RunningJob) -> Outcome:
+    """Run the job's task function once, on this thread, and classify the result.
+
+    An async task gets an event loop of its own for the attempt
+    (``async_to_sync``); the asyncio executor (``asyncjobs``) runs many on one.
+    """
+    prepared = prepare(claimed, running)
+    if isinstance(prepared, Outcome):
+        return prepared
+    task, args, kwargs = prepared.task, prepared.args, prepared.kwargs
+    try:
+        if iscoroutinefunction(task.func):
+            value = async_to_sync(run_async)(task, args, kwargs, prepared.timeout, running)
+        else:
+            value = task.func(*args, **kwargs)
+    except BaseException as e:
+        return conclude(claimed, running, prepared, error=e)
+    return conclude(claimed, running, prepared, value=value)
+
+
+async def run_async(
     task: Task, args: list[Any], kwargs: dict[str, Any], timeout: float | None, running: RunningJob
 ) -> Any:
-    """Run an async task in this thread's event loop, cancellable and timed."""
+    """Run an async task on the running event loop, cancellable (``RunningJob.stop``) and timed."""
     running._loop = asyncio.get_running_loop()
     running._atask = asyncio.current_task()
     if running.cancel_event.is_set():

@@ -32,8 +32,13 @@ logger = logging.getLogger("django_dispatch.worker")
 class Slots:
     """The jobs a worker process holds, shared by its control loop and its job threads."""
 
-    def __init__(self, concurrency: int) -> None:
+    def __init__(self, concurrency: int, async_concurrency: int = 0) -> None:
         self.concurrency = concurrency
+        #: Slots of the asyncio executor (``rundispatch --async-concurrency``).
+        self.async_concurrency = async_concurrency
+        #: Share of async jobs in the last claim: how much of the event
+        #: loop's free room the next claim asks for (see ``free``).
+        self.async_share = 0.25
         self.lock = threading.Lock()
         self.running: dict[int, RunningJob] = {}
         #: The thread running each job, once one picked it up.
@@ -45,8 +50,31 @@ class Slots:
         self.lingering: dict[int, RunningJob] = {}
 
     def free(self) -> int:
+        """How many jobs the next claim may take.
+
+        With an asyncio executor, a claim cannot ask for async jobs only: it
+        learns which task a job runs once it has it. It asks for the free
+        threads plus the share of the event loop's free room that async jobs
+        took in the last claim (at least one, to notice a change), and for
+        nothing while sync jobs wait for a thread. So jobs sit claimed and
+        unstarted (leased, renewed, handed back at shutdown) only briefly,
+        and a queue of sync jobs is not hoarded by a worker that has 200
+        async slots and 8 threads.
+        """
         with self.lock:
-            return self.concurrency - len(self.running)
+            if not self.async_concurrency:
+                return self.concurrency - len(self.running)
+            on_loop = sum(1 for r in self.running.values() if r.on_loop)
+            threads_free = self.concurrency - (len(self.running) - on_loop)
+            loop_free = self.async_concurrency - on_loop
+            if threads_free < 0 or loop_free <= 0:
+                return max(0, threads_free)
+            return threads_free + max(1, round(loop_free * self.async_share))
+
+    def learn(self, on_loop: int, claimed: int) -> None:
+        """After a claim of ``claimed`` jobs, ``on_loop`` of them async."""
+        if claimed:
+            self.async_share = on_loop / claimed
 
     def placement(
         self, capacity: dict[str, int], locality: str, starvation_seconds: float
@@ -93,79 +121,124 @@ class JobRunner:
 
     def run(self, running: RunningJob, conns: ThreadConnections) -> None:
         """On a job thread: check the connection, run, persist, free the slot."""
-        job_id = running.claimed.id
-        with self.slots.lock:
-            if running.abandoned:  # handed back before a thread picked it up
-                return
-            self.slots.threads[job_id] = threading.current_thread()
+        if not self.register(running):
+            return
         outcome: Outcome | None = None
         meter: metering.Meter | None = None
         try:
-            try:
-                conns.ready_for_task(self.db)
-            except (DatabaseError, InterfaceError):
-                # The database is unreachable and task code has not started:
-                # the job goes back as if never claimed (written once the
-                # database answers, or reclaimed if it never does); logged
-                # as "released" once written.
-                database_went_away()
+            meter = self.begin(running, conns)
+            if meter is None:
                 outcome = Outcome(kind="released")
-                completer.persist(running.claimed, outcome, give_up_after=self.lease_seconds)
                 return
-            task = executor.resolve(running)  # once per job: the timeouts use it too
-            events.started(running.claimed)
-            began = time.monotonic()
-            # The attempt's usage record (#16): an async task's CPU is not this thread's.
-            meter = metering.start(
-                job_id, thread_cpu=task is None or not iscoroutinefunction(task.func)
-            )
             if tracing.AVAILABLE and tracing.active():  # a consumer span, under the enqueue's
                 with tracing.consumer(running.claimed) as span:
                     outcome = self._attempt(running)
                     tracing.outcome(span, outcome.kind, outcome.exception)
             else:
                 outcome = self._attempt(running)
-            meter.stop()
-            events.ran(running.claimed, time.monotonic() - began)
+            self.ran(running, meter)
             if not self.completer.submit(running, outcome):
-                # An abandoned job's outcome was recorded by whoever abandoned
-                # it (the hand-back, the timeout, the recycle's successor).
-                completer.persist(
-                    running.claimed,
-                    outcome,
-                    give_up_after=self.lease_seconds,
-                    report=not running.abandoned,
-                )
+                self.write(running, outcome)
         except Exception as e:
-            # A bug of ours must not kill the thread, nor leave the job
-            # running until its lease expires: fail it (fenced) and go on.
-            logger.exception(
-                "job %s: unexpected error in the worker",
-                job_id,
-                extra=events.job_fields(running.claimed),
-            )
-            outcome = executor.classify_failure(running.claimed, e, task=None, retryable=False)
-            try:
-                completer.persist(running.claimed, outcome, give_up_after=1)
-            except Exception:
-                logger.exception("job %s: could not record the error", job_id)
+            outcome = self.unexpected(running, e)
         finally:
-            if outcome is not None and outcome.kind == "interrupted":
-                database_went_away()  # the other threads' connections may be broken too
-            metering.forget(job_id, meter)
-            _reset_connections()
-            conns.done()
-            with self.slots.lock:
-                if self.slots.running.get(job_id) is running:
-                    del self.slots.running[job_id]
-                self.slots.threads.pop(job_id, None)
-                self.slots.lingering.pop(job_id, None)
-            self.wakeup.set()
+            self.end(running, outcome, meter, conns)
+
+    # The steps of a job, shared with the asyncio executor (``asyncjobs``),
+    # which runs the same steps with task code on its event loop.
+
+    def register(self, running: RunningJob) -> bool:
+        """Mark the job started on this thread; False: it was handed back meanwhile."""
+        with self.slots.lock:
+            if running.abandoned:  # handed back before a thread picked it up
+                return False
+            self.slots.threads[running.claimed.id] = threading.current_thread()
+        return True
+
+    def begin(self, running: RunningJob, conns: ThreadConnections) -> metering.Meter | None:
+        """Before task code: a usable connection, the task resolved, the clocks started.
+
+        None when the database is unreachable: task code has not started, so
+        the job goes back as if never claimed (written once the database
+        answers, or reclaimed if it never does); logged as "released".
+        """
+        try:
+            conns.ready_for_task(self.db)
+        except (DatabaseError, InterfaceError):
+            database_went_away()
+            completer.persist(
+                running.claimed, Outcome(kind="released"), give_up_after=self.lease_seconds
+            )
+            return None
+        task = executor.resolve(running)  # once per job: the timeouts use it too
+        events.started(running.claimed)
+        # The attempt's usage record (#16): an async task's CPU is not this thread's.
+        return metering.start(
+            running.claimed.id, thread_cpu=task is None or not iscoroutinefunction(task.func)
+        )
+
+    @staticmethod
+    def ran(running: RunningJob, meter: metering.Meter) -> None:
+        meter.stop()
+        events.ran(running.claimed, meter.wall or 0.0)
+
+    def write(self, running: RunningJob, outcome: Outcome) -> None:
+        """Write an outcome the completion wave did not take, one job at a time."""
+        # An abandoned job's outcome was recorded by whoever abandoned
+        # it (the hand-back, the timeout, the recycle's successor).
+        completer.persist(
+            running.claimed,
+            outcome,
+            give_up_after=self.lease_seconds,
+            report=not running.abandoned,
+        )
+
+    @staticmethod
+    def unexpected(running: RunningJob, e: Exception) -> Outcome:
+        """A bug of ours must not kill the thread, nor leave the job running
+        until its lease expires: fail it (fenced) and go on."""
+        job_id = running.claimed.id
+        logger.exception(
+            "job %s: unexpected error in the worker",
+            job_id,
+            extra=events.job_fields(running.claimed),
+        )
+        outcome = executor.classify_failure(running.claimed, e, task=None, retryable=False)
+        try:
+            completer.persist(running.claimed, outcome, give_up_after=1)
+        except Exception:
+            logger.exception("job %s: could not record the error", job_id)
+        return outcome
+
+    def end(
+        self,
+        running: RunningJob,
+        outcome: Outcome | None,
+        meter: metering.Meter | None,
+        conns: ThreadConnections,
+    ) -> None:
+        """Whatever happened: reset this thread's connections and free the slot."""
+        job_id = running.claimed.id
+        if outcome is not None and outcome.kind == "interrupted":
+            database_went_away()  # the other threads' connections may be broken too
+        metering.forget(job_id, meter)
+        _reset_connections()
+        conns.done()
+        with self.slots.lock:
+            if self.slots.running.get(job_id) is running:
+                del self.slots.running[job_id]
+            self.slots.threads.pop(job_id, None)
+            self.slots.lingering.pop(job_id, None)
+        self.wakeup.set()
 
     def _attempt(self, running: RunningJob) -> Outcome:
         """Run the task once; the outcome, as its timeout or a hand-back changed it."""
         self.overseer.started(running)
         outcome = executor.execute(running.claimed, running)
+        return self.finish_attempt(running, outcome)
+
+    def finish_attempt(self, running: RunningJob, outcome: Outcome) -> Outcome:
+        """The attempt's outcome, as its timeout or a hand-back changed it."""
         overtime = self.overseer.returned(running)
         if running.abandoned:
             return Outcome(kind="discarded", task_result=outcome.task_result)

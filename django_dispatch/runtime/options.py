@@ -24,6 +24,9 @@ class WorkerOptions:
     #: and wake-ups all stay inside it.
     namespace: str = ""
     concurrency: int = 4
+    #: Slots for ``async def`` jobs on one event loop (``asyncjobs``); 0: none,
+    #: async jobs take a job thread each.
+    async_concurrency: int = 0
     burst: bool = False
     max_jobs: int | None = None
     shutdown_timeout: float = 30.0

@@ -16,6 +16,8 @@ ended by recycling the process (``recycling``).
 Database connections: one per job thread, one for the control loop, and on
 PostgreSQL with LISTEN on, one for the listener: ``concurrency + 2`` (``+ 1``
 without LISTEN); a thread given up on in-process keeps its own until it returns.
+An asyncio executor (``--async-concurrency``, ``asyncjobs``) adds one, however
+many async jobs it runs.
 """
 
 from __future__ import annotations
@@ -35,6 +37,7 @@ from .. import store
 from ..conf import DispatchSettings, get_settings
 from ..observability import events, metrics
 from . import completer, executor, recycling, scheduler, timeouts
+from .asyncjobs import AsyncJobs
 from .connections import database_went_away
 from .jobthreads import JobRunner, JobThreads, Slots
 from .listener import Listener, start_listener
@@ -62,13 +65,13 @@ class Worker:
         self.wakeup = threading.Event()
         self.stopping = False
         self.force_stop = False
-        self.slots = Slots(options.concurrency)
+        self.slots = Slots(options.concurrency, options.async_concurrency)
         #: What the worker row says about this process (see ``store.workers``).
         self.registration: dict[str, Any] = {
             "hostname": socket.gethostname(),
             "pid": os.getpid(),
             "queues": options.queues,
-            "concurrency": options.concurrency,
+            "concurrency": options.concurrency + options.async_concurrency,
             "db": self.db,
             "namespace": options.namespace,
             "capacity": options.capacity,  # #16
@@ -77,6 +80,7 @@ class Worker:
         self.claimed_total = 0
         self.completer = completer.BatchCompleter(self.wakeup, self.settings.LEASE_SECONDS)
         self.listener: Listener | None = None
+        self.async_jobs: AsyncJobs | None = None  # --async-concurrency: made in run()
         self.signalled_at: float | None = None
         #: When running jobs are handed back. None while draining after
         #: --burst or --max-jobs: those jobs run to completion.
@@ -175,6 +179,7 @@ class Worker:
             wakeup=self.wakeup,
         )
         self.pool = pool = JobThreads(runner, opts.concurrency)
+        self.async_jobs = AsyncJobs(runner) if opts.async_concurrency else None
         maintenance = Maintenance(opts.worker_id, cfg, self.db, opts.namespace)
         try:
             store.worker_register(opts.worker_id, **self.registration)
@@ -201,6 +206,8 @@ class Worker:
             # after a recycle: the successor settles their jobs once
             # re-executing the process has ended them.
             pool.stop(timeout=0.0 if self.handed_back or self.recycling else 5.0)
+            if self.async_jobs is not None:
+                self.async_jobs.stop(timeout=0.0 if self.handed_back or self.recycling else 5.0)
             if self.listener:
                 self.listener.stop()
                 self.listener.join(timeout=2.0)
@@ -300,11 +307,24 @@ class Worker:
         return self.slots.placement(opts.capacity, opts.locality, starve)
 
     def _start(self, claimed: list[store.ClaimedJob]) -> None:
+        """Hand each claimed job to a job thread, or, with an asyncio executor,
+        an async job to its event loop (resolving the task here: its module is
+        imported once, then it is a lookup)."""
+        on_loop = 0
         for job in claimed:
             running = executor.RunningJob(claimed=job, lease_seconds=self.settings.LEASE_SECONDS)
+            lane = self.async_jobs is not None and executor.is_async(running)
+            running.on_loop = lane
             with self.slots.lock:
                 self.slots.running[job.id] = running
-            self.pool.submit(running)
+            if lane:
+                assert self.async_jobs is not None
+                self.async_jobs.submit(running)
+                on_loop += 1
+            else:
+                self.pool.submit(running)
+        if self.async_jobs is not None:
+            self.slots.learn(on_loop, len(claimed))
         self.claimed_total += len(claimed)
 
     def heartbeat(self) -> None:
@@ -326,7 +346,9 @@ class Worker:
                 running.stop()
                 self.overseer.asked_to_stop(running, time.monotonic())
         if metrics.WORKER is not None:
-            metrics.WORKER.heartbeat(busy=len(leases), slots=self.options.concurrency)
+            metrics.WORKER.heartbeat(
+                busy=len(leases), slots=self.options.concurrency + self.options.async_concurrency
+            )
         # Recreates the row if the leader deleted it (after a long pause).
         store.worker_touch(self.options.worker_id, running_jobs=len(leases), **self.registration)
 

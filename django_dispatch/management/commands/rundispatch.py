@@ -33,6 +33,13 @@ def _positive_int(value: str) -> int:
     return number
 
 
+def _whole_number(value: str) -> int:
+    number = int(value)
+    if number < 0:
+        raise ValueError(value)
+    return number
+
+
 def _port(value: str) -> int:
     number = int(value)
     if not 0 <= number <= 65535:
@@ -63,6 +70,13 @@ class Command(BaseCommand):
             type=_positive_int,
             default=cfg.CONCURRENCY,
             help="Job threads per process (default: DISPATCH['CONCURRENCY']).",
+        )
+        parser.add_argument(
+            "--async-concurrency",
+            type=_whole_number,
+            default=0,
+            help="Slots per process for async def tasks, run together on one event loop "
+            "(default 0: each async job takes a job thread).",
         )
         parser.add_argument(
             "--processes",
@@ -150,6 +164,7 @@ class Command(BaseCommand):
                     queues=queues,
                     namespace=namespace,
                     concurrency=options["concurrency"],
+                    async_concurrency=options["async_concurrency"],
                     burst=options["burst"],
                     max_jobs=options["max_jobs"],
                     shutdown_timeout=options["shutdown_timeout"],

@@ -1,0 +1,192 @@
+"""The asyncio executor: many ``async def`` jobs of one process on one event loop.
+
+``rundispatch --async-concurrency N`` gives a worker process N slots on an
+event loop of its own (a thread, ``dispatch-async``), beside its job threads.
+A claimed job whose task is a coroutine function runs there; any other job
+runs on a job thread as before. Without the flag an async task takes a whole
+thread and a fresh event loop per attempt (``executor.execute``), so a
+process runs ``--concurrency`` I/O-bound jobs at once; with it, hundreds.
+
+What stays the same as on a job thread, because the steps are the job
+runner's own (``jobthreads.JobRunner``): the connection check before task
+code, the lease (the control loop renews it), timeouts and cancellation (the
+coroutine's asyncio task is cancelled), the usage record, the fenced write
+of the outcome, successes written in the control loop's completion wave.
+
+Database connections stay bounded: everything synchronous around a job (the
+connection check, ``task_started`` and ``task_finished`` receivers, which
+are user code, a write the wave did not take) runs through asgiref's
+``sync_to_async(thread_sensitive=True)``, on the one thread where the task's
+own ORM calls (``await Model.objects.acreate(...)``, ``sync_to_async``) run
+too. So the executor adds one connection to the process, however many jobs
+it runs. The event loop itself never touches the database.
+
+Task code that blocks the event loop (a synchronous sleep, a CPU-bound loop)
+stalls every job on it; timeouts still end it (the control loop watches the
+clock), but such tasks belong on threads: define them with ``def``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import threading
+from collections.abc import Callable
+from typing import Any
+
+from asgiref.sync import sync_to_async
+from django.db import connections
+
+from ..observability import tracing
+from . import executor, metering
+from .connections import ThreadConnections
+from .executor import Outcome, RunningJob
+from .jobthreads import JobRunner
+
+logger = logging.getLogger("django_dispatch.worker")
+
+
+async def _sync[T](func: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+    """Run ``func`` on the thread that also serves the tasks' own ORM calls."""
+    return await sync_to_async(func, thread_sensitive=True)(*args, **kwargs)
+
+
+class AsyncJobs:
+    """An event loop on a thread of its own, running the async jobs the control loop hands it."""
+
+    def __init__(self, runner: JobRunner) -> None:
+        self.runner = runner
+        self.loop = asyncio.new_event_loop()
+        #: The connection bookkeeping of the sync thread (used only there).
+        self.conns = ThreadConnections()
+        #: The jobs on the loop, by their asyncio task.
+        self.tasks: dict[asyncio.Task[None], RunningJob] = {}
+        self.thread = threading.Thread(target=self._main, name="dispatch-async", daemon=True)
+        self.thread.start()
+
+    def _main(self) -> None:
+        asyncio.set_event_loop(self.loop)
+        try:
+            self.loop.run_forever()
+        finally:
+            with contextlib.suppress(Exception):
+                self.loop.run_until_complete(_sync(connections.close_all))
+            self.loop.close()
+
+    def submit(self, running: RunningJob) -> None:
+        """From the control loop: start the job on the event loop."""
+        running.on_loop = True
+        self.loop.call_soon_threadsafe(self._spawn, running)
+
+    def _spawn(self, running: RunningJob) -> None:
+        task = self.loop.create_task(self._run(running), name=f"job-{running.claimed.id}")
+        self.tasks[task] = running
+        task.add_done_callback(self._forget)
+
+    def _forget(self, task: asyncio.Task[None]) -> None:
+        self.tasks.pop(task, None)
+
+    def stop(self, timeout: float = 5.0) -> None:
+        """Wait up to ``timeout`` for jobs still on the loop, then stop it.
+
+        After a hand-back (``timeout`` 0) the jobs left are back in the queue
+        already: they are cancelled, and whatever they return is dropped by
+        the fence.
+        """
+        if self.loop.is_closed():
+            return
+        with contextlib.suppress(Exception):
+            asyncio.run_coroutine_threadsafe(self._drain(timeout), self.loop).result(timeout + 5)
+        with contextlib.suppress(RuntimeError):
+            self.loop.call_soon_threadsafe(self.loop.stop)
+        self.thread.join(timeout=5.0)
+
+    async def _drain(self, timeout: float) -> None:
+        if self.tasks and timeout > 0:
+            await asyncio.wait(set(self.tasks), timeout=timeout)
+        if not self.tasks:
+            return
+        for task, running in list(self.tasks.items()):
+            # Handed back, or left to a recycled process's successor to settle:
+            # whatever the job does now must not be written as its outcome.
+            running.abandoned = True
+            running.cancel_event.set()
+            task.cancel()
+        await asyncio.wait(set(self.tasks), timeout=1.0)
+
+    async def _run(self, running: RunningJob) -> None:
+        """One job, the job runner's steps with task code awaited here."""
+        runner = self.runner
+        outcome: Outcome | None = None
+        meter: metering.Meter | None = None
+        try:
+            if not runner.register(running):  # in the loop's thread: timeouts find it started
+                return
+            meter = await _sync(runner.begin, running, self.conns)
+            if meter is None:
+                outcome = Outcome(kind="released")
+                return
+            if tracing.AVAILABLE and tracing.active():
+                with tracing.consumer(running.claimed) as span:
+                    outcome = await self._attempt(running)
+                    tracing.outcome(span, outcome.kind, outcome.exception)
+            else:
+                outcome = await self._attempt(running)
+            runner.ran(running, meter)
+            if not await self._in_wave(running, outcome):
+                await _sync(runner.write, running, outcome)
+        except Exception as e:
+            outcome = await _sync(runner.unexpected, running, e)
+        finally:
+            with contextlib.suppress(Exception):
+                await _sync(runner.end, running, outcome, meter, self.conns)
+
+    async def _attempt(self, running: RunningJob) -> Outcome:
+        """``JobRunner._attempt`` with the task awaited on this loop."""
+        runner = self.runner
+        claimed = running.claimed
+        runner.overseer.started(running)
+        prepared = await _sync(executor.prepare, claimed, running)
+        if isinstance(prepared, Outcome):
+            outcome = prepared
+        else:
+            try:
+                value = await executor.run_async(
+                    prepared.task, prepared.args, prepared.kwargs, prepared.timeout, running
+                )
+            except BaseException as e:
+                # ``conclude`` may look at the connection that broke under the task:
+                # that is the sync thread's.
+                outcome = await _sync(executor.conclude, claimed, running, prepared, error=e)
+            else:
+                outcome = executor.conclude(claimed, running, prepared, value=value)
+        return runner.finish_attempt(running, outcome)
+
+    async def _in_wave(self, running: RunningJob, outcome: Outcome) -> bool:
+        """A success joins the control loop's completion wave; await it without a thread.
+
+        False when the outcome is not a success, the wave failed, or it was not
+        written within about a lease (the control loop is stuck): the caller
+        writes the outcome itself, fenced, as a job thread does.
+        """
+        written = self.loop.create_future()
+
+        def persisted() -> None:  # on the control loop's thread
+            self.loop.call_soon_threadsafe(_resolve, written)
+
+        running.on_persisted = persisted
+        if not self.runner.completer.offer(running, outcome):
+            return False
+        if running.persisted.is_set():
+            _resolve(written)
+        try:
+            await asyncio.wait_for(written, timeout=self.runner.completer.wait_seconds)
+        except TimeoutError:
+            return False
+        return await _sync(self.runner.completer.after_wave, running, outcome)
+
+
+def _resolve(future: asyncio.Future[None]) -> None:
+    if not future.done():
+        future.set_result(None)

@@ -1,0 +1,165 @@
+"""The asyncio executor (``rundispatch --async-concurrency N``, #20): async jobs of
+one process run together on one event loop, with the job thread's guarantees.
+
+Concurrency is proven by the jobs' own clocks (how many windows overlap), never
+by how long a test took.
+"""
+
+import signal
+
+import pytest
+from django.db import connection
+
+from django_dispatch import cancel
+from django_dispatch.compat import TaskResultStatus
+from django_dispatch.models import Job
+from django_dispatch.states import JobState
+from django_dispatch.testing import drain
+from tests.conftest import wait_until
+from tests.testapp import async_tasks
+from tests.testapp.models import Execution
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+def most_at_once(windows: list[dict]) -> int:
+    """The largest number of [start, end) windows that overlap at one instant."""
+    edges = sorted(
+        [(w["start"], 1) for w in windows] + [(w["end"], -1) for w in windows],
+        key=lambda edge: (edge[0], edge[1]),  # an end before a start at the same instant
+    )
+    now = best = 0
+    for _, step in edges:
+        now += step
+        best = max(best, now)
+    return best
+
+
+def results(task, enqueued) -> list:
+    return [task.get_result(e.id) for e in enqueued]
+
+
+def test_async_jobs_run_together_on_one_event_loop():
+    """60 jobs of 0.3 s with 2 threads: far more than 2 ran at once, all on the loop."""
+    enqueued = [async_tasks.window.enqueue(0.3) for _ in range(60)]
+    assert drain(concurrency=2, async_concurrency=60) == 60
+    done = results(async_tasks.window, enqueued)
+    assert {r.status for r in done} == {TaskResultStatus.SUCCESSFUL}
+    windows = [r.return_value for r in done]
+    assert {w["thread"] for w in windows} == {"dispatch-async"}
+    assert most_at_once(windows) >= 20  # threads alone: at most 2
+
+
+def test_without_the_flag_an_async_job_takes_a_thread():
+    """The control case: the same jobs, no asyncio executor, at most 2 at once."""
+    enqueued = [async_tasks.window.enqueue(0.05) for _ in range(8)]
+    drain(concurrency=2)
+    windows = [r.return_value for r in results(async_tasks.window, enqueued)]
+    assert most_at_once(windows) <= 2
+    assert "dispatch-async" not in {w["thread"] for w in windows}
+
+
+def test_sync_jobs_beside_async_ones_run_on_threads_each_once():
+    sync = [async_tasks.sync_window.enqueue(0.02) for _ in range(20)]
+    asyn = [async_tasks.window.enqueue(0.05) for _ in range(20)]
+    assert drain(concurrency=2, async_concurrency=20) == 40
+    sync_done = results(async_tasks.sync_window, sync)
+    async_done = results(async_tasks.window, asyn)
+    assert all(r.status == TaskResultStatus.SUCCESSFUL for r in sync_done + async_done)
+    assert {r.return_value["thread"] for r in sync_done} == {"dispatch-job"}
+    assert {r.return_value["thread"] for r in async_done} == {"dispatch-async"}
+    assert all(r.attempts == 1 for r in sync_done + async_done)
+
+
+def test_async_orm_writes_land_once_each_through_one_connection():
+    """40 jobs at once, each writing one uniquely keyed row through the ORM:
+    every row lands exactly once, and on PostgreSQL all through one session,
+    however many jobs ran together (the executor adds one connection)."""
+    enqueued = [async_tasks.orm_write.enqueue(f"orm-{i}") for i in range(40)]
+    assert drain(concurrency=2, async_concurrency=40) == 40
+    done = results(async_tasks.orm_write, enqueued)
+    assert {r.status for r in done} == {TaskResultStatus.SUCCESSFUL}
+    assert Execution.objects.filter(key__startswith="orm-").count() == 40
+    if connection.vendor == "postgresql":
+        assert len({r.return_value for r in done}) == 1
+
+
+def test_a_timeout_on_the_loop_fails_that_job_only():
+    late = async_tasks.overtime.enqueue(5)
+    others = [async_tasks.window.enqueue(0.2) for _ in range(10)]
+    drain(concurrency=1, async_concurrency=20)
+    result = async_tasks.overtime.get_result(late.id)
+    assert result.status == TaskResultStatus.FAILED
+    assert result.errors[-1].exception_class_path == "django_dispatch.exceptions.TaskTimeout"
+    assert {r.status for r in results(async_tasks.window, others)} == {
+        TaskResultStatus.SUCCESSFUL
+    }
+
+
+def test_an_error_is_retried_under_the_tasks_policy():
+    enqueued = async_tasks.fails_first.enqueue("flaky")
+    drain(async_concurrency=5)
+    result = async_tasks.fails_first.get_result(enqueued.id)
+    assert result.status == TaskResultStatus.SUCCESSFUL
+    assert result.return_value == 2 and result.attempts == 2
+    assert "ValueError" in result.errors[0].exception_class_path
+
+
+def test_cancelling_a_running_async_job_stops_it_and_spares_the_others(start_worker):
+    victim = async_tasks.sleeps.enqueue(30, key="victim")
+    sibling = async_tasks.sleeps.enqueue(1.0, key="sibling")
+    worker = start_worker(
+        "--async-concurrency", "10", "--concurrency", "1", overrides={"HEARTBEAT_INTERVAL": 0.2}
+    )
+    wait_until(
+        lambda: Job.objects.filter(pk=victim.id, state=JobState.RUNNING).exists(),
+        what="the long job to start",
+    )
+    assert cancel(victim.id)
+    wait_until(
+        lambda: Job.objects.get(pk=victim.id).state == JobState.CANCELLED
+        and Job.objects.get(pk=sibling.id).state == JobState.SUCCEEDED,
+        what=f"cancel to land and the sibling to finish:\n{worker.output()}",
+    )
+    assert not Execution.objects.filter(key="victim").exists()  # it never got past its sleep
+    assert Execution.objects.filter(key="sibling").count() == 1
+    worker.signal(signal.SIGTERM)
+    assert worker.wait() == 0
+
+
+def test_sigterm_lets_async_jobs_finish_or_hands_them_back(start_worker):
+    """Short jobs finish inside the shutdown timeout; long ones go back to the
+    queue without spending an attempt, and nothing is written for them."""
+    short = [async_tasks.sleeps.enqueue(0.5, key=f"short-{i}") for i in range(10)]
+    long = [async_tasks.sleeps.enqueue(60, key=f"long-{i}") for i in range(10)]
+    worker = start_worker(
+        "--async-concurrency", "50", "--concurrency", "1", "--shutdown-timeout", "2"
+    )
+    ids = [e.id for e in short + long]
+    wait_until(
+        lambda: Job.objects.filter(pk__in=ids, state=JobState.RUNNING).count() == 20,
+        what=f"all 20 jobs to run at once:\n{worker.output()}",
+    )
+    worker.signal(signal.SIGTERM)
+    assert worker.wait(timeout=30) == 0
+    assert {Job.objects.get(pk=e.id).state for e in short} == {JobState.SUCCEEDED}
+    assert Execution.objects.filter(key__startswith="short-").count() == 10
+    for e in long:
+        job = Job.objects.get(pk=e.id)
+        assert job.state == JobState.PENDING and job.attempts == 0, (job.state, job.attempts)
+    assert not Execution.objects.filter(key__startswith="long-").exists()
+
+
+def test_a_worker_with_many_async_slots_does_not_hoard_sync_jobs(start_worker):
+    """The claim cannot ask for async jobs only. A queue of sync jobs must not
+    be claimed 50 at a time by a worker with 50 async slots and one thread."""
+    enqueued = [async_tasks.sync_window.enqueue(0.05) for _ in range(60)]
+    ids = [e.id for e in enqueued]
+    worker = start_worker("--async-concurrency", "50", "--concurrency", "1", "--burst")
+    most = 0
+    while worker.popen.poll() is None:
+        most = max(most, Job.objects.filter(pk__in=ids, state=JobState.RUNNING).count())
+    assert worker.wait() == 0
+    assert Job.objects.filter(pk__in=ids, state=JobState.SUCCEEDED).count() == 60
+    # One thread + the first claim's probe of the loop (a quarter of 50) at most.
+    assert most <= 1 + 13, most
