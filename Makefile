@@ -112,7 +112,7 @@ typecheck: $(STAMP)
 ## every django_dispatch check (flatness, partitions, scale, fleet, rss); about an hour;
 ## results in benchmarks/results/
 bench: $(STAMP)
-	$(PY) benchmarks/run.py --flatness --partitions --concurrency-limits --mixed-sizes --scale --fleet --rss
+	$(PY) benchmarks/run.py --flatness --partitions --concurrency-limits --mixed-sizes --scale --fleet --rss --async-sleep
 
 bench-quick: $(STAMP)
 	$(PY) benchmarks/run.py --quick

@@ -18,6 +18,12 @@ Phases (the first command-line argument):
 ``rss``
     the workers' resident memory after 1,000 jobs and after ``--jobs`` jobs.
 
+With ``--sleep-ms MS`` the ``drain`` phase's backlog is ``--jobs`` async
+jobs (``async def``) that each await ``asyncio.sleep(MS / 1000)`` and return
+nothing (``enqueue_sleep_bulk``, with each system's bulk API, before the
+workers start): the I/O-bound workload of the async check (#20). The
+duration reaches the workers in ``$BENCH_SLEEP_MS``.
+
 The ``standard`` phase includes the *realistic* drain: ``--realistic-jobs``
 jobs that each INSERT a row into ``bench_order`` and UPDATE it (two
 statements in autocommit, through the ORM for Django systems, through a
@@ -100,6 +106,10 @@ class Driver:
         """Enqueue ``count`` realistic jobs (``realistic(seq)`` for seq in 0..count-1)."""
         raise NotImplementedError
 
+    def enqueue_sleep_bulk(self, count: int) -> None:
+        """Enqueue ``count`` async jobs that await ``asyncio.sleep`` (``$BENCH_SLEEP_MS``)."""
+        raise NotImplementedError
+
     def worker_argv(self, concurrency: int) -> list[str]:
         """The command line of one worker process."""
         raise NotImplementedError
@@ -110,6 +120,9 @@ class Driver:
 
     def prepare_backlog(self) -> int:
         """For the ``drain`` phase: queue jobs to drain; return how many."""
+        if self.args.sleep_ms:
+            self.enqueue_sleep_bulk(self.args.jobs)
+            return self.args.jobs
         if not self.enqueue_bulk(self.args.jobs):
             for _ in range(self.args.jobs):
                 self.enqueue_noop()
@@ -422,10 +435,14 @@ def main(driver_class: type[Driver]) -> None:
     parser.add_argument("--latency-rate", type=float, default=20.0)
     parser.add_argument("--config", default="matched", choices=sorted(driver_class.CONFIGS))
     parser.add_argument("--realistic-jobs", type=int, default=0)
+    parser.add_argument("--sleep-ms", type=float, default=0.0, help="drain phase: async jobs "
+                        "that await asyncio.sleep(MS / 1000) instead of no-ops")  # fmt: skip
     parser.add_argument("--worker-db", default="", help="the workers' database URL, if not --db "
                         "(e.g. through PgBouncer)")  # fmt: skip
     driver_class.add_arguments(parser)
     args = parser.parse_args()
+    if args.sleep_ms:  # for the sleep jobs, in this process's workers
+        os.environ["BENCH_SLEEP_MS"] = repr(args.sleep_ms)
     driver = driver_class(args)
     if args.phase == "worker":  # a driver that runs its own worker loop
         driver.run_worker()  # type: ignore[attr-defined]

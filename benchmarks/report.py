@@ -122,11 +122,39 @@ def _fastest_peer(rows: dict[str, dict], key: str) -> tuple[float | None, str]:
     return max(found) if found else (None, "")
 
 
+#: The async check's rows (``run.Bench.async_sleep_rows``) that the targets compare.
+ASYNC_OURS, ASYNC_THREADS = "dispatch [asyncio]", "dispatch [threads]"
+
+
+def _async_best(check: dict, system: str, key: str) -> tuple[float | None, str]:
+    """The better of ``system``'s rows in the async check, by ``key``."""
+    found = [
+        (values[key], row)
+        for row, values in check.get("rows", {}).items()
+        if base_system(row) == system and values.get(key) is not None
+    ]
+    return max(found) if found else (None, "")
+
+
+def _async_ratios(check: dict, key: str) -> dict[str, tuple[float | None, str]]:
+    """Our asyncio row over PgQueuer's better row, procrastinate's, our thread executor."""
+    rows = check.get("rows", {})
+    ours = rows.get(ASYNC_OURS, {}).get(key)
+    out = {}
+    for label, system in (("pgqueuer", "pgqueuer"), ("procrastinate", "procrastinate")):
+        best, row = _async_best(check, system, key)
+        out[label] = (ratio(ours, best), row)
+    out["threads"] = (ratio(ours, rows.get(ASYNC_THREADS, {}).get(key)), ASYNC_THREADS)
+    return out
+
+
 def targets(rows: dict[str, dict], extras: dict[str, dict]) -> list[tuple[str, str, bool | None]]:
     """The issue's targets: (target, measured value as text, met or None if not measured)."""
     me = rows.get(DISPATCH, {})
     flat, part, rss, scale = (extras.get(k, {}) for k in ("flatness", "partitions", "rss", "scale"))
     steady = "steady_drain_per_s"
+    asleep = extras.get("async_sleep", {})
+    async_pgq, async_pgq_row = _async_ratios(asleep, "drain_per_s")["pgqueuer"]
     drain_peer, drain_name = _fastest_peer(rows, "drain_per_s")
     bulk_peer, bulk_name = _fastest_peer(rows, "bulk_per_s")
     # (target, value, how to show it, the test it must pass)
@@ -138,6 +166,12 @@ def targets(rows: dict[str, dict], extras: dict[str, dict]) -> list[tuple[str, s
         ("realistic job drain >= 1.5x the fastest peer",
          ratio(me.get("realistic_drain_per_s"), _fastest_peer(rows, "realistic_drain_per_s")[0]),
          "{:.2f}x " + _fastest_peer(rows, "realistic_drain_per_s")[1], lambda v: v >= 1.5),
+        ("async sleep jobs >= 1.5x PgQueuer's better row", async_pgq, "{:.2f}x " + async_pgq_row,
+         lambda v: v >= 1.5),
+        ("(the same, steady state)", _async_ratios(asleep, steady)["pgqueuer"][0], "{:.2f}x",
+         lambda v: v >= 1.5),
+        ("async sleep jobs >= 10x our thread executor",
+         _async_ratios(asleep, "drain_per_s")["threads"][0], "{:.1f}x", lambda v: v >= 10),
         ("drain >= 25% of raw, 100 jobs/txn", ratio(me.get("drain_per_s"),
          rows.get(RAW_100, {}).get("drain_per_s")), "{:.0%}", lambda v: v >= 0.25),
         ("bulk enqueue >= the fastest peer's bulk", ratio(me.get("bulk_per_s"), bulk_peer),
@@ -219,3 +253,44 @@ def extras_section(extras: dict[str, dict]) -> str:
             f"{fmt(e.get('rss_jobs'))} jobs (largest worker process)"
         )
     return "\n".join(parts) if parts else "(none run: add --flatness, --partitions, --scale, --rss)"
+
+
+#: The async check's columns: (key, title, format).
+ASYNC_COLUMNS = [
+    ("jobs", "jobs", "{:,.0f}"),
+    ("drain_per_s", "drain/s", "{:,.0f}"),
+    ("steady_drain_per_s", "steady drain/s", "{:,.0f}"),
+    ("worker_cpu_ms_per_job", "worker CPU ms/job", "{:.2f}"),
+    ("pg_cpu_ms_per_job", "PostgreSQL CPU ms/job", "{:.2f}"),
+    ("server_sessions", "server sessions", "{:.0f}"),
+    ("peak_rss_mb", "worker peak RSS MB", "{:.0f}"),
+    ("other_cpu_pct", "other load %", "{:.0f}"),
+]
+
+
+def async_sleep_section(check: dict) -> str:
+    """The async check (#20): a row per system and configuration, then our ratios."""
+    lines = [
+        check["description"] + ". Medians; columns as in the results table; server sessions: "
+        "the most PostgreSQL client sessions during the drain.",
+        "",
+        "| row | configuration | " + " | ".join(c[1] for c in ASYNC_COLUMNS) + " |",
+        "|---|---|" + "---:|" * len(ASYNC_COLUMNS),
+    ]
+    unavailable = check.get("unavailable", {})
+    for row, values in check.get("rows", {}).items():
+        if row in unavailable:
+            cells = [fmt(values.get("jobs"))] + [unavailable[row]] + [""] * (len(ASYNC_COLUMNS) - 2)
+        else:
+            cells = [fmt(values.get(key), spec) for key, _, spec in ASYNC_COLUMNS]
+        lines.append(f"| {row} | {values['config']} | " + " | ".join(cells) + " |")
+    lines += ["", f"{ASYNC_OURS} ÷ each (drain/s; steady drain/s):", ""]
+    drain, steady = (_async_ratios(check, k) for k in ("drain_per_s", "steady_drain_per_s"))
+    for label, (value, row) in drain.items():
+        target = {"pgqueuer": " (target >= 1.5x)", "threads": " (target >= 10x)"}.get(label, "")
+        better = f", its better row: {row}" if row and label != "threads" else ""
+        lines.append(
+            f"- {row if label == 'threads' else label}{better}: {fmt(value, '{:.2f}x')}; "
+            f"{fmt(steady[label][0], '{:.2f}x')}{target}"
+        )
+    return "\n".join(lines)

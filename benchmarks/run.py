@@ -60,8 +60,12 @@ DRIVER_OPTIONS = ["jobs", "bulk_jobs", "workers", "concurrency", "idle_seconds",
 QUICK = {
     "jobs": 1000, "bulk_jobs": 5000, "realistic_jobs": 1000, "runs": 1, "idle_seconds": 3.0,
     "latency_seconds": 3.0, "flatness_rows": 100_000, "partition_keys": 100,
-    "scale_backlog": 100_000, "rss_jobs": 10_000, "quiet_wait": 10.0,
+    "scale_backlog": 100_000, "rss_jobs": 10_000, "quiet_wait": 10.0, "async_sleep_jobs": 1000,
 }  # fmt: skip
+#: The async check: a row whose slots cap its rate (W x slots / sleep) gets at
+#: most this many seconds' worth of jobs, so that procrastinate at its default
+#: concurrency of 1 (40 jobs/s with 2 processes) does not take minutes per run.
+ASYNC_SLEEP_BUDGET_SECONDS = 60
 
 
 def parse_args() -> argparse.Namespace:
@@ -110,6 +114,22 @@ def parse_args() -> argparse.Namespace:
         "--mixed-sizes",
         action="store_true",
         help="dispatch: drain without vs with resource needs and --capacity (#16)",
+    )
+    p.add_argument(
+        "--async-sleep",
+        action="store_true",
+        help="async def jobs awaiting asyncio.sleep: django_dispatch's thread executor "
+        "(C slots) vs its asyncio executor (--async-concurrency) vs PgQueuer and procrastinate's "
+        "async worker, each at its defaults and at --async-concurrency slots per process (#20)",
+    )
+    p.add_argument("--async-sleep-jobs", type=int, default=10_000)
+    p.add_argument("--async-sleep-ms", type=float, default=50.0)
+    p.add_argument(
+        "--async-concurrency",
+        type=int,
+        default=200,
+        help="async slots per process: rundispatch --async-concurrency, and the peers' "
+        "slot-matched async rows",
     )
     p.add_argument("--rss", action="store_true", help="dispatch: RSS after 1k vs after all")
     p.add_argument("--rss-jobs", type=int, default=100_000)
@@ -243,6 +263,103 @@ class Bench:
                 results[label].append(self.measure("dispatch", "drain", *extra, **kw))
         return {"description": description, **{k: report.medians(v) for k, v in results.items()}}
 
+    def async_sleep_rows(self) -> list[dict]:
+        """The async check's rows: each system's command and its slots per process.
+
+        ``slots`` (0: no cap) bounds a row's rate at W x slots / sleep, which
+        sizes its backlog (``ASYNC_SLEEP_BUDGET_SECONDS``); ``extra`` and
+        ``overrides`` go to its driver's ``drain`` phase.
+        """
+        args = self.args
+        w, c, a = args.workers, args.concurrency, args.async_concurrency
+        # What one django_dispatch worker may hold: C job threads, the control
+        # loop, the listener and the asyncio executor (runtime/worker.py).
+        pool = c + 3
+        rows = [
+            ("dispatch [threads]", "dispatch", c, [], {},
+             f"rundispatch --concurrency {c}: an async job takes a job thread and a fresh "
+             "event loop per attempt"),
+            ("dispatch [asyncio]", "dispatch", a, ["--async-concurrency", str(a)], {},
+             f"rundispatch --concurrency {c} --async-concurrency {a}: async jobs on one "
+             "event loop per process"),
+            ("pgqueuer [defaults]", "pgqueuer", 0, ["--config", "defaults", "--pgq-run"], {},
+             "QueueManager.run() defaults: batch_size=10, no cap on tasks; asyncpg, uvloop "
+             "(as `pgq run`)"),
+            (f"pgqueuer [{a} slots]", "pgqueuer", a, ["--config", "matched", "--pgq-run"],
+             {"concurrency": a}, f"batch_size={a // 2}, max_concurrent_tasks={a}; asyncpg, "
+             "uvloop (as `pgq run`)"),
+            ("procrastinate [async, defaults]", "procrastinate", 1, ["--config", "async"],
+             {"concurrency": 1}, "async worker, concurrency=1 (its default), pool up to 3"),
+            (f"procrastinate [async, {a}]", "procrastinate", a,
+             ["--config", "async", "--pool-size", str(pool)], {"concurrency": a},
+             f"async worker, concurrency={a}, pool up to {pool} connections (as one "
+             "django_dispatch worker holds)"),
+        ]  # fmt: skip
+        out = []
+        for name, system, slots, extra, overrides, config in rows:
+            jobs = args.async_sleep_jobs
+            if slots:
+                ceiling = w * slots * 1000 / args.async_sleep_ms  # jobs/s at best
+                jobs = min(jobs, int(ceiling * ASYNC_SLEEP_BUDGET_SECONDS))
+            out.append({"row": name, "system": system, "jobs": jobs, "extra": extra,
+                        "overrides": overrides, "config": f"{w} processes x {config}"})  # fmt: skip
+        return out
+
+    def async_sleep(self) -> dict:
+        """Drain rates of async sleep jobs, every row ``runs`` times, interleaved.
+
+        The same for every row: a backlog enqueued in bulk before the workers
+        start (outside the timed drain), fresh workers and database per run,
+        no warm-up. A row that fails is reported as such and not run again; the
+        asyncio row is "not available" while rundispatch lacks the option.
+        """
+        args = self.args
+        rows = [r for r in self.async_sleep_rows() if r["system"] in self.pythons]
+        unavailable: dict[str, str] = {}
+        python = self.pythons.get("dispatch", "")
+        if python and not rundispatch_has(python, "--async-concurrency"):
+            unavailable["dispatch [asyncio]"] = (
+                "not available: the measured django_dispatch's rundispatch has no "
+                "--async-concurrency"
+            )
+        results: dict[str, list[dict]] = {}
+        for run in range(1, args.runs + 1):
+            for row in rows:
+                name = row["row"]
+                if name in unavailable:
+                    continue
+                log(f"async sleep: {name}, {row['jobs']:,} jobs, run {run}/{args.runs}")
+                sleep = ["--sleep-ms", repr(args.async_sleep_ms)]
+                try:
+                    result = self.measure(row["system"], "drain", *sleep, *row["extra"],
+                                          jobs=row["jobs"], **row["overrides"])  # fmt: skip
+                except RuntimeError as e:
+                    why = (str(e).strip().splitlines() or ["?"])[-1][:300]
+                    unavailable[name] = f"failed: {why}"
+                    results.pop(name, None)
+                    log(f"async sleep: {name} FAILED; left out:\n{e}")
+                    continue
+                results.setdefault(name, []).append(result)
+                log(f"  drain/s {result['drain_per_s']:,.0f}, "
+                    f"steady {result.get('steady_drain_per_s') or 0:,.0f}")  # fmt: skip
+        return {
+            "description": (
+                f"async def jobs that each await asyncio.sleep({args.async_sleep_ms:g} ms) and "
+                f"return nothing, {args.async_sleep_jobs:,} per run (fewer where a row's slots "
+                f"cap it: at most {ASYNC_SLEEP_BUDGET_SECONDS} s of work at its best rate), "
+                "enqueued in bulk before the workers start"
+            ),
+            "rows": {
+                r["row"]: {
+                    "config": r["config"],
+                    "jobs": r["jobs"],
+                    **report.medians(results.get(r["row"], [])),
+                }
+                for r in rows
+            },
+            "unavailable": unavailable,
+        }
+
     def extras(self) -> dict[str, dict]:
         args, out = self.args, {}
         if args.flatness:
@@ -278,6 +395,8 @@ class Bench:
                 f"{args.jobs:,} jobs, no needs vs mixed sizes (20/500 MB) on --capacity workers",
                 ("plain", []), ("mixed", ["--mixed-sizes"]),
             )  # fmt: skip
+        if args.async_sleep:
+            out["async_sleep"] = self.async_sleep()
         if args.rss:
             log(f"rss: {args.rss_jobs:,} jobs")
             out["rss"] = self.measure("dispatch", "rss", jobs=args.rss_jobs)
@@ -315,6 +434,17 @@ class Bench:
                 finally:
                     small.drop_database(f"fleet_{label}")
         return out
+
+
+def rundispatch_has(python: str, option: str) -> bool:
+    """Whether the measured django_dispatch's ``rundispatch`` accepts ``option``."""
+    project = BENCH_DIR / "dispatch_project"
+    env = {**os.environ, "DATABASE_URL": "postgresql://localhost/unused"}  # --help connects not
+    done = subprocess.run([python, str(project / "manage.py"), "rundispatch", "--help"],
+                          cwd=project, env=env, capture_output=True, text=True)  # fmt: skip
+    if done.returncode:
+        log(f"rundispatch --help failed ({done.returncode}):\n{done.stderr[-2000:]}")
+    return option in done.stdout
 
 
 def machine(args, pg: PgServer, pythons: dict[str, str], background: list[float]) -> dict[str, str]:
@@ -397,6 +527,8 @@ def render(args, info: dict, rows: dict, extras: dict, failures: dict, started: 
         "", "## Targets", "", report.targets_table(rows, extras),
         "", "## Extra checks (django_dispatch)", "", report.extras_section(extras),
     ]  # fmt: skip
+    if "async_sleep" in extras:
+        out += ["", "## Async sleep jobs", "", report.async_sleep_section(extras["async_sleep"])]
     if failures:
         out += ["", "## Left out", ""]
         out += [f"- **{s}**: {msg.splitlines()[-1][:300]}" for s, msg in failures.items()]

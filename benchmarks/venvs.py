@@ -23,7 +23,9 @@ REPO_DIR = BENCH_DIR.parent
 PEERS: dict[str, list[str]] = {
     "django-tasks-db": ["django-tasks-db==0.13.0", "Django=={django}", "psycopg[binary]>=3.2"],
     "procrastinate": ["procrastinate==3.10.0", "psycopg[binary,pool]>=3.2"],
-    "pgqueuer": ["pgqueuer==1.6.0", "psycopg[binary]>=3.2"],
+    # asyncpg: the driver PgQueuer documents and ``pgq run`` tries first (the
+    # async check runs it so; see drivers/pgqueuer.py).
+    "pgqueuer": ["pgqueuer==1.6.0", "psycopg[binary]>=3.2", "asyncpg==0.30.0"],
 }
 
 

@@ -2,8 +2,9 @@
 
 Extra measurements: the bare-ORM baseline (``Row.objects.create()`` of a row
 as wide as a job, interleaved with enqueues), and the ``drain`` phase's
-backlog options for the claim flatness check (``--prefill-finished``) and the
-partition check (``--partition-keys``).
+backlog options for the claim flatness check (``--prefill-finished``), the
+partition check (``--partition-keys``) and the others below; the async
+check's asyncio executor (``--async-concurrency``, #20).
 """
 
 from __future__ import annotations
@@ -63,6 +64,9 @@ class DispatchDriver(Driver):
         # fit never idles a slot: the cost of the resource-aware claim itself.
         parser.add_argument("--mixed-sizes", action="store_true")
         parser.add_argument("--pending-backlog", type=int, default=0)
+        # #20: slots for async def jobs on one event loop per process
+        # (rundispatch --async-concurrency); 0: each takes a job thread.
+        parser.add_argument("--async-concurrency", type=int, default=0)
 
     def setup(self) -> None:
         django_setup.setup(self.db, "benchproject.settings")
@@ -89,11 +93,19 @@ class DispatchDriver(Driver):
             seqs = range(start, min(count, start + CHUNK))
             enqueue_many(self.tasks.realistic, [((seq,), {}) for seq in seqs])
 
+    def enqueue_sleep_bulk(self, count: int) -> None:
+        from django_dispatch import enqueue_many
+
+        for start in range(0, count, CHUNK):
+            enqueue_many(self.tasks.async_sleep, [((), {})] * min(CHUNK, count - start))
+
     def worker_argv(self, concurrency: int) -> list[str]:
         argv = [sys.executable, django_setup.manage_py(), "rundispatch",
                 "--concurrency", str(concurrency)]  # fmt: skip
         if self.args.mixed_sizes:
             argv += ["--capacity", f"memory_mb={500 * concurrency}"]
+        if self.args.async_concurrency:
+            argv += ["--async-concurrency", str(self.args.async_concurrency)]
         return argv
 
     def before(self) -> dict:
@@ -129,6 +141,8 @@ class DispatchDriver(Driver):
 
         from django_dispatch import enqueue_many
 
+        if self.args.sleep_ms:
+            return super().prepare_backlog()
         if self.args.prefill_finished:
             with connection.cursor() as cursor:
                 cursor.execute(PREFILL_SQL, [self.args.prefill_finished])

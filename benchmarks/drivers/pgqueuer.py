@@ -15,6 +15,15 @@ Single enqueues go through PgQueuer's synchronous API on a plain connection,
 as a Django view would call it (driving the async API through an event loop
 per call inflated its cost). Finished jobs leave the ``pgqueuer`` table, so
 "unfinished" is simply its row count.
+
+The async check (``--sleep-ms``) runs ``defaults`` as is and ``matched`` with
+C = the async slots per process (200: ``batch_size=100,
+max_concurrent_tasks=200``), both with ``--pgq-run``: the worker as its README
+and ``pgq run`` run it, on an asyncpg connection and uvloop. On the psycopg
+driver, the NOTIFY watcher holds the connection inside ``notifies(timeout=1.0)``
+until a notification arrives, so while jobs sleep and none arrive, each
+dequeue and completion flush waits up to a second: about 50 sleep jobs/s,
+however many may run at once.
 """
 
 from __future__ import annotations
@@ -24,6 +33,7 @@ import os
 import signal
 import sys
 import time
+from collections.abc import Awaitable, Callable
 
 import psycopg
 from harness import ORDER_INSERT_SQL, ORDER_UPDATE_SQL, Driver, main
@@ -36,12 +46,32 @@ async def connect(db_url: str) -> psycopg.AsyncConnection:
     return await psycopg.AsyncConnection.connect(db_url, autocommit=True)
 
 
+async def connect_worker(db_url: str, pgq_run: bool) -> tuple[Queries, Callable[[], Awaitable]]:
+    """The worker's ``Queries`` and how to close its connection: psycopg, or asyncpg."""
+    if pgq_run:
+        import asyncpg
+        from pgqueuer.adapters.drivers.asyncpg import AsyncpgDriver
+
+        conn = await asyncpg.connect(db_url)
+        return Queries(AsyncpgDriver(conn)), conn.close
+    pconn = await connect(db_url)
+    return Queries(PsycopgDriver(pconn)), pconn.close
+
+
 class PgQueuerDriver(Driver):
     unfinished_sql = "SELECT count(*) FROM pgqueuer"
     CONFIGS = {
         "matched": "batch_size=C/2, max_concurrent_tasks=C",
         "defaults": "batch_size=10, no cap on concurrent tasks (library defaults)",
     }
+
+    @classmethod
+    def add_arguments(cls, parser) -> None:
+        parser.add_argument(
+            "--pgq-run",
+            action="store_true",
+            help="workers as `pgq run` runs them: asyncpg and uvloop (default: psycopg, asyncio)",
+        )
 
     def setup(self) -> None:
         self.loop = asyncio.new_event_loop()
@@ -72,16 +102,29 @@ class PgQueuerDriver(Driver):
                 )
             )
 
+    def enqueue_sleep_bulk(self, count: int) -> None:
+        for start in range(0, count, 10_000):
+            size = min(10_000, count - start)
+            self.loop.run_until_complete(
+                self.queries.enqueue(["async_sleep"] * size, [None] * size, [0] * size)
+            )
+
     def worker_argv(self, concurrency: int) -> list[str]:
-        return [sys.executable, "-m", "drivers.pgqueuer", "worker",
-                "--concurrency", str(concurrency), *self.config_argv()]  # fmt: skip
+        return [sys.executable, "-m", "drivers.pgqueuer", "worker", "--concurrency",
+                str(concurrency), "--sleep-ms", repr(self.args.sleep_ms),
+                *(["--pgq-run"] if self.args.pgq_run else []), *self.config_argv()]  # fmt: skip
 
     def run_worker(self) -> None:
-        asyncio.run(self._worker())
+        if self.args.pgq_run:
+            import uvloop
+
+            uvloop.run(self._worker())
+        else:
+            asyncio.run(self._worker())
 
     async def _worker(self) -> None:
-        conn = await connect(self.db)
-        manager = QueueManager(Queries(PsycopgDriver(conn)))
+        queries, close = await connect_worker(self.db, self.args.pgq_run)
+        manager = QueueManager(queries)
 
         @manager.entrypoint("noop")
         async def noop(job) -> None:
@@ -93,10 +136,19 @@ class PgQueuerDriver(Driver):
             with open(os.environ["BENCH_LATENCY_FILE"], "a") as f:
                 f.write(f"{job.payload.decode()} {started:.6f}\n")
 
+        sleep_seconds = float(os.environ.get("BENCH_SLEEP_MS", "50")) / 1000
+
+        @manager.entrypoint("async_sleep")
+        async def async_sleep(job) -> None:
+            """An I/O-bound job: awaits $BENCH_SLEEP_MS ms."""
+            await asyncio.sleep(sleep_seconds)
+
         # The realistic job's own connections, C of them (no cap: 10), handed
-        # out one per running job, as a pool would.
+        # out one per running job, as a pool would; none for the async check's
+        # sleep jobs (its C of 200 would exceed the server's sessions).
         pool: asyncio.Queue[psycopg.AsyncConnection] = asyncio.Queue()
-        for _ in range(10 if self.config == "defaults" else max(2, self.args.concurrency)):
+        size = 10 if self.config == "defaults" else max(2, self.args.concurrency)
+        for _ in range(0 if self.args.sleep_ms else size):
             pool.put_nowait(await connect(self.db))
 
         @manager.entrypoint("realistic")
@@ -117,7 +169,7 @@ class PgQueuerDriver(Driver):
         else:
             concurrency = max(2, self.args.concurrency)
             await manager.run(batch_size=concurrency // 2, max_concurrent_tasks=concurrency)
-        await conn.close()
+        await close()
 
     def close(self) -> None:
         if hasattr(self, "sync_conn"):

@@ -9,12 +9,16 @@ Three configurations (``--config``):
 - ``defaults``: sync tasks, the worker's default concurrency (1).
 
 The connection pool may grow to ``C + 2`` connections, the same budget as a
-django_dispatch worker; every other option is the library's default
-(LISTEN/NOTIFY on, 5 s polling fallback, jobs kept).
+django_dispatch worker (``--pool-size`` overrides it: the async check's
+concurrency=200 gets what one django_dispatch worker holds); every other
+option is the library's default (LISTEN/NOTIFY on, 5 s polling fallback,
+jobs kept). The async check's job (``async_sleep``) is an ``async def`` in
+every configuration, so it runs on the worker's event loop.
 """
 
 from __future__ import annotations
 
+import asyncio
 import os
 import sys
 import threading
@@ -63,6 +67,11 @@ async def async_realistic(seq: int) -> None:
         _async_pool.append(db)
 
 
+async def async_sleep() -> None:
+    """An I/O-bound job: awaits ``$BENCH_SLEEP_MS`` ms; on the event loop in every config."""
+    await asyncio.sleep(float(os.environ.get("BENCH_SLEEP_MS", "50")) / 1000)
+
+
 async def async_noop() -> None:
     """Does nothing, on the event loop."""
 
@@ -78,6 +87,7 @@ def make_app(db_url: str, pool_size: int, *, asynchronous: bool = False) -> proc
     app.task(name="noop")(async_noop if asynchronous else noop)
     app.task(name="record_start")(async_record_start if asynchronous else record_start)
     app.task(name="realistic")(async_realistic if asynchronous else realistic)
+    app.task(name="async_sleep")(async_sleep)
     return app
 
 
@@ -88,6 +98,13 @@ class ProcrastinateDriver(Driver):
         "async": "async tasks on the event loop, concurrency=C",
         "defaults": "sync tasks, concurrency=1 (library default)",
     }
+
+    @classmethod
+    def add_arguments(cls, parser) -> None:
+        # The async check (#20): at concurrency=200 a pool of C + 2 would ask
+        # for more sessions than the server has; it gets the budget of one
+        # django_dispatch worker process instead.
+        parser.add_argument("--pool-size", type=int, default=0, help="default: C + 2")
 
     def setup(self) -> None:
         self.app = make_app(self.db, pool_size=2).open()
@@ -108,13 +125,19 @@ class ProcrastinateDriver(Driver):
             seqs = range(start, min(count, start + 10_000))
             self.app.tasks["realistic"].batch_defer(*[{"seq": seq} for seq in seqs])
 
+    def enqueue_sleep_bulk(self, count: int) -> None:
+        for start in range(0, count, 10_000):
+            self.app.tasks["async_sleep"].batch_defer(*[{}] * min(10_000, count - start))
+
     def worker_argv(self, concurrency: int) -> list[str]:
         return [sys.executable, "-m", "drivers.procrastinate", "worker",
-                "--concurrency", str(concurrency), *self.config_argv()]  # fmt: skip
+                "--concurrency", str(concurrency), "--pool-size", str(self.args.pool_size),
+                *self.config_argv()]  # fmt: skip
 
     def run_worker(self) -> None:
         concurrency = 1 if self.config == "defaults" else self.args.concurrency
-        app = make_app(self.db, pool_size=concurrency + 2, asynchronous=self.config == "async")
+        pool_size = self.args.pool_size or concurrency + 2
+        app = make_app(self.db, pool_size=pool_size, asynchronous=self.config == "async")
         app.run_worker(concurrency=concurrency, wait=True)
 
     def close(self) -> None:

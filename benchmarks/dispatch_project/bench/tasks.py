@@ -1,5 +1,6 @@
 """The benchmark's tasks, identical for every Django backend."""
 
+import asyncio
 import os
 import time
 
@@ -28,3 +29,9 @@ def realistic(seq: int) -> None:
 
     order = Order.objects.create(seq=seq, status="new")
     Order.objects.filter(pk=order.pk).update(status="done", updated_at=Now())
+
+
+@task
+async def async_sleep() -> None:
+    """An I/O-bound job: awaits ``$BENCH_SLEEP_MS`` ms (an HTTP call, an email) and returns."""
+    await asyncio.sleep(float(os.environ.get("BENCH_SLEEP_MS", "50")) / 1000)
