@@ -146,6 +146,60 @@ class BatchCompleter:
             time.sleep(COALESCE_SECONDS / 8)
 
 
+class Reporter:
+    """After a wave: report the successes whose job threads went on to other jobs.
+
+    A job thread hands its success to the wave (``BatchCompleter.offer``) and
+    takes its next job at once instead of waiting for the wave's commit: the
+    wave then carries every success that finished while the last one was
+    written, and threads do not idle for a round trip per job. What the thread
+    would have done after the commit is done here, on a thread of its own,
+    never on the control loop: ``task_finished`` (its receivers are user
+    code), the log line, letting go of a job found cancelled, and, when the
+    wave failed, writing the outcome one by one (``persist``). Then the
+    attempt's meter is dropped: the wave wrote its usage record from it.
+    """
+
+    def __init__(self, give_up_after: float) -> None:
+        self.give_up_after = give_up_after
+        self.inbox: queue.SimpleQueue[RunningJob | None] = queue.SimpleQueue()
+        self.thread = threading.Thread(target=self._loop, name="dispatch-finished", daemon=True)
+        self.thread.start()
+
+    def put(self, running: RunningJob) -> None:
+        """From the control loop (``settle``, ``abort``): the wave is written or failed."""
+        self.inbox.put(running)
+
+    def stop(self, timeout: float = 5.0) -> None:
+        """Report what is queued, then end (after the worker's last wave)."""
+        self.inbox.put(None)
+        self.thread.join(timeout)
+
+    def _loop(self) -> None:
+        try:
+            while (running := self.inbox.get()) is not None:
+                try:
+                    self._report(running)
+                except Exception:
+                    logger.exception("job %s: could not report its outcome", running.claimed.id)
+        finally:
+            connections.close_all()
+
+    def _report(self, running: RunningJob) -> None:
+        outcome = running.finished
+        assert outcome is not None
+        try:
+            if not BatchCompleter.after_wave(running, outcome):  # the wave failed
+                persist(
+                    running.claimed,
+                    outcome,
+                    give_up_after=self.give_up_after,
+                    report=not running.abandoned,
+                )
+        finally:
+            metering.forget(running.claimed.id, running.meter)
+
+
 def _persisted(running: RunningJob) -> None:
     running.persisted.set()
     if running.on_persisted is not None:

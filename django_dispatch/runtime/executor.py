@@ -82,6 +82,9 @@ class RunningJob:
     on_persisted: Callable[[], None] | None = None
     #: Runs on this process's event loop (``asyncjobs``), not a job thread.
     on_loop: bool = False
+    #: The attempt's meter (``metering.Meter``) while its success waits for
+    #: the wave that writes its usage record, its thread gone on to another job.
+    meter: Any = None
     _loop: asyncio.AbstractEventLoop | None = None
     _atask: asyncio.Task[Any] | None = None
 

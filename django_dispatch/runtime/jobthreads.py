@@ -15,6 +15,7 @@ import logging
 import queue
 import threading
 import time
+from functools import partial
 from inspect import iscoroutinefunction
 
 from django.db import DatabaseError, InterfaceError, connections
@@ -29,11 +30,21 @@ from .executor import Outcome, RunningJob
 logger = logging.getLogger("django_dispatch.worker")
 
 
+#: Jobs shorter than this (a running average) are claimed ahead of free threads.
+PREFETCH_JOB_SECONDS = 0.05
+
+
 class Slots:
     """The jobs a worker process holds, shared by its control loop and its job threads."""
 
-    def __init__(self, concurrency: int, async_concurrency: int = 0) -> None:
+    def __init__(self, concurrency: int, async_concurrency: int = 0, prefetch: int = 0) -> None:
         self.concurrency = concurrency
+        #: Jobs claimed ahead of free threads while jobs are short (see ``free``).
+        self.prefetch = prefetch
+        #: A running average of how long tasks ran here; None before the first.
+        self.job_seconds: float | None = None
+        #: Set once the worker stops claiming: nothing more is claimed ahead.
+        self.stopping = False
         #: Slots of the asyncio executor (``rundispatch --async-concurrency``).
         self.async_concurrency = async_concurrency
         #: Share of async jobs in the last claim: how much of the event
@@ -52,6 +63,10 @@ class Slots:
     def free(self) -> int:
         """How many jobs the next claim may take.
 
+        A success waiting for its wave holds no slot: its thread has gone on
+        (``JobRunner.hand_over``), and the wave that writes it is written in
+        the claim's transaction.
+
         With an asyncio executor, a claim cannot ask for async jobs only: it
         learns which task a job runs once it has it. It asks for the free
         threads plus the share of the event loop's free room that async jobs
@@ -61,15 +76,37 @@ class Slots:
         and a queue of sync jobs is not hoarded by a worker that has 200
         async slots and 8 threads.
         """
+        threads = self.concurrency + self.ahead()
         with self.lock:
+            busy = [r for r in self.running.values() if r.finished is None]
             if not self.async_concurrency:
-                return self.concurrency - len(self.running)
-            on_loop = sum(1 for r in self.running.values() if r.on_loop)
-            threads_free = self.concurrency - (len(self.running) - on_loop)
+                return threads - len(busy)
+            on_loop = sum(1 for r in busy if r.on_loop)
+            threads_free = threads - (len(busy) - on_loop)
             loop_free = self.async_concurrency - on_loop
             if threads_free < 0 or loop_free <= 0:
                 return max(0, threads_free)
             return threads_free + max(1, round(loop_free * self.async_share))
+
+    def ahead(self) -> int:
+        """How many jobs to hold claimed beyond the threads, ready for the next free one.
+
+        A thread that finishes a short job takes the next at once instead of
+        waiting a round trip for the claim that refills its slot; that wave's
+        claim then refills the buffer. Only while jobs are short (a long
+        job's successor would sit leased and unstarted while another worker
+        could run it), never before the first job's length is known, nor
+        once the worker stops.
+        """
+        seconds = self.job_seconds
+        if self.stopping or seconds is None or seconds >= PREFETCH_JOB_SECONDS:
+            return 0
+        return self.prefetch
+
+    def ran(self, seconds: float) -> None:
+        """A task ran ``seconds`` (any thread; a lost update of the average is harmless)."""
+        old = self.job_seconds
+        self.job_seconds = seconds if old is None else 0.8 * old + 0.2 * seconds
 
     def learn(self, on_loop: int, claimed: int) -> None:
         """After a claim of ``claimed`` jobs, ``on_loop`` of them async."""
@@ -111,8 +148,11 @@ class JobRunner:
         lease_seconds: float,
         db: str,
         wakeup: threading.Event,
+        reporter: completer.Reporter | None = None,
     ) -> None:
         self.slots = slots
+        #: Set: a job thread does not wait for its success's wave (see ``Reporter``).
+        self.reporter = reporter
         self.overseer = overseer
         self.completer = batch
         self.lease_seconds = lease_seconds
@@ -125,6 +165,7 @@ class JobRunner:
             return
         outcome: Outcome | None = None
         meter: metering.Meter | None = None
+        handed_over = False
         try:
             meter = self.begin(running, conns)
             if meter is None:
@@ -137,12 +178,24 @@ class JobRunner:
             else:
                 outcome = self._attempt(running)
             self.ran(running, meter)
-            if not self.completer.submit(running, outcome):
+            handed_over = self.hand_over(running, outcome, meter)
+            if handed_over:
+                meter = None  # the reporter drops it, once the wave wrote the usage record
+            elif not self.completer.submit(running, outcome):
                 self.write(running, outcome)
         except Exception as e:
             outcome = self.unexpected(running, e)
         finally:
-            self.end(running, outcome, meter, conns)
+            self.end(running, outcome, meter, conns, written=not handed_over)
+
+    def hand_over(self, running: RunningJob, outcome: Outcome, meter: metering.Meter) -> bool:
+        """A success joins the next wave and this thread goes on to its next job;
+        the reporter does the rest once the wave is written (see ``Reporter``)."""
+        if self.reporter is None or outcome.kind != "succeeded":
+            return False
+        running.meter = meter
+        running.on_persisted = partial(self.reporter.put, running)
+        return self.completer.offer(running, outcome)
 
     # The steps of a job, shared with the asyncio executor (``asyncjobs``),
     # which runs the same steps with task code on its event loop.
@@ -177,10 +230,10 @@ class JobRunner:
             running.claimed.id, thread_cpu=task is None or not iscoroutinefunction(task.func)
         )
 
-    @staticmethod
-    def ran(running: RunningJob, meter: metering.Meter) -> None:
+    def ran(self, running: RunningJob, meter: metering.Meter) -> None:
         meter.stop()
         events.ran(running.claimed, meter.wall or 0.0)
+        self.slots.ran(meter.wall or 0.0)
 
     def write(self, running: RunningJob, outcome: Outcome) -> None:
         """Write an outcome the completion wave did not take, one job at a time."""
@@ -216,8 +269,14 @@ class JobRunner:
         outcome: Outcome | None,
         meter: metering.Meter | None,
         conns: ThreadConnections,
+        *,
+        written: bool = True,
     ) -> None:
-        """Whatever happened: reset this thread's connections and free the slot."""
+        """Whatever happened: reset this thread's connections and free the slot.
+
+        A success handed to the wave (``written`` False) stays among the
+        worker's jobs, its lease renewed, until the wave writes it.
+        """
         job_id = running.claimed.id
         if outcome is not None and outcome.kind == "interrupted":
             database_went_away()  # the other threads' connections may be broken too
@@ -225,7 +284,7 @@ class JobRunner:
         _reset_connections()
         conns.done()
         with self.slots.lock:
-            if self.slots.running.get(job_id) is running:
+            if written and self.slots.running.get(job_id) is running:
                 del self.slots.running[job_id]
             self.slots.threads.pop(job_id, None)
             self.slots.lingering.pop(job_id, None)

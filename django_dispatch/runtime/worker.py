@@ -65,7 +65,9 @@ class Worker:
         self.wakeup = threading.Event()
         self.stopping = False
         self.force_stop = False
-        self.slots = Slots(options.concurrency, options.async_concurrency)
+        self.slots = Slots(
+            options.concurrency, options.async_concurrency, prefetch=options.concurrency
+        )
         #: What the worker row says about this process (see ``store.workers``).
         self.registration: dict[str, Any] = {
             "hostname": socket.gethostname(),
@@ -100,12 +102,15 @@ class Worker:
 
         Successes waiting in the batch completer are written by one fenced UPDATE
         and the slots they free are refilled by the claim, in one transaction:
-        a single commit (one WAL flush) per wave of jobs. Job threads learn
-        the outcome only after the commit; if it fails, they write their own
+        a single commit (one WAL flush) per wave of jobs. The job threads did
+        not wait for it: they went on to jobs claimed ahead (``Slots.ahead``),
+        so the wave carries whatever finished while the last one was written.
+        After the commit the reporter (``completer.Reporter``) sends each
+        success's ``task_finished``; if the commit failed, it writes each
         outcome one by one. Returns the number of jobs claimed.
         """
         batch = self.completer.take()
-        limit = self.slots.free() + len(batch) if claim else 0
+        limit = self.slots.free() if claim else 0
         if self.options.max_jobs is not None:
             limit = min(limit, self.options.max_jobs - self.claimed_total)
         if not batch and limit <= 0:
@@ -165,11 +170,13 @@ class Worker:
             extra=self._fields(),
         )
         self.stopping = True
+        self.slots.stopping = True  # the loop hands back the jobs claimed ahead
         self.stop_deadline = now + self.options.shutdown_timeout
         self.wakeup.set()
 
     def run(self) -> int:
         opts, cfg = self.options, self.settings
+        reporter = completer.Reporter(give_up_after=cfg.LEASE_SECONDS)
         runner = JobRunner(
             self.slots,
             self.overseer,
@@ -177,6 +184,7 @@ class Worker:
             lease_seconds=cfg.LEASE_SECONDS,
             db=self.db,
             wakeup=self.wakeup,
+            reporter=reporter,
         )
         self.pool = pool = JobThreads(runner, opts.concurrency)
         self.async_jobs = AsyncJobs(runner) if opts.async_concurrency else None
@@ -201,6 +209,7 @@ class Worker:
                 self.handover = self._handover()
         finally:
             self._guard(lambda: self.cycle(claim=False))
+            reporter.stop()  # after the last wave: its successes are reported
             # Threads still in task code after a hand-back are not waited for:
             # their jobs are back in the queue, and exiting ends them. Nor
             # after a recycle: the successor settles their jobs once
@@ -238,6 +247,8 @@ class Worker:
                 break
 
             if self.stopping:
+                if self.slots.stopping and not self.recycling:
+                    self._guard(self.release_unstarted)
                 self._guard(lambda: self.cycle(claim=False))
                 if not self.slots.running:
                     break
@@ -414,13 +425,40 @@ class Worker:
             )
         )
 
+    def release_unstarted(self) -> None:
+        """At a stop: hand back the jobs no thread has started (claimed ahead,
+        ``Slots.ahead``), at once and without spending an attempt, rather
+        than run them during the shutdown timeout."""
+        with self.slots.lock:
+            unstarted = [
+                running
+                for job_id, running in self.slots.running.items()
+                if job_id not in self.slots.threads
+                and running.finished is None
+                and not running.on_loop
+            ]
+            for running in unstarted:
+                running.abandoned = True  # a thread that picks it up now skips it
+                del self.slots.running[running.claimed.id]
+        for running in unstarted:
+            self._guard(
+                lambda running=running: completer.hand_back(
+                    running.claimed,
+                    timed_out=None,
+                    give_up_after=self.settings.LEASE_SECONDS,
+                    task=None,
+                )
+            )
+
     def hand_back(self) -> None:
         """Return unfinished jobs to the queue without spending an attempt."""
         self.handed_back = True
         with self.slots.lock:
+            # A success waiting for its wave is written by the last one, not handed back.
             unfinished = [
                 (running, self.overseer.overtime.get(job_id))
                 for job_id, running in self.slots.running.items()
+                if running.finished is None
             ]
             for running, _ in unfinished:
                 running.abandoned = True
