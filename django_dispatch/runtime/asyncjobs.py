@@ -33,7 +33,8 @@ import contextlib
 import logging
 import threading
 from collections.abc import Callable
-from typing import Any
+from functools import partial
+from typing import Any, Literal
 
 from asgiref.sync import sync_to_async
 from django.db import connections
@@ -45,6 +46,8 @@ from .executor import Outcome, RunningJob
 from .jobthreads import JobRunner
 
 logger = logging.getLogger("django_dispatch.worker")
+
+After = Literal["write", "wave", "done"]
 
 
 async def _sync[T](func: Callable[..., T], *args: Any, **kwargs: Any) -> T:
@@ -62,6 +65,7 @@ class AsyncJobs:
         self.conns = ThreadConnections()
         #: The jobs on the loop, by their asyncio task.
         self.tasks: dict[asyncio.Task[None], RunningJob] = {}
+        self.hops = SyncHops(self.loop)
         self.thread = threading.Thread(target=self._main, name="dispatch-async", daemon=True)
         self.thread.start()
 
@@ -74,15 +78,17 @@ class AsyncJobs:
                 self.loop.run_until_complete(_sync(connections.close_all))
             self.loop.close()
 
-    def submit(self, running: RunningJob) -> None:
-        """From the control loop: start the job on the event loop."""
-        running.on_loop = True
-        self.loop.call_soon_threadsafe(self._spawn, running)
+    def submit(self, jobs: list[RunningJob]) -> None:
+        """From the control loop: start a claim's async jobs on the event loop (one wake-up)."""
+        for running in jobs:
+            running.on_loop = True
+        self.loop.call_soon_threadsafe(self._spawn, jobs)
 
-    def _spawn(self, running: RunningJob) -> None:
-        task = self.loop.create_task(self._run(running), name=f"job-{running.claimed.id}")
-        self.tasks[task] = running
-        task.add_done_callback(self._forget)
+    def _spawn(self, jobs: list[RunningJob]) -> None:
+        for running in jobs:
+            task = self.loop.create_task(self._run(running), name=f"job-{running.claimed.id}")
+            self.tasks[task] = running
+            task.add_done_callback(self._forget)
 
     def _forget(self, task: asyncio.Task[None]) -> None:
         self.tasks.pop(task, None)
@@ -116,38 +122,69 @@ class AsyncJobs:
         await asyncio.wait(set(self.tasks), timeout=1.0)
 
     async def _run(self, running: RunningJob) -> None:
-        """One job, the job runner's steps with task code awaited here."""
+        """One job: the job runner's steps, task code awaited here, and the
+        synchronous steps in two hops to the sync thread (``SyncHops``)."""
         runner = self.runner
         outcome: Outcome | None = None
         meter: metering.Meter | None = None
+        #: What ``_after`` does with the outcome: "write" it, report the "wave"
+        #: that wrote it, or nothing ("done": already written).
+        then: After = "write"
         try:
             if not runner.register(running):  # in the loop's thread: timeouts find it started
                 return
-            meter = await _sync(runner.begin, running, self.conns)
+            meter, prepared = await self.hops.run(self._before, running)
             if meter is None:
-                outcome = Outcome(kind="released")
+                outcome, then = Outcome(kind="released"), "done"  # ``begin`` wrote it
                 return
             if tracing.AVAILABLE and tracing.active():
                 with tracing.consumer(running.claimed) as span:
-                    outcome = await self._attempt(running)
+                    outcome = await self._attempt(running, prepared)
                     tracing.outcome(span, outcome.kind, outcome.exception)
             else:
-                outcome = await self._attempt(running)
+                outcome = await self._attempt(running, prepared)
             runner.ran(running, meter)
-            if not await self._in_wave(running, outcome):
-                await _sync(runner.write, running, outcome)
+            if await self._in_wave(running, outcome):
+                then = "wave"
         except Exception as e:
-            outcome = await _sync(runner.unexpected, running, e)
+            outcome, then = await self.hops.run(runner.unexpected, running, e), "done"
         finally:
             with contextlib.suppress(Exception):
-                await _sync(runner.end, running, outcome, meter, self.conns)
+                await self.hops.run(self._after, running, outcome, meter, then)
 
-    async def _attempt(self, running: RunningJob) -> Outcome:
+    def _before(
+        self, running: RunningJob
+    ) -> tuple[metering.Meter | None, Outcome | executor.Prepared | None]:
+        """On the sync thread: ``JobRunner.begin``, then ``executor.prepare``."""
+        meter = self.runner.begin(running, self.conns)
+        if meter is None:
+            return None, None
+        self.runner.overseer.started(running)
+        return meter, executor.prepare(running.claimed, running)
+
+    def _after(
+        self,
+        running: RunningJob,
+        outcome: Outcome | None,
+        meter: metering.Meter | None,
+        then: After,
+    ) -> None:
+        """On the sync thread: report a success the wave wrote, or write the
+        outcome one by one (also when the wave failed); then ``JobRunner.end``."""
+        try:
+            if outcome is None or then == "done":
+                pass
+            elif then == "write" or not self.runner.completer.after_wave(running, outcome):
+                self.runner.write(running, outcome)
+        finally:
+            self.runner.end(running, outcome, meter, self.conns)
+
+    async def _attempt(
+        self, running: RunningJob, prepared: Outcome | executor.Prepared | None
+    ) -> Outcome:
         """``JobRunner._attempt`` with the task awaited on this loop."""
-        runner = self.runner
         claimed = running.claimed
-        runner.overseer.started(running)
-        prepared = await _sync(executor.prepare, claimed, running)
+        assert prepared is not None
         if isinstance(prepared, Outcome):
             outcome = prepared
         else:
@@ -158,17 +195,19 @@ class AsyncJobs:
             except BaseException as e:
                 # ``conclude`` may look at the connection that broke under the task:
                 # that is the sync thread's.
-                outcome = await _sync(executor.conclude, claimed, running, prepared, error=e)
+                outcome = await self.hops.run(
+                    partial(executor.conclude, claimed, running, prepared, error=e)
+                )
             else:
                 outcome = executor.conclude(claimed, running, prepared, value=value)
-        return runner.finish_attempt(running, outcome)
+        return self.runner.finish_attempt(running, outcome)
 
     async def _in_wave(self, running: RunningJob, outcome: Outcome) -> bool:
         """A success joins the control loop's completion wave; await it without a thread.
 
-        False when the outcome is not a success, the wave failed, or it was not
-        written within about a lease (the control loop is stuck): the caller
-        writes the outcome itself, fenced, as a job thread does.
+        False when the outcome is not a success or the wave was not written
+        within about a lease (the control loop is stuck): ``_after`` writes the
+        outcome itself, fenced, as a job thread does (and when the wave failed).
         """
         written = self.loop.create_future()
 
@@ -184,7 +223,56 @@ class AsyncJobs:
             await asyncio.wait_for(written, timeout=self.runner.completer.wait_seconds)
         except TimeoutError:
             return False
-        return await _sync(self.runner.completer.after_wave, running, outcome)
+        return True
+
+
+class SyncHops:
+    """The synchronous steps of many jobs, run together in one hop to the sync thread.
+
+    Each hop through ``sync_to_async`` costs a thread switch and two wake-ups;
+    with hundreds of jobs finishing at once, one hop per step per job would
+    bound the executor. Steps asked for while a hop runs go together in the
+    next one: the busier the loop, the more each hop carries. The steps run
+    in order, each on its own: one that raises fails only its own job.
+    """
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self.loop = loop
+        self.pending: list[tuple[Callable[[], Any], asyncio.Future[Any]]] = []
+        self.flushing = False
+
+    async def run[T](self, func: Callable[..., T], *args: Any) -> T:
+        future: asyncio.Future[T] = self.loop.create_future()
+        self.pending.append((partial(func, *args), future))
+        if not self.flushing:
+            self.flushing = True
+            self.loop.create_task(self._flush())
+        return await future
+
+    async def _flush(self) -> None:
+        try:
+            while self.pending:
+                steps, self.pending = self.pending, []
+                results = await _sync(_run_steps, [step for step, _ in steps])
+                for (_, future), (ok, value) in zip(steps, results, strict=True):
+                    if future.done():  # its job was cancelled meanwhile
+                        continue
+                    if ok:
+                        future.set_result(value)
+                    else:
+                        future.set_exception(value)
+        finally:
+            self.flushing = False
+
+
+def _run_steps(steps: list[Callable[[], Any]]) -> list[tuple[bool, Any]]:
+    results: list[tuple[bool, Any]] = []
+    for step in steps:
+        try:
+            results.append((True, step()))
+        except BaseException as e:  # the job's own failure, not the hop's
+            results.append((False, e))
+    return results
 
 
 def _resolve(future: asyncio.Future[None]) -> None:

@@ -13,10 +13,11 @@ What the numbers mean:
   on an event loop that ``async_to_sync`` keeps on a helper thread, so its
   CPU is not this thread's: None for async tasks, rather than a wrong zero.
 * ``peak_rss_mb`` is ``getrusage(RUSAGE_SELF).ru_maxrss`` read when the
-  attempt ends: the process's high-water mark since it started, shared with
-  the jobs beside it. It never goes down, so it is an upper bound of what
-  this attempt needed, exact for a process running one job at a time
-  (``--concurrency 1``), which is how to size memory-hungry tasks.
+  attempt ends (a reading at most ``RSS_READ_SECONDS`` old): the process's
+  high-water mark since it started, shared with the jobs beside it. It
+  never goes down, so it is an upper bound of what this attempt needed,
+  exact for a process running one job at a time (``--concurrency 1``),
+  which is how to size memory-hungry tasks.
 """
 
 from __future__ import annotations
@@ -39,8 +40,25 @@ HOST = socket.gethostname()
 _RSS_UNIT = 1 if sys.platform == "darwin" else 1024
 
 
+#: How long one reading of the process's peak RSS serves: ``getrusage`` costs
+#: tens of microseconds here, per job, which a drain of short jobs notices.
+RSS_READ_SECONDS = 0.005
+_rss_read: tuple[float, float] = (-1.0, 0.0)  # (monotonic time, MB)
+
+
 def peak_rss_mb() -> float:
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * _RSS_UNIT / (1024 * 1024)
+    """The process's peak RSS, read at most every ``RSS_READ_SECONDS``.
+
+    A high-water mark only grows, so a reading up to 5 ms old can miss only a
+    peak reached within those 5 ms: by a job shorter than that.
+    """
+    global _rss_read
+    now = time.monotonic()
+    read_at, value = _rss_read
+    if now - read_at >= RSS_READ_SECONDS:
+        value = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * _RSS_UNIT / (1024 * 1024)
+        _rss_read = (now, value)
+    return value
 
 
 @dataclass
@@ -49,7 +67,7 @@ class Meter:
 
     thread_cpu: bool = True  # False: async task, its CPU is not this thread's
     began: float = field(default_factory=time.monotonic)
-    cpu_began: float = field(default_factory=time.thread_time)
+    cpu_began: float = 0.0  # set by ``start`` when ``thread_cpu``: a syscall per read
     wall: float | None = None
     cpu: float | None = None
     rss: float | None = None
@@ -69,6 +87,8 @@ class Meter:
 
 def start(job_id: int, *, thread_cpu: bool) -> Meter:
     meter = Meter(thread_cpu=thread_cpu)
+    if thread_cpu:
+        meter.cpu_began = time.thread_time()
     with _LOCK:
         METERS[job_id] = meter
     return meter

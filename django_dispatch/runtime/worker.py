@@ -321,7 +321,7 @@ class Worker:
         """Hand each claimed job to a job thread, or, with an asyncio executor,
         an async job to its event loop (resolving the task here: its module is
         imported once, then it is a lookup)."""
-        on_loop = 0
+        on_loop: list[executor.RunningJob] = []
         for job in claimed:
             running = executor.RunningJob(claimed=job, lease_seconds=self.settings.LEASE_SECONDS)
             lane = self.async_jobs is not None and executor.is_async(running)
@@ -329,13 +329,13 @@ class Worker:
             with self.slots.lock:
                 self.slots.running[job.id] = running
             if lane:
-                assert self.async_jobs is not None
-                self.async_jobs.submit(running)
-                on_loop += 1
+                on_loop.append(running)
             else:
                 self.pool.submit(running)
         if self.async_jobs is not None:
-            self.slots.learn(on_loop, len(claimed))
+            if on_loop:
+                self.async_jobs.submit(on_loop)
+            self.slots.learn(len(on_loop), len(claimed))
         self.claimed_total += len(claimed)
 
     def heartbeat(self) -> None:
