@@ -2,8 +2,9 @@
 
 The worker measures (``runtime.metering``); the store writes, always inside
 the transaction that records the outcome, so a job's history and its usage
-agree: a success's record is part of its completion wave (one multi-row
-INSERT per wave, beside the wave's one UPDATE), a failure's or a timeout's is
+agree: a success's record is part of its completion wave (on PostgreSQL in
+the very statement that finishes the wave, see ``jobs_finish_many_if_leased``;
+elsewhere one multi-row INSERT per wave, beside its UPDATE), a failure's or a timeout's is
 written with its fenced write, and a lost worker's by the reclaim that
 notices it. Only attempts whose fenced write *won* get a record: a write that
 lost (the job was reclaimed meanwhile) belongs to an attempt somebody else
@@ -69,37 +70,42 @@ class UsageEntry:
 #: adaptation in psycopg was still a fifth of a busy worker's CPU (profiled).
 #: ``started_at`` travels as ISO 8601 (exact to the microsecond), floats as
 #: ``repr`` (exact); a JSON null stays SQL NULL. Its twin is the
-#: ``bulk_create`` below (tests/test_usage.py).
-_INSERT_MANY_SQL = """
+#: ``bulk_create`` below (tests/test_usage.py). ``{rows}``: where the JSON
+#: rows ``r`` come from (``usage_insert_sql``).
+_INSERT_ROWS_SQL = """
 INSERT INTO {table} (namespace, job_id, task_path, queue_name, attempt, worker_id, host,
     outcome, started_at, wall_seconds, cpu_seconds, peak_rss_mb, resources)
 SELECT r->>0, (r->>1)::bigint, r->>2, r->>3, (r->>4)::integer, r->>5, r->>6, r->>7,
     (r->>8)::timestamptz, (r->>9)::float8, (r->>10)::float8, (r->>11)::float8,
     NULLIF(r->12, 'null'::jsonb)
-FROM jsonb_array_elements(%s::jsonb) AS r
+FROM {rows}
 """
+#: The JSON array's rows, all of them (``usage_record_many``).
+_ALL_ROWS = "jsonb_array_elements(%s::jsonb) AS r"
+#: Where a row's job id is, for a statement that joins the rows to its jobs.
+USAGE_ROW_JOB_ID = "(r->>1)::bigint"
+_RENDERED: dict[tuple[str, str], str] = {}
 
 
-def usage_record_many(
-    entries: Sequence[UsageEntry], *, db: str | None = None, raw: bool | None = None
-) -> None:
-    """Insert the records of one wave (call inside the wave's transaction).
+def usage_insert_sql(connection: Any, rows: str = _ALL_ROWS) -> str:
+    """The PostgreSQL INSERT of JSON usage rows ``r`` taken from ``rows`` (a FROM clause).
 
-    One INSERT for the wave; ``finished_at`` takes the database's ``now()``
-    (its ``db_default``), the same clock as the job's ``finished_at``.
-    ``raw``: force (True) or avoid (False) the PostgreSQL statement (tests).
+    One text for both of its users: ``usage_record_many`` inserts every row of
+    the array, the fenced finish of a wave (``store.leases``) only the rows
+    whose job it won, joining on ``USAGE_ROW_JOB_ID``. Each takes the array
+    as one parameter built by ``usage_rows_json``. Rendered once per
+    ``rows`` and table name.
     """
-    if not entries:
-        return
-    db = db or db_alias()
-    connection = connections[db]
-    if raw is None:
-        raw = connection.vendor == "postgresql"
-    if not raw:
-        JobUsage.objects.using(db).bulk_create([e.model() for e in entries])
-        return
-    sql = _INSERT_MANY_SQL.format(table=connection.ops.quote_name(JobUsage._meta.db_table))
-    rows = json.dumps(
+    table = connection.ops.quote_name(JobUsage._meta.db_table)
+    sql = _RENDERED.get((rows, table))
+    if sql is None:
+        sql = _RENDERED[(rows, table)] = _INSERT_ROWS_SQL.format(table=table, rows=rows)
+    return sql
+
+
+def usage_rows_json(entries: Iterable[UsageEntry]) -> str:
+    """``entries`` as the JSON array ``usage_insert_sql`` unpacks (one ``json.dumps``)."""
+    return json.dumps(
         [
             [
                 e.namespace,
@@ -119,8 +125,30 @@ def usage_record_many(
             for e in entries
         ]
     )
+
+
+def usage_record_many(
+    entries: Sequence[UsageEntry], *, db: str | None = None, raw: bool | None = None
+) -> None:
+    """Insert the records of one wave (call inside the wave's transaction).
+
+    One INSERT for the wave; ``finished_at`` takes the database's ``now()``
+    (its ``db_default``), the same clock as the job's ``finished_at``.
+    ``raw``: force (True) or avoid (False) the PostgreSQL statement (tests).
+    A wave of successes on PostgreSQL does not come here: its records go in
+    the statement that finishes it (``jobs_finish_many_if_leased``).
+    """
+    if not entries:
+        return
+    db = db or db_alias()
+    connection = connections[db]
+    if raw is None:
+        raw = connection.vendor == "postgresql"
+    if not raw:
+        JobUsage.objects.using(db).bulk_create([e.model() for e in entries])
+        return
     with connection.cursor() as cursor:
-        cursor.execute(sql, [rows])
+        cursor.execute(usage_insert_sql(connection), [usage_rows_json(entries)])
 
 
 def usage_record_lost(db: str, rows: Iterable[Mapping[str, Any]], namespace: str) -> None:
