@@ -105,17 +105,15 @@ class BatchCompleter:
     def write(batch: list[RunningJob], db: str) -> set[int]:
         """Inside the caller's transaction: the ids whose fenced write won.
 
-        The winners' usage records go in the same transaction: one more
-        multi-row INSERT per wave, not per job.
+        The winners' usage records go with it: every job's is handed over,
+        the store writes only those whose fenced write won (on PostgreSQL in
+        the same statement: one round trip per wave).
         """
         if not batch:
             return set()
         results = [(r.claimed.lease, r.finished.return_value) for r in batch if r.finished]
-        won = set(store.jobs_finish_many_if_leased(results, db=db))
-        usage_record_many(
-            [metering.entry(r.claimed, "succeeded") for r in batch if r.claimed.id in won], db=db
-        )
-        return won
+        usage = {r.claimed.id: metering.entry(r.claimed, "succeeded") for r in batch if r.finished}
+        return set(store.jobs_finish_many_if_leased(results, db=db, usage=usage))
 
     @staticmethod
     def settle(batch: list[RunningJob], won: set[int]) -> None:
