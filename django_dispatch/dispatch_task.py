@@ -98,10 +98,17 @@ def _replace(task: Task, *, validate: bool, **changes: Any) -> Any:
     """
     if validate:
         return replace(task, **changes)
-    new = object.__new__(type(task))
-    for f in fields(task):
-        object.__setattr__(new, f.name, changes.get(f.name, getattr(task, f.name)))
+    cls = type(task)
+    names = _FIELD_NAMES.get(cls)
+    if names is None:  # ``fields()`` costs more than the copy: once per class
+        names = _FIELD_NAMES[cls] = tuple(f.name for f in fields(task))
+    new = object.__new__(cls)
+    for name in names:
+        object.__setattr__(new, name, changes[name] if name in changes else getattr(task, name))
     return new
+
+
+_FIELD_NAMES: dict[type, tuple[str, ...]] = {}
 
 
 def validate_options(task: Task) -> None:
