@@ -31,8 +31,13 @@ COLUMNS = [
 #: What each row's configuration is (the drivers' ``CONFIGS``, for the report).
 CONFIG_NOTES = {
     "dispatch": "rundispatch --processes W --concurrency C (LISTEN on)",
-    "pgqueuer": "batch_size=C/2, max_concurrent_tasks=C",
-    "pgqueuer [defaults]": "QueueManager.run() defaults: batch_size=10, no cap on tasks",
+    "pgqueuer [asyncpg+uvloop]": "batch_size=C/2, max_concurrent_tasks=C; workers on asyncpg "
+    "and uvloop, as `pgq run` runs them (bulk enqueues on asyncpg too)",
+    "pgqueuer [defaults, asyncpg+uvloop]": "QueueManager.run() defaults: batch_size=10, no cap "
+    "on tasks; asyncpg, uvloop",
+    "pgqueuer [psycopg]": "batch_size=C/2, max_concurrent_tasks=C; workers on a psycopg "
+    "AsyncConnection, plain asyncio",
+    "pgqueuer [defaults, psycopg]": "QueueManager.run() defaults; psycopg, plain asyncio",
     "procrastinate": "sync tasks in threads, concurrency=C",
     "procrastinate [async]": "async tasks on the event loop, concurrency=C",
     "procrastinate [defaults]": "sync tasks, concurrency=1 (its default)",
@@ -162,7 +167,7 @@ def targets(rows: dict[str, dict], extras: dict[str, dict]) -> list[tuple[str, s
         ("drain >= 2x the fastest peer", ratio(me.get("drain_per_s"), drain_peer),
          "{:.2f}x " + drain_name, lambda v: v >= 2),
         ("(the same, steady state)", ratio(me.get(steady), _fastest_peer(rows, steady)[0]),
-         "{:.2f}x", lambda v: v >= 2),
+         "{:.2f}x " + _fastest_peer(rows, steady)[1], lambda v: v >= 2),
         ("realistic job drain >= 1.5x the fastest peer",
          ratio(me.get("realistic_drain_per_s"), _fastest_peer(rows, "realistic_drain_per_s")[0]),
          "{:.2f}x " + _fastest_peer(rows, "realistic_drain_per_s")[1], lambda v: v >= 1.5),

@@ -46,13 +46,17 @@ SYSTEMS = {  # name -> driver module
     "pgqueuer": "drivers.pgqueuer",
     "raw": "drivers.raw",
 }
-#: Each peer's configurations (see the drivers' ``CONFIGS``): "matched" gives
-#: every system the same jobs in flight; the others run the library as its
+#: Each peer's configurations (see the drivers' ``CONFIGS``). The first is
+#: slot-matched, the only one ``--peer-configs matched`` runs: every system
+#: gets the same jobs in flight; the others run the library as its
 #: documentation ships it. A peer is compared at whichever row is faster.
+#: PgQueuer's rows each name the driver its workers run on: asyncpg + uvloop
+#: (as ``pgq run`` runs them, first: the way PgQueuer documents) or psycopg
+#: on plain asyncio, each slot-matched and at its defaults.
 PEER_CONFIGS = {
     "django-tasks-db": ["matched", "defaults"],
     "procrastinate": ["matched", "async", "defaults"],
-    "pgqueuer": ["matched", "defaults"],
+    "pgqueuer": ["asyncpg+uvloop", "defaults, asyncpg+uvloop", "psycopg", "defaults, psycopg"],
 }
 #: Options passed through to every driver (see ``harness.main``).
 DRIVER_OPTIONS = ["jobs", "bulk_jobs", "workers", "concurrency", "idle_seconds",
@@ -282,12 +286,13 @@ class Bench:
             ("dispatch [asyncio]", "dispatch", a, ["--async-concurrency", str(a)], {},
              f"rundispatch --concurrency {c} --async-concurrency {a}: async jobs on one "
              "event loop per process"),
-            ("pgqueuer [defaults]", "pgqueuer", 0, ["--config", "defaults", "--pgq-run"], {},
+            ("pgqueuer [defaults, asyncpg+uvloop]", "pgqueuer", 0,
+             ["--config", "defaults, asyncpg+uvloop"], {},
              "QueueManager.run() defaults: batch_size=10, no cap on tasks; asyncpg, uvloop "
              "(as `pgq run`)"),
-            (f"pgqueuer [{a} slots]", "pgqueuer", a, ["--config", "matched", "--pgq-run"],
-             {"concurrency": a}, f"batch_size={a // 2}, max_concurrent_tasks={a}; asyncpg, "
-             "uvloop (as `pgq run`)"),
+            (f"pgqueuer [{a} slots, asyncpg+uvloop]", "pgqueuer", a,
+             ["--config", "asyncpg+uvloop"], {"concurrency": a},
+             f"batch_size={a // 2}, max_concurrent_tasks={a}; asyncpg, uvloop (as `pgq run`)"),
             ("procrastinate [async, defaults]", "procrastinate", 1, ["--config", "async"],
              {"concurrency": 1}, "async worker, concurrency=1 (its default), pool up to 3"),
             (f"procrastinate [async, {a}]", "procrastinate", a,

@@ -1,29 +1,33 @@
 """PgQueuer: ``SyncQueries.enqueue()`` (one job), ``Queries.enqueue()`` with lists
 (bulk) and a ``QueueManager``.
 
-PgQueuer runs only async entrypoints, so its tasks are async no-ops. Two
-configurations (``--config``):
+PgQueuer runs only async entrypoints, so its tasks are async no-ops. Four
+configurations (``--config``), each a slot setting on one database driver:
 
-- ``matched``: in-flight jobs capped at C (``max_concurrent_tasks``), which
-  PgQueuer requires to be at least twice its ``batch_size``, hence a batch of
-  C / 2;
-- ``defaults``: ``QueueManager.run()`` as documented (``batch_size=10``, no
-  cap on concurrent tasks): more completions per commit and more jobs in
-  flight, which makes it faster on no-op jobs.
+- slot-matched (``asyncpg+uvloop``, ``psycopg``): in-flight jobs capped at C
+  (``max_concurrent_tasks``), which PgQueuer requires to be at least twice its
+  ``batch_size``, hence a batch of C / 2;
+- ``defaults, ...``: ``QueueManager.run()`` as documented (``batch_size=10``,
+  no cap on concurrent tasks): more completions per commit and more jobs in
+  flight, which makes it faster on no-op jobs;
+- ``asyncpg+uvloop``: the worker as PgQueuer's README and ``pgq run`` run it,
+  on an asyncpg connection and uvloop; the bulk enqueues and the realistic
+  job's own connections use asyncpg too;
+- ``psycopg``: the worker on a psycopg ``AsyncConnection`` and plain asyncio
+  (the harness's earlier rows). Its NOTIFY watcher holds the connection inside
+  ``notifies(timeout=1.0)`` until a notification arrives, so while jobs run
+  and none arrive, each dequeue and completion flush can wait up to a second
+  (the async check's sleep jobs drain at about 50/s so, whatever the slots).
 
-Single enqueues go through PgQueuer's synchronous API on a plain connection,
-as a Django view would call it (driving the async API through an event loop
-per call inflated its cost). Finished jobs leave the ``pgqueuer`` table, so
-"unfinished" is simply its row count.
+Single enqueues go through PgQueuer's synchronous API on a plain psycopg
+connection in every configuration (its only sync driver), as a Django view
+would call it (driving the async API through an event loop per call inflated
+its cost). Finished jobs leave the ``pgqueuer`` table, so "unfinished" is
+simply its row count.
 
-The async check (``--sleep-ms``) runs ``defaults`` as is and ``matched`` with
-C = the async slots per process (200: ``batch_size=100,
-max_concurrent_tasks=200``), both with ``--pgq-run``: the worker as its README
-and ``pgq run`` run it, on an asyncpg connection and uvloop. On the psycopg
-driver, the NOTIFY watcher holds the connection inside ``notifies(timeout=1.0)``
-until a notification arrives, so while jobs sleep and none arrive, each
-dequeue and completion flush waits up to a second: about 50 sleep jobs/s,
-however many may run at once.
+The async check (``--sleep-ms``) runs ``defaults, asyncpg+uvloop`` and
+``asyncpg+uvloop`` with C = the async slots per process (200:
+``batch_size=100, max_concurrent_tasks=200``).
 """
 
 from __future__ import annotations
@@ -35,9 +39,12 @@ import sys
 import time
 from collections.abc import Awaitable, Callable
 
+import asyncpg
 import psycopg
+import uvloop
 from harness import ORDER_INSERT_SQL, ORDER_UPDATE_SQL, Driver, main
 from pgqueuer import PsycopgDriver, Queries, QueueManager
+from pgqueuer.adapters.drivers.asyncpg import AsyncpgDriver
 from pgqueuer.adapters.drivers.psycopg import SyncPsycopgDriver
 from pgqueuer.adapters.persistence.queries import SyncQueries
 
@@ -46,37 +53,43 @@ async def connect(db_url: str) -> psycopg.AsyncConnection:
     return await psycopg.AsyncConnection.connect(db_url, autocommit=True)
 
 
-async def connect_worker(db_url: str, pgq_run: bool) -> tuple[Queries, Callable[[], Awaitable]]:
-    """The worker's ``Queries`` and how to close its connection: psycopg, or asyncpg."""
+async def connect_queries(db_url: str, pgq_run: bool) -> tuple[Queries, Callable[[], Awaitable]]:
+    """``Queries`` on a connection of its own and how to close it: psycopg, or asyncpg."""
     if pgq_run:
-        import asyncpg
-        from pgqueuer.adapters.drivers.asyncpg import AsyncpgDriver
-
         conn = await asyncpg.connect(db_url)
         return Queries(AsyncpgDriver(conn)), conn.close
     pconn = await connect(db_url)
     return Queries(PsycopgDriver(pconn)), pconn.close
 
 
+#: The realistic job's statements in asyncpg's placeholder style.
+ASYNCPG_INSERT_SQL = ORDER_INSERT_SQL.replace("%s", "$1")
+ASYNCPG_UPDATE_SQL = ORDER_UPDATE_SQL.replace("%s", "$1")
+
+
 class PgQueuerDriver(Driver):
     unfinished_sql = "SELECT count(*) FROM pgqueuer"
     CONFIGS = {
-        "matched": "batch_size=C/2, max_concurrent_tasks=C",
-        "defaults": "batch_size=10, no cap on concurrent tasks (library defaults)",
+        "asyncpg+uvloop": "batch_size=C/2, max_concurrent_tasks=C; asyncpg, uvloop (`pgq run`)",
+        "defaults, asyncpg+uvloop": "batch_size=10, no cap on concurrent tasks (library "
+        "defaults); asyncpg, uvloop (`pgq run`)",
+        "psycopg": "batch_size=C/2, max_concurrent_tasks=C; psycopg, asyncio",
+        "defaults, psycopg": "batch_size=10, no cap on concurrent tasks (library defaults); "
+        "psycopg, asyncio",
     }
 
-    @classmethod
-    def add_arguments(cls, parser) -> None:
-        parser.add_argument(
-            "--pgq-run",
-            action="store_true",
-            help="workers as `pgq run` runs them: asyncpg and uvloop (default: psycopg, asyncio)",
-        )
+    def __init__(self, args) -> None:
+        super().__init__(args)
+        #: QueueManager.run()'s own defaults, rather than C slots.
+        self.defaults = self.config.startswith("defaults")
+        #: The worker as `pgq run` runs it: asyncpg and uvloop.
+        self.pgq_run = "asyncpg" in self.config
 
     def setup(self) -> None:
         self.loop = asyncio.new_event_loop()
-        self.conn = self.loop.run_until_complete(connect(self.db))
-        self.queries = Queries(PsycopgDriver(self.conn))
+        self.queries, self.close_queries = self.loop.run_until_complete(
+            connect_queries(self.db, self.pgq_run)
+        )
         self.loop.run_until_complete(self.queries.install())
         self.sync_conn = psycopg.connect(self.db, autocommit=True)
         self.sync = SyncQueries(SyncPsycopgDriver(self.sync_conn))
@@ -112,18 +125,16 @@ class PgQueuerDriver(Driver):
     def worker_argv(self, concurrency: int) -> list[str]:
         return [sys.executable, "-m", "drivers.pgqueuer", "worker", "--concurrency",
                 str(concurrency), "--sleep-ms", repr(self.args.sleep_ms),
-                *(["--pgq-run"] if self.args.pgq_run else []), *self.config_argv()]  # fmt: skip
+                *self.config_argv()]  # fmt: skip
 
     def run_worker(self) -> None:
-        if self.args.pgq_run:
-            import uvloop
-
+        if self.pgq_run:
             uvloop.run(self._worker())
         else:
             asyncio.run(self._worker())
 
     async def _worker(self) -> None:
-        queries, close = await connect_worker(self.db, self.args.pgq_run)
+        queries, close = await connect_queries(self.db, self.pgq_run)
         manager = QueueManager(queries)
 
         @manager.entrypoint("noop")
@@ -143,39 +154,46 @@ class PgQueuerDriver(Driver):
             """An I/O-bound job: awaits $BENCH_SLEEP_MS ms."""
             await asyncio.sleep(sleep_seconds)
 
-        # The realistic job's own connections, C of them (no cap: 10), handed
-        # out one per running job, as a pool would; none for the async check's
-        # sleep jobs (its C of 200 would exceed the server's sessions).
-        pool: asyncio.Queue[psycopg.AsyncConnection] = asyncio.Queue()
-        size = 10 if self.config == "defaults" else max(2, self.args.concurrency)
+        # The realistic job's own connections (of the worker's driver), C of
+        # them (no cap: 10), handed out one per running job, as a pool would;
+        # none for the async check's sleep jobs (its C of 200 would exceed the
+        # server's sessions).
+        pool: asyncio.Queue = asyncio.Queue()
+        size = 10 if self.defaults else max(2, self.args.concurrency)
         for _ in range(0 if self.args.sleep_ms else size):
-            pool.put_nowait(await connect(self.db))
+            pool.put_nowait(await (asyncpg.connect(self.db) if self.pgq_run else connect(self.db)))
 
         @manager.entrypoint("realistic")
         async def realistic(job) -> None:
-            db = await pool.get()
+            db, seq = await pool.get(), int(job.payload.decode())
             try:
-                cursor = await db.execute(ORDER_INSERT_SQL, [int(job.payload.decode())])
-                (order_id,) = await cursor.fetchone()
-                await db.execute(ORDER_UPDATE_SQL, [order_id])
+                if self.pgq_run:
+                    order_id = await db.fetchval(ASYNCPG_INSERT_SQL, seq)
+                    await db.execute(ASYNCPG_UPDATE_SQL, order_id)
+                else:
+                    cursor = await db.execute(ORDER_INSERT_SQL, [seq])
+                    (order_id,) = await cursor.fetchone()
+                    await db.execute(ORDER_UPDATE_SQL, [order_id])
             finally:
                 pool.put_nowait(db)
 
         loop = asyncio.get_running_loop()
         for signum in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(signum, manager.shutdown.set)
-        if self.config == "defaults":
+        if self.defaults:
             await manager.run()
         else:
             concurrency = max(2, self.args.concurrency)
             await manager.run(batch_size=concurrency // 2, max_concurrent_tasks=concurrency)
+        while not pool.empty():
+            await pool.get_nowait().close()
         await close()
 
     def close(self) -> None:
         if hasattr(self, "sync_conn"):
             self.sync_conn.close()
-        if hasattr(self, "conn"):
-            self.loop.run_until_complete(self.conn.close())
+        if hasattr(self, "close_queries"):
+            self.loop.run_until_complete(self.close_queries())
             self.loop.close()
 
 
