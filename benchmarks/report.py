@@ -6,7 +6,7 @@ import statistics
 from typing import Any
 
 DISPATCH = "dispatch"
-PEERS = ["django-tasks-db", "procrastinate", "pgqueuer"]
+PEERS = ["django-tasks-db", "procrastinate", "pgqueuer", "chancy"]
 RAW_1, RAW_100 = "raw (1 job/txn)", "raw (100 jobs/txn)"
 
 #: (key, column title, format, higher is better)
@@ -43,6 +43,13 @@ CONFIG_NOTES = {
     "procrastinate [defaults]": "sync tasks, concurrency=1 (its default)",
     "django-tasks-db": "W x C db_worker processes (one task each), --no-startup-delay",
     "django-tasks-db [defaults]": "W db_worker processes, --no-startup-delay",
+    "chancy": "Worker() with its default plugins; Queue(concurrency=C, executor=Threaded, "
+    "eager_polling=True). Chancy writes finished jobs once a second, so its steady drain/s "
+    "(from the first write) overstates drains of a few seconds: compare drain/s",
+    "chancy [async]": "the same jobs as async def; Queue(concurrency=C, executor=Async, "
+    "eager_polling=True)",
+    "chancy [defaults]": "Queue defaults (process pool, a process per CPU, recycled every 100 "
+    "jobs) but eager_polling=True: without it a backlog drains at W x CPUs jobs per 5 s poll",
 }
 
 
@@ -142,11 +149,16 @@ def _async_best(check: dict, system: str, key: str) -> tuple[float | None, str]:
 
 
 def _async_ratios(check: dict, key: str) -> dict[str, tuple[float | None, str]]:
-    """Our asyncio row over PgQueuer's better row, procrastinate's, our thread executor."""
+    """Our asyncio row over each peer's better row (PgQueuer, procrastinate, Chancy) and
+    over our thread executor."""
     rows = check.get("rows", {})
     ours = rows.get(ASYNC_OURS, {}).get(key)
     out = {}
-    for label, system in (("pgqueuer", "pgqueuer"), ("procrastinate", "procrastinate")):
+    for label, system in (
+        ("pgqueuer", "pgqueuer"),
+        ("procrastinate", "procrastinate"),
+        ("chancy", "chancy"),
+    ):
         best, row = _async_best(check, system, key)
         out[label] = (ratio(ours, best), row)
     out["threads"] = (ratio(ours, rows.get(ASYNC_THREADS, {}).get(key)), ASYNC_THREADS)

@@ -44,6 +44,7 @@ SYSTEMS = {  # name -> driver module
     "django-tasks-db": "drivers.tasks_db",
     "procrastinate": "drivers.procrastinate",
     "pgqueuer": "drivers.pgqueuer",
+    "chancy": "drivers.chancy",
     "raw": "drivers.raw",
 }
 #: Each peer's configurations (see the drivers' ``CONFIGS``). The first is
@@ -57,6 +58,7 @@ PEER_CONFIGS = {
     "django-tasks-db": ["matched", "defaults"],
     "procrastinate": ["matched", "async", "defaults"],
     "pgqueuer": ["asyncpg+uvloop", "defaults, asyncpg+uvloop", "psycopg", "defaults, psycopg"],
+    "chancy": ["matched", "async", "defaults"],
 }
 #: Options passed through to every driver (see ``harness.main``).
 DRIVER_OPTIONS = ["jobs", "bulk_jobs", "workers", "concurrency", "idle_seconds",
@@ -123,8 +125,9 @@ def parse_args() -> argparse.Namespace:
         "--async-sleep",
         action="store_true",
         help="async def jobs awaiting asyncio.sleep: django_dispatch's thread executor "
-        "(C slots) vs its asyncio executor (--async-concurrency) vs PgQueuer and procrastinate's "
-        "async worker, each at its defaults and at --async-concurrency slots per process (#20)",
+        "(C slots) vs its asyncio executor (--async-concurrency) vs PgQueuer, procrastinate's "
+        "async worker and Chancy's async executor, each at its defaults and at "
+        "--async-concurrency slots per process (#20)",
     )
     p.add_argument("--async-sleep-jobs", type=int, default=10_000)
     p.add_argument("--async-sleep-ms", type=float, default=50.0)
@@ -299,6 +302,11 @@ class Bench:
              ["--config", "async", "--pool-size", str(pool)], {"concurrency": a},
              f"async worker, concurrency={a}, pool up to {pool} connections (as one "
              "django_dispatch worker holds)"),
+            ("chancy [async, defaults]", "chancy", 100, ["--config", "defaults, async"], {},
+             "Worker(), Queue(executor=Async, eager_polling=True): concurrency 100 (its "
+             "default)"),
+            (f"chancy [async, {a}]", "chancy", a, ["--config", "async"], {"concurrency": a},
+             f"Worker(), Queue(concurrency={a}, executor=Async, eager_polling=True)"),
         ]  # fmt: skip
         out = []
         for name, system, slots, extra, overrides, config in rows:
@@ -461,7 +469,7 @@ def machine(args, pg: PgServer, pythons: dict[str, str], background: list[float]
         "Django": venvs.installed_version(pythons.get("dispatch", sys.executable), "Django")
     }
     for system, dist in [("django-tasks-db", "django-tasks-db"), ("procrastinate", "procrastinate"),
-                         ("pgqueuer", "pgqueuer")]:  # fmt: skip
+                         ("pgqueuer", "pgqueuer"), ("chancy", "chancy")]:  # fmt: skip
         if system in pythons:
             versions[dist] = venvs.installed_version(pythons[system], dist)
     if args.dispatch_ref:

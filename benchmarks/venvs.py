@@ -26,6 +26,8 @@ PEERS: dict[str, list[str]] = {
     # asyncpg: the driver PgQueuer documents and ``pgq run`` tries first (the
     # async check runs it so; see drivers/pgqueuer.py).
     "pgqueuer": ["pgqueuer==1.6.0", "psycopg[binary]>=3.2", "asyncpg==0.30.0"],
+    # Chancy needs PostgreSQL 14+ (the harness's server is 15).
+    "chancy": ["chancy==0.26.0", "psycopg[binary,pool]>=3.2"],
 }
 
 
