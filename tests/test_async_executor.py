@@ -91,9 +91,7 @@ def test_a_timeout_on_the_loop_fails_that_job_only():
     result = async_tasks.overtime.get_result(late.id)
     assert result.status == TaskResultStatus.FAILED
     assert result.errors[-1].exception_class_path == "django_dispatch.exceptions.TaskTimeout"
-    assert {r.status for r in results(async_tasks.window, others)} == {
-        TaskResultStatus.SUCCESSFUL
-    }
+    assert {r.status for r in results(async_tasks.window, others)} == {TaskResultStatus.SUCCESSFUL}
 
 
 def test_an_error_is_retried_under_the_tasks_policy():
@@ -117,8 +115,10 @@ def test_cancelling_a_running_async_job_stops_it_and_spares_the_others(start_wor
     )
     assert cancel(victim.id)
     wait_until(
-        lambda: Job.objects.get(pk=victim.id).state == JobState.CANCELLED
-        and Job.objects.get(pk=sibling.id).state == JobState.SUCCEEDED,
+        lambda: (
+            Job.objects.get(pk=victim.id).state == JobState.CANCELLED
+            and Job.objects.get(pk=sibling.id).state == JobState.SUCCEEDED
+        ),
         what=f"cancel to land and the sibling to finish:\n{worker.output()}",
     )
     assert not Execution.objects.filter(key="victim").exists()  # it never got past its sleep

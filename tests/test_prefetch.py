@@ -70,9 +70,7 @@ def test_every_short_job_runs_once_with_its_usage_record_and_signal():
     assert usage.count() == 400
     assert not usage.filter(wall_seconds__isnull=True).exists()
     assert sorted(finished) == sorted(e.id for e in enqueued)
-    assert {tasks.record.get_result(e.id).status for e in enqueued} == {
-        TaskResultStatus.SUCCESSFUL
-    }
+    assert {tasks.record.get_result(e.id).status for e in enqueued} == {TaskResultStatus.SUCCESSFUL}
 
 
 @pytest.mark.django_db(transaction=True)
