@@ -81,6 +81,14 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--peer-configs", choices=["all", "matched"], default="all",
                    help="all: every peer at each of its configurations (PEER_CONFIGS); "
                    "matched: only at the slot-matched one (faster to run)")  # fmt: skip
+    p.add_argument(
+        "--skip",
+        type=lambda v: [x.strip() for x in v.split(";") if x.strip()],
+        default=[],
+        help="rows to leave out, ';'-separated, e.g. 'pgqueuer [psycopg]': "
+        "a configuration already known to be slower than another of the same peer "
+        "(the command line in the report says what was left out)",
+    )
     p.add_argument("--jobs", type=int, default=10_000, help="jobs to enqueue and drain")
     p.add_argument("--bulk-jobs", type=int, default=100_000, help="jobs per bulk enqueue")
     p.add_argument("--realistic-jobs", type=int, default=10_000,
@@ -234,7 +242,7 @@ class Bench:
             configs = PEER_CONFIGS.get(system, ["matched"])
             if self.args.peer_configs == "matched":
                 configs = configs[:1]
-            pairs += [(system, config) for config in configs]
+            pairs += [(system, c) for c in configs if f"{system} [{c}]" not in self.args.skip]
         return pairs
 
     def standard(self, failures: dict[str, str]) -> dict[str, list[dict]]:
