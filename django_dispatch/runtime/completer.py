@@ -40,28 +40,21 @@ COALESCE_SECONDS = 0.002
 class BatchCompleter:
     """Successes written in waves, in the transaction that claims the slots they free.
 
-    A job thread hands its success over (``submit``) and waits. The control
-    loop takes a wave (``take``), writes it with one fenced UPDATE inside the
-    transaction in which it also claims (``write``): one commit, one WAL
-    flush, per wave of jobs. After the commit it tells each thread whether
-    its write won (``settle``); if the transaction failed (``abort``), each
-    thread writes its own outcome, one by one. ``task_finished`` is sent from
-    the job's own thread, never from the control loop: its receivers are
-    user code.
+    A job hands its success over (``offer``) and does not wait: a job thread
+    goes on to its next job, a job on the event loop awaits the wave without
+    a thread. The control loop takes a wave (``take``) and writes it with one
+    fenced UPDATE inside the transaction in which it also claims (``write``):
+    one commit, one WAL flush, per wave of jobs. After the commit it records
+    whether each write won (``settle``) or that the transaction failed
+    (``abort``) and calls the job's ``on_persisted``: the ``Reporter`` for a
+    thread's job, the event loop for an async one. ``task_finished`` is sent
+    there, never on the control loop: its receivers are user code.
     """
 
     def __init__(self, wakeup: threading.Event, wait_seconds: float) -> None:
         self.wakeup = wakeup
         self.wait_seconds = wait_seconds  # about a lease: then write it yourself
         self.waiting: queue.SimpleQueue[RunningJob] = queue.SimpleQueue()
-
-    def submit(self, running: RunningJob, outcome: Outcome) -> bool:
-        """On a job thread: have a success written by the next wave; False if not batchable."""
-        if not self.offer(running, outcome):
-            return False
-        if not running.persisted.wait(timeout=self.wait_seconds):
-            return False  # the control loop is stuck: write it ourselves (fenced)
-        return self.after_wave(running, outcome)
 
     def offer(self, running: RunningJob, outcome: Outcome) -> bool:
         """Queue a success for the next wave (no waiting); False if not batchable."""

@@ -148,10 +148,10 @@ class JobRunner:
         lease_seconds: float,
         db: str,
         wakeup: threading.Event,
-        reporter: completer.Reporter | None = None,
+        reporter: completer.Reporter,
     ) -> None:
         self.slots = slots
-        #: Set: a job thread does not wait for its success's wave (see ``Reporter``).
+        #: Reports a success once its wave is written: the thread does not wait.
         self.reporter = reporter
         self.overseer = overseer
         self.completer = batch
@@ -181,7 +181,7 @@ class JobRunner:
             handed_over = self.hand_over(running, outcome, meter)
             if handed_over:
                 meter = None  # the reporter drops it, once the wave wrote the usage record
-            elif not self.completer.submit(running, outcome):
+            else:
                 self.write(running, outcome)
         except Exception as e:
             outcome = self.unexpected(running, e)
@@ -191,7 +191,7 @@ class JobRunner:
     def hand_over(self, running: RunningJob, outcome: Outcome, meter: metering.Meter) -> bool:
         """A success joins the next wave and this thread goes on to its next job;
         the reporter does the rest once the wave is written (see ``Reporter``)."""
-        if self.reporter is None or outcome.kind != "succeeded":
+        if outcome.kind != "succeeded":
             return False
         running.meter = meter
         running.on_persisted = partial(self.reporter.put, running)
