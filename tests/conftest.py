@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -119,11 +120,19 @@ class WorkerProcess:
         try:
             return self.popen.wait(timeout)
         except subprocess.TimeoutExpired:
-            self.popen.kill()
+            self.kill_group()
             raise AssertionError(f"worker did not exit in {timeout} s:\n{self.output()}") from None
 
     def output(self) -> str:
         return self.log.read_text() if self.log.exists() else ""
+
+    def kill_group(self) -> None:
+        """SIGKILL the worker and every process it forked (its own process
+        group): a ``--processes`` child must not outlive its test, claiming
+        the next tests' jobs."""
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.popen.pid, signal.SIGKILL)
+        self.popen.wait()
 
 
 @pytest.fixture
@@ -154,6 +163,7 @@ def start_worker(transactional_db, tmp_path) -> Iterator[Callable[..., WorkerPro
             env=env,
             stdout=log.open("wb"),
             stderr=subprocess.STDOUT,
+            start_new_session=True,  # a group of its own: see WorkerProcess.kill_group
         )
         worker = WorkerProcess(popen, log)
         started.append(worker)
@@ -161,9 +171,7 @@ def start_worker(transactional_db, tmp_path) -> Iterator[Callable[..., WorkerPro
 
     yield start
     for worker in started:
-        if worker.popen.poll() is None:
-            worker.popen.send_signal(signal.SIGKILL)
-            worker.popen.wait()
+        worker.kill_group()
 
 
 @pytest.fixture

@@ -169,6 +169,41 @@ def test_supervisor_restarts_a_killed_child_and_exits_nonzero(start_worker):
     assert "exited abnormally" in supervisor.output()
 
 
+def _gone(pid: int) -> bool:
+    """Whether ``pid`` has exited (an orphan's zombie is reaped by init, not us)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            return stat.read().rsplit(")", 1)[1].split()[0] == "Z"
+    except FileNotFoundError:
+        return True
+
+
+def test_children_of_a_killed_supervisor_finish_their_jobs_and_exit(start_worker):
+    """A supervisor killed outright forwards no SIGTERM: each child notices it
+    is orphaned and stops as if it had one (its running job finishes), rather
+    than live on claiming jobs beside the workers that replace it."""
+    supervisor = start_worker("--processes", "2", "--concurrency", "1", "--worker-id", "orph")
+    wait_until(lambda: Worker.objects.filter(id__in=["orph.0", "orph.1"]).count() == 2)
+    children = list(Worker.objects.filter(id__startswith="orph.").values_list("pid", flat=True))
+    enqueued = tasks.sleep_then_record.enqueue("orphaned", 1.5)
+    wait_until(lambda: SideEffect.objects.filter(key="orphaned", note="start").exists())
+    supervisor.signal(signal.SIGKILL)
+    supervisor.wait()
+    for pid in children:
+        wait_until(partial(_gone, pid), timeout=20, what=f"orphaned child {pid} to exit")
+    result = tasks.sleep_then_record.get_result(enqueued.id)
+    assert result.status == TaskResultStatus.SUCCESSFUL and result.attempts == 1
+    assert SideEffect.objects.filter(key="orphaned", note="end").count() == 1
+    assert not Worker.objects.filter(id__startswith="orph.").exists()  # deregistered
+    later = tasks.add.enqueue(1, 2)
+    time.sleep(1.5)  # no orphan left to claim it
+    assert tasks.add.get_result(later.id).status == TaskResultStatus.READY
+
+
 def test_cpu_bound_job_keeps_its_lease(start_worker):
     # Runs 4x the lease TTL (2 s) in pure Python; the heartbeat must keep up.
     enqueued = tasks.cpu_bound.enqueue(8)

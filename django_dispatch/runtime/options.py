@@ -40,6 +40,10 @@ class WorkerOptions:
     #: and locality (#16). Neither: it claims exactly as before, jobs without needs.
     capacity: dict[str, int] = field(default_factory=dict)
     locality: str = ""
+    #: The ``--processes`` supervisor this process is a child of: if it is
+    #: gone (SIGKILL, the OOM killer), the child stops as on SIGTERM rather
+    #: than live on as an orphan that no restart, stop or deploy reaches.
+    supervisor_pid: int | None = None
 
 
 class Every:

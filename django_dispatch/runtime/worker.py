@@ -48,6 +48,8 @@ logger = logging.getLogger("django_dispatch.worker")
 
 #: A second stop signal within this many seconds is the same request.
 SIGNAL_DEDUP_SECONDS = 1.0
+#: How often a ``--processes`` child checks that its supervisor is alive.
+SUPERVISOR_CHECK_SECONDS = 1.0
 
 
 class Worker:
@@ -235,6 +237,8 @@ class Worker:
             Every(cfg.HEARTBEAT_INTERVAL, self.heartbeat, start_now=False),
             *maintenance.duties(cron=opts.scheduler),
         ]
+        if opts.supervisor_pid is not None:
+            duties.append(Every(SUPERVISOR_CHECK_SECONDS, self._watch_supervisor))
         while True:
             now = time.monotonic()
             for duty in duties:
@@ -267,6 +271,24 @@ class Worker:
             self.wakeup.wait(min(cfg.POLL_INTERVAL, max(0.0, next_duty - time.monotonic())))
             self.wakeup.clear()
             self.completer.coalesce(len(self.slots.running))
+
+    def _watch_supervisor(self) -> None:
+        """Stop as on SIGTERM once the ``--processes`` supervisor is gone.
+
+        A supervisor killed outright (SIGKILL, the OOM killer) forwards no
+        signal: its children would live on as orphans, claiming jobs beside
+        the workers a restart starts, out of reach of the next stop or
+        deploy. The kernel re-parents an orphan, so the parent's PID changes.
+        """
+        supervisor = self.options.supervisor_pid
+        if self.stopping or supervisor is None or os.getppid() == supervisor:
+            return
+        logger.warning(
+            "the --processes supervisor (pid %s) is gone; stopping this child",
+            supervisor,
+            extra=self._fields(),
+        )
+        self.request_stop("the supervisor is gone")
 
     def _done(self, claimed: int) -> bool:
         opts = self.options

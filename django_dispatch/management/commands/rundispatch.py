@@ -10,6 +10,7 @@ that (``run_from_argv`` below; not ``call_command`` from a script or a test).
 
 from __future__ import annotations
 
+import os
 from collections.abc import Sequence
 from typing import Any
 
@@ -173,6 +174,7 @@ class Command(BaseCommand):
                     predecessor=predecessor,
                     capacity=capacity,
                     locality=locality,
+                    supervisor_pid=None if index is None else os.getppid(),
                 )
             )
             worker.install_signal_handlers()
