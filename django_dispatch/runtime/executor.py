@@ -70,6 +70,8 @@ class RunningJob:
     task: Task | None = None
     unknown: UnknownTask | None = None
     deadline: float | None = None  # monotonic; None: no timeout or not started
+    #: When a job thread picked it up (monotonic); None while it waits, claimed ahead.
+    begun_at: float | None = None
     cancel_event: threading.Event = field(default_factory=threading.Event)
     abandoned: bool = False  # timed out or handed back: its result is dropped
     # Batched completion: the outcome waiting for the control loop's write,

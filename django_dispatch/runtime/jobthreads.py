@@ -30,8 +30,11 @@ from .executor import Outcome, RunningJob
 logger = logging.getLogger("django_dispatch.worker")
 
 
-#: Jobs shorter than this (a running average) are claimed ahead of free threads.
+#: While every recent job ran shorter than this, jobs are claimed ahead of free threads.
 PREFETCH_JOB_SECONDS = 0.05
+#: How fast a long job is forgotten: the slowest recent run shrinks by this
+#: factor per job that ends (a 1 s job stops claiming ahead for ~300 jobs).
+SLOWEST_DECAY = 0.99
 
 
 class Slots:
@@ -41,10 +44,14 @@ class Slots:
         self.concurrency = concurrency
         #: Jobs claimed ahead of free threads while jobs are short (see ``free``).
         self.prefetch = prefetch
-        #: A running average of how long tasks ran here; None before the first.
+        #: The slowest recent run of a task here, decaying (see ``ran``); None
+        #: before the first.
         self.job_seconds: float | None = None
         #: Set once the worker stops claiming: nothing more is claimed ahead.
         self.stopping = False
+        #: Whether jobs claimed ahead wait for a thread (``behind_long_jobs``):
+        #: the control loop then looks again within ``PREFETCH_JOB_SECONDS``.
+        self.holding_ahead = False
         #: Slots of the asyncio executor (``rundispatch --async-concurrency``).
         self.async_concurrency = async_concurrency
         #: Share of async jobs in the last claim: how much of the event
@@ -93,10 +100,12 @@ class Slots:
 
         A thread that finishes a short job takes the next at once instead of
         waiting a round trip for the claim that refills its slot; that wave's
-        claim then refills the buffer. Only while jobs are short (a long
-        job's successor would sit leased and unstarted while another worker
-        could run it), never before the first job's length is known, nor
-        once the worker stops.
+        claim then refills the buffer. Only while every recent job was short:
+        a long job claimed ahead would sit leased and unstarted behind a
+        running one while another worker could run it. So the measure is the
+        slowest recent job, not an average that a queue of short jobs would
+        keep low while a long one hides in it. Never before the first job's
+        length is known, nor once the worker stops.
         """
         seconds = self.job_seconds
         if self.stopping or seconds is None or seconds >= PREFETCH_JOB_SECONDS:
@@ -104,9 +113,61 @@ class Slots:
         return self.prefetch
 
     def ran(self, seconds: float) -> None:
-        """A task ran ``seconds`` (any thread; a lost update of the average is harmless)."""
+        """A task ran ``seconds`` (any thread; a lost update is harmless).
+
+        The slowest recent run, decaying by ``SLOWEST_DECAY`` per job: one
+        long job stops the claims ahead at once, and only a few hundred short
+        ones bring them back.
+        """
         old = self.job_seconds
-        self.job_seconds = seconds if old is None else 0.8 * old + 0.2 * seconds
+        self.job_seconds = seconds if old is None else max(seconds, old * SLOWEST_DECAY)
+
+    def behind_long_jobs(self) -> list[RunningJob]:
+        """The jobs claimed ahead that now wait behind a long job, taken out of
+        the slots and marked abandoned for the caller to hand back.
+
+        The slowest recent job cannot foresee a task that has not run here
+        yet: a worker that knew only short jobs may claim a long one ahead,
+        or claim short ones ahead of a long one now running. Both would sit
+        leased and unstarted while another worker could run them. So a thread
+        job still running past ``PREFETCH_JOB_SECONDS`` counts as a long run
+        (``ran``: nothing more is claimed ahead), and the jobs held beyond the
+        idle threads go back to the queue at once, without spending an
+        attempt (the newest first: the threads take the oldest next).
+
+        Not with an asyncio executor: there, sync jobs claimed through the
+        event loop's share may wait for a thread by design (see ``free``,
+        which bounds them); handing them back would only have the next claim
+        take them again.
+        """
+        if self.async_concurrency:
+            return []
+        now = time.monotonic()
+        with self.lock:
+            unstarted: list[RunningJob] = []
+            busy = 0
+            longest = 0.0
+            for running in self.running.values():
+                if running.on_loop or running.finished is not None:
+                    continue
+                if running.begun_at is None:
+                    unstarted.append(running)
+                else:
+                    busy += 1
+                    longest = max(longest, now - running.begun_at)
+            excess = len(unstarted) - max(0, self.concurrency - busy)
+            self.holding_ahead = excess > 0
+            if longest < PREFETCH_JOB_SECONDS:
+                return []  # they wait behind short jobs: a thread takes them soon
+            self.ran(longest)
+            if excess <= 0:
+                return []
+            self.holding_ahead = False
+            give_back = unstarted[-excess:]
+            for running in give_back:
+                running.abandoned = True  # a thread that picks it up now skips it
+                del self.running[running.claimed.id]
+            return give_back
 
     def learn(self, on_loop: int, claimed: int) -> None:
         """After a claim of ``claimed`` jobs, ``on_loop`` of them async."""
@@ -206,6 +267,7 @@ class JobRunner:
             if running.abandoned:  # handed back before a thread picked it up
                 return False
             self.slots.threads[running.claimed.id] = threading.current_thread()
+            running.begun_at = time.monotonic()
         return True
 
     def begin(self, running: RunningJob, conns: ThreadConnections) -> metering.Meter | None:

@@ -39,7 +39,7 @@ from ..observability import events, metrics
 from . import completer, executor, recycling, scheduler, timeouts
 from .asyncjobs import AsyncJobs
 from .connections import database_went_away
-from .jobthreads import JobRunner, JobThreads, Slots
+from .jobthreads import PREFETCH_JOB_SECONDS, JobRunner, JobThreads, Slots
 from .listener import Listener, start_listener
 from .maintenance import Maintenance
 from .options import Every, WorkerOptions
@@ -261,6 +261,7 @@ class Worker:
                     self.hand_back()
                     break
             else:
+                self._give_back(self.slots.behind_long_jobs())
                 claimed = self._guard(self.cycle) or 0
                 if self._done(claimed):
                     self.stopping = True
@@ -268,7 +269,10 @@ class Worker:
                 if claimed and self.slots.free():
                     continue  # more may be waiting: claim again at once
             next_duty = min(duty.next_at for duty in duties)
-            self.wakeup.wait(min(cfg.POLL_INTERVAL, max(0.0, next_duty - time.monotonic())))
+            wait = min(cfg.POLL_INTERVAL, max(0.0, next_duty - time.monotonic()))
+            if self.slots.holding_ahead:  # soon see whether they wait behind a long job
+                wait = min(wait, PREFETCH_JOB_SECONDS)
+            self.wakeup.wait(wait)
             self.wakeup.clear()
             self.completer.coalesce(len(self.slots.running))
 
@@ -462,6 +466,11 @@ class Worker:
             for running in unstarted:
                 running.abandoned = True  # a thread that picks it up now skips it
                 del self.slots.running[running.claimed.id]
+        self._give_back(unstarted)
+
+    def _give_back(self, unstarted: list[executor.RunningJob]) -> None:
+        """Hand back jobs no thread started, taken out of the slots: fenced by
+        their leases, no attempt spent."""
         for running in unstarted:
             self._guard(
                 lambda running=running: completer.hand_back(
