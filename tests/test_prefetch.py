@@ -86,8 +86,7 @@ def test_every_short_job_runs_once_with_its_usage_record_and_signal():
     task_finished.connect(on_finished)
     try:
         enqueued = [tasks.record.enqueue(f"short-{i}") for i in range(400)]
-        # A job claimed ahead may go back to the queue and be claimed again.
-        assert drain(concurrency=2) >= 400
+        assert drain(concurrency=2) == 400  # a job given back and claimed again counts once
     finally:
         task_finished.disconnect(on_finished)
     assert Execution.objects.filter(key__startswith="short-").count() == 400

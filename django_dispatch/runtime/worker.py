@@ -470,7 +470,9 @@ class Worker:
 
     def _give_back(self, unstarted: list[executor.RunningJob]) -> None:
         """Hand back jobs no thread started, taken out of the slots: fenced by
-        their leases, no attempt spent."""
+        their leases, no attempt spent. They no longer count as claimed here
+        (``--max-jobs``, ``testing.drain``'s count): this worker did not run them."""
+        self.claimed_total -= len(unstarted)
         for running in unstarted:
             self._guard(
                 lambda running=running: completer.hand_back(
