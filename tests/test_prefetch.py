@@ -19,7 +19,7 @@ from django_dispatch.runtime.executor import Outcome, RunningJob
 from django_dispatch.runtime.jobthreads import PREFETCH_JOB_SECONDS, Slots
 from django_dispatch.states import JobState
 from django_dispatch.testing import drain
-from tests.conftest import wait_until
+from tests.conftest import postgres_only, wait_until
 from tests.testapp import tasks
 from tests.testapp.models import Execution, SideEffect
 
@@ -121,6 +121,7 @@ def test_sigterm_hands_back_jobs_claimed_ahead_without_spending_attempts(start_w
     assert Execution.objects.filter(key__startswith="stop-").count() == succeeded.count()
 
 
+@postgres_only  # SQLite workers claim nothing ahead
 @pytest.mark.django_db(transaction=True)
 def test_jobs_claimed_ahead_of_a_long_job_go_back_to_an_idle_worker(start_worker):
     """A worker that has run only short jobs claims four 1 s jobs at once (two

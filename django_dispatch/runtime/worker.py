@@ -67,8 +67,14 @@ class Worker:
         self.wakeup = threading.Event()
         self.stopping = False
         self.force_stop = False
+        # Claiming ahead only on PostgreSQL: SQLite has one writer, so a claim
+        # round trip saves little there, while jobs waiting for its write lock
+        # often pass the short mark and would be given back and claimed again.
+        postgres = connections[self.db].vendor == "postgresql"
         self.slots = Slots(
-            options.concurrency, options.async_concurrency, prefetch=options.concurrency
+            options.concurrency,
+            options.async_concurrency,
+            prefetch=options.concurrency if postgres else 0,
         )
         #: What the worker row says about this process (see ``store.workers``).
         self.registration: dict[str, Any] = {
