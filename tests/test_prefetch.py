@@ -124,7 +124,7 @@ def test_sigterm_hands_back_jobs_claimed_ahead_without_spending_attempts(start_w
 @postgres_only  # SQLite workers claim nothing ahead
 @pytest.mark.django_db(transaction=True)
 def test_jobs_claimed_ahead_of_a_long_job_go_back_to_an_idle_worker(start_worker):
-    """A worker that has run only short jobs claims four 1 s jobs at once (two
+    """A worker that has run only short jobs claims four 4 s jobs at once (two
     threads, two ahead). Once its running jobs pass the short mark, the two it
     holds unstarted go back to the queue, without spending an attempt, and a
     worker started afterwards runs them: the four overlap in pairs rather than
@@ -137,7 +137,9 @@ def test_jobs_claimed_ahead_of_a_long_job_go_back_to_an_idle_worker(start_worker
         lambda: Job.objects.filter(pk__in=warm_ids, state=JobState.SUCCEEDED).count() == 600,
         what="the short jobs",
     )
-    long = enqueue_many(tasks.sleep_then_record, [((f"long-{i}", 1.0), {}) for i in range(4)])
+    # Long enough for the second worker's start-up: the first takes its two
+    # given-back jobs itself once its own two end.
+    long = enqueue_many(tasks.sleep_then_record, [((f"long-{i}", 4.0), {}) for i in range(4)])
     wait_until(lambda: SideEffect.objects.filter(note="start").count() >= 2, what="two starts")
     second = start_worker("--concurrency", "2")
     wait_until(
