@@ -140,8 +140,8 @@ class Slots:
         which bounds them); handing them back would only have the next claim
         take them again.
         """
-        if self.async_concurrency:
-            return []
+        if self.async_concurrency or not self.prefetch:
+            return []  # nothing is ever held ahead of the threads
         now = time.monotonic()
         with self.lock:
             unstarted: list[RunningJob] = []
@@ -163,11 +163,27 @@ class Slots:
             if excess <= 0:
                 return []
             self.holding_ahead = False
-            give_back = unstarted[-excess:]
-            for running in give_back:
-                running.abandoned = True  # a thread that picks it up now skips it
-                del self.running[running.claimed.id]
-            return give_back
+            return self._abandon(unstarted[-excess:])
+
+    def take_unstarted(self) -> list[RunningJob]:
+        """At a stop: every thread job no thread has started (claimed ahead),
+        taken out of the slots and marked abandoned for the caller to hand back."""
+        with self.lock:
+            return self._abandon(
+                [
+                    running
+                    for running in self.running.values()
+                    if running.begun_at is None and running.finished is None and not running.on_loop
+                ]
+            )
+
+    def _abandon(self, unstarted: list[RunningJob]) -> list[RunningJob]:
+        """Under ``lock``: take jobs no thread started out of the slots. A thread
+        that picks one up afterwards skips it (``JobRunner.register``)."""
+        for running in unstarted:
+            running.abandoned = True
+            del self.running[running.claimed.id]
+        return unstarted
 
     def learn(self, on_loop: int, claimed: int) -> None:
         """After a claim of ``claimed`` jobs, ``on_loop`` of them async."""

@@ -461,18 +461,7 @@ class Worker:
         """At a stop: hand back the jobs no thread has started (claimed ahead,
         ``Slots.ahead``), at once and without spending an attempt, rather
         than run them during the shutdown timeout."""
-        with self.slots.lock:
-            unstarted = [
-                running
-                for job_id, running in self.slots.running.items()
-                if job_id not in self.slots.threads
-                and running.finished is None
-                and not running.on_loop
-            ]
-            for running in unstarted:
-                running.abandoned = True  # a thread that picks it up now skips it
-                del self.slots.running[running.claimed.id]
-        self._give_back(unstarted)
+        self._give_back(self.slots.take_unstarted())
 
     def _give_back(self, unstarted: list[executor.RunningJob]) -> None:
         """Hand back jobs no thread started, taken out of the slots: fenced by
