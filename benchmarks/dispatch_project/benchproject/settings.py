@@ -42,11 +42,17 @@ if os.environ.get("BENCH_POOLER"):
     DISPATCH["LISTEN"] = False
     DATABASES["default"]["DISABLE_SERVER_SIDE_CURSORS"] = True
 
-# Warnings and errors only: no system in the benchmark logs every job (Django's
-# "django.tasks" logger would log two INFO lines per job, which costs time).
+# Warnings and errors only: no system in the benchmark logs every job. The
+# "django.tasks" logger is named because Django's default logging sets the
+# "django" logger to INFO, which the root level does not override: Django's
+# own task-signal receivers would build two INFO records per job (dropped by
+# the handler, but built), about 10% of a no-op drain (docs/worker.md
+# "Logging"). Both Django systems here (django_dispatch, django-tasks-db) run
+# with this project's settings.
 LOGGING = {
     "version": 1,
     "disable_existing_loggers": False,
     "handlers": {"console": {"class": "logging.StreamHandler", "level": "WARNING"}},
     "root": {"handlers": ["console"], "level": "WARNING"},
+    "loggers": {"django.tasks": {"level": "WARNING"}},
 }
