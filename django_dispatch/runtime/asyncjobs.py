@@ -217,7 +217,7 @@ class AsyncJobs:
         running.on_persisted = persisted
         if not self.runner.completer.offer(running, outcome):
             return False
-        if running.persisted.is_set():
+        if running.persisted:
             _resolve(written)
         try:
             await asyncio.wait_for(written, timeout=self.runner.completer.wait_seconds)

@@ -192,7 +192,7 @@ class Reporter:
 
 
 def _persisted(running: RunningJob) -> None:
-    running.persisted.set()
+    running.persisted = True
     if running.on_persisted is not None:
         running.on_persisted()
 
