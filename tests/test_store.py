@@ -47,6 +47,21 @@ def test_claim_sets_lease_and_records_attempt():
     assert claimed.row["worker_ids"] == ["w1"] and claimed.row["attempts"] == 1
 
 
+def test_claimed_rows_never_share_their_json_values():
+    """Empty arguments and errors are built without the JSON parser (on
+    PostgreSQL): each row must still get objects of its own to change."""
+    tasks.echo.enqueue({"deep": [1]})  # priority 5: claimed first
+    tasks.noop.enqueue()
+    tasks.noop.enqueue()
+    third, first, second = claim()
+    assert first.row["args"] == [] and first.row["kwargs"] == {} and first.row["errors"] == []
+    first.row["args"].append("mine")
+    first.row["kwargs"]["k"] = 1
+    first.row["errors"].append({})
+    assert second.row["args"] == [] and second.row["kwargs"] == {} and second.row["errors"] == []
+    assert third.row["args"] == [{"deep": [1]}]
+
+
 def test_two_claimers_never_share_a_job():
     for i in range(20):
         tasks.add.enqueue(i, i)
