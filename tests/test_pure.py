@@ -96,3 +96,61 @@ def test_unknown_setting_keys_are_reported():
 @pytest.mark.parametrize("state", list(JobState))
 def test_every_state_maps_to_a_status(state):
     assert to_status(state) in TaskResultStatus
+
+
+def _row(**changes):
+    row = {
+        "task_path": "tests.testapp.tasks.add",
+        "priority": 0,
+        "queue_name": "default",
+        "deferred_until": None,
+        "backend": "default",
+        "partition_key": None,
+        "idempotency_key": None,
+        "concurrency_key": None,
+    }
+    return {**row, **changes}
+
+
+def test_rows_with_the_same_options_share_one_rebuilt_task():
+    from django_dispatch.dispatch_task import task_for_row
+
+    first = task_for_row(_row())
+    assert task_for_row(_row()) is first
+    assert first.func is add.func and first.queue_name == "default"
+    other = task_for_row(_row(priority=7, queue_name="emails"))
+    assert other is not first
+    assert (other.priority, other.queue_name) == (7, "emails")
+
+
+def test_rows_with_keys_or_a_deferral_get_a_task_of_their_own():
+    from django_dispatch.dispatch_task import task_for_row
+
+    when = datetime(2030, 1, 1, tzinfo=UTC)
+    for changes in ({"partition_key": "p"}, {"idempotency_key": "k"}, {"deferred_until": when}):
+        a, b = task_for_row(_row(**changes)), task_for_row(_row(**changes))
+        assert a is not b and a == b
+    assert task_for_row(_row(partition_key="p")).partition_key == "p"
+    assert task_for_row(_row(deferred_until=when)).run_after == when
+
+
+def test_a_task_replaced_at_its_path_is_rebuilt_not_served_from_the_cache(monkeypatch):
+    from django_dispatch.dispatch_task import task_for_row
+    from tests.testapp import tasks
+
+    assert task_for_row(_row()).func is add.func
+    monkeypatch.setattr(tasks, "add", tasks.echo)
+    assert task_for_row(_row()).func is tasks.echo.func
+
+
+def test_argument_check_remembers_shapes_that_bound_and_still_refuses_others():
+    from django_dispatch.dispatch_task import _BOUND, check_arguments
+    from django_dispatch.exceptions import InvalidTaskArguments
+
+    check_arguments(add, [1, 2], {})
+    assert (add.func, False, 2, ()) in _BOUND
+    check_arguments(add, [3, 4], {})  # same shape, other values
+    check_arguments(add, [1], {"b": 2})
+    for args, kwargs in (([1], {}), ([1, 2, 3], {}), ([1], {"c": 2})):
+        with pytest.raises(InvalidTaskArguments):
+            check_arguments(add, args, kwargs)
