@@ -125,6 +125,11 @@ def to_json(value: Any, what: str, limit: str | None = "MAX_RESULT_BYTES") -> An
     Bounded by ``DISPATCH["MAX_RESULT_BYTES"]`` unless ``limit`` names
     another size limit: the executor stores a task's return value through
     here, so a value too big to store fails its job (not retried: the same
-    code would return it again) before anything is written.
+    code would return it again) before anything is written. ``None`` (what
+    most tasks return) is its own round trip: only its size is checked.
     """
+    if value is None:
+        if limit is not None:
+            check_size(4, what, limit)  # len("null")
+        return None
     return encode_json(value, what, limit)[1]
