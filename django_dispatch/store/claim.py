@@ -182,6 +182,10 @@ SELECT candidates.*, leased.id IS NOT NULL AS leased
 FROM candidates LEFT JOIN leased ON leased.id = candidates.id
 ORDER BY candidates.priority DESC, candidates.run_after, candidates.id
 """
+#: ``_CLAIM_SQL``'s result columns, in order. Known here rather than read from
+#: ``cursor.description``, which psycopg builds anew (a Column per column)
+#: on every claim; ``strict`` zipping would catch a mismatch.
+_CLAIM_COLUMNS = (*CLAIM_FIELDS, "db_now", "leased")
 #: JSON columns of CLAIM_FIELDS: Django's psycopg connection hands jsonb to
 #: raw queries as text.
 _JSON_FIELDS = (
@@ -263,12 +267,11 @@ def _claim_pg(
     }
     with connections[db].cursor() as cursor:
         cursor.execute(sql, params)
-        names = [column.name for column in cursor.description]
         records = cursor.fetchall()
     leased: list[dict[str, Any]] = []
     locked: list[dict[str, Any]] = []
     for record in records:
-        row = dict(zip(names, record, strict=True))
+        row = dict(zip(_CLAIM_COLUMNS, record, strict=True))
         for name in _JSON_FIELDS:
             text = row[name]
             if isinstance(text, str):
