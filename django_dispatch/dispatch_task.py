@@ -199,7 +199,7 @@ def task_for_row(row: Mapping[str, Any]) -> Task:
         changes["concurrency_key"] = row.get("concurrency_key") or None
     rebuilt = _replace(task, validate=False, **changes)
     if shared:
-        if len(_REBUILT) >= _REBUILT_MAX:  # many distinct options: start over
+        if len(_REBUILT) >= _CACHE_MAX:  # many distinct options: start over
             _REBUILT.clear()
         _REBUILT[key] = (task, rebuilt)
     return rebuilt
@@ -209,7 +209,8 @@ def task_for_row(row: Mapping[str, Any]) -> Task:
 #: Filled by job threads concurrently: each step is one dict operation, and a
 #: lost race only rebuilds a Task twice.
 _REBUILT: dict[tuple[Any, ...], tuple[Task, Task]] = {}
-_REBUILT_MAX = 512
+#: Entries ``_REBUILT`` and ``_BOUND`` each hold before they start over.
+_CACHE_MAX = 512
 
 
 def timeout_of(task: Task | None) -> float | None:
@@ -230,21 +231,26 @@ def check_arguments(task: Task, args: Sequence[Any], kwargs: Mapping[str, Any]) 
     which keywords, never on their values: a shape that bound once is
     remembered (``_BOUND``), since the worker checks every job before it runs.
     """
-    shape = (task.func, task.takes_context, len(args), tuple(kwargs))
-    if shape in _BOUND:
+    # Only a well-formed call is remembered: a hand-written row's kwargs may
+    # be null or a list, which must keep failing the bind below.
+    well_formed = isinstance(args, list | tuple) and isinstance(kwargs, dict)
+    shape = (task.func, task.takes_context, len(args), tuple(kwargs)) if well_formed else None
+    if shape is not None and shape in _BOUND:
         return
     signature = _signature(task.func)
     call_args = (None, *args) if task.takes_context else tuple(args)
     try:
         signature.bind(*call_args, **kwargs)
     except TypeError as e:
+        shown = (list(args), dict(kwargs)) if well_formed else (args, kwargs)
         raise InvalidTaskArguments(
-            f"{task.module_path}{signature} cannot be called with args={list(args)!r} "
-            f"kwargs={dict(kwargs)!r}: {e}."
+            f"{task.module_path}{signature} cannot be called with args={shown[0]!r} "
+            f"kwargs={shown[1]!r}: {e}."
         ) from e
-    if len(_BOUND) >= _REBUILT_MAX:
-        _BOUND.clear()
-    _BOUND.add(shape)
+    if shape is not None:
+        if len(_BOUND) >= _CACHE_MAX:
+            _BOUND.clear()
+        _BOUND.add(shape)
 
 
 #: Call shapes (function, takes_context, positional count, keyword names) that bound.

@@ -154,3 +154,7 @@ def test_argument_check_remembers_shapes_that_bound_and_still_refuses_others():
     for args, kwargs in (([1], {}), ([1, 2, 3], {}), ([1], {"c": 2})):
         with pytest.raises(InvalidTaskArguments):
             check_arguments(add, args, kwargs)
+    # A hand-written row's malformed kwargs never match a remembered shape.
+    for kwargs in (None, [], [("b", 2)]):
+        with pytest.raises(InvalidTaskArguments):
+            check_arguments(add, [1, 2], kwargs)
