@@ -7,6 +7,7 @@ run one twice, or keep a job leased and unstarted through a shutdown.
 """
 
 import signal
+import threading
 import time
 from types import SimpleNamespace
 
@@ -15,6 +16,7 @@ import pytest
 from django_dispatch import enqueue_many
 from django_dispatch.compat import TaskResultStatus, task_finished
 from django_dispatch.models import Job, JobUsage
+from django_dispatch.runtime import completer
 from django_dispatch.runtime.executor import Outcome, RunningJob
 from django_dispatch.runtime.jobthreads import PREFETCH_JOB_SECONDS, Slots
 from django_dispatch.states import JobState
@@ -97,6 +99,45 @@ def test_every_short_job_runs_once_with_its_usage_record_and_signal():
     assert not usage.filter(wall_seconds__isnull=True).exists()
     assert sorted(finished) == sorted(e.id for e in enqueued)
     assert {tasks.record.get_result(e.id).status for e in enqueued} == {TaskResultStatus.SUCCESSFUL}
+
+
+@pytest.mark.django_db(transaction=True)
+def test_slow_finished_receivers_slow_the_jobs_instead_of_growing_a_backlog(monkeypatch):
+    """task_finished receivers slower than the jobs: once REPORT_BACKLOG
+    successes wait for the reporter thread, job threads write and report their
+    own, so the reporter's queue stays bounded. Every job still runs once and
+    is reported once, with its usage record."""
+    monkeypatch.setattr(completer, "REPORT_BACKLOG", 4)
+    queued: list[int] = []
+    put = completer.Reporter.put
+
+    def counting_put(self, running):
+        queued.append(self.inbox.qsize())
+        put(self, running)
+
+    monkeypatch.setattr(completer.Reporter, "put", counting_put)
+    reported_on: list[str] = []
+    reported: list[str] = []
+
+    def slow(sender, task_result, **kwargs):
+        reported.append(task_result.id)
+        reported_on.append(threading.current_thread().name)
+        time.sleep(0.02)
+
+    task_finished.connect(slow)
+    try:
+        enqueued = [tasks.record.enqueue(f"slow-report-{i}") for i in range(150)]
+        assert drain(concurrency=2) == 150
+    finally:
+        task_finished.disconnect(slow)
+    ids = [int(e.id) for e in enqueued]
+    assert Job.objects.filter(pk__in=ids, state=JobState.SUCCEEDED, attempts=1).count() == 150
+    assert JobUsage.objects.filter(job_id__in=ids).count() == 150
+    assert sorted(reported) == sorted(e.id for e in enqueued)
+    # Both kinds of reporting happened, and the reporter's queue never held
+    # more than the bound plus one wave (at most 2 threads + 2 claimed ahead).
+    assert "dispatch-finished" in reported_on and "dispatch-job" in reported_on
+    assert max(queued) <= 4 + 4
 
 
 @pytest.mark.django_db(transaction=True)

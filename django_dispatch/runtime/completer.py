@@ -35,6 +35,10 @@ logger = logging.getLogger("django_dispatch.worker")
 COMPLETION_BATCH = 200
 #: Longest wait for the rest of a wave of finishing jobs (see ``coalesce``).
 COALESCE_SECONDS = 0.002
+#: Most successes waiting for the reporter (``Reporter.behind``); beyond it a
+#: job thread reports its own, as before the hand-over: slow ``task_finished``
+#: receivers then slow the jobs down instead of growing this backlog.
+REPORT_BACKLOG = 256
 
 
 class BatchCompleter:
@@ -160,6 +164,18 @@ class Reporter:
     def put(self, running: RunningJob) -> None:
         """From the control loop (``settle``, ``abort``): the wave is written or failed."""
         self.inbox.put(running)
+
+    def behind(self) -> bool:
+        """Whether ``REPORT_BACKLOG`` successes already wait to be reported.
+
+        One thread runs every handed-over success's ``task_finished``
+        receivers (user code): were they slower than the jobs, its queue
+        would grow without bound, and the reports lag ever further. A job
+        thread asks before handing a success over and, if the reporter is
+        behind, writes and reports it itself (``JobRunner.hand_over``): the
+        receivers then run on as many threads as jobs, at the jobs' pace.
+        """
+        return self.inbox.qsize() >= REPORT_BACKLOG
 
     def stop(self, timeout: float = 5.0) -> None:
         """Report what is queued, then end (after the worker's last wave)."""

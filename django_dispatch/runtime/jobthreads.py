@@ -267,8 +267,12 @@ class JobRunner:
 
     def hand_over(self, running: RunningJob, outcome: Outcome, meter: metering.Meter) -> bool:
         """A success joins the next wave and this thread goes on to its next job;
-        the reporter does the rest once the wave is written (see ``Reporter``)."""
-        if outcome.kind != "succeeded":
+        the reporter does the rest once the wave is written (see ``Reporter``).
+
+        False (the caller writes and reports it itself) for anything but a
+        success, and while the reporter is behind (``Reporter.behind``).
+        """
+        if outcome.kind != "succeeded" or self.reporter.behind():
             return False
         running.meter = meter
         running.on_persisted = partial(self.reporter.put, running)
