@@ -311,7 +311,9 @@ def test_cancelled_while_running_discards_result_and_keeps_checkpoint():
     canceller.join()
     job = Job.objects.get(pk=enqueued.id)
     assert job.state == JobState.CANCELLED and job.return_value is None
-    assert job.checkpoint is not None and 3 <= job.checkpoint < 1000
+    # The cancel lands once 3 items are written: at the latest the third's
+    # progress() saw it (checkpoint 2, one item past it), or a later one did.
+    assert job.checkpoint is not None and 2 <= job.checkpoint < 1000
     done = SideEffect.objects.filter(key="cancel-me").count()
     assert done == job.checkpoint or done == job.checkpoint + 1  # stopped at progress()
 
