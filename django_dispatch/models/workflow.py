@@ -234,6 +234,14 @@ class WorkflowTask(models.Model):
                 name="dispatch_wftask_waiting",
                 condition=Q(state=StepState.WAITING),
             ),
+            # The lost-timer sweep: waits with an end, by their end, so that
+            # the sweep reads the waits already over, not every waiting step.
+            models.Index(
+                "namespace",
+                "wait_until",
+                name="dispatch_wftask_wait_until",
+                condition=Q(state=StepState.WAITING, wait_until__isnull=False),
+            ),
             # The stale-step sweep.
             models.Index(
                 "namespace",
