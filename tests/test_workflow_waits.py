@@ -380,15 +380,16 @@ def _checkpoint() -> None:
 
 
 def test_the_sweeps_read_waits_over_not_every_waiting_step():
-    """The lost-timer sweep looks for waits whose end has passed: through the index on
-    (namespace, wait_until), it reads those, not the 10,000 waits still ahead (before
-    that index it read every waiting step, every sweep)."""
-    from django_dispatch.store.workflows.sweep import _recover_timers
+    """The leader's step sweep looks for waits whose end has passed and for ready or
+    running steps gone quiet: through their indexes, it reads those, not the 10,000
+    waits still ahead. Before, the lost-timer part read every waiting step, every
+    sweep, and on SQLite the stale-step part read every step."""
+    from django_dispatch.store.workflows.sweep import sweep_stale_steps
     from django_dispatch.workflows.engine import build_step_job
 
     def sweep_work() -> int:
         with database_work() as work:
-            assert _recover_timers("default", "", build_step_job, 500) == []
+            assert sweep_stale_steps(60, build_job=build_step_job) == []
         return work.amount
 
     _waiting_runs(100)
@@ -424,8 +425,7 @@ def test_ten_thousand_waiting_runs_do_not_slow_a_worker_down():
     The leader's sweeps are not part of it: another holder keeps the leadership.
     They run once per interval, whatever the rate of jobs, and each drain here
     would otherwise start two leaders and run them twice; their own reads are
-    bounded by the indexes that ``test_the_sweeps_read_waits_over_not_every_waiting_step``
-    checks."""
+    checked by ``test_the_sweeps_read_waits_over_not_every_waiting_step``."""
     from django_dispatch.store.leadership import leadership_acquire
 
     assert leadership_acquire("elsewhere", ttl=3600)
@@ -440,5 +440,5 @@ def test_ten_thousand_waiting_runs_do_not_slow_a_worker_down():
         WorkflowRun.objects.filter(name=wfs.awaits.name)._raw_delete("default")
         Job.objects.filter(state=JobState.PENDING)._raw_delete("default")  # the timers
         _checkpoint()
-    for alone, beside in zip(without, with_waiting, strict=True):
-        assert beside <= 1.25 * alone, f"{without=} {with_waiting=}"
+    # The least of each: how many claims a drain takes varies a little with timing.
+    assert min(with_waiting) <= 1.25 * min(without), f"{without=} {with_waiting=}"

@@ -5,7 +5,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from django.db.models import Exists, F, OuterRef
+from django.db.models import BooleanField, Exists, F, OuterRef
+from django.db.models.expressions import RawSQL
 from django.db.models.functions import Now
 
 from ...models import Job, WorkflowTask
@@ -23,6 +24,16 @@ from .common import (
     park,
 )
 from .waits import rearm
+
+#: ``state IN ('ready', 'running')`` with the states as literals, as in the
+#: condition of the index it reads, ``dispatch_wftask_live``: SQLite matches
+#: no partial index to an ``IN`` list of bound parameters, which is what
+#: ``state__in`` sends, and read every step of the table instead.
+_READY_OR_RUNNING = RawSQL(
+    f"state IN ('{StepState.READY.value}', '{StepState.RUNNING.value}')",
+    (),
+    output_field=BooleanField(),
+)
 
 
 def sweep_stale_steps(
@@ -58,8 +69,8 @@ def sweep_stale_steps(
     candidates = list(
         WorkflowTask.objects.using(db)
         .filter(
+            _READY_OR_RUNNING,
             namespace=namespace,
-            state__in=[StepState.READY, StepState.RUNNING],
             heartbeat_at__lt=now_plus(-older_than_seconds),
         )
         .order_by("heartbeat_at")
