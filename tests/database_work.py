@@ -8,15 +8,17 @@ index range costs the same extra on any machine, in proportion to the rows.
 * SQLite: virtual machine instructions (``set_progress_handler``), on every
   connection that is open or opened meanwhile, so the worker threads' too.
 * PostgreSQL: shared buffers read by every statement of the test database
-  (``pg_stat_statements``, which ``scripts/with-postgres`` preloads; on a
-  server without it the test is skipped, saying so).
+  (``pg_stat_statements``, which ``scripts/with-postgres`` preloads with room
+  for 20,000 statements, so none is evicted mid-count; on a server without it
+  the test is skipped, saying so).
 """
 
 from __future__ import annotations
 
+import sqlite3
 import threading
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from typing import Any
 
 import pytest
@@ -59,18 +61,25 @@ def _sqlite_work() -> Iterator[Work]:
         work.add(_STEP)
         return 0  # go on
 
-    def install(sender: Any, connection: Any, **kwargs: Any) -> None:
-        connection.connection.set_progress_handler(tick, _STEP)
+    installed: list[Any] = []
+
+    def install(raw: Any) -> None:
+        raw.set_progress_handler(tick, _STEP)
+        installed.append(raw)
+
+    def on_created(sender: Any, connection: Any, **kwargs: Any) -> None:
+        install(connection.connection)
 
     connection.ensure_connection()
-    raw = connection.connection
-    raw.set_progress_handler(tick, _STEP)
-    connection_created.connect(install)
+    install(connection.connection)
+    connection_created.connect(on_created)
     try:
         yield work
     finally:
-        connection_created.disconnect(install)
-        raw.set_progress_handler(None, _STEP)
+        connection_created.disconnect(on_created)
+        for raw in installed:  # those still open would go on counting
+            with suppress(sqlite3.ProgrammingError):  # closed since
+                raw.set_progress_handler(None, _STEP)
 
 
 _PG_BLOCKS_SQL = """
@@ -87,7 +96,11 @@ def _postgres_work() -> Iterator[Work]:
     try:
         with connection.cursor() as cursor:
             cursor.execute("CREATE EXTENSION IF NOT EXISTS pg_stat_statements")
-            cursor.execute("SELECT pg_stat_statements_reset()")
+            # This database's statements only: other test runs may share the server.
+            cursor.execute(
+                "SELECT pg_stat_statements_reset(0, oid, 0) FROM pg_database"
+                " WHERE datname = current_database()"
+            )
     except DatabaseError as error:
         pytest.skip(
             f"counting PostgreSQL's work needs pg_stat_statements ({error}); "
