@@ -27,6 +27,8 @@ COLUMNS = [
     ("peak_rss_mb", "worker peak RSS MB", "{:.0f}", False),
 ]
 
+#: Shown beside the measurements, never compared: what a row measured.
+INFO_COLUMNS = [("realistic_jobs", "realistic jobs", "{:,.0f}")]
 
 #: What each row's configuration is (the drivers' ``CONFIGS``, for the report).
 CONFIG_NOTES = {
@@ -98,11 +100,12 @@ def fmt(value: Any, spec: str = "{:,.0f}") -> str:
 
 def results_table(rows: dict[str, dict]) -> str:
     lines = [
-        "| system | " + " | ".join(c[1] for c in COLUMNS) + " |",
-        "|---|" + "---:|" * len(COLUMNS),
+        "| system | " + " | ".join(c[1] for c in [*COLUMNS, *INFO_COLUMNS]) + " |",
+        "|---|" + "---:|" * (len(COLUMNS) + len(INFO_COLUMNS)),
     ]
     for system, values in rows.items():
         cells = [fmt(values.get(key), spec) for key, _, spec, _ in COLUMNS]
+        cells += [fmt(values.get(key), spec) for key, _, spec in INFO_COLUMNS]
         lines.append(f"| {system} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
