@@ -22,7 +22,7 @@ from contextlib import contextmanager, suppress
 from typing import Any
 
 import pytest
-from django.db import connection
+from django.db import DatabaseError, connection
 from django.db.backends.signals import connection_created
 
 #: SQLite calls the handler every this many instructions.
@@ -30,10 +30,9 @@ _STEP = 10
 
 
 class Work:
-    """How much work the block did, in the database's own unit (``unit``)."""
+    """How much work the block did, in the database's own unit (see the module docstring)."""
 
-    def __init__(self, unit: str) -> None:
-        self.unit = unit
+    def __init__(self) -> None:
         self.amount = 0
         self._lock = threading.Lock()
 
@@ -55,7 +54,7 @@ def database_work() -> Iterator[Work]:
 
 @contextmanager
 def _sqlite_work() -> Iterator[Work]:
-    work = Work("SQLite instructions")
+    work = Work()
 
     def tick() -> int:
         work.add(_STEP)
@@ -90,9 +89,7 @@ WHERE dbid = (SELECT oid FROM pg_database WHERE datname = current_database())
 
 @contextmanager
 def _postgres_work() -> Iterator[Work]:
-    work = Work("PostgreSQL shared buffers read")
-    from django.db import DatabaseError
-
+    work = Work()
     try:
         with connection.cursor() as cursor:
             cursor.execute("CREATE EXTENSION IF NOT EXISTS pg_stat_statements")
