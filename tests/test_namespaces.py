@@ -8,6 +8,7 @@ default namespace ``""`` is what every other test file runs in.
 from __future__ import annotations
 
 import json
+import re
 import signal
 import threading
 import time
@@ -396,7 +397,8 @@ def test_a_claim_in_one_namespace_reads_no_row_of_another_namespace_backlog():
     claim_scans = [n for n in scans if n.get("Index Name") == "dispatch_job_claim"]
     assert claim_scans, text
     for node in claim_scans:
-        assert "(namespace)::text = 'a'" in node.get("Index Cond", ""), node
+        # "(namespace)::text = 'a'::text", or "namespace = 'a'::text" in an index-only scan
+        assert re.search(r"namespace\)?(::text)? = 'a'", node.get("Index Cond", "")), node
         assert node["Actual Rows"] <= len(mine), node  # not one row of b's backlog read
     assert not any(
         n.get("Node Type") == "Seq Scan" and n.get("Relation Name") == "django_dispatch_job"
@@ -406,7 +408,7 @@ def test_a_claim_in_one_namespace_reads_no_row_of_another_namespace_backlog():
         assert node["Shared Hit Blocks"] + node["Shared Read Blocks"] < 50, node
     # And the ORM claim (SQLite's) uses the same index, led by the namespace.
     with transaction.atomic():
-        orm_plan = store.claim_candidates("default", [], 8, namespace="a").explain()
+        orm_plan = store.claim_candidates("default", [], 8, namespace="a", priority=0).explain()
     assert "dispatch_job_claim" in orm_plan and "Sort" not in orm_plan, orm_plan
     assert sorted(c.id for c in claim("a")) == sorted(int(r.id) for r in mine)
 

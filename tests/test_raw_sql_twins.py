@@ -36,7 +36,13 @@ from django.utils import timezone
 from django_dispatch.models import Job
 from django_dispatch.states import JobState
 from django_dispatch.store.base import db_now
-from django_dispatch.store.claim import Lease, _claim_pg, _claimed, _lease, claim_candidates
+from django_dispatch.store.claim import (
+    Lease,
+    _claim_pg,
+    _claimed,
+    _lease,
+    runnable_candidates,
+)
 from django_dispatch.store.enqueue import (
     CallChunk,
     JobSpec,
@@ -130,7 +136,7 @@ def _jobs(*specs: dict[str, Any]) -> list[int]:
     return [job.pk for job in Job.objects.using(DB).bulk_create(jobs)]
 
 
-# --- claim: _claim_pg (the fused statement) vs claim_candidates + _lease -----------
+# --- claim: _claim_pg (the fused statement) vs runnable_candidates + _lease -----------
 
 WORKER = "twin-worker"
 LEASE_SECONDS = 30.0
@@ -155,6 +161,7 @@ def _claim_case() -> None:
         excluded,
         elsewhere,
         later,
+        later_urgent,
         blocked,
     ) = _jobs(
         {"partition_key": "A", "priority": 9, "run_after": past},
@@ -180,6 +187,7 @@ def _claim_case() -> None:
         {"run_after": past},  # excluded by the caller
         {"queue_name": "elsewhere", "run_after": past},
         {"run_after": future},
+        {"priority": 7, "run_after": future},  # a priority with deferred jobs only
         {"partition_key": "A", "state": JobState.BLOCKED, "run_after": past},
     )
     _jobs(
@@ -201,7 +209,7 @@ def _claim_case() -> None:
         return sorted(leased + locked, key=_claim_order), [r["id"] for r in leased]
 
     def orm() -> tuple[list[dict[str, Any]], list[int]]:
-        rows = list(claim_candidates(DB, queues, window, exclude=exclude))
+        rows = runnable_candidates(DB, queues, window, exclude=exclude)
         # What the fused statement leases: the first `lease` unkeyed candidates.
         chosen = [r for r in rows if r["partition_key"] is None][:lease]
         _lease(DB, chosen, WORKER, rows[0]["db_now"], LEASE_SECONDS)
@@ -246,7 +254,8 @@ def _claim_case() -> None:
         "worker_ids": ["old", WORKER],
     }
     assert raw_outcome[3].keys() == {second, retry, first}
-    del behind, low, later, blocked, elsewhere  # in the table, out of every claim above
+    # in the table, out of every claim above
+    del behind, low, later, later_urgent, blocked, elsewhere
 
 
 # --- finish many: _finish_many_pg vs _finish_many_orm ------------------------------

@@ -183,7 +183,7 @@ def test_claim_query_uses_the_partial_index_among_many_finished_rows():
         with connection.cursor() as cursor:
             cursor.execute("ANALYZE django_dispatch_job")
         with transaction.atomic():
-            plan = store.claim_candidates("default", ["default"], 8).explain()
+            plan = store.claim_candidates("default", ["default"], 8, priority=0).explain()
         assert "dispatch_job_claim" in plan, plan
         assert "Sort" not in plan or pending == 5, plan
         # The fused statement the worker runs on PostgreSQL: the same scan.
@@ -235,6 +235,45 @@ def test_the_leaders_job_sweeps_read_their_indexes_not_the_finished_jobs():
     many = sweeps_work()
     # A read of the whole table costs about 100 times as much with 20,000 rows as with 200.
     assert many <= 10 * max(few, 1), f"{few=} {many=}"
+
+
+def test_claims_read_no_deferred_job():
+    """In the claim index each priority's deferred jobs follow its due ones. A claim
+    that wants more than is due (every idle poll) or whose due jobs have a lower
+    priority than deferred ones read every deferred job of the namespace: a million
+    jobs scheduled for next week, on every poll. Claims walk the priorities instead
+    (a loose index scan): their work is the same beside 50,000 deferred jobs as
+    beside 200 (counted: ``tests.database_work``)."""
+
+    def deferred(count: int) -> None:
+        later = timezone.now() + timedelta(days=1)
+        Job.objects.bulk_create(
+            Job(
+                task_path="tests.testapp.tasks.add",
+                args=[1, 1],
+                priority=5 if i % 2 else 0,  # above the due job, and beside it
+                run_after=later + timedelta(seconds=i),
+            )
+            for i in range(count)
+        )
+        if connection.vendor == "postgresql":  # SQLite would keep the statistics for later tests
+            with connection.cursor() as cursor:
+                cursor.execute("ANALYZE django_dispatch_job")
+
+    def claims_work() -> int:
+        claim(limit=8)  # plans and catalog reads made once, outside the count
+        due = tasks.add.using(priority=-1).enqueue(1, 1)
+        with database_work() as work:
+            assert [c.id for c in claim(limit=8)] == [int(due.id)]
+            assert claim(limit=8) == []  # an idle poll
+        return work.amount
+
+    deferred(200)
+    few = claims_work()
+    deferred(49_800)
+    many = claims_work()
+    # Reading the deferred jobs costs about 250 times as much with 50,000 as with 200.
+    assert many <= 3 * max(few, 1), f"{few=} {many=}"
 
 
 def test_stale_worker_rows_are_deleted_and_jobs_untouched():

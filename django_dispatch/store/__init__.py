@@ -31,6 +31,7 @@ from .claim import (
     claim_candidates,
     jobs_claim,
     jobs_due_exist,
+    runnable_candidates,
 )
 from .dead_letters import (
     dead_letter_claim_replay,
@@ -112,6 +113,7 @@ __all__ = [
     "notify",
     "notify_channel",
     "partitions_promote_stalled",
+    "runnable_candidates",
     "worker_deregister",
     "worker_register",
     "worker_touch",
