@@ -81,7 +81,7 @@ def check_abandoned_namespaces(
     from django.db.models import Count
 
     from .models import Job
-    from .states import LIVE
+    from .store.base import live_jobs
 
     db = router.db_for_write(Job) or DEFAULT_DB_ALIAS
     if not databases or db not in databases or unapplied_migrations(db):
@@ -95,7 +95,7 @@ def check_abandoned_namespaces(
         return []
     left = (
         Job.objects.using(db)
-        .filter(state__in=list(LIVE))
+        .filter(live_jobs())
         .exclude(namespace__in=configured)
         .values("namespace")
         .annotate(count=Count("id"))

@@ -34,8 +34,9 @@ from django.utils import timezone
 
 from .conf import get_settings
 from .models import CronEntry, DeadLetter, Job, Leadership, Worker
+from .models.job import FINISHED_STATES
 from .states import JobState
-from .store.base import db_alias
+from .store.base import LIVE_JOBS_BY_STATE, db_alias, state_in
 from .store.leadership import LEADER, lease_key
 
 #: Live jobs of one state counted per page, at most (then "more than").
@@ -48,28 +49,8 @@ TIMING_SAMPLE = 2_000
 DEAD_LETTER_CAP = 10_000
 #: Cron entries listed, soonest first.
 CRON_SHOWN = 8
-#: Live states counted, and the partial index each count walks.
-LIVE_COUNTS = {
-    JobState.PENDING: Q(state=JobState.PENDING),
-    # Jobs are blocked behind their partition's head, or set aside by a
-    # concurrency or rate limit (#17): of their task (keyed by
-    # concurrency_key) or of their queue (marked with flow_queue). One
-    # predicate per partial index whose condition it implies
-    # (dispatch_job_part_live, dispatch_job_conc_live, dispatch_job_queue_flow),
-    # so PostgreSQL ORs the index scans instead of reading the table; a job
-    # matching two is counted once.
-    JobState.BLOCKED: Q(state=JobState.BLOCKED, partition_key__isnull=False)
-    | Q(state=JobState.BLOCKED, concurrency_key__isnull=False)
-    | Q(state=JobState.BLOCKED, flow_queue__isnull=False),
-    JobState.RUNNING: Q(state=JobState.RUNNING),
-}
-if any(f.name == "resource_shape" for f in Job._meta.get_fields()):
-    # Pending jobs are split between two partial claim indexes (jobs with
-    # resource needs apart, #16): one predicate per index, so PostgreSQL
-    # can OR the two index scans instead of reading the table.
-    LIVE_COUNTS[JobState.PENDING] = Q(state=JobState.PENDING, resource_shape__isnull=True) | Q(
-        state=JobState.PENDING, resource_shape__isnull=False
-    )
+#: Live states counted, and the partial indexes each count walks.
+LIVE_COUNTS = LIVE_JOBS_BY_STATE
 FINISHED_SHOWN = (JobState.SUCCEEDED, JobState.FAILED)
 
 
@@ -192,7 +173,7 @@ def finished_per_minute(namespace: str, since: datetime) -> list[Any]:
     """Finished jobs per (queue, state, minute) since ``since``: the index's range only."""
     return list(
         jobs(namespace)
-        .filter(state__in=FINISHED_SHOWN, finished_at__gte=since)
+        .filter(state_in(FINISHED_STATES), state__in=FINISHED_SHOWN, finished_at__gte=since)
         .annotate(minute=TruncMinute("finished_at", tzinfo=UTC))
         .order_by()
         .values("queue_name", "state", "minute")
@@ -204,7 +185,12 @@ def timing_sample(namespace: str, since: datetime) -> list[tuple[Any, ...]]:
     """The newest finished jobs' (queue, enqueued, deferred, started, attempted, finished)."""
     return list(
         jobs(namespace)
-        .filter(state__in=FINISHED_SHOWN, finished_at__gte=since, started_at__isnull=False)
+        .filter(
+            state_in(FINISHED_STATES),  # dispatch_job_finished's condition, for SQLite
+            state__in=FINISHED_SHOWN,
+            finished_at__gte=since,
+            started_at__isnull=False,
+        )
         .order_by("-finished_at")
         .values_list(
             "queue_name",

@@ -21,7 +21,7 @@ from .flow_options import queue_limits
 from .models import ConcurrencyWait, Job, PausedQueue
 from .states import JobState
 from .store import flow as flow_store
-from .store.base import db_now
+from .store.base import db_now, live_jobs
 
 __all__ = [
     "GroupAtCap",
@@ -137,10 +137,9 @@ def queue_overview(*, backend: str | None = None) -> list[QueueOverview]:
     dispatch_backend = backend_for(backend or "default")
     for name in getattr(dispatch_backend, "queues", None) or ():
         queues[name] = QueueOverview(name)
-    live = [JobState.PENDING, JobState.BLOCKED, JobState.RUNNING]
     counts = (
         Job.objects.using(db)
-        .filter(namespace=namespace, state__in=live)
+        .filter(live_jobs(), namespace=namespace)
         .values("queue_name", "state")
         .annotate(n=Count("id"))
     )

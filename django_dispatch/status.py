@@ -15,6 +15,7 @@ from django.db.models.functions import Now
 from . import store
 from .models import CronEntry, DeadLetter, Job, Worker
 from .states import JobState
+from .store.base import live_jobs
 from .store.flow import queues_paused
 
 
@@ -44,8 +45,7 @@ def snapshot(namespace: str = "") -> Status:
     jobs = Job.objects.using(db).filter(namespace=namespace)
     now = store.db_now(db)
     queues: dict[str, QueueStatus] = {}
-    live = [JobState.PENDING, JobState.BLOCKED, JobState.RUNNING]
-    for row in jobs.filter(state__in=live).values("queue_name", "state").annotate(n=Count("id")):
+    for row in jobs.filter(live_jobs()).values("queue_name", "state").annotate(n=Count("id")):
         queue = queues.setdefault(row["queue_name"], QueueStatus(row["queue_name"]))
         setattr(queue, row["state"], row["n"])
     # One predicate per partial claim index (jobs with resource needs apart,

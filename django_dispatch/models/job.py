@@ -21,7 +21,14 @@ from django.db.models.functions import Now
 from ..compat import TASK_MAX_PRIORITY, TASK_MIN_PRIORITY
 from ..states import JobState
 
+#: The states of the partial indexes' conditions, in their order. Raw SQL and
+#: SQLite-bound ORM filters repeat them as literals in this order
+#: (``store.base.sql_names``: ``{live}``, ``{finished}``): SQLite uses a partial
+#: index only when the query contains the index's condition term for term.
 LIVE_STATES = [JobState.PENDING, JobState.BLOCKED, JobState.RUNNING]
+FINISHED_STATES = [JobState.SUCCEEDED, JobState.FAILED, JobState.CANCELLED]
+#: Jobs of a queue with limits, not running yet (``dispatch_job_queue_flow``).
+WAITING_STATES = [JobState.PENDING, JobState.BLOCKED]
 
 #: Width of a partition or idempotency key, a job's or a workflow run's
 #: (checked before insert, with a clear error).
@@ -204,10 +211,7 @@ class Job(models.Model):
                 "idempotency_key",
                 "finished_at",
                 name="dispatch_job_key_finished",
-                condition=Q(
-                    state__in=[JobState.SUCCEEDED, JobState.FAILED, JobState.CANCELLED],
-                    idempotency_key__isnull=False,
-                ),
+                condition=Q(state__in=FINISHED_STATES, idempotency_key__isnull=False),
             ),
             # Rate limits (#17): a group's starts (claims) by time, to count
             # those of the current window; only rate-limited jobs enter it.
@@ -227,9 +231,7 @@ class Job(models.Model):
                 "state",
                 "id",
                 name="dispatch_job_queue_flow",
-                condition=Q(
-                    flow_queue__isnull=False, state__in=[JobState.PENDING, JobState.BLOCKED]
-                ),
+                condition=Q(flow_queue__isnull=False, state__in=WAITING_STATES),
             ),
             # Retention: finished jobs by state and age. Partial on terminal
             # states, so it never competes with the claim index.
@@ -238,7 +240,7 @@ class Job(models.Model):
                 "state",
                 "finished_at",
                 name="dispatch_job_finished",
-                condition=Q(state__in=[JobState.SUCCEEDED, JobState.FAILED, JobState.CANCELLED]),
+                condition=Q(state__in=FINISHED_STATES),
             ),
         ]
         constraints = [

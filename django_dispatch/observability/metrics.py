@@ -212,16 +212,16 @@ def cluster_snapshot(
     from django.db.models.functions import Now
 
     from ..models import Job, Worker
-    from ..states import LIVE, JobState
+    from ..states import JobState
     from ..store import db_alias
-    from ..store.base import now_plus
+    from ..store.base import live_jobs, now_plus
 
     db = db or db_alias()
     due = Q(state=JobState.PENDING, run_after__lte=Now())
     waited = ExpressionWrapper(Now() - F("run_after"), output_field=DurationField())
     rows = (
         Job.objects.using(db)
-        .filter(state__in=list(LIVE))
+        .filter(live_jobs())
         .values("queue_name", "state")
         .annotate(n=Count("id"), due=Count("id", filter=due), oldest=Max(waited, filter=due))
         .order_by()

@@ -4,16 +4,25 @@ from __future__ import annotations
 
 import hashlib
 import time
+from collections.abc import Sequence
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from django.db import connections, router
-from django.db.models import DateTimeField, ExpressionWrapper, QuerySet, Value
+from django.db.models import (
+    BooleanField,
+    DateTimeField,
+    ExpressionWrapper,
+    Q,
+    QuerySet,
+    Value,
+)
+from django.db.models.expressions import RawSQL
 from django.db.models.functions import Now
 
 from ..limits import truncate_error_text
 from ..models import Job
-from ..models.job import NAMESPACE_RE
+from ..models.job import FINISHED_STATES, LIVE_STATES, NAMESPACE_RE, WAITING_STATES
 from ..states import JobState
 
 NOTIFY_CHANNEL = "django_dispatch"
@@ -70,13 +79,17 @@ def sql_names(connection: Any) -> dict[str, str]:
 
     ``job``: ``Job._meta.db_table``, quoted by the database's own
     ``quote_name``; one entry per ``JobState`` (``pending``, ``blocked``, ...):
-    its value as a SQL string literal. So a renamed table or state cannot
+    its value as a SQL string literal; ``live`` and ``finished``: the lists of
+    the partial indexes' conditions (``LIVE_STATES``, ``FINISHED_STATES``, in
+    their order, for ``state IN ({live})``). So a renamed table or state cannot
     leave a raw statement behind: the ORM and the raw SQL read one source.
     """
     names = {"job": connection.ops.quote_name(Job._meta.db_table)}
     for state in JobState:
         assert "'" not in state.value  # a literal, not a parameter: keep it plain
         names[state.name.lower()] = f"'{state.value}'"
+    names["live"] = ", ".join(names[state.name.lower()] for state in LIVE_STATES)
+    names["finished"] = ", ".join(names[state.name.lower()] for state in FINISHED_STATES)
     return names
 
 
@@ -96,6 +109,53 @@ def job_sql(connection: Any, template: str) -> str:
     if sql is None:
         sql = _RENDERED[key] = template.format_map(_LeaveOthers(sql_names(connection)))
     return sql
+
+
+def state_in(states: Sequence[str]) -> RawSQL:
+    """``state IN (...)`` with the states as SQL literals, in the given order: a
+    filter for ORM queries that must read a partial index whose condition is an
+    ``IN`` list (``LIVE_STATES``, ``FINISHED_STATES``). SQLite uses a partial
+    index only for a query that repeats each term of its condition, and
+    ``state__in`` (or ``state=``) sends bound parameters, which match no ``IN``
+    list: without it, such a query reads the whole job table on SQLite.
+    """
+    for state in states:
+        assert "'" not in state  # a literal, not a parameter: keep it plain
+    listed = ", ".join(f"'{state}'" for state in states)
+    return RawSQL(f"state IN ({listed})", (), output_field=BooleanField())
+
+
+#: Live jobs, state by state, each as one predicate per partial index whose
+#: condition it implies, so that PostgreSQL ORs index scans instead of reading
+#: the table, finished rows and all (SQLite: a MULTI-INDEX OR). Pending jobs
+#: are split between the two claim indexes (jobs with resource needs apart,
+#: #16). Blocked jobs wait behind their partition's head, or are set aside by
+#: a concurrency or rate limit (#17) of their task (``concurrency_key``) or
+#: their queue (``flow_queue``); a job matching two is counted once.
+#: Each arm repeats the whole condition of its index: SQLite (3.40) matches a
+#: partial index to the terms of one ``OR`` arm only.
+LIVE_JOBS_BY_STATE: dict[JobState, Q] = {
+    JobState.PENDING: Q(state=JobState.PENDING, resource_shape__isnull=True)
+    | Q(state=JobState.PENDING, resource_shape__isnull=False),
+    JobState.BLOCKED: Q(state_in(LIVE_STATES), state=JobState.BLOCKED, partition_key__isnull=False)
+    | Q(state_in(LIVE_STATES), state=JobState.BLOCKED, concurrency_key__isnull=False)
+    | Q(state_in(WAITING_STATES), state=JobState.BLOCKED, flow_queue__isnull=False),
+    JobState.RUNNING: Q(state=JobState.RUNNING),
+}
+
+
+def live_jobs() -> Q:
+    """Every live job, through the partial indexes (``LIVE_JOBS_BY_STATE``): the
+    filter of a count of live jobs, whose cost then follows the backlog, not
+    the table's history.
+
+    ``namespace >= ''`` holds for every row; it is there for the counts of
+    every namespace at once (the cluster gauges, a system check): every index
+    of the ``OR`` leads with the namespace, and SQLite scans each arm's index
+    only with a constraint on its first column, else it reads the table.
+    """
+    pending, blocked, running = (LIVE_JOBS_BY_STATE[state] for state in LIVE_STATES)
+    return Q(namespace__gte="") & (pending | blocked | running)
 
 
 def now_plus(seconds: float) -> ExpressionWrapper:

@@ -10,8 +10,9 @@ from django.db.models import Q
 from django.db.models.functions import Now
 
 from ..models import DeadLetter, Job
+from ..models.job import FINISHED_STATES
 from ..states import TERMINAL, JobState
-from .base import db_alias, notify, now_plus
+from .base import db_alias, notify, now_plus, state_in
 
 #: A cancelled job whose worker has not let go yet still holds its partition:
 #: deleting it would let the next job of the key overlap the running code.
@@ -101,8 +102,9 @@ def jobs_purge(
     Bounded (``batch`` rows per state per call) so that no delete holds locks
     for long; the caller repeats until it returns less than a full batch.
     Only terminal rows are touched, through the partial ``dispatch_job_finished``
-    index, so the claim path never waits on a purge. Safe with several
-    purgers: deleting a row twice deletes it once.
+    index, so the claim path never waits on a purge (``state_in``: its condition,
+    which SQLite needs repeated to read it). Safe with several purgers: deleting
+    a row twice deletes it once.
     """
     db = db or db_alias()
     deleted = 0
@@ -111,7 +113,12 @@ def jobs_purge(
             continue
         old = (
             Job.objects.using(db)
-            .filter(namespace=namespace, state=state, finished_at__lt=now_plus(-seconds))
+            .filter(
+                state_in(FINISHED_STATES),
+                namespace=namespace,
+                state=state,
+                finished_at__lt=now_plus(-seconds),
+            )
             .exclude(_STILL_HELD)
             .order_by("finished_at")
             .values_list("id", flat=True)[:batch]

@@ -32,8 +32,9 @@ from django.db.models import Field
 from ..conf import size_limit
 from ..limits import call_sizes, too_large
 from ..models import Job
-from ..states import LIVE, JobState
-from .base import job_sql, now_plus
+from ..models.job import FINISHED_STATES, LIVE_STATES
+from ..states import JobState
+from .base import job_sql, now_plus, state_in
 
 #: Rows per ``bulk_create`` batch (SQLite and other non-PostgreSQL engines).
 BULK_BATCH_SIZE = 5000
@@ -158,11 +159,11 @@ def job_insert_idempotent(
         except IntegrityError:
             existing = (
                 Job.objects.using(db)
-                .filter(
+                .filter(  # through dispatch_job_live_idempotency_key
+                    state_in(LIVE_STATES),
                     namespace=job.namespace,
                     task_path=job.task_path,
                     idempotency_key=job.idempotency_key,
-                    state__in=list(LIVE),
                 )
                 .first()
             )
@@ -186,13 +187,14 @@ def recently_finished(job: Job, seconds: float, *, db: str) -> Job | None:
     """The newest job of ``job``'s (namespace, task, idempotency key) that finished
     within ``seconds`` (database clock), other than ``job`` itself; None if none.
 
-    Served by the partial index ``dispatch_job_key_finished``.
+    Served by the partial index ``dispatch_job_key_finished`` (``state_in``: its
+    condition, which SQLite needs repeated to read it).
     """
     finished = Job.objects.using(db).filter(
+        state_in(FINISHED_STATES),
         namespace=job.namespace,
         task_path=job.task_path,
         idempotency_key=job.idempotency_key,
-        state__in=[JobState.SUCCEEDED, JobState.FAILED, JobState.CANCELLED],
         finished_at__gte=now_plus(-seconds),
     )
     if job.pk is not None:

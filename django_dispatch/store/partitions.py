@@ -300,12 +300,12 @@ def partitions_promote(db: str, keys: Iterable[str | None], namespace: str = "")
 #: Keys with a blocked job and none active. A key with an active job is not
 #: stalled (its blocked head waits for that job, whose end promotes it). The
 #: ``IN`` list and ``IS NOT NULL`` repeat the condition of the live jobs'
-#: index ``dispatch_job_part_live`` (``LIVE_STATES``, in its order): SQLite
+#: index ``dispatch_job_part_live`` (``{live}``: ``LIVE_STATES``, in its order): SQLite
 #: reads a partial index only for a query that repeats each term of its
 #: condition; without them it read the whole table.
 _STALLED_KEYS_SQL = """
 SELECT DISTINCT b.partition_key FROM {job} b
-WHERE b.namespace = %s AND b.state IN ({pending}, {blocked}, {running})
+WHERE b.namespace = %s AND b.state IN ({live})
   AND b.partition_key IS NOT NULL AND b.state = {blocked} AND NOT EXISTS (
     SELECT 1 FROM {job} a
     WHERE a.namespace = b.namespace AND a.partition_key = b.partition_key
