@@ -243,7 +243,8 @@ def test_claims_read_no_deferred_job():
     priority than deferred ones read every deferred job of the namespace: a million
     jobs scheduled for next week, on every poll. Claims walk the priorities instead
     (a loose index scan): their work is the same beside 50,000 deferred jobs as
-    beside 200 (counted: ``tests.database_work``)."""
+    beside 200 (counted: ``tests.database_work``). So is ``--burst``'s check
+    that nothing is due before it exits."""
 
     def deferred(count: int) -> None:
         later = timezone.now() + timedelta(days=1)
@@ -266,6 +267,7 @@ def test_claims_read_no_deferred_job():
         with database_work() as work:
             assert [c.id for c in claim(limit=8)] == [int(due.id)]
             assert claim(limit=8) == []  # an idle poll
+            assert not store.jobs_due_exist(queues=())  # rundispatch --burst's last question
         return work.amount
 
     deferred(200)

@@ -570,17 +570,17 @@ def jobs_due_exist(
     namespace: str = "",
     placement: resources.Placement | None = None,
 ) -> bool:
-    """Whether any pending job of ``namespace`` is due now (one probe of the claim index).
+    """Whether any pending job of ``namespace`` that this worker could run is due now.
 
     A claim can come back empty while such jobs exist (they wait behind
     their partition's running head), so ``--burst`` asks this before exiting.
+    Jobs without needs are probed one priority at a time, as the claim reads
+    them (``runnable_candidates``): one probe of the claim index would read
+    every deferred job before answering no.
     """
     db = db or db_alias()
     due = Job.objects.using(db).filter(
-        resources.could_run(db, namespace, placement),  # #16: jobs this worker could ever hold
-        namespace=namespace,
-        state=JobState.PENDING,
-        run_after__lte=Now(),
+        namespace=namespace, state=JobState.PENDING, run_after__lte=Now()
     )
     paused_set = frozenset(flow.queues_paused(db, namespace=namespace))
     queues, paused = flow.claimable_queues(queues, paused_set)
@@ -590,7 +590,13 @@ def jobs_due_exist(
         due = due.filter(queue_name__in=list(queues))
     if paused:
         due = due.exclude(queue_name__in=paused)
-    return due.exists()
+    priority = pending_priority_below(db, namespace, None)
+    while priority is not None:
+        if due.filter(resource_shape__isnull=True, priority=priority).exists():
+            return True
+        priority = pending_priority_below(db, namespace, priority)
+    ours = resources.shapes_could_run(db, namespace, placement)  # #16: jobs it could ever hold
+    return bool(ours) and due.filter(resource_shape__in=ours).exists()
 
 
 def _claimed(row: dict[str, Any], worker_id: str, now: datetime, namespace: str = "") -> ClaimedJob:

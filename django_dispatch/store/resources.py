@@ -151,14 +151,13 @@ def _json(text: str) -> Needs:
     return json.loads(text)
 
 
-def could_run(db: str, namespace: str, placement: Placement | None) -> Q:
-    """Jobs a worker could ever hold (``--burst`` asks whether any is due):
-    without needs, or of a shape that fits its whole capacity."""
+def shapes_could_run(db: str, namespace: str, placement: Placement | None) -> list[int]:
+    """The pending shapes a worker could ever hold (``--burst`` asks whether any
+    job is due): those that fit its whole capacity; none without capacity."""
     if placement is None or not placement.capacity:
-        return Q(resource_shape__isnull=True)
+        return []
     shapes = pending_shapes(db, namespace)
-    ours = [shape for shape, needs in shapes.items() if fits(needs, placement.capacity)]
-    return Q(resource_shape__isnull=True) | Q(resource_shape__in=ours)
+    return [shape for shape, needs in shapes.items() if fits(needs, placement.capacity)]
 
 
 def candidates(
