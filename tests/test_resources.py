@@ -6,11 +6,13 @@ Store-level tests call the claim with a ``Placement`` (what a worker with
 
 import itertools
 import time
+from datetime import timedelta
 
 import pytest
 from django.core.management import CommandError, call_command
 from django.db import connection
 from django.test.utils import CaptureQueriesContext
+from django.utils import timezone
 
 from django_dispatch import enqueue_many, store
 from django_dispatch.compat import InvalidTask
@@ -20,6 +22,7 @@ from django_dispatch.states import JobState
 from django_dispatch.store.resources import Placement
 from django_dispatch.testing import drain
 from tests.conftest import wait_until
+from tests.database_work import database_work
 from tests.testapp import resource_tasks as rt
 from tests.testapp import tasks
 from tests.testapp.models import SideEffect
@@ -437,3 +440,51 @@ def test_a_job_given_up_on_holds_its_resources_until_its_code_returns(settings):
     drain(capacity={"memory_mb": 1000}, concurrency=2)
     hog, after = SideEffect.objects.get(key="hog"), SideEffect.objects.get(key="next")
     assert hog.finished_at <= after.started_at
+
+
+def test_claims_with_capacity_read_no_deferred_job():
+    """As the plain claim (test_store), a worker with capacity and a locality walks
+    the priorities of each source (jobs without needs, each fitting shape, its
+    locality), so an idle poll's work is the same beside 50,000 deferred jobs as
+    beside 200 (counted: ``tests.database_work``); it read them all before."""
+    needs = {"memory_mb": 100}
+    shape = shape_of(needs)
+
+    def deferred(count: int) -> None:
+        later = timezone.now() + timedelta(days=1)
+        Job.objects.bulk_create(
+            Job(
+                task_path="tests.testapp.tasks.add",
+                args=[1, 1],
+                priority=5 if i % 2 else 0,
+                locality="eu" if i % 3 == 0 else None,
+                resources=needs if i % 4 == 0 else None,
+                resource_shape=shape if i % 4 == 0 else None,
+                run_after=later + timedelta(seconds=i),
+            )
+            for i in range(count)
+        )
+        if connection.vendor == "postgresql":  # SQLite would keep the statistics for later tests
+            with connection.cursor() as cursor:
+                cursor.execute("ANALYZE django_dispatch_job")
+
+    worker = Placement(capacity={"memory_mb": 1000}, locality="eu")
+
+    def claims_work() -> int:
+        claim(worker, limit=8)  # plans and catalog reads made once, outside the count
+        small = tasks.add.using(priority=-1, resources=needs).enqueue(1, 1)
+        plain = tasks.add.using(priority=-1).enqueue(1, 2)
+        with database_work() as work:
+            claimed = claim(worker, limit=8)
+            assert claim(worker, limit=8) == []  # an idle poll
+            assert not store.jobs_due_exist(queues=(), placement=worker)
+        assert sorted(c.id for c in claimed) == sorted([int(small.id), int(plain.id)])
+        worker.held = {}
+        return work.amount
+
+    deferred(200)
+    few = claims_work()
+    deferred(49_800)
+    many = claims_work()
+    # Reading the deferred jobs costs about 250 times as much with 50,000 as with 200.
+    assert many <= 3 * max(few, 1), f"{few=} {many=}"

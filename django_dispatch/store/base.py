@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -156,6 +156,25 @@ def live_jobs() -> Q:
     """
     pending, blocked, running = (LIVE_JOBS_BY_STATE[state] for state in LIVE_STATES)
     return Q(namespace__gte="") & (pending | blocked | running)
+
+
+def priorities_of(pending: QuerySet[Job]) -> Iterator[int]:
+    """The distinct priorities of ``pending``, highest first, one index descent each.
+
+    ``pending``: pending jobs of one index range led by the namespace (and the
+    shape), then ``priority`` (``dispatch_job_claim``, ``dispatch_job_claim_shaped``).
+    A loose index scan, which PostgreSQL 15 lacks and SQLite does only with
+    statistics: the readers of pending jobs walk the priorities with it, so
+    that per priority ``run_after <= now`` bounds the index range and jobs
+    deferred to later are never read (``claim.runnable_candidates``).
+    """
+    below: int | None = None
+    while True:
+        lower = pending if below is None else pending.filter(priority__lt=below)
+        below = lower.order_by("-priority").values_list("priority", flat=True).first()
+        if below is None:
+            return
+        yield below
 
 
 def now_plus(seconds: float) -> ExpressionWrapper:

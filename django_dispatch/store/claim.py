@@ -26,7 +26,7 @@ from ..models import Job
 from ..sql import JSONAppend
 from ..states import JobState
 from . import flow, resources
-from .base import db_alias, job_sql, namespace_literal, take_sqlite_write_lock
+from .base import db_alias, job_sql, namespace_literal, priorities_of, take_sqlite_write_lock
 from .partitions import partition_heads, partitions_demote
 
 #: At most this many blocked jobs are demoted per claim transaction, which
@@ -144,15 +144,11 @@ def claim_candidates(
     )
 
 
-def pending_priority_below(db: str, namespace: str, below: int | None) -> int | None:
-    """The highest priority of ``namespace``'s pending jobs (without needs) below
-    ``below`` (None: the highest of all), or None: one descent of ``dispatch_job_claim``."""
-    pending = Job.objects.using(db).filter(
+def _pending_without_needs(db: str, namespace: str) -> Any:
+    """``namespace``'s pending jobs without needs: the range of ``dispatch_job_claim``."""
+    return Job.objects.using(db).filter(
         namespace=namespace, state=JobState.PENDING, resource_shape__isnull=True
     )
-    if below is not None:
-        pending = pending.filter(priority__lt=below)
-    return pending.order_by("-priority").values_list("priority", flat=True).first()
 
 
 def runnable_candidates(
@@ -178,8 +174,7 @@ def runnable_candidates(
     """
     rows: list[dict[str, Any]] = []
     clock: datetime | None = None  # one claim, one clock: the first row's statement's
-    priority = pending_priority_below(db, namespace, None)
-    while priority is not None:
+    for priority in priorities_of(_pending_without_needs(db, namespace)):
         for row in claim_candidates(
             db,
             queues,
@@ -195,7 +190,6 @@ def runnable_candidates(
                 rows.append(row)
         if len(rows) >= limit:
             break
-        priority = pending_priority_below(db, namespace, priority)
     return rows
 
 
@@ -574,9 +568,9 @@ def jobs_due_exist(
 
     A claim can come back empty while such jobs exist (they wait behind
     their partition's running head), so ``--burst`` asks this before exiting.
-    Jobs without needs are probed one priority at a time, as the claim reads
-    them (``runnable_candidates``): one probe of the claim index would read
-    every deferred job before answering no.
+    Probed one priority at a time, of the jobs without needs and of each shape
+    the worker could hold, as the claim reads them (``runnable_candidates``):
+    one probe of a claim index would read every deferred job before answering no.
     """
     db = db or db_alias()
     due = Job.objects.using(db).filter(
@@ -590,13 +584,15 @@ def jobs_due_exist(
         due = due.filter(queue_name__in=list(queues))
     if paused:
         due = due.exclude(queue_name__in=paused)
-    priority = pending_priority_below(db, namespace, None)
-    while priority is not None:
+    for priority in priorities_of(_pending_without_needs(db, namespace)):
         if due.filter(resource_shape__isnull=True, priority=priority).exists():
             return True
-        priority = pending_priority_below(db, namespace, priority)
-    ours = resources.shapes_could_run(db, namespace, placement)  # #16: jobs it could ever hold
-    return bool(ours) and due.filter(resource_shape__in=ours).exists()
+    pending = Job.objects.using(db).filter(namespace=namespace, state=JobState.PENDING)
+    for shape in resources.shapes_could_run(db, namespace, placement):  # #16: it could hold
+        for priority in priorities_of(pending.filter(resource_shape=shape)):
+            if due.filter(resource_shape=shape, priority=priority).exists():
+                return True
+    return False
 
 
 def _claimed(row: dict[str, Any], worker_id: str, now: datetime, namespace: str = "") -> ClaimedJob:

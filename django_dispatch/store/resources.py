@@ -12,11 +12,13 @@ How a worker with capacity reads only jobs that fit:
    per distinct need vector, however many jobs share each.
 2. The shapes whose needs fit the worker's *free* capacity (its capacity
    minus what its running jobs hold), compared in Python.
-3. The first ``window`` jobs in claim order of each source (jobs without
-   needs, each fitting shape, and the worker's own locality), each through
-   its index, merged in claim order (priority, own locality first, run_after,
-   id) and only then cut to ``window``; those rows are locked (SKIP LOCKED).
-   A job that does not fit is never read, let alone written.
+3. One priority at a time, highest first (as the plain claim walks them, so
+   that no deferred job is read): the first ``window`` due jobs of each
+   source (jobs without needs, each fitting shape, and the worker's own
+   locality), each through its index, merged in claim order (priority, own
+   locality first, run_after, id) and only then cut to ``window``; those rows
+   are locked (SKIP LOCKED). A job that does not fit is never read, let alone
+   written.
 4. ``Placement.take`` then keeps, greedily in that order, the jobs that fit
    *together*; the others stay locked only until the claim commits, unchanged.
 
@@ -31,6 +33,8 @@ longest running job's duration, however many small jobs keep coming.
 from __future__ import annotations
 
 import functools
+import heapq
+import itertools
 import json
 import time
 from collections.abc import Sequence
@@ -39,13 +43,13 @@ from datetime import timedelta
 from typing import Any
 
 from django.db import connections
-from django.db.models import Count, Q
+from django.db.models import Count
 from django.db.models.functions import Now
 
 from ..models import Job, Worker
 from ..resources import Needs, fits, minus
 from ..states import JobState
-from .base import job_sql, namespace_literal
+from .base import job_sql, namespace_literal, priorities_of
 
 
 @dataclass
@@ -140,11 +144,23 @@ def pending_shapes(db: str, namespace: str) -> dict[int, Needs]:
         return {
             shape: (needs if isinstance(needs, dict) else _json(needs)) for shape, needs in rows
         }
+    # The same skip scan in the ORM: one descent per shape (a DISTINCT read
+    # every pending job with needs, deferred ones included).
     shaped = Job.objects.using(db).filter(
         namespace=namespace, state=JobState.PENDING, resource_shape__isnull=False
     )
-    pairs = shaped.values_list("resource_shape", "resources").distinct()
-    return {shape: needs for shape, needs in pairs if shape is not None and needs}
+    shapes: dict[int, Needs] = {}
+    after: int | None = None
+    while True:
+        rest = shaped if after is None else shaped.filter(resource_shape__gt=after)
+        first = rest.order_by("resource_shape").values_list("resource_shape", "resources").first()
+        if first is None:
+            return shapes
+        shape, needs = first
+        assert shape is not None  # resource_shape__isnull=False
+        if needs:
+            shapes[shape] = needs
+        after = shape
 
 
 def _json(text: str) -> Needs:
@@ -211,7 +227,7 @@ def _candidates(
     if paused:
         base = base.exclude(queue_name__in=list(paused))
     ours = [shape for shape, needs in shapes.items() if fits(needs, placement.capacity)]
-    starved = _starved(base, ours, placement)
+    starved = _starved(base, ours, placement, namespace)
     first: list[dict[str, Any]] = []
     if starved is not None:
         if not fits(starved["resources"], placement.free):
@@ -230,27 +246,34 @@ def _candidates(
     if connections[db].vendor == "postgresql":
         rows = _pick_pg(db, queues, window, exclude, namespace, placement, fields, paused, fitting)
         return first + rows
-    order = ("-priority", "run_after", "id")
+    # One priority at a time, highest first, as _PICK_SQL walks them (no deferred
+    # job read); a priority's picks come before any of a lower one.
     sources = [base.filter(resource_shape__isnull=True)]
     sources += [base.filter(resource_shape=shape) for shape in fitting]
-    if placement.locality:
-        sources.append(
-            base.filter(
-                Q(resource_shape__isnull=True) | Q(resource_shape__in=fitting),
-                locality=placement.locality,
-            )
-        )
+    if placement.locality:  # the worker's own jobs, one index range each
+        sources += [source.filter(locality=placement.locality) for source in list(sources)]
+    pending = Job.objects.using(db).filter(namespace=namespace, state=JobState.PENDING)
+    by_source = [pending.filter(resource_shape__isnull=True)]
+    by_source += [pending.filter(resource_shape=shape) for shape in fitting]
+    walks = [priorities_of(source) for source in by_source]  # lazy: a descent when asked
     picked: dict[int, tuple[Any, ...]] = {}
-    for source in sources:
-        for job_id, priority, run_after, locality in source.order_by(*order).values_list(
-            "id", "priority", "run_after", "locality"
-        )[:window]:
-            mine = 0 if placement.locality and locality == placement.locality else 1
-            picked[job_id] = (-priority, mine, run_after, job_id)
+    for priority, _ in itertools.groupby(heapq.merge(*walks, reverse=True)):
+        if len(picked) >= window:
+            break
+        for source in sources:
+            for job_id, run_after, locality in (
+                source.filter(priority=priority)
+                .order_by("run_after", "id")
+                .values_list("id", "run_after", "locality")[:window]
+            ):
+                mine = 0 if placement.locality and locality == placement.locality else 1
+                picked[job_id] = (-priority, mine, run_after, job_id)
     return first + _lock(db, [key[3] for key in sorted(picked.values())[:window]], fields)
 
 
-def _starved(base: Any, shapes: list[int], placement: Placement) -> dict[str, Any] | None:
+def _starved(
+    base: Any, shapes: list[int], placement: Placement, namespace: str
+) -> dict[str, Any] | None:
     """The oldest job of ``shapes`` (those this worker could ever hold) that has
     waited past the starvation threshold, or None.
 
@@ -267,12 +290,21 @@ def _starved(base: Any, shapes: list[int], placement: Placement) -> dict[str, An
     if cache is not None and cache.none_starved_until > now:
         return None
     threshold = Now() - timedelta(seconds=placement.starvation_seconds)
-    row = (
-        base.filter(resource_shape__in=shapes, run_after__lte=threshold)
-        .order_by("run_after", "id")
-        .values("id", "resources")
-        .first()
-    )
+    # Per shape and priority, the oldest: run_after bounds each index range, so
+    # neither deferred jobs nor the rest of a backlog are read.
+    oldest: list[dict[str, Any]] = []
+    pending = Job.objects.using(base.db).filter(namespace=namespace, state=JobState.PENDING)
+    for shape in shapes:
+        for priority in priorities_of(pending.filter(resource_shape=shape)):
+            first = (
+                base.filter(resource_shape=shape, priority=priority, run_after__lte=threshold)
+                .order_by("run_after", "id")
+                .values("id", "resources", "run_after")
+                .first()
+            )
+            if first is not None:
+                oldest.append(first)
+    row = min(oldest, key=lambda r: (r["run_after"], r["id"]), default=None)
     if row is None and cache is not None:
         cache.none_starved_until = now + min(1.0, placement.starvation_seconds / 10)
     return row
@@ -321,29 +353,64 @@ def unplaceable(db: str, namespace: str, *, live_within: float) -> list[tuple[Ne
     return [(shapes[s], counts.get(s, 0)) for s in stuck]
 
 
-#: ``candidates`` on PostgreSQL, in one statement: the first ``window`` jobs
-#: of each source (jobs without needs; each fitting shape, through LATERAL;
-#: the worker's locality), merged in claim order and cut to ``window``, then
-#: locked (SKIP LOCKED). Every source reads its own index, in order, and stops
-#: at ``window`` rows: no job that does not fit is read.
+#: ``candidates`` on PostgreSQL, in one statement, one priority at a time as
+#: the plain claim walks them (``claim._CLAIM_SQL``), so that no deferred job
+#: is read. ``priorities``: the pending priorities of the jobs without needs
+#: and of each fitting shape, highest first, one index descent per source and
+#: priority (GREATEST ignores a source that has none left). Then, per priority
+#: until ``window`` jobs are picked: the first ``window`` due jobs of each
+#: source (jobs without needs, each fitting shape through LATERAL, the
+#: worker's locality), each an index range bounded by the priority and
+#: ``run_after``, merged (own locality first, run_after, id) and cut; the
+#: picked rows are then locked (SKIP LOCKED). No job that does not fit is read.
 _PICK_SQL = """
-WITH picked AS (
-    SELECT id FROM (
-        (SELECT id, priority, run_after, locality FROM {job}
+WITH RECURSIVE priorities AS (
+    SELECT GREATEST(
+        (SELECT priority FROM {job}
          WHERE namespace = {namespace} AND state = {pending} AND resource_shape IS NULL
-             AND run_after <= now() {filters}
-         ORDER BY priority DESC, run_after, id LIMIT %(window)s)
-        UNION
-        SELECT j.id, j.priority, j.run_after, j.locality
-        FROM unnest(%(shapes)s::bigint[]) AS s(shape) CROSS JOIN LATERAL (
-            SELECT id, priority, run_after, locality FROM {job}
-            WHERE namespace = {namespace} AND state = {pending} AND resource_shape = s.shape
-                AND run_after <= now() {filters}
-            ORDER BY priority DESC, run_after, id LIMIT %(window)s
-        ) AS j
-        {local}
-    ) AS c
-    ORDER BY priority DESC, COALESCE(locality = %(locality)s::text, false) DESC, run_after, id
+         ORDER BY priority DESC LIMIT 1),
+        (SELECT max(top.priority) FROM unnest(%(shapes)s::bigint[]) AS s(shape)
+         CROSS JOIN LATERAL (
+             SELECT priority FROM {job}
+             WHERE namespace = {namespace} AND state = {pending} AND resource_shape = s.shape
+             ORDER BY priority DESC LIMIT 1
+         ) AS top)
+    ) AS priority
+    UNION ALL
+    SELECT GREATEST(
+        (SELECT lower.priority FROM {job} AS lower
+         WHERE lower.namespace = {namespace} AND lower.state = {pending}
+             AND lower.resource_shape IS NULL AND lower.priority < p.priority
+         ORDER BY lower.priority DESC LIMIT 1),
+        (SELECT max(top.priority) FROM unnest(%(shapes)s::bigint[]) AS s(shape)
+         CROSS JOIN LATERAL (
+             SELECT lower.priority FROM {job} AS lower
+             WHERE lower.namespace = {namespace} AND lower.state = {pending}
+                 AND lower.resource_shape = s.shape AND lower.priority < p.priority
+             ORDER BY lower.priority DESC LIMIT 1
+         ) AS top)
+    )
+    FROM priorities AS p WHERE p.priority IS NOT NULL
+), picked AS (
+    SELECT due.id FROM priorities AS p CROSS JOIN LATERAL (
+        SELECT c.id FROM (
+            (SELECT id, run_after, locality FROM {job}
+             WHERE namespace = {namespace} AND state = {pending} AND resource_shape IS NULL
+                 AND priority = p.priority AND run_after <= now() {filters}
+             ORDER BY run_after, id LIMIT %(window)s)
+            UNION
+            SELECT j.id, j.run_after, j.locality
+            FROM unnest(%(shapes)s::bigint[]) AS s(shape) CROSS JOIN LATERAL (
+                SELECT id, run_after, locality FROM {job}
+                WHERE namespace = {namespace} AND state = {pending} AND resource_shape = s.shape
+                    AND priority = p.priority AND run_after <= now() {filters}
+                ORDER BY run_after, id LIMIT %(window)s
+            ) AS j
+            {local}
+        ) AS c
+        ORDER BY COALESCE(c.locality = %(locality)s::text, false) DESC, c.run_after, c.id
+        LIMIT %(window)s
+    ) AS due
     LIMIT %(window)s
 )
 SELECT {fields}, locality AS claim_locality, now() AS db_now FROM {job}
@@ -351,12 +418,12 @@ WHERE id IN (SELECT id FROM picked) AND state = {pending}
 FOR UPDATE SKIP LOCKED
 """
 _LOCAL_SQL = """
-        UNION
-        (SELECT id, priority, run_after, locality FROM {job}
-         WHERE namespace = {namespace} AND state = {pending} AND locality = %(locality)s::text
-             AND (resource_shape IS NULL OR resource_shape = ANY(%(shapes)s::bigint[]))
-             AND run_after <= now() {filters}
-         ORDER BY priority DESC, run_after, id LIMIT %(window)s)"""
+            UNION
+            (SELECT id, run_after, locality FROM {job}
+             WHERE namespace = {namespace} AND state = {pending} AND locality = %(locality)s::text
+                 AND (resource_shape IS NULL OR resource_shape = ANY(%(shapes)s::bigint[]))
+                 AND priority = p.priority AND run_after <= now() {filters}
+             ORDER BY run_after, id LIMIT %(window)s)"""
 
 
 def _pick_pg(
