@@ -197,6 +197,20 @@ def test_claim_query_uses_the_partial_index_among_many_finished_rows():
         candidates_plan = fused_plan.split("CTE leased")[0]
         assert "dispatch_job_claim" in candidates_plan, fused_plan
         assert "Seq Scan" not in candidates_plan, fused_plan
+        # The claim order rests on the plan's shape (see _CLAIM_SQL): the window's
+        # LIMIT pulls from a nested loop over the priorities in the order the
+        # recursion yields them, each locking its rows as they are pulled;
+        # nothing reorders or buffers rows on the way (a Sort there would lock
+        # every priority's window).
+        nodes = [
+            line.strip().removeprefix("->  ").split("  (")[0]
+            for line in candidates_plan.split("CTE candidates")[1].splitlines()
+            if line.strip()
+        ]
+        assert nodes[:2] == ["Limit", "Nested Loop"], nodes
+        assert nodes[2].startswith("CTE Scan on priorities"), nodes  # the outer side
+        assert nodes[3:6] == ["Subquery Scan on due", "Limit", "LockRows"], nodes
+        assert not any(n.split()[0] in {"Sort", "Hash", "Gather", "Materialize"} for n in nodes)
 
 
 def test_the_leaders_job_sweeps_read_their_indexes_not_the_finished_jobs():

@@ -33,3 +33,16 @@ def test_an_unlisted_transition_is_rejected_by_the_database():
         transaction.atomic(),
     ):
         Job.objects.filter(pk=job_id).update(state=JobState.PENDING)
+
+
+def test_a_job_blocked_without_a_reason_the_counts_can_see_is_rejected():
+    """The live counts read blocked jobs through the partition, concurrency and
+    queue-limit indexes only (``store.base.LIVE_JOBS_BY_STATE``)."""
+    bare = tasks.add.enqueue(1, 2).id
+    with (
+        pytest.raises(DatabaseError, match="blocked without a partition key"),
+        transaction.atomic(),
+    ):
+        Job.objects.filter(pk=bare).update(state=JobState.BLOCKED)
+    keyed = tasks.add.using(partition_key="k").enqueue(1, 2).id
+    Job.objects.filter(pk=keyed).update(state=JobState.BLOCKED)  # behind its partition: allowed

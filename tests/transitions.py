@@ -6,6 +6,12 @@ hot path); rather than trust each, the whole suite runs with this trigger on
 the job table, generated from the table itself: a transition the table does
 not list raises inside the statement that tried it, in the test process or in
 any worker process the test started.
+
+It also rejects a job blocked without a reason the live counts can see: a
+partition key, a concurrency key or a queue's limit (``flow_queue``). The
+counts of live jobs read blocked jobs through those three partial indexes
+only (``store.base.LIVE_JOBS_BY_STATE``); a job blocked without any of them
+would silently drop out of the gauges, ``dispatch_status`` and the console.
 """
 
 from __future__ import annotations
@@ -37,6 +43,12 @@ def install() -> None:
                 IF (OLD.state, NEW.state) NOT IN ({pairs}) THEN
                     RAISE EXCEPTION 'job %: transition % -> % is not in states.TRANSITIONS',
                         OLD.id, OLD.state, NEW.state;
+                END IF;
+                IF NEW.state = 'blocked' AND NEW.partition_key IS NULL
+                        AND NEW.concurrency_key IS NULL AND NEW.flow_queue IS NULL THEN
+                    RAISE EXCEPTION 'job %: blocked without a partition key, a concurrency '
+                        'key or a flow_queue: store.base.LIVE_JOBS_BY_STATE cannot count it',
+                        NEW.id;
                 END IF;
                 RETURN NEW;
             END $$ LANGUAGE plpgsql

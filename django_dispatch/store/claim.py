@@ -1,9 +1,10 @@
 """The claim: lease runnable jobs to a worker, in one short transaction.
 
-``claim_candidates`` is THE claim query, in the ORM, walked one priority at
-a time by ``runnable_candidates`` (so that deferred jobs are never read).
-``_CLAIM_SQL`` is the same walk for PostgreSQL, fused with the lease update of
-the unkeyed candidates into one statement: the claim is the hot path of every worker, and
+``runnable_candidates`` is THE claim query, in the ORM: ``claim_candidates``
+(the due jobs of one priority) for each pending priority in turn, highest
+first, so that jobs deferred to later are never read. ``_CLAIM_SQL`` is the
+same walk for PostgreSQL, fused with the lease update of the unkeyed
+candidates into one statement: the claim is the hot path of every worker, and
 compiling two ORM statements per claim cost more CPU than running them (see
 docs/performance.md). ``jobs_claim`` wraps either with the partition rules
 (see ``partitions``) and the lease update of keyed heads.
@@ -111,25 +112,24 @@ def claim_candidates(
     *,
     namespace: str = "",
     paused: Sequence[str] = (),
-    priority: int | None = None,
+    priority: int,
 ):
-    """THE claim query: runnable jobs of ``namespace`` in claim order, locked,
-    skipping locked rows; of one ``priority`` when given (see ``runnable_candidates``).
+    """Runnable jobs of ``namespace`` and ``priority`` in claim order, locked,
+    skipping locked rows: one step of ``runnable_candidates``.
 
     Served by the partial index ``dispatch_job_claim`` (pending rows only, led
-    by the namespace), so its cost grows neither with finished jobs nor with
-    other namespaces' backlogs. With ``priority``, ``run_after <= now`` bounds
-    the index range too, so deferred jobs are not read.
+    by the namespace, then the priority), so its cost grows neither with
+    finished jobs nor with other namespaces' backlogs, and ``run_after <= now``
+    bounds the index range, so deferred jobs are not read.
     """
     candidates = Job.objects.using(db).filter(
         # Jobs with resource needs: only through store.resources (#16).
         namespace=namespace,
         state=JobState.PENDING,
         resource_shape__isnull=True,
+        priority=priority,
         run_after__lte=Now(),
     )
-    if priority is not None:
-        candidates = candidates.filter(priority=priority)
     if queues:
         candidates = candidates.filter(queue_name__in=list(queues))
     if exclude:
@@ -213,10 +213,10 @@ def runnable_candidates(
 #: (``job_sql``); tests/test_raw_sql_twins.py runs it beside the ORM path on
 #: the same rows.
 #:
-#: The plain ordered scan (``claim_candidates`` without a priority, as one
-#: statement) plans in about 0.15 ms instead of 0.25 and reads one descent
-#: less; the walk costs about 3% of a no-op job's CPU (a claim carries about
-#: 16 jobs) and was within the noise of an A/B drain (docs/performance.md).
+#: What the walk costs: one ordered scan of all priorities (the statement
+#: before it) planned in about 0.15 ms instead of 0.25, and read one descent
+#: less. An A/B drain of 60,000 no-op jobs put the walk at 0.99x of it
+#: (docs/performance.md "A/B measurements").
 _CLAIM_SQL = """
 WITH RECURSIVE priorities AS (
     (SELECT priority FROM {job}
@@ -471,7 +471,7 @@ def jobs_claim(
 #: raw SQL because the ORM's compilation of this UPDATE was a visible share
 #: of a busy worker's claim (benchmark "mixed sizes"). ``now`` is the claim's
 #: ``db_now``, as in the ORM update below (SQLite's). tests/test_raw_sql_twins.py
-#: checks it, after ``claim_candidates``, against the fused claim statement.
+#: checks it, after ``runnable_candidates``, against the fused claim statement.
 _LEASE_PG_SQL = """
 UPDATE {job} SET
     state = {running},
