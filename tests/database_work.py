@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import sqlite3
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager, suppress
 from typing import Any
 
@@ -107,3 +107,16 @@ def _postgres_work() -> Iterator[Work]:
     with connection.cursor() as cursor:
         cursor.execute(_PG_BLOCKS_SQL)
         work.add(int(cursor.fetchone()[0]))
+
+
+def assert_flat_beside(
+    add_rows: Callable[[int], None], measure: Callable[[], int], *, few: int, many: int
+) -> None:
+    """Assert that ``measure``'s work is about the same beside ``many`` rows as beside
+    ``few`` (``add_rows(n)`` adds n more): within 3 times, where reading the rows
+    would cost about ``many / few`` times as much."""
+    add_rows(few)
+    before = measure()
+    add_rows(many - few)
+    after = measure()
+    assert after <= 3 * max(before, 1), f"work beside {few:,} rows: {before}; {many:,}: {after}"

@@ -11,7 +11,7 @@ from django_dispatch.models import Job, Worker
 from django_dispatch.states import JobState
 from django_dispatch.store.claim import claim_sql
 from tests.conftest import postgres_only
-from tests.database_work import database_work
+from tests.database_work import assert_flat_beside, database_work
 from tests.testapp import tasks
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -284,12 +284,7 @@ def test_claims_read_no_deferred_job():
             assert not store.jobs_due_exist(queues=())  # rundispatch --burst's last question
         return work.amount
 
-    deferred(200)
-    few = claims_work()
-    deferred(49_800)
-    many = claims_work()
-    # Reading the deferred jobs costs about 250 times as much with 50,000 as with 200.
-    assert many <= 3 * max(few, 1), f"{few=} {many=}"
+    assert_flat_beside(deferred, claims_work, few=200, many=50_000)
 
 
 def test_stale_worker_rows_are_deleted_and_jobs_untouched():
