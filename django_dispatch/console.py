@@ -49,8 +49,6 @@ TIMING_SAMPLE = 2_000
 DEAD_LETTER_CAP = 10_000
 #: Cron entries listed, soonest first.
 CRON_SHOWN = 8
-#: Live states counted, and the partial indexes each count walks.
-LIVE_COUNTS = LIVE_JOBS_BY_STATE
 FINISHED_SHOWN = (JobState.SUCCEEDED, JobState.FAILED)
 
 
@@ -147,7 +145,10 @@ def live_counts(namespace: str, state: str, now: datetime) -> list[Any]:
     ``LIVE_CAP`` rows; the outer one groups what it found.
     """
     capped = (
-        jobs(namespace).filter(LIVE_COUNTS[JobState(state)]).order_by().values("pk")[: LIVE_CAP + 1]
+        jobs(namespace)
+        .filter(LIVE_JOBS_BY_STATE[JobState(state)])
+        .order_by()
+        .values("pk")[: LIVE_CAP + 1]
     )
     due = Q(run_after__lte=now)
     keyed_due = due & Q(partition_key__isnull=False)
@@ -232,7 +233,7 @@ def overview(namespace: str = "") -> Overview:
             rows[name] = QueueRow(name)
         return rows[name]
 
-    for state in LIVE_COUNTS:
+    for state in LIVE_JOBS_BY_STATE:  # each count walks its partial indexes
         found = live_counts(namespace, state, now)
         if sum(r["n"] for r in found) > LIVE_CAP:
             for r in found:

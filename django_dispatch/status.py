@@ -9,13 +9,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
-from django.db.models import Count, Min, Q
+from django.db.models import Count, Min
 from django.db.models.functions import Now
 
 from . import store
 from .models import CronEntry, DeadLetter, Job, Worker
 from .states import JobState
-from .store.base import live_jobs
+from .store.base import LIVE_JOBS_BY_STATE, live_jobs
 from .store.flow import queues_paused
 
 
@@ -48,13 +48,8 @@ def snapshot(namespace: str = "") -> Status:
     for row in jobs.filter(live_jobs()).values("queue_name", "state").annotate(n=Count("id")):
         queue = queues.setdefault(row["queue_name"], QueueStatus(row["queue_name"]))
         setattr(queue, row["state"], row["n"])
-    # One predicate per partial claim index (jobs with resource needs apart,
-    # #16), so PostgreSQL ORs two index scans instead of reading the table.
-    pending = Q(state=JobState.PENDING, resource_shape__isnull=True) | Q(
-        state=JobState.PENDING, resource_shape__isnull=False
-    )
     oldest_due = (
-        jobs.filter(pending, run_after__lte=Now())
+        jobs.filter(LIVE_JOBS_BY_STATE[JobState.PENDING], run_after__lte=Now())
         .values_list("queue_name")
         .annotate(oldest=Min("run_after"))
     )

@@ -158,16 +158,22 @@ def live_jobs() -> Q:
     return Q(namespace__gte="") & (pending | blocked | running)
 
 
-def priorities_of(pending: QuerySet[Job]) -> Iterator[int]:
-    """The distinct priorities of ``pending``, highest first, one index descent each.
+def pending_priorities(db: str, namespace: str, shape: int | None) -> Iterator[int]:
+    """The distinct priorities of ``namespace``'s pending jobs of ``shape`` (None:
+    jobs without needs), highest first, one index descent each.
 
-    ``pending``: pending jobs of one index range led by the namespace (and the
-    shape), then ``priority`` (``dispatch_job_claim``, ``dispatch_job_claim_shaped``).
+    Those jobs are one index range led by the namespace (and the shape), then
+    ``priority`` (``dispatch_job_claim``, ``dispatch_job_claim_shaped``).
     A loose index scan, which PostgreSQL 15 lacks and SQLite does only with
     statistics: the readers of pending jobs walk the priorities with it, so
     that per priority ``run_after <= now`` bounds the index range and jobs
     deferred to later are never read (``claim.runnable_candidates``).
     """
+    pending = Job.objects.using(db).filter(namespace=namespace, state=JobState.PENDING)
+    if shape is None:
+        pending = pending.filter(resource_shape__isnull=True)
+    else:
+        pending = pending.filter(resource_shape=shape)
     below: int | None = None
     while True:
         lower = pending if below is None else pending.filter(priority__lt=below)

@@ -27,7 +27,7 @@ from ..models import Job
 from ..sql import JSONAppend
 from ..states import JobState
 from . import flow, resources
-from .base import db_alias, job_sql, namespace_literal, priorities_of, take_sqlite_write_lock
+from .base import db_alias, job_sql, namespace_literal, pending_priorities, take_sqlite_write_lock
 from .partitions import partition_heads, partitions_demote
 
 #: At most this many blocked jobs are demoted per claim transaction, which
@@ -144,13 +144,6 @@ def claim_candidates(
     )
 
 
-def _pending_without_needs(db: str, namespace: str) -> Any:
-    """``namespace``'s pending jobs without needs: the range of ``dispatch_job_claim``."""
-    return Job.objects.using(db).filter(
-        namespace=namespace, state=JobState.PENDING, resource_shape__isnull=True
-    )
-
-
 def runnable_candidates(
     db: str,
     queues: Sequence[str],
@@ -174,7 +167,7 @@ def runnable_candidates(
     """
     rows: list[dict[str, Any]] = []
     clock: datetime | None = None  # one claim, one clock: the first row's statement's
-    for priority in priorities_of(_pending_without_needs(db, namespace)):
+    for priority in pending_priorities(db, namespace, None):
         for row in claim_candidates(
             db,
             queues,
@@ -584,12 +577,8 @@ def jobs_due_exist(
         due = due.filter(queue_name__in=list(queues))
     if paused:
         due = due.exclude(queue_name__in=paused)
-    for priority in priorities_of(_pending_without_needs(db, namespace)):
-        if due.filter(resource_shape__isnull=True, priority=priority).exists():
-            return True
-    pending = Job.objects.using(db).filter(namespace=namespace, state=JobState.PENDING)
-    for shape in resources.shapes_could_run(db, namespace, placement):  # #16: it could hold
-        for priority in priorities_of(pending.filter(resource_shape=shape)):
+    for shape in [None, *resources.shapes_could_run(db, namespace, placement)]:  # #16
+        for priority in pending_priorities(db, namespace, shape):
             if due.filter(resource_shape=shape, priority=priority).exists():
                 return True
     return False

@@ -49,7 +49,7 @@ from django.db.models.functions import Now
 from ..models import Job, Worker
 from ..resources import Needs, fits, minus
 from ..states import JobState
-from .base import job_sql, namespace_literal, priorities_of
+from .base import job_sql, namespace_literal, pending_priorities
 
 
 @dataclass
@@ -252,10 +252,8 @@ def _candidates(
     sources += [base.filter(resource_shape=shape) for shape in fitting]
     if placement.locality:  # the worker's own jobs, one index range each
         sources += [source.filter(locality=placement.locality) for source in list(sources)]
-    pending = Job.objects.using(db).filter(namespace=namespace, state=JobState.PENDING)
-    by_source = [pending.filter(resource_shape__isnull=True)]
-    by_source += [pending.filter(resource_shape=shape) for shape in fitting]
-    walks = [priorities_of(source) for source in by_source]  # lazy: a descent when asked
+    # Lazy: a descent when asked.
+    walks = [pending_priorities(db, namespace, shape) for shape in [None, *fitting]]
     picked: dict[int, tuple[Any, ...]] = {}
     for priority, _ in itertools.groupby(heapq.merge(*walks, reverse=True)):
         if len(picked) >= window:
@@ -293,9 +291,8 @@ def _starved(
     # Per shape and priority, the oldest: run_after bounds each index range, so
     # neither deferred jobs nor the rest of a backlog are read.
     oldest: list[dict[str, Any]] = []
-    pending = Job.objects.using(base.db).filter(namespace=namespace, state=JobState.PENDING)
     for shape in shapes:
-        for priority in priorities_of(pending.filter(resource_shape=shape)):
+        for priority in pending_priorities(base.db, namespace, shape):
             first = (
                 base.filter(resource_shape=shape, priority=priority, run_after__lte=threshold)
                 .order_by("run_after", "id")
