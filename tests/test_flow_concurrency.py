@@ -18,6 +18,7 @@ from django_dispatch.models import ConcurrencyWait, Job
 from django_dispatch.states import JobState
 from django_dispatch.testing import drain
 from tests.conftest import postgres_only, wait_until
+from tests.database_work import assert_flat_beside, database_work
 from tests.testapp import flow_tasks, tasks
 from tests.testapp.models import SideEffect
 
@@ -137,6 +138,72 @@ def test_a_deferred_job_of_the_group_holds_no_slot():
     [taken] = claim()
     assert taken.id == int(waiting.id)
     assert states([deferred]) == {JobState.PENDING: 1}  # still waiting for tomorrow
+
+
+def test_set_aside_jobs_come_back_highest_priority_first():
+    """The claim runs higher priorities first; promotion kept only the age, so a
+    job enqueued with priority 10 behind a full group waited for the group's whole
+    older backlog of priority 0 (a note since stop 22). Now set-aside jobs come
+    back in claim order: priority, then due time, then age."""
+    group = flow_tasks.capped.using(concurrency_key="tenant")
+    running = [group.enqueue(f"r{i}") for i in range(3)]
+    backlog = [group.enqueue(f"b{i}") for i in range(4)]
+    first = claim()
+    assert {c.id for c in first} == {int(r.id) for r in running}
+    urgent = group.using(priority=10).enqueue("urgent")
+    later = group.using(priority=5).enqueue("later")
+    assert claim() == []  # the group is full: both are set aside too
+    assert states([urgent, later]) == {JobState.BLOCKED: 2}
+    finish(first[:1])
+    assert [c.id for c in claim()] == [int(urgent.id)]
+    finish(first[1:3])
+    assert {c.id for c in claim()} == {int(later.id), int(backlog[0].id)}
+
+
+def test_promotion_reads_the_next_jobs_not_the_backlog():
+    """The promotion's order (the claim's) comes from ``dispatch_job_conc_live``
+    (0015): promoting a group's next 3 jobs costs the same beside 20,000 blocked
+    jobs of mixed priorities as beside 200, on both databases (counted:
+    ``tests.database_work``), where a sort would read the whole backlog."""
+    from django_dispatch.store import flow
+
+    path = "tests.testapp.flow_tasks.capped"
+    ConcurrencyWait.objects.create(task_path=path, concurrency_key="tenant", limit=3)
+    added = 0
+
+    def blocked(count: int) -> None:
+        nonlocal added
+        Job.objects.bulk_create(
+            Job(
+                task_path=path,
+                args=["x"],
+                state=JobState.BLOCKED,
+                concurrency_key="tenant",
+                concurrency_limit=3,
+                priority=(added + i) % 7,
+            )
+            for i in range(count)
+        )
+        added += count
+        if connection.vendor == "postgresql":  # SQLite would keep the statistics for later tests
+            with connection.cursor() as cursor:
+                cursor.execute("ANALYZE django_dispatch_job")
+
+    def promotion_work() -> int:
+        with transaction.atomic():
+            expected = list(
+                Job.objects.filter(state=JobState.BLOCKED)
+                .order_by("-priority", "run_after", "id")  # the claim's order
+                .values_list("id", flat=True)[:3]
+            )
+            with database_work() as work:
+                assert flow.concurrency_promote(store.db_alias(), "") == 3
+            promoted = Job.objects.filter(state=JobState.PENDING).values_list("id", flat=True)
+            assert sorted(promoted) == sorted(expected)  # three of priority 6, the oldest
+            transaction.set_rollback(True)
+        return work.amount
+
+    assert_flat_beside(blocked, promotion_work, few=200, many=20_000)
 
 
 def test_the_task_wide_cap_without_a_key():

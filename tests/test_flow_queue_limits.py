@@ -23,6 +23,7 @@ from django_dispatch.models import ConcurrencyWait, Job, QueueWindow, Worker
 from django_dispatch.states import JobState
 from django_dispatch.testing import drain
 from tests.conftest import postgres_only, wait_until
+from tests.database_work import assert_flat_beside, database_work
 from tests.testapp import flow_tasks, tasks
 from tests.testapp.models import SideEffect
 
@@ -152,6 +153,24 @@ def test_claims_that_do_not_serve_the_queue_promote_it_once():
         assert {c.id for c in claim(queues=("capq",))} == set(jobs[2:4])  # oldest first
 
 
+def test_set_aside_jobs_of_a_queue_come_back_highest_priority_first():
+    """Promotion follows the claim's order (priority, due time, age): an urgent job set
+    aside behind a capped queue's older backlog runs at the next free slot."""
+    with limited({"capq": {"concurrency": 1}}):
+        jobs = enqueue(4)
+        [running] = claim()
+        assert running.id == jobs[0]
+        task = flow_tasks.mark.using(queue_name="capq", priority=10)
+        urgent = int(task.enqueue("urgent").id)
+        assert claim() == []  # the queue is full: set aside too
+        assert Job.objects.get(pk=urgent).state == JobState.BLOCKED
+        finish([running])
+        [taken] = claim()
+        assert taken.id == urgent
+        finish([taken])
+        assert [c.id for c in claim()] == [jobs[1]]  # then the oldest
+
+
 @postgres_only
 def test_racing_claims_never_exceed_the_queue_cap():
     from tests.concurrency import run_concurrently
@@ -252,6 +271,52 @@ def test_a_claim_reads_no_backlog_of_a_capped_queue():
             transaction.set_rollback(True)
     assert worst < 2000, f"a claim statement read {worst} rows: {where}"
     assert Job.objects.filter(state=JobState.BLOCKED).count() == 99997
+
+
+def test_promoting_a_queue_reads_its_next_jobs_not_its_backlog():
+    """A queue's promotion (its counts, then its next jobs in claim order) costs
+    the same beside 20,000 set-aside jobs of mixed priorities as beside 200, on
+    both databases (counted: ``tests.database_work``). On SQLite it read every
+    job: a query reads a partial index there only when it repeats the index's
+    ``IN`` list (``store.base.state_in``)."""
+    from django_dispatch.store import flow
+
+    ConcurrencyWait.objects.create(task_path="", concurrency_key="capq", limit=3)
+    added = 0
+
+    def set_aside(count: int) -> None:
+        nonlocal added
+        Job.objects.bulk_create(
+            Job(
+                task_path="tests.testapp.flow_tasks.mark",
+                queue_name="capq",
+                args=["x"],
+                state=JobState.BLOCKED,
+                flow_queue="capq",
+                priority=(added + i) % 7,
+            )
+            for i in range(count)
+        )
+        added += count
+        if connection.vendor == "postgresql":  # SQLite would keep the statistics for later tests
+            with connection.cursor() as cursor:
+                cursor.execute("ANALYZE django_dispatch_job")
+
+    def promotion_work() -> int:
+        with limited(CAPPED), transaction.atomic():
+            expected = list(
+                Job.objects.filter(state=JobState.BLOCKED)
+                .order_by("-priority", "run_after", "id")  # the claim's order
+                .values_list("id", flat=True)[:3]
+            )
+            with database_work() as work:
+                assert flow.concurrency_promote(store.db_alias(), "") == 3
+            promoted = Job.objects.filter(state=JobState.PENDING).values_list("id", flat=True)
+            assert sorted(promoted) == sorted(expected)
+            transaction.set_rollback(True)
+        return work.amount
+
+    assert_flat_beside(set_aside, promotion_work, few=200, many=20_000)
 
 
 # --- bad input -------------------------------------------------------------------------

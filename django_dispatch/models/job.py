@@ -193,12 +193,16 @@ class Job(models.Model):
             ),
             # Concurrency limits (#17, see ``store.flow``): a group's live
             # jobs by state, to count its running/pending ones and find its
-            # oldest blocked ones; only jobs with a limit enter it.
+            # next blocked ones in claim order (priority, due time, age); only
+            # jobs with a limit enter it. ``run_after`` also lets the count
+            # of due pending jobs skip deferred ones in the index.
             models.Index(
                 "namespace",
                 "task_path",
                 "concurrency_key",
                 "state",
+                F("priority").desc(),
+                "run_after",
                 "id",
                 name="dispatch_job_conc_live",
                 condition=Q(state__in=LIVE_STATES, concurrency_key__isnull=False),
@@ -224,11 +228,14 @@ class Job(models.Model):
                 condition=Q(rate_limit__isnull=False),
             ),
             # Queue-level limits (#17): the jobs a limited queue set aside
-            # (blocked) or promoted and not yet claimed (pending), by age.
+            # (blocked) or promoted and not yet claimed (pending), in claim
+            # order (priority, due time, age).
             models.Index(
                 "namespace",
                 "flow_queue",
                 "state",
+                F("priority").desc(),
+                "run_after",
                 "id",
                 name="dispatch_job_queue_flow",
                 condition=Q(flow_queue__isnull=False, state__in=WAITING_STATES),

@@ -111,6 +111,12 @@ def job_sql(connection: Any, template: str) -> str:
     return sql
 
 
+#: The order in which jobs are claimed (the claim indexes' order): highest
+#: priority first, then the earliest due, then the oldest. Set-aside jobs of a
+#: limited group or queue are promoted in it too (``store.flow``).
+CLAIM_ORDER = ("-priority", "run_after", "id")
+
+
 def state_in(states: Sequence[str]) -> RawSQL:
     """``state IN (...)`` with the states as SQL literals, in the given order: a
     filter for ORM queries that must read a partial index whose condition is an

@@ -27,7 +27,14 @@ from ..models import Job
 from ..sql import JSONAppend
 from ..states import JobState
 from . import flow, resources
-from .base import db_alias, job_sql, namespace_literal, pending_priorities, take_sqlite_write_lock
+from .base import (
+    CLAIM_ORDER,
+    db_alias,
+    job_sql,
+    namespace_literal,
+    pending_priorities,
+    take_sqlite_write_lock,
+)
 from .partitions import partition_heads, partitions_demote
 
 #: At most this many blocked jobs are demoted per claim transaction, which
@@ -137,7 +144,7 @@ def claim_candidates(
     if paused:  # queues left out by a pause (see flow.claimable_queues)
         candidates = candidates.exclude(queue_name__in=list(paused))
     return (
-        candidates.order_by("-priority", "run_after", "id")
+        candidates.order_by(*CLAIM_ORDER)
         .select_for_update(skip_locked=True)
         .annotate(db_now=Now())
         .values(*CLAIM_FIELDS, "db_now")[:limit]

@@ -35,12 +35,13 @@ from datetime import UTC, datetime
 from typing import Any
 
 from django.db import IntegrityError, connections, transaction
-from django.db.models import Count, F, Q
+from django.db.models import Count, F
 from django.db.models.functions import Now
 
 from ..flow_options import QueueLimit, queue_limits
 from ..models.flow import PausedQueue, QueueWindow
-from .base import db_now, job_sql, notify_channel
+from ..models.job import LIVE_STATES, WAITING_STATES
+from .base import CLAIM_ORDER, db_now, job_sql, notify_channel, state_in
 from .enqueue import CallChunk, JobSpec, jobs_insert
 
 #: The NOTIFY payload that tells listening workers the paused set changed
@@ -223,10 +224,12 @@ def jobs_insert_limited(
 #   as partitions do) and the group is listed in ``ConcurrencyWait``, in that
 #   transaction, under the lock. They are not read again by claims.
 # - Promotion (``concurrency_promote``, at the start of a claim while any
-#   group waits): for every waiting group, as many of its oldest blocked jobs
-#   as it has free slots (limit - running - pending and due; a deferred job
-#   holds no slot) become pending again,
-#   in one statement; the same claim then reads them. Promoting too many is
+#   group waits): for every waiting group, as many of its blocked jobs as it
+#   has free slots (limit - running - pending and due; a deferred job holds
+#   no slot) become pending again in the claim's own order (priority desc,
+#   run_after, id: a set-aside job of priority 10 is not stuck behind a
+#   group's older backlog of priority 0), in one statement; the same claim
+#   then reads them. Promoting too many is
 #   harmless (the gate blocks the excess again); a group row is deleted only
 #   under its lock, by a statement after the lock, when no blocked job of it
 #   is left, so a group with blocked jobs always has its row and never stalls.
@@ -512,9 +515,15 @@ def _group(row: dict[str, Any]) -> Group:
     return (row["task_path"], row["concurrency_key"] or "")
 
 
-#: The promotion, PostgreSQL: per waiting group, its oldest blocked jobs up to
-#: its free slots (limit - running - pending and due), in one statement. Each
-#: group's counts and its blocked jobs are index probes of ``dispatch_job_conc_live``.
+#: The promotion, PostgreSQL: per waiting group, its next blocked jobs in claim
+#: order (priority desc, run_after, id) up to its free slots (limit - running -
+#: pending and due), in one statement. Each group's counts and its blocked jobs
+#: are index probes of ``dispatch_job_conc_live``, whose ``priority DESC,
+#: run_after, id`` after ``state`` gives that order without a sort of the
+#: group's backlog. The ids are an ``ARRAY(...)``, computed once, so the UPDATE
+#: finds its rows by primary key: with ``id IN (subquery)`` the planner, which
+#: cannot know the rooms, hash-joined the subquery against a scan of the whole
+#: job table, finished jobs and all.
 #:
 #: Only *due* pending jobs take a slot: mostly jobs promoted and not claimed
 #: yet, counted so that claims not serving the group's queue do not promote
@@ -553,14 +562,14 @@ WITH w AS (
     FROM {waits} w WHERE w.namespace = %(ns)s AND w.task_path <> ''
 ), promoted AS (
     UPDATE {job} SET state = {pending}
-    WHERE state = {blocked} AND id IN (
+    WHERE state = {blocked} AND id = ANY(ARRAY(
         SELECT b.id FROM w, LATERAL (
             SELECT j.id FROM {job} j
             WHERE j.namespace = %(ns)s AND j.task_path = w.task_path
               AND j.concurrency_key = w.concurrency_key AND j.state = {blocked}
-            ORDER BY j.id LIMIT GREATEST(w.room, 0)
+            ORDER BY j.priority DESC, j.run_after, j.id LIMIT GREATEST(w.room, 0)
         ) b
-    )
+    ))
     RETURNING 1
 )
 SELECT count(*) FROM promoted
@@ -633,7 +642,9 @@ def _queue_blocked(db: str, namespace: str, queue: str) -> bool:
 
     return (
         Job.objects.using(db)
-        .filter(namespace=namespace, flow_queue=queue, state=JobState.BLOCKED)
+        .filter(
+            state_in(WAITING_STATES), namespace=namespace, flow_queue=queue, state=JobState.BLOCKED
+        )
         .exists()
     )
 
@@ -669,8 +680,9 @@ def queue_starts(
 
 
 def _promote_queues(db: str, namespace: str, queues: list[str]) -> tuple[int, set[str]]:
-    """Promote set-aside jobs of waiting queue groups into their free room, oldest
-    first: (how many, queues with nothing blocked left).
+    """Promote set-aside jobs of waiting queue groups into their free room, in
+    claim order (priority desc, run_after, id): (how many, queues with nothing
+    blocked left).
 
     The room is computed from the limits in settings now: a queue whose
     limits were raised fills the new slots, one whose limits were removed
@@ -689,29 +701,29 @@ def _promote_queues(db: str, namespace: str, queues: list[str]) -> tuple[int, se
         limit = limits.get(q)
         room = PROMOTE_BUDGET
         if limit is not None:
-            counts = dict(
-                jobs.filter(
-                    Q(flow_queue=q, state=JobState.PENDING, run_after__lte=Now())
-                    | Q(queue_name=q, state=JobState.RUNNING)
-                )
-                .values_list("state")
-                .annotate(n=Count("id"))
-                .order_by()
-            )
-            waiting = counts.get(JobState.PENDING, 0)
+            # Two counts, each through its own index (an OR of both read the
+            # whole table on SQLite): promoted and not yet claimed, and running.
+            waiting = jobs.filter(
+                state_in(WAITING_STATES), flow_queue=q, state=JobState.PENDING, run_after__lte=Now()
+            ).count()
             if limit.concurrency is not None:
-                room = min(room, limit.concurrency - counts.get(JobState.RUNNING, 0) - waiting)
+                running = jobs.filter(queue_name=q, state=JobState.RUNNING).count()
+                room = min(room, limit.concurrency - running - waiting)
             if limit.rate_limit is not None and now is not None:
                 started = queue_starts(db, namespace, {q: limit.rate_period}, now).get(q, 0)
                 room = min(room, limit.rate_limit - started - waiting)
         if room <= 0:
             continue
-        blocked = jobs.filter(flow_queue=q, state=JobState.BLOCKED)
-        ids = list(blocked.order_by("id").values_list("id", flat=True)[:room])
+        # state_in: SQLite reads ``dispatch_job_queue_flow`` only for a query
+        # that repeats its condition's IN list (``store.base.state_in``).
+        blocked = jobs.filter(state_in(WAITING_STATES), flow_queue=q, state=JobState.BLOCKED)
+        ids = list(blocked.order_by(*CLAIM_ORDER).values_list("id", flat=True)[:room])
         if not ids:
             empty.add(q)
             continue
-        promoted += blocked.filter(id__in=ids).update(state=JobState.PENDING)
+        # By id alone (and still blocked): with the queue's filter, SQLite
+        # walked the queue's whole backlog in its index to find these few.
+        promoted += jobs.filter(id__in=ids, state=JobState.BLOCKED).update(state=JobState.PENDING)
     return promoted, empty
 
 
@@ -727,19 +739,22 @@ def _promote_each(db: str, namespace: str) -> int:
         group = Job.objects.using(db).filter(
             namespace=namespace, task_path=wait.task_path, concurrency_key=wait.concurrency_key
         )
+        # The group's live jobs through ``dispatch_job_conc_live``, which SQLite
+        # reads only for a query that repeats its condition's IN list (state_in).
+        live = group.filter(state_in(LIVE_STATES))
         # Pending jobs take a slot only when due (see ``_PROMOTE_PG_SQL``).
-        due = group.filter(state=JobState.PENDING, run_after__lte=Now())
+        due = live.filter(state=JobState.PENDING, run_after__lte=Now())
         room = 1 << 30
         if wait.limit is not None:
-            room = wait.limit - group.filter(state=JobState.RUNNING).count() - due.count()
+            room = wait.limit - live.filter(state=JobState.RUNNING).count() - due.count()
         if wait.rate_limit is not None and wait.rate_period is not None:
             since = window_start(db_now(db), wait.rate_period)
             started = group.filter(rate_limit__isnull=False, last_attempted_at__gte=since).count()
             room = min(room, wait.rate_limit - started - due.count())
         if room > 0:
             ids = list(
-                group.filter(state=JobState.BLOCKED)
-                .order_by("id")
+                live.filter(state=JobState.BLOCKED)
+                .order_by(*CLAIM_ORDER)
                 .values_list("id", flat=True)[:room]
             )
             promoted += group.filter(id__in=ids, state=JobState.BLOCKED).update(
