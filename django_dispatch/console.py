@@ -6,7 +6,7 @@ bounded by an index and a cap, never by the size of the table:
 
 * live jobs (pending, blocked, running) are counted through their partial
   indexes (``dispatch_job_claim``; ``dispatch_job_part_live``,
-  ``dispatch_job_conc_live`` and ``dispatch_job_queue_flow`` for blocked
+  ``dispatch_job_conc_next`` and ``dispatch_job_queue_next`` for blocked
   ones; ``dispatch_job_lease``), each stopping at ``LIVE_CAP`` rows (a
   backlog beyond that is shown as "more than");
 * finished jobs are read only inside the recent window, through

@@ -181,7 +181,7 @@ def groups_at_cap(*, backend: str | None = None, limit: int = 100) -> list[Group
     ``limit``: for the admin's queue page, ``dispatch_queue list`` and the console.
 
     Three bounded queries: the wait rows, the running/blocked counts of
-    those groups (index ``dispatch_job_conc_live``), and the window starts of
+    those groups (index ``dispatch_job_conc_next``), and the window starts of
     the rate-limited ones (``dispatch_job_rate_starts``).
     """
     db = store.db_alias()

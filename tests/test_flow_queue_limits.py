@@ -16,6 +16,7 @@ from django.conf import settings
 from django.core import checks
 from django.db import connection, transaction
 from django.test.utils import CaptureQueriesContext, override_settings
+from django.utils import timezone
 
 from django_dispatch import store
 from django_dispatch.compat import InvalidTask
@@ -150,7 +151,7 @@ def test_claims_that_do_not_serve_the_queue_promote_it_once():
             assert claim(queues=("other",)) == []
         assert Job.objects.filter(pk__in=jobs, state=JobState.PENDING).count() == 2
         assert Job.objects.filter(pk__in=jobs, state=JobState.BLOCKED).count() == 2
-        assert {c.id for c in claim(queues=("capq",))} == set(jobs[2:4])  # oldest first
+        assert {c.id for c in claim(queues=("capq",))} == set(jobs[2:4])  # claim order
 
 
 def test_set_aside_jobs_of_a_queue_come_back_highest_priority_first():
@@ -275,30 +276,36 @@ def test_a_claim_reads_no_backlog_of_a_capped_queue():
 
 def test_promoting_a_queue_reads_its_next_jobs_not_its_backlog():
     """A queue's promotion (its counts, then its next jobs in claim order) costs
-    the same beside 20,000 set-aside jobs of mixed priorities as beside 200, on
-    both databases (counted: ``tests.database_work``). On SQLite it read every
-    job: a query reads a partial index there only when it repeats the index's
-    ``IN`` list (``store.base.state_in``)."""
+    the same beside 20,000 set-aside jobs of mixed priorities (and as many
+    finished ones) as beside 200, on both databases (counted:
+    ``tests.database_work``). On SQLite it read every job: a query reads a
+    partial index there only when it repeats the index's ``IN`` list
+    (``store.base.state_in``)."""
     from django_dispatch.store import flow
 
     ConcurrencyWait.objects.create(task_path="", concurrency_key="capq", limit=3)
     added = 0
 
     def set_aside(count: int) -> None:
+        """``count`` more finished jobs of the queue and ``count`` more set-aside
+        ones, every finished one before every set-aside one."""
         nonlocal added
-        Job.objects.bulk_create(
-            Job(
-                task_path="tests.testapp.flow_tasks.mark",
-                queue_name="capq",
-                args=["x"],
-                state=JobState.BLOCKED,
-                flow_queue="capq",
-                priority=(added + i) % 7,
-            )
-            for i in range(count)
-        )
         added += count
-        if connection.vendor == "postgresql":  # SQLite would keep the statistics for later tests
+        Job.objects.filter(state=JobState.BLOCKED).delete()
+        for state in (JobState.SUCCEEDED, JobState.BLOCKED):
+            Job.objects.bulk_create(
+                Job(
+                    task_path="tests.testapp.flow_tasks.mark",
+                    queue_name="capq",
+                    args=["x"],
+                    flow_queue="capq",
+                    priority=i % 7,
+                    state=state,
+                    finished_at=timezone.now() if state == JobState.SUCCEEDED else None,
+                )
+                for i in range(count if state == JobState.SUCCEEDED else added)
+            )
+        if connection.vendor == "postgresql":  # its plans follow the statistics
             with connection.cursor() as cursor:
                 cursor.execute("ANALYZE django_dispatch_job")
 

@@ -2,11 +2,13 @@
 jobs are made pending as the claim orders jobs, highest priority first, then
 earliest ``run_after``, then oldest; they were promoted by age alone.
 
-The two indexes gain ``priority DESC, run_after`` before ``id``, so the
-promotion reads a group's next blocked jobs in that order from the index
-instead of sorting the group's whole backlog. Both are rebuilt: on a large job table, run this
-migration when a short pause of enqueues is acceptable (``CREATE INDEX``
-blocks writes to the table while it builds).
+Two indexes replace ``dispatch_job_conc_live`` and ``dispatch_job_queue_flow``
+with ``priority DESC, run_after`` before ``id``, so the promotion reads a
+group's next blocked jobs in that order from the index instead of sorting the
+group's whole backlog. The new ones are built first and the old ones dropped
+last: ``CREATE INDEX`` blocks writes to the job table (enqueues, claims,
+completions) while it builds, and reads go on; ``DROP INDEX`` blocks reads
+too, but only from the drop to the commit, which follows at once.
 """
 
 from django.db import migrations, models
@@ -16,8 +18,6 @@ class Migration(migrations.Migration):
     dependencies = [("django_dispatch", "0014_wait_until_index")]
 
     operations: list[migrations.operations.base.Operation] = [
-        migrations.RemoveIndex(model_name="job", name="dispatch_job_conc_live"),
-        migrations.RemoveIndex(model_name="job", name="dispatch_job_queue_flow"),
         migrations.AddIndex(
             model_name="job",
             index=models.Index(
@@ -32,7 +32,7 @@ class Migration(migrations.Migration):
                     ("concurrency_key__isnull", False),
                     ("state__in", ["pending", "blocked", "running"]),
                 ),
-                name="dispatch_job_conc_live",
+                name="dispatch_job_conc_next",
             ),
         ),
         migrations.AddIndex(
@@ -47,7 +47,9 @@ class Migration(migrations.Migration):
                 condition=models.Q(
                     ("flow_queue__isnull", False), ("state__in", ["pending", "blocked"])
                 ),
-                name="dispatch_job_queue_flow",
+                name="dispatch_job_queue_next",
             ),
         ),
+        migrations.RemoveIndex(model_name="job", name="dispatch_job_conc_live"),
+        migrations.RemoveIndex(model_name="job", name="dispatch_job_queue_flow"),
     ]

@@ -27,7 +27,7 @@ from ..states import JobState
 #: index only when the query contains the index's condition term for term.
 LIVE_STATES = [JobState.PENDING, JobState.BLOCKED, JobState.RUNNING]
 FINISHED_STATES = [JobState.SUCCEEDED, JobState.FAILED, JobState.CANCELLED]
-#: Jobs of a queue with limits, not running yet (``dispatch_job_queue_flow``).
+#: Jobs of a queue with limits, not running yet (``dispatch_job_queue_next``).
 WAITING_STATES = [JobState.PENDING, JobState.BLOCKED]
 
 #: Width of a partition or idempotency key, a job's or a workflow run's
@@ -96,7 +96,7 @@ class Job(models.Model):
     #: The queue whose ``DISPATCH["QUEUES"]`` limits set this job aside
     #: (#17): written by the claim's gate when it blocks the job, kept after
     #: its promotion, so that a limited queue's blocked and promoted jobs
-    #: are found by index (``dispatch_job_queue_flow``). NULL for every
+    #: are found by index (``dispatch_job_queue_next``). NULL for every
     #: other job: the queue's limits themselves are read from settings.
     flow_queue = models.CharField(max_length=100, null=True, blank=True)
 
@@ -194,8 +194,9 @@ class Job(models.Model):
             # Concurrency limits (#17, see ``store.flow``): a group's live
             # jobs by state, to count its running/pending ones and find its
             # next blocked ones in claim order (priority, due time, age); only
-            # jobs with a limit enter it. ``run_after`` also lets the count
-            # of due pending jobs skip deferred ones in the index.
+            # jobs with a limit enter it. (The count of due pending jobs
+            # still walks the group's pending entries; ``run_after`` is
+            # checked in the index, without reading the rows.)
             models.Index(
                 "namespace",
                 "task_path",
@@ -204,7 +205,7 @@ class Job(models.Model):
                 F("priority").desc(),
                 "run_after",
                 "id",
-                name="dispatch_job_conc_live",
+                name="dispatch_job_conc_next",
                 condition=Q(state__in=LIVE_STATES, concurrency_key__isnull=False),
             ),
             # unique_for (#17): finished jobs by idempotency key and age, so an
@@ -237,7 +238,7 @@ class Job(models.Model):
                 F("priority").desc(),
                 "run_after",
                 "id",
-                name="dispatch_job_queue_flow",
+                name="dispatch_job_queue_next",
                 condition=Q(flow_queue__isnull=False, state__in=WAITING_STATES),
             ),
             # Retention: finished jobs by state and age. Partial on terminal

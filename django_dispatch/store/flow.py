@@ -251,7 +251,7 @@ def jobs_insert_limited(
 # own counts: running jobs of the queue (over the running jobs' index
 # ``dispatch_job_lease``), starts in the window from the ``QueueWindow``
 # counter the gate keeps under the lock, and the jobs it set aside or
-# promoted through ``Job.flow_queue`` (index ``dispatch_job_queue_flow``).
+# promoted through ``Job.flow_queue`` (index ``dispatch_job_queue_next``).
 # The fused PostgreSQL claim leaves the limited queues' rows to the gate
 # (``LIMITED_FILTER_SQL``, added only when some queue has limits).
 
@@ -300,7 +300,7 @@ def _try_lock_groups(db: str, groups: set[Group]) -> set[Group]:
 
 
 def _running(db: str, namespace: str, groups: set[Group]) -> dict[Group, int]:
-    """Running jobs per group (``dispatch_job_conc_live``)."""
+    """Running jobs per group (``dispatch_job_conc_next``)."""
     if not groups:
         return {}
     connection = connections[db]
@@ -477,7 +477,7 @@ class ConcurrencyGate:
         blocked = 0
         if tasks:
             blocked += pending.filter(id__in=tasks).update(state=JobState.BLOCKED)
-        if queues:  # marked with their queue: found again by dispatch_job_queue_flow
+        if queues:  # marked with their queue: found again by dispatch_job_queue_next
             blocked += pending.filter(id__in=queues).update(
                 state=JobState.BLOCKED, flow_queue=F("queue_name")
             )
@@ -518,7 +518,7 @@ def _group(row: dict[str, Any]) -> Group:
 #: The promotion, PostgreSQL: per waiting group, its next blocked jobs in claim
 #: order (priority desc, run_after, id) up to its free slots (limit - running -
 #: pending and due), in one statement. Each group's counts and its blocked jobs
-#: are index probes of ``dispatch_job_conc_live``, whose ``priority DESC,
+#: are index probes of ``dispatch_job_conc_next``, whose ``priority DESC,
 #: run_after, id`` after ``state`` gives that order without a sort of the
 #: group's backlog. The ids are an ``ARRAY(...)``, computed once, so the UPDATE
 #: finds its rows by primary key: with ``id IN (subquery)`` the planner, which
@@ -575,15 +575,22 @@ WITH w AS (
 SELECT count(*) FROM promoted
 """
 
-#: Groups listed as waiting with no blocked job left (candidates for deletion).
+#: Groups listed as waiting with no blocked job left (candidates for deletion):
+#: each group's next blocked job in the order of ``dispatch_job_conc_next``, so
+#: that the index is the only way to it. As a plain ``NOT EXISTS``, PostgreSQL
+#: chose a scan of the job table whenever its statistics said that many jobs
+#: were blocked, and read every finished job stored before the first blocked
+#: one, on every claim while a group waited. ``state IN ({live})`` repeats the
+#: index's condition, without which SQLite does not read it at all.
 _EMPTY_WAITS_SQL = """
 SELECT w.task_path, w.concurrency_key FROM {waits} w
-WHERE w.namespace = %s AND w.task_path <> '' AND NOT EXISTS (
-    SELECT 1 FROM {job} j
+WHERE w.namespace = %s AND w.task_path <> '' AND (
+    SELECT j.id FROM {job} j
     WHERE j.namespace = w.namespace AND j.task_path = w.task_path
       AND j.concurrency_key = w.concurrency_key AND j.concurrency_key IS NOT NULL
-      AND j.state = {blocked}
-)
+      AND j.state IN ({live}) AND j.state = {blocked}
+    ORDER BY j.priority DESC, j.run_after, j.id LIMIT 1
+) IS NULL
 """
 
 
@@ -714,7 +721,7 @@ def _promote_queues(db: str, namespace: str, queues: list[str]) -> tuple[int, se
                 room = min(room, limit.rate_limit - started - waiting)
         if room <= 0:
             continue
-        # state_in: SQLite reads ``dispatch_job_queue_flow`` only for a query
+        # state_in: SQLite reads ``dispatch_job_queue_next`` only for a query
         # that repeats its condition's IN list (``store.base.state_in``).
         blocked = jobs.filter(state_in(WAITING_STATES), flow_queue=q, state=JobState.BLOCKED)
         ids = list(blocked.order_by(*CLAIM_ORDER).values_list("id", flat=True)[:room])
@@ -739,7 +746,7 @@ def _promote_each(db: str, namespace: str) -> int:
         group = Job.objects.using(db).filter(
             namespace=namespace, task_path=wait.task_path, concurrency_key=wait.concurrency_key
         )
-        # The group's live jobs through ``dispatch_job_conc_live``, which SQLite
+        # The group's live jobs through ``dispatch_job_conc_next``, which SQLite
         # reads only for a query that repeats its condition's IN list (state_in).
         live = group.filter(state_in(LIVE_STATES))
         # Pending jobs take a slot only when due (see ``_PROMOTE_PG_SQL``).
