@@ -242,6 +242,56 @@ def test_the_claim_reads_no_unfit_job_in_a_big_backlog():
             store.job_release_if_leased(job.lease, attempts=0, worker_ids=[])
 
 
+@POSTGRES
+def test_the_pick_takes_priorities_in_the_order_the_walk_yields_them():
+    """``_PICK_SQL`` (as ``_CLAIM_SQL``) cuts its window with a LIMIT over a nested
+    loop whose outer side is the walk of the priorities, highest first, and has
+    no ORDER BY across priorities: which jobs are picked rests on that plan.
+    A plan that sorted or hashed the priorities' rows before the cut could pick
+    lower-priority jobs over higher ones whenever a window spans priorities.
+    Checked on the statement the claim sends, beside many rows of each kind."""
+    needs = {"memory_mb": 100}
+    shape = shape_of(needs)
+    Job.objects.bulk_create(
+        Job(
+            task_path="tests.testapp.tasks.add",
+            args=[1, 1],
+            priority=i % 5,
+            locality="eu" if i % 3 == 0 else None,
+            resources=needs if i % 2 else None,
+            resource_shape=shape if i % 2 else None,
+        )
+        for i in range(5000)
+    )
+    with connection.cursor() as cursor:
+        cursor.execute("ANALYZE django_dispatch_job")
+    worker = Placement(capacity={"memory_mb": 1000}, locality="eu")
+    with CaptureQueriesContext(connection) as queries:
+        taken = claim(worker, limit=8)
+    assert len(taken) == 8 and {c.row["priority"] for c in taken} == {4}
+    [pick] = [q["sql"] for q in queries.captured_queries if "RECURSIVE priorities" in q["sql"]]
+    with connection.cursor() as cursor:
+        cursor.execute("EXPLAIN (FORMAT JSON) " + pick)
+        plan = cursor.fetchone()[0]
+    walks = [
+        path
+        for path in _paths(plan[0]["Plan"])
+        if path[-1].get("CTE Name") == "priorities" and path[-1]["Node Type"] == "CTE Scan"
+    ]
+    assert len(walks) == 1, walks
+    *above, loop, walk = walks[0]
+    assert loop["Node Type"] == "Nested Loop" and walk["Parent Relationship"] == "Outer", loop
+    assert above[-1]["Node Type"] == "Limit", [n["Node Type"] for n in above]
+
+
+def _paths(node, above=()):
+    """Every node of a JSON plan with the nodes above it, outermost first."""
+    path = (*above, node)
+    yield path
+    for child in node.get("Plans", []):
+        yield from _paths(child, path)
+
+
 def _most_rows(node):
     rows = node.get("Actual Rows", 0) * node.get("Actual Loops", 1)
     return max([rows, *(_most_rows(child) for child in node.get("Plans", []))])
