@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import itertools
 from collections import Counter, defaultdict
+from contextlib import AbstractContextManager, nullcontext
 from datetime import timedelta
 
 import pytest
@@ -162,34 +163,42 @@ def test_set_aside_jobs_come_back_highest_priority_first():
 
 def test_promotion_reads_the_next_jobs_not_the_backlog():
     """The promotion's order (the claim's) comes from ``dispatch_job_conc_next``
-    (0015): promoting a group's next 3 jobs costs the same beside 20,000 blocked
-    jobs of mixed priorities (and as many finished ones) as beside 200, on both
-    databases (counted: ``tests.database_work``), where a sort would read the
-    whole backlog. Before, PostgreSQL's UPDATE scanned the job table, and on
+    (0015), and reading it costs the same beside 20,000 blocked jobs as beside
+    200 (``assert_promotion_reads_only_the_next_jobs``), where a sort would read
+    the whole backlog. Before, PostgreSQL's UPDATE scanned the job table, and on
     SQLite every query of the promotion did."""
-    from django_dispatch.store import flow
-
     path = "tests.testapp.flow_tasks.capped"
     ConcurrencyWait.objects.create(task_path=path, concurrency_key="tenant", limit=3)
+    assert_promotion_reads_only_the_next_jobs(
+        {"task_path": path, "concurrency_key": "tenant", "concurrency_limit": 3}
+    )
+
+
+def assert_promotion_reads_only_the_next_jobs(
+    fields: dict, limits: AbstractContextManager | None = None
+) -> None:
+    """Promoting 3 set-aside jobs (``fields`` make them those of one waiting group
+    or queue, ``limits`` its settings) picks the claim's next 3 and costs the same
+    beside 20,000 set-aside jobs of mixed priorities, and as many finished ones,
+    as beside 200, on both databases (counted: ``tests.database_work``). Every
+    finished job is stored before every set-aside one, so a scan of the table
+    meets all of them before it finds one to promote."""
+    from django_dispatch.store import flow
+
     added = 0
 
-    def blocked(count: int) -> None:
-        """``count`` more finished jobs of the group and ``count`` more blocked ones,
-        every finished one before every blocked one (a scan of the table meets
-        all of them before it finds a blocked job)."""
+    def set_aside(count: int) -> None:
         nonlocal added
         added += count
         Job.objects.filter(state=JobState.BLOCKED).delete()
         for state in (JobState.SUCCEEDED, JobState.BLOCKED):
             Job.objects.bulk_create(
                 Job(
-                    task_path=path,
                     args=["x"],
-                    concurrency_key="tenant",
-                    concurrency_limit=3,
                     priority=i % 7,
                     state=state,
                     finished_at=timezone.now() if state == JobState.SUCCEEDED else None,
+                    **fields,
                 )
                 for i in range(count if state == JobState.SUCCEEDED else added)
             )
@@ -198,7 +207,7 @@ def test_promotion_reads_the_next_jobs_not_the_backlog():
                 cursor.execute("ANALYZE django_dispatch_job")
 
     def promotion_work() -> int:
-        with transaction.atomic():
+        with limits or nullcontext(), transaction.atomic():
             expected = list(
                 Job.objects.filter(state=JobState.BLOCKED)
                 .order_by("-priority", "run_after", "id")  # the claim's order
@@ -211,7 +220,7 @@ def test_promotion_reads_the_next_jobs_not_the_backlog():
             transaction.set_rollback(True)
         return work.amount
 
-    assert_flat_beside(blocked, promotion_work, few=200, many=20_000)
+    assert_flat_beside(set_aside, promotion_work, few=200, many=20_000)
 
 
 def test_the_task_wide_cap_without_a_key():

@@ -16,7 +16,6 @@ from django.conf import settings
 from django.core import checks
 from django.db import connection, transaction
 from django.test.utils import CaptureQueriesContext, override_settings
-from django.utils import timezone
 
 from django_dispatch import store
 from django_dispatch.compat import InvalidTask
@@ -24,7 +23,6 @@ from django_dispatch.models import ConcurrencyWait, Job, QueueWindow, Worker
 from django_dispatch.states import JobState
 from django_dispatch.testing import drain
 from tests.conftest import postgres_only, wait_until
-from tests.database_work import assert_flat_beside, database_work
 from tests.testapp import flow_tasks, tasks
 from tests.testapp.models import SideEffect
 
@@ -276,54 +274,15 @@ def test_a_claim_reads_no_backlog_of_a_capped_queue():
 
 def test_promoting_a_queue_reads_its_next_jobs_not_its_backlog():
     """A queue's promotion (its counts, then its next jobs in claim order) costs
-    the same beside 20,000 set-aside jobs of mixed priorities (and as many
-    finished ones) as beside 200, on both databases (counted:
-    ``tests.database_work``). On SQLite it read every job: a query reads a
-    partial index there only when it repeats the index's ``IN`` list
-    (``store.base.state_in``)."""
-    from django_dispatch.store import flow
+    the same beside 20,000 set-aside jobs as beside 200
+    (``assert_promotion_reads_only_the_next_jobs``). On SQLite it read every job:
+    a query reads a partial index there only when it repeats the index's ``IN``
+    list (``store.base.state_in``)."""
+    from tests.test_flow_concurrency import assert_promotion_reads_only_the_next_jobs
 
     ConcurrencyWait.objects.create(task_path="", concurrency_key="capq", limit=3)
-    added = 0
-
-    def set_aside(count: int) -> None:
-        """``count`` more finished jobs of the queue and ``count`` more set-aside
-        ones, every finished one before every set-aside one."""
-        nonlocal added
-        added += count
-        Job.objects.filter(state=JobState.BLOCKED).delete()
-        for state in (JobState.SUCCEEDED, JobState.BLOCKED):
-            Job.objects.bulk_create(
-                Job(
-                    task_path="tests.testapp.flow_tasks.mark",
-                    queue_name="capq",
-                    args=["x"],
-                    flow_queue="capq",
-                    priority=i % 7,
-                    state=state,
-                    finished_at=timezone.now() if state == JobState.SUCCEEDED else None,
-                )
-                for i in range(count if state == JobState.SUCCEEDED else added)
-            )
-        if connection.vendor == "postgresql":  # its plans follow the statistics
-            with connection.cursor() as cursor:
-                cursor.execute("ANALYZE django_dispatch_job")
-
-    def promotion_work() -> int:
-        with limited(CAPPED), transaction.atomic():
-            expected = list(
-                Job.objects.filter(state=JobState.BLOCKED)
-                .order_by("-priority", "run_after", "id")  # the claim's order
-                .values_list("id", flat=True)[:3]
-            )
-            with database_work() as work:
-                assert flow.concurrency_promote(store.db_alias(), "") == 3
-            promoted = Job.objects.filter(state=JobState.PENDING).values_list("id", flat=True)
-            assert sorted(promoted) == sorted(expected)
-            transaction.set_rollback(True)
-        return work.amount
-
-    assert_flat_beside(set_aside, promotion_work, few=200, many=20_000)
+    fields = {"task_path": "tests.testapp.flow_tasks.mark", "queue_name": "capq"}
+    assert_promotion_reads_only_the_next_jobs({**fields, "flow_queue": "capq"}, limited(CAPPED))
 
 
 # --- bad input -------------------------------------------------------------------------
