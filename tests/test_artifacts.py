@@ -187,6 +187,20 @@ def test_expiry_soft_deletes_durable_and_ephemeral_artifacts(storage):
     assert sweep().expired == 1
 
 
+def test_an_artifact_expiring_now_is_swept_now(storage):
+    """``expires_in=0`` means expired at once, even within the clock's tick.
+
+    SQLite's clock ticks in milliseconds, so the update and the sweep often
+    read the same instant; a sweep asking ``expires_at < now`` skipped it.
+    """
+    for round_ in range(30):
+        artifact = artifact_store.artifact_create(
+            storage="artifacts", name=f"dispatch/now-{round_}.bin", expires_in=3600
+        )
+        artifact_store.artifact_update(artifact.pk, expires_in=0)
+        assert artifact_store.artifacts_sweep_expired(batch=10) == 1, f"round {round_}"
+
+
 def test_update_changes_only_metadata(storage):
     artifact = artifact_store.artifact_create(storage="artifacts", name="dispatch/u.bin")
     updated = artifacts.update(artifact, size=3, sha256="a" * 64, content_type="text/csv")

@@ -191,6 +191,21 @@ def test_one_leader_at_a_time_and_takeover_after_expiry():
     assert store.leadership_acquire("a", ttl=30)
 
 
+def test_a_released_lease_is_free_in_the_same_clock_tick():
+    """A lease is valid while ``expires_at > now``, so expired at ``now`` itself.
+
+    SQLite's clock ticks in milliseconds: a release and the next acquire
+    often read the same instant, and a takeover asking ``expires_at < now``
+    refused a lease released a moment before (a flaky CI failure).
+    """
+    for round_ in range(50):
+        holder, other = ("a", "b") if round_ % 2 else ("b", "a")
+        assert store.leadership_acquire(holder, ttl=30)
+        store.leadership_release(holder)
+        assert store.leadership_acquire(other, ttl=30), f"round {round_}"
+        store.leadership_release(other)
+
+
 @pytest.mark.slow
 def test_leader_killed_the_other_worker_takes_over(start_worker):
     first = start_worker("--concurrency", "1", "--worker-id", "first")

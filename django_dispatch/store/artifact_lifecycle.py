@@ -51,10 +51,14 @@ def _soft_delete_batch(db: str, query: Any, batch: int) -> int:
 
 
 def artifacts_sweep_expired(*, namespace: str = "", batch: int, db: str | None = None) -> int:
-    """Soft-delete one batch of live artifacts past their expiry, durable ones included."""
+    """Soft-delete one batch of live artifacts at or past their expiry, durable ones included.
+
+    At, not only past: ``expires_in=0`` means expired now, and on SQLite's
+    millisecond clock the sweep often reads the very instant it wrote.
+    """
     db = _db(db)
     expired = Artifact.objects.using(db).filter(
-        namespace=namespace, deleted_at=None, expires_at__isnull=False, expires_at__lt=Now()
+        namespace=namespace, deleted_at=None, expires_at__isnull=False, expires_at__lte=Now()
     )
     return _soft_delete_batch(db, expired, batch)
 

@@ -37,7 +37,10 @@ def leadership_acquire(
     leases = Leadership.objects.using(db).filter(name=key)
     if leases.filter(holder=holder).update(expires_at=now_plus(ttl)):
         return True  # renewed (nobody took over since)
-    if leases.filter(expires_at__lt=Now()).update(
+    # Expired means ``expires_at <= now``, the complement of ``leadership_holder``'s
+    # "valid while > now": a release writes ``now``, and on SQLite's millisecond
+    # clock the next acquire often reads that same instant.
+    if leases.filter(expires_at__lte=Now()).update(
         holder=holder, expires_at=now_plus(ttl), acquired_at=Now()
     ):
         return True  # took over an expired lease; concurrent takers serialize on the row
