@@ -344,3 +344,24 @@ def test_finishing_many_is_fenced_per_row_and_promotes_freed_partitions():
     # Stored as SQL NULL, as the one-by-one path stores it, not as JSON null.
     assert Job.objects.filter(pk=plain.id, return_value__isnull=True).exists()
     assert [c.id for c in claim(worker="w2")] == [int(second.id)]
+
+
+def test_now_plus_zero_is_due_in_the_same_instant():
+    """``now_plus(0)`` compares equal to ``now()``, in one statement (one clock
+    reading on both databases). On SQLite, ``now()`` is text to the
+    millisecond and a sum text to the microsecond, compared as text: "now +
+    0" sorted after "now", so an artifact given ``expires_in=0`` was not yet
+    expired for a sweep in the same millisecond (a flaky CI failure)."""
+    from django.db.models.functions import Now
+
+    from django_dispatch.models import Leadership
+    from django_dispatch.store.base import now_plus
+
+    Leadership.objects.create(
+        name="t", holder="h", expires_at=timezone.now(), acquired_at=timezone.now()
+    )
+    leases = Leadership.objects.alias(at=now_plus(0))
+    assert leases.filter(at__lte=Now()).exists()
+    assert leases.filter(at__gte=Now()).exists()
+    later = Leadership.objects.alias(at=now_plus(0.5))
+    assert not later.filter(at__lte=Now()).exists()

@@ -189,8 +189,16 @@ def pending_priorities(db: str, namespace: str, shape: int | None) -> Iterator[i
         yield below
 
 
-def now_plus(seconds: float) -> ExpressionWrapper:
-    """``now() + seconds`` on the database clock."""
+def now_plus(seconds: float) -> Now | ExpressionWrapper:
+    """``now() + seconds`` on the database clock.
+
+    ``now()`` itself for 0: on SQLite, ``now()`` is text to the millisecond
+    and the sum is text to the microsecond, compared as text, so "now + 0"
+    written in one millisecond sorted after ``now()`` read in that same
+    millisecond, and an expiry of "now" was not yet due there.
+    """
+    if not seconds:
+        return Now()
     return ExpressionWrapper(
         Now() + Value(timedelta(seconds=seconds)), output_field=DateTimeField()
     )
