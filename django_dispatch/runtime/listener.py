@@ -7,6 +7,7 @@ polling, so a broken listener slows pickup down but never stops it.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import selectors
@@ -39,34 +40,38 @@ class Listener(threading.Thread):
         self.health_interval = health_interval
         self.stopping = threading.Event()
         self.connected = threading.Event()
-        #: ``stop`` writes a byte here: the thread waits on it beside the
-        #: connection's socket, so a stopping worker (``--burst``'s end,
+        #: ``stop`` writes a byte to this pipe: the thread waits on it beside
+        #: the connection's socket, so a stopping worker (``--burst``'s end,
         #: SIGTERM) does not wait out a polling interval to join it; waiting
         #: on the socket alone, every stop took up to half a second longer.
-        self._stop_read, self._stop_write = os.pipe()
-        #: Guards the pipe's end: once the thread closed it, its number may
-        #: belong to another file, which ``stop`` must never write to.
+        #: Opened by the thread and closed when it ends, under the lock: once
+        #: closed, the descriptors' numbers may belong to other files, which
+        #: ``stop`` must never write to.
+        self._stop_pipe: tuple[int, int] | None = None
         self._pipe_lock = threading.Lock()
-        self._pipe_open = True
 
     def stop(self) -> None:
-        self.stopping.set()
+        self.stopping.set()  # before the write: the thread checks it after waking
         with self._pipe_lock:
-            if self._pipe_open:
-                os.write(self._stop_write, b"\0")
+            if self._stop_pipe is not None:
+                with contextlib.suppress(BlockingIOError):  # full: it wakes anyway
+                    os.write(self._stop_pipe[1], b"\0")
 
     def run(self) -> None:
-        import psycopg  # only a PostgreSQL worker gets here: psycopg is an extra
-
+        with self._pipe_lock:
+            self._stop_pipe = os.pipe()
+            os.set_blocking(self._stop_pipe[1], False)
         try:
-            self._listen(psycopg)
+            import psycopg  # only a PostgreSQL worker gets here: psycopg is an extra
+
+            self._listen(psycopg, self._stop_pipe[0])
         finally:
             with self._pipe_lock:
-                self._pipe_open = False
-                os.close(self._stop_read)
-                os.close(self._stop_write)
+                for fd in self._stop_pipe:
+                    os.close(fd)
+                self._stop_pipe = None
 
-    def _listen(self, psycopg: Any) -> None:
+    def _listen(self, psycopg: Any, stop_read: int) -> None:
         pause = 0.1
         while not self.stopping.is_set():
             try:
@@ -76,7 +81,7 @@ class Listener(threading.Thread):
                 ):
                     conn.execute(f"LISTEN {self.channel}")
                     selector.register(conn.fileno(), selectors.EVENT_READ)
-                    selector.register(self._stop_read, selectors.EVENT_READ)
+                    selector.register(stop_read, selectors.EVENT_READ)
                     self.connected.set()
                     self.wakeup.set()  # something may have arrived while deaf
                     pause = 0.1
@@ -84,16 +89,17 @@ class Listener(threading.Thread):
                     while not self.stopping.is_set():
                         due = checked + self.health_interval - time.monotonic()
                         selector.select(max(0.0, due))
-                        # Read whatever arrived, without waiting: also the
-                        # notifications psycopg buffered during the health
-                        # check, which leave the socket with nothing to read.
+                        if time.monotonic() - checked >= self.health_interval:
+                            conn.execute("SELECT 1")  # a silently dead socket raises here
+                            checked = time.monotonic()
+                        # Read whatever arrived, without waiting: also what
+                        # psycopg set aside while the health check ran, which
+                        # left the socket with nothing to read (so it comes
+                        # after the check, not before it).
                         for note in conn.notifies(timeout=0):
                             if note.payload == flow.FLOW_PAYLOAD:
                                 flow.forget_paused()  # a queue was paused or resumed
                             self.wakeup.set()
-                        if time.monotonic() - checked >= self.health_interval:
-                            conn.execute("SELECT 1")  # a silently dead socket raises here
-                            checked = time.monotonic()
             except Exception:
                 if self.stopping.is_set():
                     break

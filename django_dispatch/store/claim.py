@@ -202,6 +202,8 @@ def runnable_candidates(
 #: may have (the table's check constraint), which matches no job, rather than
 #: from a descent of its own: each mention of the job table makes the planner
 #: test every partial index's predicate, which cost more than the descent.
+#: (The constraint is built from the same constant: were Django to change
+#: it, tests/test_migrations.py would ask for a new migration.)
 #: For each priority in turn, ``candidates`` locks its due rows in claim
 #: order until it has ``%(window)s``. Per priority, ``run_after <= now()``
 #: bounds the index range, so deferred jobs are never read. The nested loop

@@ -302,7 +302,7 @@ def _try_lock_groups(db: str, groups: set[Group]) -> set[Group]:
 def _running(db: str, namespace: str, groups: set[Group]) -> dict[Group, int]:
     """Running jobs per group: an index read, of ``dispatch_job_conc_next`` or
     (PostgreSQL's usual choice, as few jobs run at once) the running jobs'
-    ``dispatch_job_lease``, never the table."""
+    ``dispatch_job_lease``, never a scan of the table."""
     if not groups:
         return {}
     connection = connections[db]
