@@ -126,7 +126,7 @@ def _recover(db: str, step: Mapping[str, Any], build_job: StepJobBuilder) -> boo
 
 
 def _recover_timers(db: str, namespace: str, build_job: StepJobBuilder, limit: int) -> list[int]:
-    """Waits past their end whose timer job is not live: re-armed (see ``sweep_stale_steps``).
+    """Waits at or past their end whose timer job is not live: re-armed (see ``sweep_stale_steps``).
 
     Only waits already over are looked at: a lost timer matters from its
     wait's end, and a timer still ahead of it is pending, so live.
@@ -134,7 +134,7 @@ def _recover_timers(db: str, namespace: str, build_job: StepJobBuilder, limit: i
     live_timer = Job.objects.using(db).filter(id=OuterRef("job_id"), state__in=list(LIVE))
     lost = list(
         WorkflowTask.objects.using(db)
-        .filter(namespace=namespace, state=StepState.WAITING, wait_until__lt=Now())
+        .filter(namespace=namespace, state=StepState.WAITING, wait_until__lte=Now())
         .filter(~Exists(live_timer))
         .order_by("wait_until")
         .values("id", "run_id", "job_id")[:limit]
