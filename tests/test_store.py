@@ -4,11 +4,13 @@ from datetime import timedelta
 
 import pytest
 from django.db import connection
+from django.db.models.functions import Now
 from django.utils import timezone
 
 from django_dispatch import cancel, enqueue_many, store
-from django_dispatch.models import Job, Worker
+from django_dispatch.models import Job, Leadership, Worker
 from django_dispatch.states import JobState
+from django_dispatch.store.base import now_plus
 from django_dispatch.store.claim import claim_sql
 from tests.conftest import postgres_only
 from tests.database_work import assert_flat_beside, database_work
@@ -352,11 +354,6 @@ def test_now_plus_zero_is_due_in_the_same_instant():
     millisecond and a sum text to the microsecond, compared as text: "now +
     0" sorted after "now", so an artifact given ``expires_in=0`` was not yet
     expired for a sweep in the same millisecond (a flaky CI failure)."""
-    from django.db.models.functions import Now
-
-    from django_dispatch.models import Leadership
-    from django_dispatch.store.base import now_plus
-
     Leadership.objects.create(
         name="t", holder="h", expires_at=timezone.now(), acquired_at=timezone.now()
     )
