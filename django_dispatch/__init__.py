@@ -33,14 +33,14 @@ __all__ = [
 
 if TYPE_CHECKING:
     from .compat import task_with_options as task
-    from .enqueue import enqueue_many
     from .flow import pause_queue, paused_queues, resume_queue
     from .services import cancel, replay, retry_now
+    from .tasks.enqueue import enqueue_many
 
 
 def __getattr__(name: str) -> Any:
     if name == "enqueue_many":
-        from .enqueue import enqueue_many
+        from .tasks.enqueue import enqueue_many
 
         return enqueue_many
     if name in {"cancel", "replay", "retry_now"}:

@@ -183,8 +183,8 @@ def link(
     """Link an existing artifact to another owner: a step's input, a run's final
     output. Not fenced (no attempt is racing for it) and idempotent; a different
     artifact already linked under (owner, name, attempt) is ``ArtifactExists``."""
-    from .artifact_files import check_name
     from .models.artifact import Role
+    from .tasks.artifact_files import check_name
 
     if role not in Role.values:
         raise ValueError(f"role must be one of {Role.values}, got {role!r}")

@@ -22,13 +22,13 @@ from django.db import router
 from . import store
 from .compat import Task, TaskResult, TaskResultDoesNotExist, task_enqueued
 from .conf import did_you_mean
-from .dispatch_task import DispatchTask
-from .docs_links import docs_url
-from .enqueue import DispatchBackendBase, EnqueuePlan
+from .core.docs_links import docs_url
 from .models import Job
 from .observability import metrics, tracing
-from .results import ready_result, result_from_job, send_robust
 from .store.enqueue import job_insert_call
+from .tasks.enqueue import DispatchBackendBase, EnqueuePlan
+from .tasks.results import ready_result, result_from_job, send_robust
+from .tasks.task import DispatchTask
 
 __all__ = ["DispatchBackend", "DispatchTask"]
 

@@ -5,6 +5,8 @@ that ``override_settings`` in tests and settings changes between a task's
 definition and its enqueue are honoured.
 """
 
+from __future__ import annotations
+
 import difflib
 from collections.abc import Iterable
 from dataclasses import dataclass, field, fields
@@ -13,6 +15,9 @@ from typing import Any
 from django.conf import settings
 from django.core.signals import setting_changed
 from django.dispatch import receiver
+
+from .core.rates import parse_rate
+from .core.resources import check_capacity
 
 DAY = 86400.0
 KIB = 1024
@@ -179,8 +184,6 @@ class DispatchSettings:
 
 
 def _resource_problems(capacity: Any, locality: Any) -> list[str]:
-    from .resources import check_capacity
-
     problems = []
     try:
         check_capacity(capacity)
@@ -269,8 +272,121 @@ def size_limit(name: str) -> int:
     return limits[name]
 
 
+# --- queue-level limits: DISPATCH["QUEUES"] ----------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class QueueLimit:
+    """One queue's limits from ``DISPATCH["QUEUES"]`` (None: no such cap)."""
+
+    concurrency: int | None = None
+    rate_limit: int | None = None
+    rate_period: int | None = None
+    #: The rate as the settings give it (``"10/s"``), for operators.
+    rate: str | None = None
+
+
+#: The keys a queue's dict may hold.
+QUEUE_LIMIT_KEYS = ("concurrency", "rate_limit")
+
+
+def queue_limit_problems(name: object, spec: object) -> list[tuple[str, str]]:
+    """What is wrong with one ``DISPATCH["QUEUES"]`` entry: ``(check id, message)`` pairs.
+
+    Shared by the system checks (``checks.check_queue_limits``) and
+    ``queue_limits``, which leaves a bad entry out rather than guess.
+    """
+    where = f"DISPATCH['QUEUES'][{name!r}]"
+    if not isinstance(name, str) or not name or len(name) > 100:
+        return [
+            (
+                "E060",
+                f"DISPATCH['QUEUES'] has key {name!r}; a queue name is a non-empty "
+                "string of at most 100 characters.",
+            )
+        ]
+    if not isinstance(spec, dict):
+        return [
+            (
+                "E060",
+                f"{where} must be a dict such as {{'concurrency': 5, 'rate_limit': "
+                f"'10/s'}}, got {type(spec).__name__} {spec!r}.",
+            )
+        ]
+    problems = [
+        (
+            "E061",
+            f"{where} has an unknown key {key!r}.{did_you_mean(key, QUEUE_LIMIT_KEYS)} "
+            f"A queue's limits are {' and '.join(map(repr, QUEUE_LIMIT_KEYS))}.",
+        )
+        for key in sorted(set(spec) - set(QUEUE_LIMIT_KEYS), key=str)
+    ]
+    if "rate_limit" in spec:
+        try:
+            parse_rate(spec["rate_limit"])
+        except ValueError as e:
+            problems.append(("E062", f"{where}: {e}"))
+    if "concurrency" in spec:
+        value = spec["concurrency"]
+        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+            problems.append(
+                (
+                    "E063",
+                    f"{where}: 'concurrency' must be a whole number of at least 1 (jobs of "
+                    f"the queue running at once), got {value!r}. Leave the key out for no cap.",
+                )
+            )
+    return problems
+
+
+_queue_limits: dict[str, QueueLimit] | None = None
+
+
+def queue_limits() -> dict[str, QueueLimit]:
+    """The valid entries of ``DISPATCH["QUEUES"]`` that limit something, parsed.
+
+    Read on every claim and enqueue, so kept until Django reports a change
+    of ``DISPATCH`` (an empty dict on a site without queue limits: the
+    claim then runs exactly as before). Entries the system checks reject
+    are left out (the checks stop ``rundispatch`` from starting anyway).
+    """
+    global _queue_limits
+    limits = _queue_limits
+    if limits is None:
+        raw = getattr(settings, "DISPATCH", None) or {}
+        queues = raw.get("QUEUES") if isinstance(raw, dict) else None
+        limits = {}
+        for name, spec in (queues or {}).items() if isinstance(queues, dict) else ():
+            if queue_limit_problems(name, spec):
+                continue
+            rate, period = parse_rate(spec["rate_limit"]) if "rate_limit" in spec else (None, None)
+            if spec.get("concurrency") is not None or rate is not None:
+                text = "".join(spec["rate_limit"].split()) if rate is not None else None
+                limits[name] = QueueLimit(spec.get("concurrency"), rate, period, text)
+        _queue_limits = limits
+    return limits
+
+
+# --- one receiver for every cache of a setting -------------------------------------
+
+#: How many times Django reported a change of each setting (``override_settings`` in
+#: tests). Caches above this module (backends' enqueue plans, signal senders) keep the
+#: generation they were filled under and compare it, instead of listening themselves:
+#: one receiver, here, sees every change, so no cache can miss one.
+_generations = {"DISPATCH": 0, "TASKS": 0}
+
+
+def generation(setting: str) -> int:
+    """How many changes of ``setting`` (``"DISPATCH"`` or ``"TASKS"``) Django has reported."""
+    return _generations[setting]
+
+
 @receiver(setting_changed)
-def _forget_size_limits(*, setting: str, **kwargs: Any) -> None:
-    global _size_limits
+def _settings_changed(*, setting: str, **kwargs: Any) -> None:
+    global _size_limits, _queue_limits
+    if setting not in _generations:
+        return
+    _generations[setting] += 1
     if setting == "DISPATCH":
         _size_limits = None
+        _queue_limits = None

@@ -16,12 +16,12 @@ from datetime import datetime
 from django.db.models import Count
 
 from . import store
-from .enqueue import backend_for, namespace_for
-from .flow_options import queue_limits
+from .conf import queue_limits
+from .core.states import JobState
 from .models import ConcurrencyWait, Job, PausedQueue
-from .states import JobState
 from .store import flow as flow_store
 from .store.base import db_now, live_jobs
+from .tasks.enqueue import backend_for, namespace_for
 
 __all__ = [
     "GroupAtCap",

@@ -10,13 +10,13 @@ from django.db import transaction
 from . import store
 from .compat import Task, TaskResult
 from .conf import get_settings
-from .dispatch_task import task_for_row
-from .encoding import to_json
-from .enqueue import DispatchBackendBase, enqueue_many
 from .exceptions import AlreadyReplayed
 from .models import CronEntry, DeadLetter
-from .results import result_from_job
 from .store.dead_letters import purge_past_retention
+from .tasks.enqueue import DispatchBackendBase, enqueue_many
+from .tasks.results import result_from_job
+from .tasks.task import task_for_row
+from .tasks.values import to_json
 
 __all__ = [
     "cancel",

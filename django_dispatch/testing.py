@@ -14,11 +14,11 @@ from dataclasses import replace
 
 from . import store
 from .conf import get_settings
-from .enqueue import backend_for, namespace_for
+from .core.states import JobState
 from .models import Job
 from .runtime.options import WorkerOptions
 from .runtime.worker import Worker
-from .states import JobState
+from .tasks.enqueue import backend_for, namespace_for
 
 
 def drain(

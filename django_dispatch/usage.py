@@ -14,10 +14,10 @@ from datetime import datetime
 from typing import Any
 
 from .compat import Task
-from .enqueue import namespace_for
+from .core.resources import AUTO_HISTORY, AUTO_MIN_HISTORY, Needs, percentile
 from .models import JobUsage
-from .resources import AUTO_HISTORY, AUTO_MIN_HISTORY, Needs, percentile
 from .store.usage import usage_newest
+from .tasks.enqueue import namespace_for
 
 __all__ = ["auto_needs", "records", "summary"]
 

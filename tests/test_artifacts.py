@@ -16,10 +16,10 @@ from django.core.files.storage import storages
 from django.utils import timezone
 
 from django_dispatch import artifacts, store
-from django_dispatch.context import DispatchTaskContext
 from django_dispatch.exceptions import ArtifactExists, JobCancelled
 from django_dispatch.models import Artifact, ArtifactLink, Job, WorkflowRun
 from django_dispatch.store import artifacts as artifact_store
+from django_dispatch.tasks.context import DispatchTaskContext
 from django_dispatch.testing import drain
 from tests.testapp import artifact_tasks
 

@@ -111,9 +111,9 @@ def test_a_save_racing_a_takeover_links_only_while_its_lease_holds(settings, tmp
     from datetime import timedelta
 
     from django_dispatch import store
-    from django_dispatch.context import DispatchTaskContext
     from django_dispatch.exceptions import JobCancelled
     from django_dispatch.models import ArtifactLink
+    from django_dispatch.tasks.context import DispatchTaskContext
 
     settings.MEDIA_ROOT = str(tmp_path / "media")
     outcomes = set()

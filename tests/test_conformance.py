@@ -37,9 +37,9 @@ from django_dispatch.compat import (
     TaskResultStatus,
     task,
 )
-from django_dispatch.dispatch_task import DispatchTask
 from django_dispatch.exceptions import InvalidTaskArguments, InvalidTaskArgumentValue
 from django_dispatch.models import Job
+from django_dispatch.tasks.task import DispatchTask
 from django_dispatch.testing import drain
 
 QUEUES = ["default", "emails"]

@@ -16,8 +16,8 @@ from zoneinfo import ZoneInfo
 
 import pytest
 
-from django_dispatch import cron
-from django_dispatch.cron import (
+from django_dispatch.core import cron
+from django_dispatch.core.cron import (
     ALL,
     LATEST,
     POLICIES,

@@ -9,10 +9,10 @@ from django.test import override_settings
 from django.utils import timezone
 
 from django_dispatch import AlreadyReplayed, replay, store
+from django_dispatch.core.states import JobState
 from django_dispatch.exceptions import InvalidTaskArguments
 from django_dispatch.models import DeadLetter, Job
 from django_dispatch.services import purge
-from django_dispatch.states import JobState
 from django_dispatch.testing import drain
 from tests.concurrency import run_concurrently
 from tests.testapp import tasks

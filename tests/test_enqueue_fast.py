@@ -15,7 +15,7 @@ import pytest
 from django.db import DataError, transaction
 from django.utils import timezone
 
-from django_dispatch import enqueue, enqueue_many, store
+from django_dispatch import enqueue_many, store
 from django_dispatch.backend import DispatchBackend
 from django_dispatch.compat import (
     TASKS_LOGGER,
@@ -24,16 +24,17 @@ from django_dispatch.compat import (
     task_backends,
     task_enqueued,
 )
-from django_dispatch.dispatch_task import check_arguments
-from django_dispatch.enqueue import PLAN_CACHE_SIZE
 from django_dispatch.exceptions import InvalidTaskArguments
 from django_dispatch.models import Job
-from django_dispatch.results import (
+from django_dispatch.tasks import enqueue
+from django_dispatch.tasks.enqueue import PLAN_CACHE_SIZE
+from django_dispatch.tasks.results import (
     enqueued_signal_is_silent,
     ready_result,
     ready_results,
     result_from_job,
 )
+from django_dispatch.tasks.task import check_arguments
 from tests.conftest import postgres_only
 from tests.testapp import tasks
 

@@ -15,8 +15,8 @@ from django.db import connection
 
 from django_dispatch import enqueue_many
 from django_dispatch.compat import TaskResultStatus
+from django_dispatch.core.states import JobState
 from django_dispatch.models import DeadLetter, Job
-from django_dispatch.states import JobState
 from tests.conftest import postgres_only, wait_until
 from tests.testapp import fault_tasks, tasks
 from tests.testapp.models import Execution, SideEffect

@@ -15,8 +15,8 @@ from django.utils import timezone
 
 from django_dispatch import enqueue_many, store
 from django_dispatch.compat import InvalidTask
+from django_dispatch.core.states import JobState
 from django_dispatch.models import ConcurrencyWait, Job
-from django_dispatch.states import JobState
 from django_dispatch.testing import drain
 from tests.conftest import postgres_only, wait_until
 from tests.database_work import assert_flat_beside, database_work

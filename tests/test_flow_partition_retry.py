@@ -7,8 +7,8 @@ import pytest
 
 from django_dispatch import store
 from django_dispatch.compat import InvalidTask
+from django_dispatch.core.states import JobState
 from django_dispatch.models import Job
-from django_dispatch.states import JobState
 from tests.testapp import flow_tasks, tasks
 
 pytestmark = pytest.mark.django_db(transaction=True)

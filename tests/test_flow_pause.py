@@ -15,9 +15,9 @@ from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
 from django_dispatch import pause_queue, paused_queues, resume_queue, store
+from django_dispatch.core.states import JobState
 from django_dispatch.flow import queue_overview
 from django_dispatch.models import Job, PausedQueue
-from django_dispatch.states import JobState
 from django_dispatch.store import flow as flow_store
 from django_dispatch.testing import drain
 from tests.concurrency import run_concurrently

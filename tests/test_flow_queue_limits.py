@@ -19,8 +19,8 @@ from django.test.utils import CaptureQueriesContext, override_settings
 
 from django_dispatch import store
 from django_dispatch.compat import InvalidTask
+from django_dispatch.core.states import JobState
 from django_dispatch.models import ConcurrencyWait, Job, QueueWindow, Worker
-from django_dispatch.states import JobState
 from django_dispatch.testing import drain
 from tests.conftest import postgres_only, wait_until
 from tests.testapp import flow_tasks, tasks
@@ -330,7 +330,7 @@ def test_bad_queue_limits_are_check_errors(queues, check_id, words):
         assert words in messages[0].msg and "queue-limits" in messages[0].hint
         assert messages[0].level == checks.ERROR
         # a bad entry limits nothing (and the check stops rundispatch): nothing written
-        from django_dispatch.flow_options import queue_limits
+        from django_dispatch.conf import queue_limits
 
         assert queue_limits() == {}
     assert not Job.objects.exists() and not QueueWindow.objects.exists()

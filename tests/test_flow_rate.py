@@ -13,9 +13,9 @@ from django.utils import timezone
 
 from django_dispatch import store
 from django_dispatch.compat import InvalidTask
-from django_dispatch.flow_options import parse_rate
+from django_dispatch.core.rates import parse_rate
+from django_dispatch.core.states import JobState
 from django_dispatch.models import ConcurrencyWait, Job
-from django_dispatch.states import JobState
 from django_dispatch.store.flow import window_start
 from tests.conftest import wait_until
 from tests.testapp import flow_tasks, tasks

@@ -20,11 +20,12 @@ from django.test import override_settings
 from django_dispatch import enqueue_many, services
 from django_dispatch.checks import check_dispatch_settings
 from django_dispatch.conf import size_limit
-from django_dispatch.encoding import JSON_ENCODER
+from django_dispatch.core.encoding import JSON_ENCODER
+from django_dispatch.core.limits import call_sizes, truncate_error_text
+from django_dispatch.core.states import JobState
 from django_dispatch.exceptions import InvalidTaskArguments
-from django_dispatch.limits import call_sizes, truncate_error_text
 from django_dispatch.models import DeadLetter, Job
-from django_dispatch.states import JobState
+from django_dispatch.store.base import error_entry
 from django_dispatch.store.enqueue import CallChunk
 from django_dispatch.testing import drain
 from tests.conftest import wait_until
@@ -238,17 +239,25 @@ def test_a_checkpoint_over_the_limit_is_refused_and_nothing_saved():
 
 
 def test_long_error_text_is_cut_in_the_middle():
+    assert truncate_error_text("short", 1000) == "short"
+    text = "HEAD" + "é" * 5000 + "TAIL"
+    cut = truncate_error_text(text, 1000)
+    assert len(cut.encode()) <= 1000
+    assert cut.startswith("HEADé") and cut.endswith("éTAIL")
+    assert "bytes cut: DISPATCH['MAX_ERROR_BYTES'] is 1,000" in cut
+    exact = "a" * 1000
+    assert truncate_error_text(exact, 1000) == exact
+    assert truncate_error_text("nul \x00 here", 1000) == "nul \\x00 here"
+    assert truncate_error_text("lone \ud800 surrogate", 1000) == "lone ? surrogate"
+
+
+def test_stored_errors_are_cut_to_the_setting():
+    text = "HEAD" + "é" * 5000 + "TAIL"
     with limits(MAX_ERROR_BYTES=1000):
-        assert truncate_error_text("short") == "short"
-        text = "HEAD" + "é" * 5000 + "TAIL"
-        cut = truncate_error_text(text)
+        entry = error_entry("builtins.ValueError", text, text)
+    for cut in (entry["message"], entry["traceback"]):
         assert len(cut.encode()) <= 1000
-        assert cut.startswith("HEADé") and cut.endswith("éTAIL")
         assert "bytes cut: DISPATCH['MAX_ERROR_BYTES'] is 1,000" in cut
-        exact = "a" * 1000
-        assert truncate_error_text(exact) == exact
-    assert truncate_error_text("nul \x00 here") == "nul \\x00 here"
-    assert truncate_error_text("lone \ud800 surrogate") == "lone ? surrogate"
 
 
 @pytest.mark.django_db(transaction=True)

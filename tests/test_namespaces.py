@@ -23,10 +23,10 @@ from django.utils import timezone
 
 from django_dispatch import enqueue_many, replay, store
 from django_dispatch.checks import check_abandoned_namespaces, check_namespaces
+from django_dispatch.core.states import JobState
 from django_dispatch.models import CronEntry, DeadLetter, Job, Leadership, Worker
 from django_dispatch.runtime import scheduler
 from django_dispatch.runtime.listener import Listener, listener_params
-from django_dispatch.states import JobState
 from django_dispatch.store.claim import claim_sql
 from tests.conftest import postgres_only, wait_until
 from tests.testapp import tasks

@@ -24,8 +24,8 @@ from django.db import connection, transaction
 from django.test.utils import CaptureQueriesContext
 
 from django_dispatch import cancel, enqueue_many, store
+from django_dispatch.core.states import JobState
 from django_dispatch.models import Job
-from django_dispatch.states import JobState
 from tests.concurrency import run_concurrently
 from tests.testapp import tasks
 

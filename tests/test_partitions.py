@@ -15,8 +15,8 @@ from django.db import IntegrityError, connection, transaction
 
 from django_dispatch import cancel, enqueue_many, store
 from django_dispatch.compat import TaskResultStatus
+from django_dispatch.core.states import JobState
 from django_dispatch.models import Job
-from django_dispatch.states import JobState
 from django_dispatch.testing import drain
 from tests.concurrency import run_concurrently
 from tests.conftest import postgres_only, wait_until

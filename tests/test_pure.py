@@ -6,8 +6,8 @@ import pytest
 
 from django_dispatch.compat import TaskError, TaskResult, TaskResultStatus
 from django_dispatch.conf import DispatchSettings, unknown_keys
-from django_dispatch.retry import exponential_backoff, next_delay
-from django_dispatch.states import TERMINAL, TRANSITIONS, JobState, can_transition, to_status
+from django_dispatch.core.retry import exponential_backoff, next_delay
+from django_dispatch.core.states import TERMINAL, TRANSITIONS, JobState, can_transition, to_status
 from tests.testapp.tasks import add
 
 
@@ -113,7 +113,7 @@ def _row(**changes):
 
 
 def test_rows_with_the_same_options_share_one_rebuilt_task():
-    from django_dispatch.dispatch_task import task_for_row
+    from django_dispatch.tasks.task import task_for_row
 
     first = task_for_row(_row())
     assert task_for_row(_row()) is first
@@ -124,7 +124,7 @@ def test_rows_with_the_same_options_share_one_rebuilt_task():
 
 
 def test_rows_with_keys_or_a_deferral_get_a_task_of_their_own():
-    from django_dispatch.dispatch_task import task_for_row
+    from django_dispatch.tasks.task import task_for_row
 
     when = datetime(2030, 1, 1, tzinfo=UTC)
     for changes in ({"partition_key": "p"}, {"idempotency_key": "k"}, {"deferred_until": when}):
@@ -135,7 +135,7 @@ def test_rows_with_keys_or_a_deferral_get_a_task_of_their_own():
 
 
 def test_a_task_replaced_at_its_path_is_rebuilt_not_served_from_the_cache(monkeypatch):
-    from django_dispatch.dispatch_task import task_for_row
+    from django_dispatch.tasks.task import task_for_row
     from tests.testapp import tasks
 
     assert task_for_row(_row()).func is add.func
@@ -144,8 +144,8 @@ def test_a_task_replaced_at_its_path_is_rebuilt_not_served_from_the_cache(monkey
 
 
 def test_argument_check_remembers_shapes_that_bound_and_still_refuses_others():
-    from django_dispatch.dispatch_task import _BOUND, check_arguments
     from django_dispatch.exceptions import InvalidTaskArguments
+    from django_dispatch.tasks.task import _BOUND, check_arguments
 
     check_arguments(add, [1, 2], {})
     assert (add.func, False, 2, ()) in _BOUND

@@ -33,8 +33,8 @@ from django.db import connection, transaction
 from django.db.models import BooleanField, ExpressionWrapper, Q
 from django.utils import timezone
 
+from django_dispatch.core.states import JobState
 from django_dispatch.models import Job
-from django_dispatch.states import JobState
 from django_dispatch.store.base import db_now
 from django_dispatch.store.claim import (
     Lease,

@@ -23,11 +23,12 @@ import pytest
 from django.db import connection
 from django.utils import timezone
 
-from django_dispatch import console, flow, status, store
+from django_dispatch import flow, store
 from django_dispatch.conf import get_settings
+from django_dispatch.core.states import JobState
 from django_dispatch.models import Job, JobUsage
 from django_dispatch.observability import metrics
-from django_dispatch.states import JobState
+from django_dispatch.queries import console, status
 from django_dispatch.store.dead_letters import purge_past_retention
 from django_dispatch.store.enqueue import recently_finished
 from django_dispatch.store.usage import usage_purge

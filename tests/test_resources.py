@@ -16,9 +16,9 @@ from django.utils import timezone
 
 from django_dispatch import enqueue_many, store
 from django_dispatch.compat import InvalidTask
+from django_dispatch.core.resources import check_capacity, parse_capacity, shape_of
+from django_dispatch.core.states import JobState
 from django_dispatch.models import Job, JobUsage
-from django_dispatch.resources import check_capacity, parse_capacity, shape_of
-from django_dispatch.states import JobState
 from django_dispatch.store.resources import Placement
 from django_dispatch.testing import drain
 from tests.conftest import wait_until

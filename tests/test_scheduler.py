@@ -12,7 +12,8 @@ import pytest
 from django.core import checks
 from django.test import override_settings
 
-from django_dispatch import cron, store
+from django_dispatch import store
+from django_dispatch.core import cron
 from django_dispatch.models import CronEntry, Job, Leadership
 from django_dispatch.runtime import scheduler
 from django_dispatch.services import run_cron_entry_now, set_cron_enabled

@@ -8,8 +8,8 @@ from django.db.models.functions import Now
 from django.utils import timezone
 
 from django_dispatch import cancel, enqueue_many, store
+from django_dispatch.core.states import JobState
 from django_dispatch.models import Job, Leadership, Worker
-from django_dispatch.states import JobState
 from django_dispatch.store.base import now_plus
 from django_dispatch.store.claim import claim_sql
 from tests.conftest import postgres_only

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 from django.db import DatabaseError, transaction
 
+from django_dispatch.core.states import TRANSITIONS, JobState
 from django_dispatch.models import Job
-from django_dispatch.states import TRANSITIONS, JobState
 from tests.conftest import postgres_only
 from tests.testapp import tasks
 from tests.transitions import allowed_pairs

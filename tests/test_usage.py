@@ -8,9 +8,9 @@ from django.utils import timezone
 
 from django_dispatch import store, usage
 from django_dispatch.conf import get_settings
+from django_dispatch.core.states import JobState
 from django_dispatch.models import Job, JobUsage
 from django_dispatch.runtime.maintenance import Maintenance
-from django_dispatch.states import JobState
 from django_dispatch.testing import drain
 from tests.testapp import resource_tasks as rt
 from tests.testapp import tasks

@@ -24,7 +24,7 @@ TRIGGER = "dispatch_test_transitions"
 
 
 def allowed_pairs() -> list[tuple[str, str]]:
-    from django_dispatch.states import TRANSITIONS  # imported late: a pytest plugin
+    from django_dispatch.core.states import TRANSITIONS  # imported late: a pytest plugin
 
     return sorted((str(src), str(dst)) for src, dsts in TRANSITIONS.items() for dst in dsts)
 

@@ -9,7 +9,7 @@ each job also carries the idempotency key ``cron:<name>:<slot>``.
 from django.db import models
 from django.db.models import Q
 
-from ..cron import ALL, LATEST, SKIP
+from ..core.cron import ALL, LATEST, SKIP
 from .job import namespace_field
 
 

@@ -19,7 +19,7 @@ from django.db.models import F, Q
 from django.db.models.functions import Now
 
 from ..compat import TASK_MAX_PRIORITY, TASK_MIN_PRIORITY
-from ..states import JobState
+from ..core.states import JobState
 
 #: The states of the partial indexes' conditions, in their order. Raw SQL and
 #: SQLite-bound ORM filters repeat them as literals in this order

@@ -20,10 +20,11 @@ from django.db.models import (
 from django.db.models.expressions import RawSQL
 from django.db.models.functions import Now
 
-from ..limits import truncate_error_text
+from ..conf import size_limit
+from ..core.limits import truncate_error_text
+from ..core.states import JobState
 from ..models import Job
 from ..models.job import FINISHED_STATES, LIVE_STATES, NAMESPACE_RE, WAITING_STATES
-from ..states import JobState
 
 NOTIFY_CHANNEL = "django_dispatch"
 
@@ -239,13 +240,14 @@ def error_entry(exception_class_path: str, message: str, traceback: str) -> dict
     """The JSON shape of one attempt's error, as stored in ``Job.errors``.
 
     The message and the traceback are each cut to ``DISPATCH["MAX_ERROR_BYTES"]``
-    (start and end kept; see ``limits.truncate_error_text``): an error is
+    (start and end kept; see ``core.limits.truncate_error_text``): an error is
     never refused, however big, since refusing it would lose the failure.
     """
+    limit = size_limit("MAX_ERROR_BYTES")
     return {
         "exception_class_path": exception_class_path,
-        "message": truncate_error_text(message),
-        "traceback": truncate_error_text(traceback),
+        "message": truncate_error_text(message, limit),
+        "traceback": truncate_error_text(traceback, limit),
     }
 
 

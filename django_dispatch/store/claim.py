@@ -23,10 +23,10 @@ from django.db.models import F, Value
 from django.db.models.functions import Coalesce, Now
 
 from ..compat import TASK_MAX_PRIORITY
-from ..flow_options import queue_limits
+from ..conf import queue_limits
+from ..core.states import JobState
 from ..models import Job
 from ..sql import JSONAppend
-from ..states import JobState
 from . import flow, resources
 from .base import (
     CLAIM_ORDER,

@@ -30,10 +30,10 @@ from django.db import IntegrityError, connections, transaction
 from django.db.models import Field
 
 from ..conf import size_limit
-from ..limits import call_sizes, too_large
+from ..core.limits import call_sizes, too_large
+from ..core.states import JobState
 from ..models import Job
 from ..models.job import FINISHED_STATES, LIVE_STATES
-from ..states import JobState
 from .base import job_sql, now_plus, state_in
 
 #: Rows per ``bulk_create`` batch (SQLite and other non-PostgreSQL engines).
@@ -337,7 +337,7 @@ class CallChunk:
             return
         for size in call_sizes(self.text, self.values):
             if size > limit:
-                raise too_large("The arguments of one of the calls", size, "MAX_ARGS_BYTES")
+                raise too_large("The arguments of one of the calls", size, "MAX_ARGS_BYTES", limit)
 
 
 def jobs_insert_calls(

@@ -38,7 +38,7 @@ from django.db import IntegrityError, connections, transaction
 from django.db.models import Count, F
 from django.db.models.functions import Now
 
-from ..flow_options import QueueLimit, queue_limits
+from ..conf import QueueLimit, queue_limits
 from ..models.flow import PausedQueue, QueueWindow
 from ..models.job import LIVE_STATES, WAITING_STATES
 from .base import CLAIM_ORDER, db_now, job_sql, notify_channel, state_in
@@ -470,8 +470,8 @@ class ConcurrencyGate:
         """Block capped jobs (pending -> blocked) and list their groups as waiting."""
         if not rows:
             return 0
+        from ..core.states import JobState
         from ..models import ConcurrencyWait, Job
-        from ..states import JobState
 
         pending = Job.objects.using(self.db).filter(state=JobState.PENDING)
         tasks = [r["id"] for r in rows if r.get("concurrency_key") is not None]
@@ -646,8 +646,8 @@ def concurrency_promote(db: str, namespace: str) -> int:
 
 
 def _queue_blocked(db: str, namespace: str, queue: str) -> bool:
+    from ..core.states import JobState
     from ..models import Job
-    from ..states import JobState
 
     return (
         Job.objects.using(db)
@@ -662,8 +662,8 @@ def queue_running(db: str, namespace: str, queues: set[str]) -> dict[str, int]:
     """Running jobs per queue (the running jobs' index ``dispatch_job_lease``)."""
     if not queues:
         return {}
+    from ..core.states import JobState
     from ..models import Job
-    from ..states import JobState
 
     rows = (
         Job.objects.using(db)
@@ -699,8 +699,8 @@ def _promote_queues(db: str, namespace: str, queues: list[str]) -> tuple[int, se
     no claim took yet (pending, marked) count against the room, so claims
     that do not serve the queue do not promote it again and again.
     """
+    from ..core.states import JobState
     from ..models import Job
-    from ..states import JobState
 
     limits = queue_limits()
     jobs = Job.objects.using(db).filter(namespace=namespace)
@@ -738,8 +738,8 @@ def _promote_queues(db: str, namespace: str, queues: list[str]) -> tuple[int, se
 
 def _promote_each(db: str, namespace: str) -> int:
     """``_PROMOTE_PG_SQL`` group by group, for SQLite (no LATERAL; one writer anyway)."""
+    from ..core.states import JobState
     from ..models import ConcurrencyWait, Job
-    from ..states import JobState
 
     promoted = 0
     for wait in (

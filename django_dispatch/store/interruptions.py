@@ -15,7 +15,7 @@ from typing import Any
 
 from django.db.models import F
 
-from ..states import JobState
+from ..core.states import JobState
 from .base import db_alias, notify, now_plus
 from .claim import Lease
 from .leases import _update_then_promote

@@ -22,8 +22,8 @@ from django.db import connections, transaction
 from django.db.models import Case, F, JSONField, Q, Value, When
 from django.db.models.functions import Cast, Now
 
+from ..core.states import JobState
 from ..models import Job
-from ..states import JobState
 from .base import db_alias, job_sql, notify, now_plus
 from .claim import Lease
 from .dead_letters import dead_letter_insert

@@ -68,7 +68,7 @@ from typing import Any
 
 from django.db import connections
 
-from ..states import JobState
+from ..core.states import JobState
 from .base import job_sql, notify_channel
 
 #: The first key of every partition lock (``pg_advisory_xact_lock(int, int)``),

@@ -46,9 +46,9 @@ from django.db import connections
 from django.db.models import Count
 from django.db.models.functions import Now
 
+from ..core.resources import Needs, fits, minus
+from ..core.states import JobState
 from ..models import Job, Worker
-from ..resources import Needs, fits, minus
-from ..states import JobState
 from .base import job_sql, namespace_literal, pending_priorities
 
 

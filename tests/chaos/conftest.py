@@ -23,8 +23,8 @@ from django.conf import settings
 from django.db import InterfaceError, OperationalError, connection, connections
 
 from django_dispatch import enqueue_many
+from django_dispatch.core.states import TERMINAL, JobState
 from django_dispatch.models import DeadLetter, Job
-from django_dispatch.states import TERMINAL, JobState
 from tests.chaos.servers import PgBouncer, PostgresServer
 from tests.conftest import WorkerProcess
 from tests.testapp import chaos_tasks

@@ -16,8 +16,8 @@ import time
 
 import pytest
 
+from django_dispatch.core.states import JobState
 from django_dispatch.models import Job
-from django_dispatch.states import JobState
 from tests.chaos.conftest import ROUNDS, SEED, Chaos, retry_db
 from tests.testapp import chaos_tasks
 from tests.testapp.models import SideEffect

@@ -32,7 +32,7 @@ from django.db import transaction
 from django.db.models import Case, IntegerField, Value, When
 from django.db.models.functions import Now
 
-from ...flow_options import queue_limits
+from ...conf import queue_limits
 from ...models import Job, WorkflowRun, WorkflowTask
 from ...models.workflow import StepState
 from ...states import JobState

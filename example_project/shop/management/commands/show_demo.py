@@ -4,9 +4,9 @@ from django.core.management.base import BaseCommand
 from django.utils import timezone
 
 from django_dispatch.compat import TaskResultStatus, default_task_backend
+from django_dispatch.core.states import JobState
 from django_dispatch.exceptions import UnknownTask
 from django_dispatch.models import Job
-from django_dispatch.states import JobState
 from shop.models import Delivery
 
 

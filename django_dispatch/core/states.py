@@ -1,0 +1,62 @@
+"""The job state vocabulary and the transitions allowed between states.
+
+One table, read by the store (which performs transitions) and by the test
+suite, which runs with a PostgreSQL trigger generated from it
+(``tests/transitions.py``): a store statement that makes a transition not
+listed here fails the test that caused it. Django's
+four ``TaskResultStatus`` values are a coarser view, mapped in ``to_status``.
+"""
+
+from django.db import models
+
+from ..compat import TaskResultStatus
+
+
+class JobState(models.TextChoices):
+    PENDING = "pending", "Pending"  # runnable once run_after has passed
+    #: Waiting behind an earlier job of its partition; out of the claim index
+    #: until that job finishes and promotes it back to pending.
+    BLOCKED = "blocked", "Blocked"
+    RUNNING = "running", "Running"  # leased to one worker
+    SUCCEEDED = "succeeded", "Succeeded"
+    FAILED = "failed", "Failed"  # out of attempts, or not retryable
+    CANCELLED = "cancelled", "Cancelled"
+
+
+TERMINAL = frozenset({JobState.SUCCEEDED, JobState.FAILED, JobState.CANCELLED})
+LIVE = frozenset({JobState.PENDING, JobState.BLOCKED, JobState.RUNNING})
+
+TRANSITIONS: dict[JobState, frozenset[JobState]] = {
+    # claim; demote behind its partition's head; cancel
+    JobState.PENDING: frozenset({JobState.RUNNING, JobState.BLOCKED, JobState.CANCELLED}),
+    # promote when the partition's head finishes; cancel
+    JobState.BLOCKED: frozenset({JobState.PENDING, JobState.CANCELLED}),
+    # finish; fail for good; retry, reclaim or hand back (-> pending); cancel
+    JobState.RUNNING: frozenset(
+        {JobState.SUCCEEDED, JobState.FAILED, JobState.PENDING, JobState.CANCELLED}
+    ),
+    # terminal states are final; replay creates a new job
+    JobState.SUCCEEDED: frozenset(),
+    JobState.FAILED: frozenset(),
+    JobState.CANCELLED: frozenset(),
+}
+
+
+def can_transition(src: str, dst: str) -> bool:
+    return JobState(dst) in TRANSITIONS[JobState(src)]
+
+
+_STATUS = {
+    JobState.PENDING: TaskResultStatus.READY,
+    JobState.BLOCKED: TaskResultStatus.READY,
+    JobState.RUNNING: TaskResultStatus.RUNNING,
+    JobState.SUCCEEDED: TaskResultStatus.SUCCESSFUL,
+    JobState.FAILED: TaskResultStatus.FAILED,
+    # django.tasks has no "cancelled"; a cancelled job reports FAILED with a
+    # JobCancelled error (see backend.result_from_row).
+    JobState.CANCELLED: TaskResultStatus.FAILED,
+}
+
+
+def to_status(state: str) -> TaskResultStatus:
+    return _STATUS[JobState(state)]

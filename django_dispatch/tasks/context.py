@@ -1,0 +1,142 @@
+"""The TaskContext given to ``@task(takes_context=True)`` functions."""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass, field
+from typing import Any
+
+from asgiref.sync import sync_to_async
+
+from .. import store
+from ..compat import TaskContext
+from ..exceptions import ArtifactExists, JobCancelled
+from ..models.artifact import Artifact, OwnerKind
+from ..store import artifacts as artifact_store
+from ..store.artifacts import LinkSpec
+from . import artifact_files
+from .values import to_json
+
+
+# django-stubs declares TaskContext non-frozen; Django's own class is frozen.
+@dataclass(frozen=True, slots=True, kw_only=True)
+class DispatchTaskContext(TaskContext):  # type: ignore[misc]
+    """``django.tasks.TaskContext`` plus a resume cursor.
+
+    ``checkpoint`` is the last value saved with ``progress()`` by this or an
+    earlier attempt (None at first), so a retried or reclaimed job resumes
+    where it stopped instead of starting over.
+    """
+
+    lease: store.Lease
+    lease_seconds: float
+    cancel_event: threading.Event = field(default_factory=threading.Event)
+    saved_checkpoint: Any = None
+    #: Artifact names this claim saved: a second save of one is ``ArtifactExists``;
+    #: a first one takes over a link an earlier claim of the same attempt number made.
+    saved_artifacts: set[str] = field(default_factory=set)
+
+    @property
+    def checkpoint(self) -> Any:
+        return self.saved_checkpoint
+
+    @property
+    def cancelled(self) -> bool:
+        """True once the job was cancelled, timed out or lost by this worker.
+
+        Cheap to poll (no database access); ``progress()`` checks the
+        database itself.
+        """
+        return self.cancel_event.is_set()
+
+    def progress(self, value: Any) -> None:
+        """Persist ``value`` (JSON) as the resume cursor and renew the lease.
+
+        Raises ``JobCancelled`` once the job is cancelled or this worker no
+        longer holds it: stop work then; whatever the task returns afterwards
+        is discarded. Raises ``InvalidTaskArguments``, saving nothing, when
+        ``value`` is not JSON or its JSON is over
+        ``DISPATCH["MAX_CHECKPOINT_BYTES"]``. From async tasks use
+        ``await context.aprogress(value)``.
+        """
+        if self.cancel_event.is_set():
+            raise JobCancelled(self._gone())
+        value = to_json(value, "A checkpoint", "MAX_CHECKPOINT_BYTES")
+        if not store.job_progress_if_leased(self.lease, value, lease_seconds=self.lease_seconds):
+            self.cancel_event.set()
+            raise JobCancelled(self._gone())
+        object.__setattr__(self, "saved_checkpoint", value)
+
+    async def aprogress(self, value: Any) -> None:
+        await sync_to_async(self.progress, thread_sensitive=True)(value)
+
+    def save_artifact(
+        self,
+        name: str,
+        content: Any,
+        *,
+        content_type: str | None = None,
+        durable: bool = False,
+        expires_in: float | None = None,
+    ) -> Artifact:
+        """Store ``content`` (bytes, or a binary file object, streamed) as an
+        artifact of this job and attempt; return its record.
+
+        Written through ``STORAGES[DISPATCH["ARTIFACT_STORAGE"]]`` with its
+        size and SHA-256, then linked to the job under ``name`` and the
+        current attempt, fenced by the lease: raises ``JobCancelled`` once
+        this worker no longer holds the job (the file is left unlinked, for
+        the orphan sweep). ``durable`` artifacts outlive the job's purge;
+        ``expires_in`` (seconds) soft-deletes the artifact then. Bad input
+        (a bad name, non-bytes content, a negative expiry, an unknown
+        storage alias) raises before anything is written. See docs/artifacts.md.
+        """
+        if self.cancel_event.is_set():
+            raise JobCancelled(self._gone())
+        if name in self.saved_artifacts:
+            raise ArtifactExists(
+                f"this attempt of job {self.lease.job_id} already saved an artifact named "
+                f"{name!r}; use another name"
+            )
+        attempt = self.task_result.attempts
+        spec = LinkSpec(OwnerKind.JOB, self.lease.job_id, name, attempt)
+
+        def finish(artifact_id: int, stored: dict[str, Any]) -> Any:
+            return artifact_store.artifact_finish_job(
+                self.lease,
+                artifact_id,
+                spec,
+                stored=stored,
+                supersede=name not in self.saved_artifacts,
+            )
+
+        def lost() -> JobCancelled:
+            self.cancel_event.set()
+            return JobCancelled(self._gone())
+
+        artifact = artifact_files.save(
+            namespace=self.lease.namespace,
+            kind=OwnerKind.JOB,
+            owner_id=self.lease.job_id,
+            attempt_dir=f"a{attempt}",
+            name=name,
+            content=content,
+            content_type=content_type,
+            durable=durable,
+            expires_in=expires_in,
+            finish=finish,
+            lost=lost,
+        )
+        self.saved_artifacts.add(name)
+        return artifact
+
+    async def asave_artifact(self, name: str, content: Any, **options: Any) -> Artifact:
+        return await sync_to_async(self.save_artifact, thread_sensitive=True)(
+            name, content, **options
+        )
+
+    def _gone(self) -> str:
+        return (
+            f"job {self.lease.job_id} was cancelled, timed out, or taken over by another "
+            "worker; stop now (the result of this attempt is discarded)"
+        )

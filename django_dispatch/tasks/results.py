@@ -1,0 +1,249 @@
+"""TaskResults from job rows, and the ``django.tasks`` signals about them.
+
+``get_result``, the worker, replays and the scheduler all show a job as
+Django's ``TaskResult``: built here from a row's values, or, for a job just
+inserted, from what the insert returned without reading the row back.
+"""
+
+from __future__ import annotations
+
+import logging
+import traceback
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import fields
+from datetime import datetime
+from typing import Any
+
+from django.core.signals import setting_changed
+from django.dispatch import receiver
+
+from ..compat import (
+    TASKS_LOGGER,
+    BaseTaskBackend,
+    Task,
+    TaskError,
+    TaskResult,
+    TaskResultStatus,
+    log_task_enqueued,
+    task_enqueued,
+)
+from ..core.states import JobState, to_status
+from ..models import Job
+from ..store import error_entry
+from .task import task_for_row
+
+logger = logging.getLogger("django_dispatch")
+
+CANCELLED_ERROR_PATH = "django_dispatch.exceptions.JobCancelled"
+
+
+def error_of(exception: BaseException) -> dict[str, str]:
+    """One attempt's ``exception`` as stored in ``Job.errors`` (and a workflow step's)."""
+    cls = type(exception)
+    return error_entry(
+        f"{cls.__module__}.{cls.__qualname__}",
+        str(exception),
+        "".join(traceback.format_exception(exception)),
+    )
+
+
+def task_errors(errors: list[dict[str, Any]], state: str) -> list[TaskError]:
+    """A row's stored errors as Django's TaskErrors; a cancelled job's ends with JobCancelled."""
+    result: list[TaskError] = [
+        TaskError(exception_class_path=e["exception_class_path"], traceback=e["traceback"])
+        for e in errors
+    ]
+    if state == JobState.CANCELLED:
+        result.append(
+            TaskError(
+                exception_class_path=CANCELLED_ERROR_PATH,
+                traceback=f"{CANCELLED_ERROR_PATH}: the job was cancelled\n",
+            )
+        )
+    return result
+
+
+def result_from_values(
+    values: Mapping[str, Any], *, task: Task | None = None, status: str | None = None
+) -> TaskResult:
+    """A TaskResult from a job row's values (a Job's fields or a claim row)."""
+    state = values["state"]
+    result: TaskResult[Any, Any] = TaskResult(
+        task=task or task_for_row(values),
+        id=str(values["id"]),
+        status=TaskResultStatus(status) if status else to_status(state),
+        enqueued_at=values["enqueued_at"],
+        started_at=values["started_at"],
+        finished_at=values["finished_at"],
+        last_attempted_at=values["last_attempted_at"],
+        args=values["args"],
+        kwargs=values["kwargs"],
+        backend=values["backend"],
+        errors=task_errors(values["errors"], state),
+        worker_ids=list(values["worker_ids"]),
+    )
+    if state == JobState.SUCCEEDED:
+        object.__setattr__(result, "_return_value", values["return_value"])
+    return result
+
+
+def result_from_job(job: Job, *, task: Task | None = None) -> TaskResult:
+    values = {f.attname: getattr(job, f.attname) for f in Job._meta.concrete_fields}
+    return result_from_values(values, task=task)
+
+
+def ready_result(
+    task: Task,
+    job_id: int,
+    enqueued_at: datetime,
+    args: list[Any],
+    kwargs: dict[str, Any],
+    backend: str,
+) -> TaskResult:
+    """The TaskResult of a job just inserted: what ``get_result`` returns until it is claimed.
+
+    ``args`` and ``kwargs`` are already JSON round-tripped. Equal to
+    ``result_from_values`` of the new row, without building the row.
+    """
+    return TaskResult(
+        task=task,
+        id=str(job_id),
+        status=TaskResultStatus.READY,
+        enqueued_at=enqueued_at,
+        started_at=None,
+        finished_at=None,
+        last_attempted_at=None,
+        args=args,
+        kwargs=kwargs,
+        backend=backend,
+        errors=[],
+        worker_ids=[],
+    )
+
+
+#: The fields ``ready_results`` sets; if Django's TaskResult has others, it
+#: uses the constructor instead.
+_READY_FIELDS = (
+    "task",
+    "id",
+    "status",
+    "enqueued_at",
+    "started_at",
+    "finished_at",
+    "last_attempted_at",
+    "args",
+    "kwargs",
+    "backend",
+    "errors",
+    "worker_ids",
+    "_return_value",
+)
+_SET_FIELDS_DIRECTLY = {f.name for f in fields(TaskResult)} == set(_READY_FIELDS)
+
+
+def ready_results(
+    task: Task,
+    ids: Sequence[int],
+    enqueued_ats: Sequence[datetime],
+    calls: Iterable[Sequence[Any]],
+    backend: str,
+) -> list[TaskResult]:
+    """``ready_result`` of many new jobs: ``calls`` holds each job's [args, kwargs].
+
+    ``TaskResult.__post_init__`` passes args and kwargs through
+    ``normalize_json``, a recursive copy that was a third of the time of
+    ``enqueue_many`` for 100,000 noop calls. The values here were just decoded
+    from JSON, one fresh object per call, so ``normalize_json`` would return
+    equal copies of them: the results are built without it, same class, same
+    field values (``tests/test_enqueue_fast.py`` compares them with
+    constructed ones). Should Django's TaskResult gain a field, this falls
+    back to the constructor.
+    """
+    if not _SET_FIELDS_DIRECTLY:
+        return [
+            ready_result(task, job_id, enqueued_at, args, kwargs, backend)
+            for job_id, enqueued_at, (args, kwargs) in zip(ids, enqueued_ats, calls, strict=True)
+        ]
+    new = object.__new__
+    set_ = object.__setattr__
+    ready = TaskResultStatus.READY
+    results = []
+    for job_id, enqueued_at, (args, kwargs) in zip(ids, enqueued_ats, calls, strict=True):
+        result = new(TaskResult)
+        set_(result, "task", task)
+        set_(result, "id", str(job_id))
+        set_(result, "status", ready)
+        set_(result, "enqueued_at", enqueued_at)
+        set_(result, "started_at", None)
+        set_(result, "finished_at", None)
+        set_(result, "last_attempted_at", None)
+        set_(result, "args", args)
+        set_(result, "kwargs", kwargs)
+        set_(result, "backend", backend)
+        set_(result, "errors", [])
+        set_(result, "worker_ids", [])
+        set_(result, "_return_value", None)
+        results.append(result)
+    return results
+
+
+# --- signals ---------------------------------------------------------------------
+
+
+#: Each backend alias's class, the sender of its tasks' signals (see ``signal_sender``).
+_senders: dict[str, type] = {}
+
+
+def signal_sender(task: Task) -> type:
+    """The sender of ``task``'s signals: its backend's class, as Django's own backends send.
+
+    Kept per backend alias: Django's backends are per thread, and looking one
+    up costs microseconds, once per job. Forgotten when ``TASKS`` changes.
+    """
+    try:
+        return _senders[task.backend]
+    except KeyError:
+        sender = _senders[task.backend] = type(task.get_backend())
+        return sender
+
+
+@receiver(setting_changed)
+def _forget_senders(*, setting: str, **kwargs: Any) -> None:
+    if setting == "TASKS":
+        _senders.clear()
+
+
+def send_robust(signal: Any, sender: BaseTaskBackend | type, task_result: TaskResult) -> None:
+    """Send a django.tasks signal; a failing receiver is logged, never raised.
+
+    ``sender`` is a backend or its class (what is sent is the class). A
+    receiver's bug must not change a job's outcome or break an enqueue.
+    """
+    if not isinstance(sender, type):
+        sender = type(sender)
+    for receiver_, response in signal.send_robust(sender=sender, task_result=task_result):
+        if isinstance(response, Exception):
+            logger.error(
+                "signal receiver %r failed for job %s",
+                receiver_,
+                task_result.id,
+                exc_info=(type(response), response, response.__traceback__),
+            )
+
+
+def enqueued_signal_is_silent(backend: BaseTaskBackend) -> bool:
+    """True when sending ``task_enqueued`` for ``backend`` would have no observable effect.
+
+    That is when the only receiver connected is Django's own
+    ``log_task_enqueued`` and the ``django.tasks`` logger it writes to would
+    drop its DEBUG record. ``enqueue_many`` then skips the signal (see there).
+    Anything unexpected (another receiver, an async one, a change in Django's
+    signal internals) answers False: the signal is sent.
+    """
+    try:
+        sync_receivers, async_receivers = task_enqueued._live_receivers(type(backend))
+    except Exception:
+        return False
+    if async_receivers or any(r is not log_task_enqueued for r in sync_receivers):
+        return False
+    return not logging.getLogger(TASKS_LOGGER).isEnabledFor(logging.DEBUG)
