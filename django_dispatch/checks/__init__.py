@@ -1,0 +1,24 @@
+"""System checks: configuration mistakes reported at start-up, with ids and hints.
+
+One module per subject. Importing this package imports each of them, which
+registers their checks with Django (``DispatchConfig.ready`` does it); Python
+imports a module once, so each check is registered once.
+"""
+
+from .artifacts import check_artifact_storage
+from .database import SUPPORTED_VENDORS, check_migrations_applied, unapplied_migrations
+from .namespaces import check_abandoned_namespaces, check_namespaces, namespace_problem
+from .queues import check_queue_limits
+from .settings import check_dispatch_settings
+
+__all__ = [
+    "SUPPORTED_VENDORS",
+    "check_abandoned_namespaces",
+    "check_artifact_storage",
+    "check_dispatch_settings",
+    "check_migrations_applied",
+    "check_namespaces",
+    "check_queue_limits",
+    "namespace_problem",
+    "unapplied_migrations",
+]
