@@ -1,7 +1,7 @@
 """What operators watch: logs with structured fields, Prometheus metrics,
 OpenTelemetry traces and a health check.
 
-* ``events``: the one hook the worker calls when a job starts, ran and ends.
+* ``joblog``: the one hook the worker calls when a job starts, ran and ends.
   It writes the log record of every outcome that is not a success (with
   ``dispatch_*`` fields as ``extra``) and counts it in the metrics.
 * ``metrics``: Prometheus counters, histograms and gauges (optional extra
