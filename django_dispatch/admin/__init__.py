@@ -20,7 +20,8 @@ from .jobs import JobAdmin
 from .queues import QueueAdmin
 from .usage import JobUsageAdmin
 from .workers import WorkerAdmin
-from .workflows import WorkflowRunAdmin, WorkflowTaskAdmin
+from .workflow_steps import WorkflowTaskAdmin
+from .workflows import WorkflowRunAdmin
 
 __all__ = [
     "ArtifactAdmin",
