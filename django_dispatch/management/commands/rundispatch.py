@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
@@ -48,6 +49,142 @@ def _port(value: str) -> int:
     return number
 
 
+def add_pool_arguments(parser: CommandParser, concurrency: int) -> None:
+    """What this command serves and with how many processes and slots."""
+    parser.add_argument(
+        "--queues", default="", help="Comma-separated queue names to serve (default: all)."
+    )
+    parser.add_argument(
+        "--concurrency",
+        type=_positive_int,
+        default=concurrency,
+        help="Job threads per process (default: DISPATCH['CONCURRENCY']).",
+    )
+    parser.add_argument(
+        "--async-concurrency",
+        type=_whole_number,
+        default=0,
+        help="Slots per process for async def tasks, run together on one event loop "
+        "(default 0: each async job takes a job thread).",
+    )
+    parser.add_argument(
+        "--processes",
+        type=_positive_int,
+        default=1,
+        help="Worker processes to fork under one supervisor.",
+    )
+
+
+def add_lifetime_arguments(parser: CommandParser) -> None:
+    """When the worker stops, what it is called, and whether it schedules cron entries."""
+    parser.add_argument(
+        "--burst", action="store_true", help="Run every job runnable now, then exit 0."
+    )
+    parser.add_argument(
+        "--max-jobs",
+        type=_positive_int,
+        default=None,
+        help="Exit after claiming this many jobs (per process).",
+    )
+    parser.add_argument("--worker-id", default=None, help="Worker id (default: host:pid:random).")
+    parser.add_argument(
+        "--no-scheduler",
+        action="store_true",
+        help="Do not run the cron scheduler in this worker.",
+    )
+
+
+def add_metrics_arguments(parser: CommandParser) -> None:
+    """The Prometheus endpoint."""
+    parser.add_argument(
+        "--metrics-port",
+        type=_port,
+        default=None,
+        help="Serve Prometheus metrics on this port (needs django-dispatch[prometheus]); "
+        "with --processes, one endpoint for all of them.",
+    )
+    parser.add_argument(
+        "--metrics-addr",
+        default="",
+        help="Address the metrics endpoint listens on (default: all interfaces).",
+    )
+
+
+def add_placement_arguments(parser: CommandParser) -> None:
+    """What this host offers jobs with resource needs, and where it is."""
+    parser.add_argument(
+        "--capacity",
+        default=None,
+        help="What this host offers jobs with resource needs, e.g. memory_mb=8192,gpu=1 "
+        "(default: DISPATCH['CAPACITY']; none: only jobs without needs run here). "
+        "With --processes N, each process gets an Nth.",
+    )
+    parser.add_argument(
+        "--locality",
+        default=None,
+        help="This worker's locality: jobs enqueued with the same locality are taken "
+        "first among equal priorities (default: DISPATCH['LOCALITY']).",
+    )
+
+
+@dataclass(frozen=True)
+class Launch:
+    """What every worker this command starts shares; each adds its own id."""
+
+    options: dict[str, Any]
+    queues: list[str]
+    namespace: str
+    base_id: str
+    capacity: dict[str, int]
+    locality: str
+    recycle: bool
+
+    def worker_options(
+        self, index: int | None, predecessor: recycling.Handover | None
+    ) -> WorkerOptions:
+        """A recycled worker keeps its predecessor's id; a supervised child gets ``.index``."""
+        if predecessor is not None:
+            worker_id = predecessor.worker_id
+        else:
+            worker_id = self.base_id if index is None else f"{self.base_id}.{index}"
+        options = self.options
+        return WorkerOptions(
+            worker_id=worker_id,
+            queues=self.queues,
+            namespace=self.namespace,
+            concurrency=options["concurrency"],
+            async_concurrency=options["async_concurrency"],
+            burst=options["burst"],
+            max_jobs=options["max_jobs"],
+            shutdown_timeout=options["shutdown_timeout"],
+            scheduler=not options["no_scheduler"],
+            recycle=self.recycle,
+            predecessor=predecessor,
+            capacity=self.capacity,
+            locality=self.locality,
+            supervisor_pid=None if index is None else os.getppid(),
+        )
+
+    def run_one(self, index: int | None, predecessor: recycling.Handover | None = None) -> int:
+        """Run one worker in this process; its exit code, unless it recycles the process.
+
+        ``index`` is the supervised child's number (None: no supervisor).
+        """
+        worker = Worker(self.worker_options(index, predecessor))
+        worker.install_signal_handlers()
+        # Stop signals held across a predecessor's recycle arrive now.
+        recycling.release_stop_signals()
+        if predecessor is not None and predecessor.stop:
+            worker.request_stop("a stop signal during the recycle")
+        code = worker.run()
+        if worker.handover is not None:
+            recycling.hold_stop_signals()  # from here on, a stop request waits
+            worker.handover.child = index
+            worker.handover.stop = worker.signalled_at is not None
+            recycling.exec_successor(worker.handover)  # does not return
+        return code
+
+
 class Command(BaseCommand):
     help = "Run django_dispatch jobs: claim, run, retry; SIGTERM drains gracefully."
     requires_system_checks: list[str] = []  # run below, with a clearer failure
@@ -63,70 +200,11 @@ class Command(BaseCommand):
     def add_arguments(self, parser: CommandParser) -> None:
         cfg = get_settings()
         add_backend_argument(parser, "this worker serves")
-        parser.add_argument(
-            "--queues", default="", help="Comma-separated queue names to serve (default: all)."
-        )
-        parser.add_argument(
-            "--concurrency",
-            type=_positive_int,
-            default=cfg.CONCURRENCY,
-            help="Job threads per process (default: DISPATCH['CONCURRENCY']).",
-        )
-        parser.add_argument(
-            "--async-concurrency",
-            type=_whole_number,
-            default=0,
-            help="Slots per process for async def tasks, run together on one event loop "
-            "(default 0: each async job takes a job thread).",
-        )
-        parser.add_argument(
-            "--processes",
-            type=_positive_int,
-            default=1,
-            help="Worker processes to fork under one supervisor.",
-        )
-        parser.add_argument(
-            "--burst", action="store_true", help="Run every job runnable now, then exit 0."
-        )
-        parser.add_argument(
-            "--max-jobs",
-            type=_positive_int,
-            default=None,
-            help="Exit after claiming this many jobs (per process).",
-        )
-        parser.add_argument(
-            "--worker-id", default=None, help="Worker id (default: host:pid:random)."
-        )
-        parser.add_argument(
-            "--no-scheduler",
-            action="store_true",
-            help="Do not run the cron scheduler in this worker.",
-        )
-        parser.add_argument(
-            "--metrics-port",
-            type=_port,
-            default=None,
-            help="Serve Prometheus metrics on this port (needs django-dispatch[prometheus]); "
-            "with --processes, one endpoint for all of them.",
-        )
-        parser.add_argument(
-            "--metrics-addr",
-            default="",
-            help="Address the metrics endpoint listens on (default: all interfaces).",
-        )
-        parser.add_argument(
-            "--capacity",
-            default=None,
-            help="What this host offers jobs with resource needs, e.g. memory_mb=8192,gpu=1 "
-            "(default: DISPATCH['CAPACITY']; none: only jobs without needs run here). "
-            "With --processes N, each process gets an Nth.",
-        )
-        parser.add_argument(
-            "--locality",
-            default=None,
-            help="This worker's locality: jobs enqueued with the same locality are taken "
-            "first among equal priorities (default: DISPATCH['LOCALITY']).",
-        )
+        # Added in the order ``--help`` lists them.
+        add_pool_arguments(parser, cfg.CONCURRENCY)
+        add_lifetime_arguments(parser)
+        add_metrics_arguments(parser)
+        add_placement_arguments(parser)
         parser.add_argument(
             "--shutdown-timeout",
             type=float,
@@ -135,6 +213,30 @@ class Command(BaseCommand):
         )
 
     def handle(self, *args: Any, **options: Any) -> None:
+        self._check_ready()
+        queues = [q.strip() for q in options["queues"].split(",") if q.strip()]
+        self._check_queues(queues)
+        capacity, locality = self._placement(options)
+        launch = Launch(
+            options=options,
+            queues=queues,
+            namespace=backend_namespace(options["backend"]),
+            base_id=options["worker_id"] or default_worker_id(),
+            capacity=capacity,
+            locality=locality,
+            recycle=recycling.can_recycle(self.command_line),
+        )
+        predecessor = recycling.Handover.from_environ()
+        if options["metrics_port"] is not None and not metrics.AVAILABLE:
+            raise CommandError(
+                "--metrics-port needs prometheus-client: pip install 'django-dispatch[prometheus]'."
+            )
+        code = self._run(launch, predecessor)
+        if code:
+            raise SystemExit(code)
+
+    def _check_ready(self) -> None:
+        """System checks, the DISPATCH settings and the migrations, before any job is claimed."""
         self.check(display_num_errors=False)
         problems = get_settings().validate()
         if problems:
@@ -146,55 +248,16 @@ class Command(BaseCommand):
                 f"django_dispatch's migrations {missing} are not applied on database "
                 f"{db!r}. Run `python manage.py migrate` first."
             )
-        queues = [q.strip() for q in options["queues"].split(",") if q.strip()]
-        self._check_queues(queues)
-        capacity, locality = self._placement(options)
-        namespace = backend_namespace(options["backend"])
-        base_id = options["worker_id"] or default_worker_id()
-        predecessor = recycling.Handover.from_environ()
-        recycle = recycling.can_recycle(self.command_line)
 
-        def run_one(index: int | None, predecessor: recycling.Handover | None = None) -> int:
-            if predecessor is not None:
-                worker_id = predecessor.worker_id
-            else:
-                worker_id = base_id if index is None else f"{base_id}.{index}"
-            worker = Worker(
-                WorkerOptions(
-                    worker_id=worker_id,
-                    queues=queues,
-                    namespace=namespace,
-                    concurrency=options["concurrency"],
-                    async_concurrency=options["async_concurrency"],
-                    burst=options["burst"],
-                    max_jobs=options["max_jobs"],
-                    shutdown_timeout=options["shutdown_timeout"],
-                    scheduler=not options["no_scheduler"],
-                    recycle=recycle,
-                    predecessor=predecessor,
-                    capacity=capacity,
-                    locality=locality,
-                    supervisor_pid=None if index is None else os.getppid(),
-                )
-            )
-            worker.install_signal_handlers()
-            # Stop signals held across a predecessor's recycle arrive now.
-            recycling.release_stop_signals()
-            if predecessor is not None and predecessor.stop:
-                worker.request_stop("a stop signal during the recycle")
-            code = worker.run()
-            if worker.handover is not None:
-                recycling.hold_stop_signals()  # from here on, a stop request waits
-                worker.handover.child = index
-                worker.handover.stop = worker.signalled_at is not None
-                recycling.exec_successor(worker.handover)  # does not return
-            return code
+    def _run(self, launch: Launch, predecessor: recycling.Handover | None) -> int:
+        """Run the worker(s) with the metrics endpoint that fits how they run; their exit code.
 
+        A recycled process carries on as the worker (or supervised child) it
+        replaces; otherwise one worker runs here, or a supervisor forks
+        ``--processes`` of them.
+        """
+        options = launch.options
         port, addr = options["metrics_port"], options["metrics_addr"]
-        if port is not None and not metrics.AVAILABLE:
-            raise CommandError(
-                "--metrics-port needs prometheus-client: pip install 'django-dispatch[prometheus]'."
-            )
         server: exposition.Server | None = None
         try:
             if predecessor is not None:  # this process replaced itself
@@ -202,26 +265,23 @@ class Command(BaseCommand):
                     server = self._serve(
                         exposition.resume_after_recycle, port, addr, predecessor.child
                     )
-                code = run_one(predecessor.child, predecessor)
-            elif options["processes"] == 1:
+                return launch.run_one(predecessor.child, predecessor)
+            if options["processes"] == 1:
                 if port is not None:
                     server = self._serve(exposition.serve_single, port, addr)
-                code = run_one(None)
-            else:
-                if port is not None:
-                    server = self._serve(exposition.serve_multiprocess, port, addr)
-                code = supervise(
-                    options["processes"],
-                    run_one,
-                    restart=not (options["burst"] or options["max_jobs"]),
-                    in_child=server.in_child if server else None,
-                    child_exited=server.child_exited if server else None,
-                )
+                return launch.run_one(None)
+            if port is not None:
+                server = self._serve(exposition.serve_multiprocess, port, addr)
+            return supervise(
+                options["processes"],
+                launch.run_one,
+                restart=not (options["burst"] or options["max_jobs"]),
+                in_child=server.in_child if server else None,
+                child_exited=server.child_exited if server else None,
+            )
         finally:
             if server is not None:
                 server.close()
-        if code:
-            raise SystemExit(code)
 
     @staticmethod
     def _placement(options: dict[str, Any]) -> tuple[dict[str, int], str]:
