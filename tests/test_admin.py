@@ -507,7 +507,7 @@ def test_cron_run_now_enqueues_one_job_and_keeps_the_schedule(client, login):
     )
     assert job.task_path == FAIL_ALWAYS and job.args == ["now"]
     entry.refresh_from_db()
-    # The schedule is untouched; "last run" says it ran (issue 19).
+    # The schedule is untouched; "last run" says it ran.
     assert entry.next_run_at == next_run and entry.last_slot is None
     assert entry.last_run_at is not None and entry.last_run_at >= job.enqueued_at
 

@@ -1,4 +1,4 @@
-"""The admin's queue page (issue #17, item 6): state and backlog of every queue,
+"""The admin's queue page: state and backlog of every queue,
 pause/resume buttons under a permission and CSRF."""
 
 from __future__ import annotations

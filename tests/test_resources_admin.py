@@ -1,4 +1,4 @@
-"""Resources and usage in the admin and in dispatch_status (#16)."""
+"""Resources and usage in the admin and in dispatch_status."""
 
 from io import StringIO
 
