@@ -21,7 +21,7 @@ from django.test.utils import CaptureQueriesContext
 from django.urls import reverse
 from django.utils import timezone
 
-from django_dispatch import console
+from django_dispatch.queries import console
 from django_dispatch.models import CronEntry, Job, Worker
 from django_dispatch.testing import drain
 from tests.conftest import postgres_only

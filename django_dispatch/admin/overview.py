@@ -2,7 +2,7 @@
 
 Served at ``admin/django_dispatch/job/overview/`` (linked from the app's
 admin index and the jobs list) by ``JobAdmin``, because seeing it needs what
-seeing jobs needs: the ``view_job`` permission. It only reads (``console``
+seeing jobs needs: the ``view_job`` permission. It only reads (``queries.console``
 does the bounded queries); the controls it shows (pause/resume) post to
 their own views, which check their own permissions.
 """
@@ -21,9 +21,9 @@ from django.urls import URLPattern, path, reverse
 from django.utils.http import urlencode
 from django.views.decorators.http import require_POST
 
-from .. import console
 from ..enqueue import backend_for
 from ..models import Job
+from ..queries import console
 from .common import has_perm
 from .history import record
 
@@ -113,7 +113,7 @@ class OverviewPage:
 
 
 def can_pause(request: HttpRequest) -> bool:
-    """The flow-control permission (#17's ``pause_queue``, also used by the Queues page)."""
+    """The flow-control permission ``pause_queue``, also used by the Queues page."""
     return has_perm(request, "pause_queue")
 
 

@@ -6,7 +6,7 @@ from django.core.management.base import BaseCommand, CommandParser
 
 from ... import resources, store
 from ...conf import get_settings
-from ...status import snapshot
+from ...queries.status import snapshot
 from ...store.resources import unplaceable
 from ..backend_option import add_backend_argument, backend_namespace
 
@@ -49,7 +49,7 @@ class Command(BaseCommand):
                 f"oldest_waiting={age}" + (" PAUSED" if q.paused else "")
             )
         for needs, count in unplaceable(store.db_alias(), namespace, live_within=live):
-            self.stderr.write(  # #16: a warning, not an error (workers come and go)
+            self.stderr.write(  # a warning, not an error (workers come and go)
                 f"WARNING: {count} pending job(s) need {resources.key_of(needs)}, which no "
                 "live worker's capacity can hold: start one with rundispatch --capacity."
             )

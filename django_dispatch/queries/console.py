@@ -32,12 +32,13 @@ from django.db.models import Count, Min, Q, QuerySet
 from django.db.models.functions import TruncMinute
 from django.utils import timezone
 
-from .conf import get_settings
-from .models import CronEntry, DeadLetter, Job, Leadership, Worker
-from .models.job import FINISHED_STATES
-from .states import JobState
-from .store.base import LIVE_JOBS_BY_STATE, db_alias, state_in
-from .store.leadership import LEADER, lease_key
+from ..conf import get_settings
+from ..models import CronEntry, DeadLetter, Job, Leadership, Worker
+from ..models.job import FINISHED_STATES
+from ..states import JobState
+from ..store.base import LIVE_JOBS_BY_STATE, db_alias, state_in
+from ..store.flow import queues_paused
+from ..store.leadership import LEADER, lease_key
 
 #: Live jobs of one state counted per page, at most (then "more than").
 LIVE_CAP = 50_000
@@ -115,6 +116,7 @@ class Overview:
     cron: list[CronEntry]
     #: Total finished per minute over the window (all queues): the chart.
     per_minute: list[tuple[datetime, int, int]]
+    #: Show the paused column and its pause/resume controls.
     pause_supported: bool = False
 
     @property
@@ -204,57 +206,55 @@ def timing_sample(namespace: str, since: datetime) -> list[tuple[Any, ...]]:
     )
 
 
-def paused_queues(namespace: str) -> set[str] | None:
-    """The namespace's paused queues, or None where flow control (#17) is not installed."""
-    try:
-        from .store import flow as flow_store  # type: ignore[attr-defined,unused-ignore]
-    except ImportError:
-        return None
-    reader = getattr(flow_store, "queues_paused", None)
-    if reader is None:
-        return None
-    return set(reader(db_alias(), namespace=namespace))
+def paused_queues(namespace: str) -> set[str]:
+    """The namespace's paused queues."""
+    return set(queues_paused(db_alias(), namespace=namespace))
 
 
 def serves(worker: Worker, queue: str) -> bool:
     return not worker.queues or queue in worker.queues
 
 
-def overview(namespace: str = "") -> Overview:
-    """Everything the overview page shows, for one namespace."""
-    settings = get_settings()
-    db = db_alias()
-    now = timezone.now()
-    since = now - WINDOW
-    rows: dict[str, QueueRow] = {}
+class QueueRows(dict[str, QueueRow]):
+    """The overview's queue rows by name; a queue gets its row when first seen."""
 
-    def row(name: str) -> QueueRow:
-        if name not in rows:
-            rows[name] = QueueRow(name)
-        return rows[name]
+    def __missing__(self, name: str) -> QueueRow:
+        row = self[name] = QueueRow(name)
+        return row
 
+
+def add_live_counts(rows: QueueRows, namespace: str, now: datetime) -> None:
+    """Pending, blocked and running per queue, one capped count per state."""
     for state in LIVE_JOBS_BY_STATE:  # each count walks its partial indexes
         found = live_counts(namespace, state, now)
         if sum(r["n"] for r in found) > LIVE_CAP:
             for r in found:
-                row(r["queue_name"]).capped = True
+                rows[r["queue_name"]].capped = True
         for r in found:
-            queue = row(r["queue_name"])
+            queue = rows[r["queue_name"]]
             setattr(queue, state, getattr(queue, state) + r["n"])
             if state == JobState.PENDING:
+                # Due keyed jobs beyond one per key wait behind another: blocked.
                 behind = r["keyed_due"] - r["keys_due"]
                 queue.waiting = r["due"] - behind
                 queue.pending -= behind
                 queue.blocked += behind
                 queue.oldest_waiting = r["oldest"]
 
-    minutes = [
-        (since + timedelta(minutes=i)).replace(second=0, microsecond=0) for i in range(1, 61)
-    ]
+
+def window_minutes(since: datetime) -> list[datetime]:
+    """The window's whole minutes after ``since``, oldest first: the chart's bars."""
+    return [(since + timedelta(minutes=i)).replace(second=0, microsecond=0) for i in range(1, 61)]
+
+
+def add_finished(
+    rows: QueueRows, namespace: str, since: datetime, minutes: list[datetime]
+) -> dict[datetime, list[int]]:
+    """Finished counts per queue and per minute; returns the chart's [succeeded, failed]."""
     index = {m: i for i, m in enumerate(minutes)}
     chart = {m: [0, 0] for m in minutes}
     for r in finished_per_minute(namespace, since):
-        queue = row(r["queue_name"])
+        queue = rows[r["queue_name"]]
         setattr(queue, r["state"], getattr(queue, r["state"]) + r["n"])
         minute = r["minute"]
         if minute in index:
@@ -262,7 +262,11 @@ def overview(namespace: str = "") -> Overview:
                 queue.per_minute = [0] * len(minutes)
             queue.per_minute[index[minute]] += r["n"]
             chart[minute][r["state"] == JobState.FAILED] += r["n"]
+    return chart
 
+
+def add_timings(rows: QueueRows, namespace: str, since: datetime) -> None:
+    """Wait and run time percentiles per queue, from the timing sample."""
     waits: dict[str, list[float]] = defaultdict(list)
     runs: dict[str, list[float]] = defaultdict(list)
     for queue_name, enqueued, deferred, started, attempted, finished in timing_sample(
@@ -272,10 +276,15 @@ def overview(namespace: str = "") -> Overview:
         waits[queue_name].append(max((started - ready).total_seconds(), 0.0))
         runs[queue_name].append(max((finished - (attempted or started)).total_seconds(), 0.0))
     for name, values in waits.items():
-        queue = row(name)
+        queue = rows[name]
         queue.wait_p50, queue.wait_p95 = percentile(values, 0.5), percentile(values, 0.95)
         queue.run_p50, queue.run_p95 = percentile(runs[name], 0.5), percentile(runs[name], 0.95)
 
+
+def worker_rows(namespace: str, now: datetime) -> list[WorkerRow]:
+    """The namespace's workers, each marked live (seen lately) and leader or not."""
+    settings = get_settings()
+    db = db_alias()
     fresh = now - timedelta(seconds=max(settings.LEASE_SECONDS, settings.HEARTBEAT_INTERVAL * 3))
     leader = (
         Leadership.objects.using(db)
@@ -283,35 +292,56 @@ def overview(namespace: str = "") -> Overview:
         .values_list("holder", flat=True)
         .first()
     )
-    workers = [
+    return [
         WorkerRow(w, live=w.last_seen_at >= fresh, leader=w.pk == leader)
         for w in Worker.objects.using(db).filter(namespace=namespace).order_by("hostname", "pid")
     ]
-    for queue in rows.values():
-        queue.served_by = sum(1 for w in workers if w.live and serves(w.worker, queue.name))
 
-    paused = paused_queues(namespace)
-    for name in paused or ():
-        row(name).paused = True
 
-    letters = (
-        DeadLetter.objects.using(db)
+def dead_letters_unreplayed(namespace: str) -> int:
+    """Dead letters not replayed yet, counted up to one past ``DEAD_LETTER_CAP``."""
+    return (
+        DeadLetter.objects.using(db_alias())
         .filter(namespace=namespace, replayed_at__isnull=True)
         .values("pk")[: DEAD_LETTER_CAP + 1]
         .count()
     )
-    cron = list(
-        CronEntry.objects.using(db)
+
+
+def next_cron(namespace: str) -> list[CronEntry]:
+    """The enabled cron entries due soonest."""
+    return list(
+        CronEntry.objects.using(db_alias())
         .filter(namespace=namespace, enabled=True, next_run_at__isnull=False)
         .order_by("next_run_at")[:CRON_SHOWN]
     )
-    namespaces = sorted(
-        set(Worker.objects.using(db).order_by().values_list("namespace", flat=True).distinct())
-        | {namespace}
-    )
+
+
+def known_namespaces(namespace: str) -> list[str]:
+    """Namespaces with workers, and the one shown: the page's namespace switch."""
+    served = Worker.objects.using(db_alias()).order_by().values_list("namespace", flat=True)
+    return sorted(set(served.distinct()) | {namespace})
+
+
+def overview(namespace: str = "") -> Overview:
+    """Everything the overview page shows, for one namespace."""
+    now = timezone.now()
+    since = now - WINDOW
+    rows = QueueRows()
+    add_live_counts(rows, namespace, now)
+    minutes = window_minutes(since)
+    chart = add_finished(rows, namespace, since, minutes)
+    add_timings(rows, namespace, since)
+    workers = worker_rows(namespace, now)
+    for queue in rows.values():
+        queue.served_by = sum(1 for w in workers if w.live and serves(w.worker, queue.name))
+    for name in paused_queues(namespace):
+        rows[name].paused = True
+    letters = dead_letters_unreplayed(namespace)
+    cron = next_cron(namespace)
     return Overview(
         namespace=namespace,
-        namespaces=namespaces,
+        namespaces=known_namespaces(namespace),
         now=now,
         window=WINDOW,
         queues=sorted(rows.values(), key=lambda q: (not q.unserved, q.name)),
@@ -320,5 +350,5 @@ def overview(namespace: str = "") -> Overview:
         dead_letters_capped=letters > DEAD_LETTER_CAP,
         cron=cron,
         per_minute=[(m, *chart[m]) for m in minutes],  # type: ignore[misc]
-        pause_supported=paused is not None,
+        pause_supported=True,
     )
