@@ -23,7 +23,6 @@ from .. import services
 from ..compat import admin_action
 from ..exceptions import AlreadyReplayed
 from ..models import DeadLetter, Job
-from ..templatetags.dispatch_console import age_html
 from .bulk import BulkRetryPage
 from .common import (
     BOTH,
@@ -43,6 +42,7 @@ from .common import (
     selected_ids,
     username,
 )
+from .display import age_html
 from .forms import ReplayForm
 from .history import record
 

@@ -22,8 +22,8 @@ from django.utils.html import format_html
 
 from ..models import Job, WorkflowRun, WorkflowTask
 from ..states import LIVE, JobState
-from ..templatetags.dispatch_console import age_html, badge_html, human_seconds
 from .common import change_url
+from .display import age_html, badge_html, human_seconds
 
 #: The internal task each workflow step runs as.
 STEP_TASK = "django_dispatch.workflows.tasks.run_step"
@@ -63,7 +63,7 @@ def job_badge(job: Job, now: Any = None) -> str:
 
 
 def blocked_reason(job: Job) -> str:
-    """What a blocked job waits for: its partition's head, or room under a limit (#17)."""
+    """What a blocked job waits for: its partition's head, or room under a limit."""
     if job.partition_key is not None:
         return f"Waits for the job ahead of it in partition {job.partition_key!r} to finish"
     if job.concurrency_key is not None:

@@ -15,8 +15,8 @@ from django.utils.html import format_html
 from django.utils.http import urlencode
 
 from ..models import Worker
-from ..templatetags.dispatch_console import age_html
 from .common import ReadOnlyRows
+from .display import age_html
 
 
 @admin.register(Worker)
@@ -28,7 +28,7 @@ class WorkerAdmin(ReadOnlyRows, admin.ModelAdmin):
         "pid",
         "queues_display",
         "concurrency",
-        "capacity",  # #16
+        "capacity",  # what it offers jobs with resource needs
         "locality",
         "running_jobs",
         "started_at",

@@ -1,10 +1,8 @@
 """Template tags of the operations console: ages, durations, state badges, charts.
 
-Times are shown relative ("3 s ago") because during an incident the
-question is "how long", not "when"; the exact time stays on hover (the
-``title``), and ``static/django_dispatch/console.js`` keeps the relative text
-ticking between refreshes from ``data-age`` (seconds, measured on the
-server's clock, so a skewed browser clock does not distort it).
+The HTML itself is built in ``admin.display`` and ``admin.charts``, which
+the admin's list columns use too; these tags make it available to the
+console's templates.
 """
 
 from __future__ import annotations
@@ -12,31 +10,12 @@ from __future__ import annotations
 from datetime import datetime, timedelta
 
 from django import template
-from django.utils import timezone
-from django.utils.html import format_html
 from django.utils.safestring import SafeString
 
-from .. import charts
+from ..admin import charts
+from ..admin.display import age_html, badge_html, human_seconds
 
 register = template.Library()
-
-
-def human_seconds(seconds: float | None) -> str:
-    """``850 ms``, ``12.3 s``, ``4 min 2 s``, ``3 h 5 min``, ``2 d 4 h``; "-" for None."""
-    if seconds is None:
-        return "-"
-    if seconds < 1:
-        return f"{seconds * 1000:.0f} ms"
-    if seconds < 60:
-        return f"{seconds:.1f} s" if seconds < 10 else f"{seconds:.0f} s"
-    minutes, secs = divmod(int(seconds), 60)
-    if minutes < 60:
-        return f"{minutes} min {secs} s" if secs else f"{minutes} min"
-    hours, minutes = divmod(minutes, 60)
-    if hours < 48:
-        return f"{hours} h {minutes} min" if minutes else f"{hours} h"
-    days, hours = divmod(hours, 24)
-    return f"{days} d {hours} h" if hours else f"{days} d"
 
 
 @register.filter
@@ -47,63 +26,9 @@ def duration(value: float | timedelta | None) -> str:
     return human_seconds(value)
 
 
-#: Ages closer to zero than this read "just now": the database's clock (which
-#: stamps heartbeats) and the web server's may differ by that much.
-JUST_NOW = 2.0
-
-
-def relative(seconds: float) -> str:
-    """``3 s ago``, ``in 5 min``, or ``just now`` (the same text as console.js)."""
-    if abs(seconds) < JUST_NOW:
-        return "just now"
-    return f"{human_seconds(seconds)} ago" if seconds > 0 else f"in {human_seconds(-seconds)}"
-
-
-def age_html(moment: datetime | None, now: datetime | None = None) -> SafeString | str:
-    """``<time>`` saying how long ago (or in how long) ``moment`` is, exact time on hover."""
-    if moment is None:
-        return "-"
-    now = now or timezone.now()
-    seconds = (now - moment).total_seconds()
-    text = relative(seconds)
-    local = timezone.localtime(moment)
-    exact = local.strftime("%Y-%m-%d %H:%M:%S.%f")[:-3] + local.strftime(" %Z")
-    return format_html(
-        '<time class="dispatch-age" datetime="{}" data-age="{}" title="{}">{}</time>',
-        moment.isoformat(),
-        f"{seconds:.3f}",
-        exact,
-        text,
-    )
-
-
 @register.simple_tag
 def age(moment: datetime | None, now: datetime | None = None) -> SafeString | str:
     return age_html(moment, now)
-
-
-BADGES = {
-    "pending": "pending",
-    "deferred": "deferred",
-    "waiting": "pending",
-    "blocked": "blocked",
-    "running": "running",
-    "succeeded": "ok",
-    "failed": "failed",
-    "cancelled": "cancelled",
-    "step failed": "failed",
-    "stuck": "failed",
-    "skipped": "cancelled",
-    "ready": "pending",
-}
-
-
-def badge_html(state: str, label: str | None = None) -> SafeString:
-    """A coloured state badge; the colour follows the state, the text says it."""
-    kind = BADGES.get(state.lower(), "pending")
-    return format_html(
-        '<span class="dispatch-badge dispatch-badge-{}">{}</span>', kind, label or state
-    )
 
 
 @register.simple_tag
