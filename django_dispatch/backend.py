@@ -3,8 +3,8 @@
 This module is the adapter Django calls (``TASKS[...]["BACKEND"]`` names
 ``django_dispatch.backend.DispatchBackend``): enqueue one job, read a result
 back, check the configuration. Nothing in the package imports it except the
-management commands; the layers below use ``enqueue.DispatchBackendBase``,
-``dispatch_task``, ``results`` and ``encoding``.
+management commands; the layers below use ``tasks.registry.DispatchBackendBase``
+and the rest of ``tasks``.
 
 ``DispatchBackend.__init__`` touches no model and no database: Django builds
 backends lazily, per thread, and may do so before migrations have run.
@@ -19,15 +19,14 @@ from django.apps import apps
 from django.core import checks
 from django.db import router
 
-from . import store
 from .compat import Task, TaskResult, TaskResultDoesNotExist, task_enqueued
 from .conf import did_you_mean
 from .core.docs_links import docs_url
 from .models import Job
 from .observability import metrics, tracing
-from .store.enqueue import job_insert_call
-from .tasks.enqueue import DispatchBackendBase, EnqueuePlan
-from .tasks.results import ready_result, result_from_job, send_robust
+from .tasks.plan import EnqueuePlan
+from .tasks.registry import DispatchBackendBase
+from .tasks.results import result_from_job, send_robust
 from .tasks.task import DispatchTask
 
 __all__ = ["DispatchBackend", "DispatchTask"]
@@ -53,49 +52,25 @@ class DispatchBackend(DispatchBackendBase):
         plan = self.enqueue_plan(task)
         if tracing.AVAILABLE and tracing.active():  # a producer span, its context on the job
             with tracing.producer(plan.spec.task_path, plan.spec.queue_name) as producer:
-                result = self._enqueue(plan, task, args, kwargs, producer.context)
+                result = self._enqueue(plan, args, kwargs, producer.context)
                 producer.enqueued(result.id)
                 return result
-        return self._enqueue(plan, task, args, kwargs, None)
+        return self._enqueue(plan, args, kwargs, None)
 
     def _enqueue(
         self,
         plan: EnqueuePlan,
-        task: Task,
         args: Sequence[Any],
         kwargs: Mapping[str, Any],
         trace_context: str | None,
     ) -> TaskResult:
-        json_args, json_kwargs, args_text, kwargs_text = plan.encode_call(args, kwargs)
-        db = store.db_alias()
-        spec = plan.spec
-        if (
-            spec.idempotency_key is None
-            and spec.concurrency_key is None
-            and not spec.partition_yield
-        ):
-            job_id, enqueued_at = job_insert_call(
-                spec,
-                json_args,
-                json_kwargs,
-                args_text,
-                kwargs_text,
-                db=db,
-                trace_context=trace_context,
-            )
-            result = ready_result(task, job_id, enqueued_at, json_args, json_kwargs, self.alias)
-        else:
-            job = spec.new_job(json_args, json_kwargs)
-            if trace_context is not None:
-                job.trace_context = tracing.stored_context(trace_context)
-            unique_for = getattr(task, "unique_for", None)
-            job, created = store.job_insert_idempotent(job, db=db, unique_for=unique_for)
-            if not created:
-                return result_from_job(job)
-            result = result_from_job(job, task=task)
-        if metrics.AVAILABLE:
-            metrics.enqueued(spec.task_path, spec.queue_name)
-        send_robust(task_enqueued, self, result)
+        result, inserted = plan.insert_one(
+            args, kwargs, alias=self.alias, trace_context=trace_context
+        )
+        if inserted:
+            if metrics.AVAILABLE:
+                metrics.enqueued(plan.spec.task_path, plan.spec.queue_name)
+            send_robust(task_enqueued, self, result)
         return result
 
     def get_result(self, result_id: str) -> TaskResult:

@@ -26,7 +26,7 @@ from ..compat import TASK_MAX_PRIORITY
 from ..conf import queue_limits
 from ..core.states import JobState
 from ..models import Job
-from ..sql import JSONAppend
+from .sql import JSONAppend
 from . import flow, resources
 from .base import (
     CLAIM_ORDER,

@@ -18,7 +18,7 @@ from django.db.models.functions import Now
 
 from ..core.states import LIVE, JobState
 from ..models import Job
-from ..sql import JSONAppend
+from .sql import JSONAppend
 from .base import db_alias, error_entry, notify, take_sqlite_write_lock
 from .dead_letters import dead_letter_insert
 from .partitions import lock_partition_of_job, lock_partitions, partitions_promote

@@ -14,9 +14,6 @@ from dataclasses import fields
 from datetime import datetime
 from typing import Any
 
-from django.core.signals import setting_changed
-from django.dispatch import receiver
-
 from ..compat import (
     TASKS_LOGGER,
     BaseTaskBackend,
@@ -27,6 +24,7 @@ from ..compat import (
     log_task_enqueued,
     task_enqueued,
 )
+from ..conf import generation
 from ..core.states import JobState, to_status
 from ..models import Job
 from ..store import error_entry
@@ -191,7 +189,9 @@ def ready_results(
 
 
 #: Each backend alias's class, the sender of its tasks' signals (see ``signal_sender``).
+#: The senders by backend alias, and the ``TASKS`` generation they were read under.
 _senders: dict[str, type] = {}
+_senders_generation = -1
 
 
 def signal_sender(task: Task) -> type:
@@ -200,17 +200,15 @@ def signal_sender(task: Task) -> type:
     Kept per backend alias: Django's backends are per thread, and looking one
     up costs microseconds, once per job. Forgotten when ``TASKS`` changes.
     """
+    global _senders_generation
+    if _senders_generation != generation("TASKS"):
+        _senders.clear()
+        _senders_generation = generation("TASKS")
     try:
         return _senders[task.backend]
     except KeyError:
         sender = _senders[task.backend] = type(task.get_backend())
         return sender
-
-
-@receiver(setting_changed)
-def _forget_senders(*, setting: str, **kwargs: Any) -> None:
-    if setting == "TASKS":
-        _senders.clear()
 
 
 def send_robust(signal: Any, sender: BaseTaskBackend | type, task_result: TaskResult) -> None:
