@@ -12,7 +12,7 @@ def dispatch_backend_options() -> dict[str, dict[str, Any]]:
     Read from the setting, not from built backends, so that a bad option is
     reported by the check rather than raised while building the backend.
     """
-    from ..enqueue import DispatchBackendBase
+    from ..tasks.registry import DispatchBackendBase
 
     found: dict[str, dict[str, Any]] = {}
     for alias, params in (getattr(settings, "TASKS", None) or {}).items():

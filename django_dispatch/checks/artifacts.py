@@ -5,7 +5,7 @@ from typing import Any
 from django.conf import settings
 from django.core import checks
 
-from ..docs_links import docs_url
+from ..core.docs_links import docs_url
 
 
 @checks.register()

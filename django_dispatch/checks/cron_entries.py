@@ -11,10 +11,10 @@ from django.conf import settings
 from django.core import checks
 from django.utils.module_loading import import_string
 
-from .. import cron
 from ..compat import Task
 from ..conf import CRON_ENTRY_KEYS, did_you_mean
-from ..docs_links import docs_url
+from ..core import cron
+from ..core.docs_links import docs_url
 from .aliases import dispatch_backend_options
 
 SEE = f"See {docs_url('scheduling', 'declaring-entries-in-settings')}"

@@ -7,7 +7,7 @@ from django.core import checks
 from django.db import DEFAULT_DB_ALIAS, connections, router
 from django.db.migrations.executor import MigrationExecutor
 
-from ..docs_links import docs_url
+from ..core.docs_links import docs_url
 from ..models import Job
 
 SUPPORTED_VENDORS = {"postgresql", "sqlite"}

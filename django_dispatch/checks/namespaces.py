@@ -5,7 +5,7 @@ from typing import Any
 from django.core import checks
 from django.db.models import Count
 
-from ..docs_links import docs_url
+from ..core.docs_links import docs_url
 from ..models import Job
 from ..models.job import NAMESPACE_RE
 from .aliases import dispatch_backend_options

@@ -5,8 +5,8 @@ from typing import Any
 from django.conf import settings
 from django.core import checks
 
-from ..conf import did_you_mean
-from ..docs_links import docs_url
+from ..conf import did_you_mean, queue_limit_problems
+from ..core.docs_links import docs_url
 
 SEE = f"See {docs_url('settings', 'queue-limits')}"
 
@@ -20,7 +20,6 @@ def check_queue_limits(app_configs: Any = None, **kwargs: Any) -> list[checks.Ch
     allowed names: a limit on a queue no backend allows would limit nothing,
     so it is reported rather than ignored.
     """
-    from ..conf import queue_limit_problems
 
     raw = getattr(settings, "DISPATCH", None) or {}
     if not isinstance(raw, dict) or "QUEUES" not in raw:
@@ -47,7 +46,7 @@ def check_queue_limits(app_configs: Any = None, **kwargs: Any) -> list[checks.Ch
 
 def _allowed_queue_names() -> set[str] | None:
     """The queue names some DispatchBackend allows; None if one allows any name."""
-    from ..enqueue import backend_for, dispatch_aliases
+    from ..tasks.registry import backend_for, dispatch_aliases
 
     allowed: set[str] = set()
     any_name = False

@@ -6,7 +6,7 @@ from django.conf import settings
 from django.core import checks
 
 from ..conf import did_you_mean, get_settings, known_keys, unknown_keys
-from ..docs_links import docs_url
+from ..core.docs_links import docs_url
 from .cron_entries import check_cron_entries
 from .database import check_jobs_database
 

@@ -211,8 +211,8 @@ def cluster_snapshot(
     from django.db.models import Count, DurationField, ExpressionWrapper, F, Max, Q, Sum
     from django.db.models.functions import Now
 
+    from ..core.states import JobState
     from ..models import Job, Worker
-    from ..states import JobState
     from ..store import db_alias
     from ..store.base import live_jobs, now_plus
 
