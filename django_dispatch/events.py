@@ -20,6 +20,15 @@ while ``subscribe`` hands each event to one subscriber at a time (a lease
 of ``DISPATCH["EVENT_LEASE_SECONDS"]``, delivered again if not acked in
 time). See docs/events.md.
 
+Workflows sit above events (a step's wait reads events), so this module
+never imports them. The wake-up is a hook instead: the app's ``ready()``
+registers ``workflows.wakeups.wake_waiting_steps`` with ``on_publish``, and
+every publish runs the registered hooks in its own transaction, under the
+event-name lock that closes the race with a wait being recorded (see
+``store.events``). A hook set at startup, rather than an import made here,
+keeps the arrow one way and still reaches every process that publishes,
+whether or not it ever imported a workflow.
+
 Every function takes ``backend=`` (a ``TASKS`` alias, default
 ``"default"``): events live in that backend's namespace.
 """
@@ -36,15 +45,29 @@ from asgiref.sync import sync_to_async
 from django.db import connections
 
 from .conf import get_settings
-from .encoding import to_json
-from .enqueue import namespace_for
 from .models import Event
 from .models.event import EVENT_NAME_MAX_LENGTH
 from .models.job import KEY_MAX_LENGTH
 from .store import db_alias
 from .store import events as events_store
+from .tasks.registry import namespace_for
+from .tasks.values import to_json
 
 __all__ = ["Event", "ack", "asubscribe", "check_key", "check_name", "publish", "subscribe"]
+
+#: What each publish runs in its transaction (see the module docstring).
+_publish_hooks: list[events_store.PublishHook] = []
+
+
+def on_publish(hook: events_store.PublishHook) -> events_store.PublishHook:
+    """Run ``hook(db, event)`` inside every publish's transaction, under the event-name lock.
+
+    Registering the same hook again changes nothing (``ready()`` may run more
+    than once in tests). Returns the hook, so it can be used as a decorator.
+    """
+    if hook not in _publish_hooks:
+        _publish_hooks.append(hook)
+    return hook
 
 
 def check_name(name: object) -> str:
@@ -88,14 +111,12 @@ def publish(
     otherwise); the name and key are checked first (``ValueError``). Nothing
     is written when anything is refused.
     """
-    from .workflows.engine import build_step_job  # a publish wakes waiting steps
-
     check_name(name)
     check_key(key)
     payload = to_json(payload, "An event's payload")
     namespace = namespace_for(backend)
     return events_store.event_publish(
-        name, payload, key=key, namespace=namespace, build_job=build_step_job
+        name, payload, key=key, namespace=namespace, on_publish=tuple(_publish_hooks)
     )
 
 

@@ -1,17 +1,21 @@
 """The only writer of event rows: publish, lease (subscribe), ack, purge.
 
 Publish is one INSERT in the caller's transaction (a savepoint inside it), so
-an event published in a transaction that rolls back never existed, and it
-wakes, in the same transaction, every workflow step waiting on it (see
-``workflows.waits``). On PostgreSQL it also NOTIFYs the namespace's event
-channel, delivered at commit, so a waiting ``subscribe`` returns at once.
+an event published in a transaction that rolls back never existed. The
+caller's ``on_publish`` hooks run in that same transaction, under the lock
+below: that is how the steps waiting on the event are woken (the workflow
+store's ``waits.wake_waiting_steps``), without this module knowing about
+workflows. Events sit below workflows: waits read events and take their
+lock, so the arrow points from ``workflows.waits`` to here, never back. On
+PostgreSQL a publish also NOTIFYs the namespace's event channel, delivered
+at commit, so a waiting ``subscribe`` returns at once.
 
 The lost wake-up between a publish and a step recording its wait is closed
 by a transaction-level advisory lock on (namespace, name): publishes take it
 shared (they never wait for each other), a wait being recorded takes it
 exclusive. So a wait is recorded either after every concurrent publish of
 that name committed (and its look-back finds the event) or before the
-publish reads the waiting steps (and the publish wakes it). SQLite has one
+publish's hooks read the waiting steps (and wake it). SQLite has one
 writer at a time, which serializes the same way.
 
 Subscribe is queue semantics: the oldest unacked event is leased to one
@@ -22,6 +26,7 @@ caller (SKIP LOCKED on PostgreSQL; SQLite's write lock) for
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from django.db import connections, transaction
@@ -30,11 +35,14 @@ from django.db.models.functions import Now
 
 from ..models import Event
 from .base import NOTIFY_CHANNEL, db_alias, delete_in_batches, now_plus, take_sqlite_write_lock
-from .workflows.common import StepJobBuilder
-from .workflows.waits import wake_waiting_steps
 
 #: The first key of the event-name locks (two-key ``pg_advisory_xact_lock``).
 LOCK_CLASS = 0x44535645  # "DSVE"
+
+#: ``hook(db, event)``: run inside a publish's transaction, under the shared
+#: event-name lock, once the event row is inserted. An exception rolls the
+#: publish back.
+PublishHook = Callable[[str, Event], object]
 
 
 def event_channel(namespace: str = "") -> str:
@@ -59,16 +67,20 @@ def event_publish(
     *,
     key: str | None,
     namespace: str,
-    build_job: StepJobBuilder,
+    on_publish: Sequence[PublishHook] = (),
     db: str | None = None,
 ) -> int:
-    """Insert an event, wake the steps waiting on it; return its id (caller validated)."""
+    """Insert an event and run ``on_publish`` on it, in one transaction; return its id.
+
+    The caller validated the name, key and payload.
+    """
     db = db or db_alias()
     with transaction.atomic(using=db):
         lock_event_name(db, namespace, name, shared=True)
         event = Event(namespace=namespace, name=name, key=key, payload=payload)
         event.save(using=db, force_insert=True)
-        wake_waiting_steps(db, event, build_job)
+        for hook in on_publish:
+            hook(db, event)
         connection = connections[db]
         if connection.vendor == "postgresql":
             with connection.cursor() as cursor:

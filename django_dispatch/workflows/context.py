@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -11,9 +12,12 @@ from typing import TYPE_CHECKING, Any
 
 from asgiref.sync import sync_to_async
 
-from ..encoding import to_json
 from ..store import workflows as wf_store
+from ..tasks.artifact_files import save_for_step
+from ..tasks.values import to_json
+from . import waiting
 from .exceptions import StepLost
+from .registry import get_workflow
 
 if TYPE_CHECKING:
     from .definition import Workflow
@@ -70,8 +74,6 @@ class StepContext:
 
     def over_time(self) -> bool:
         """Whether the worker stopped this attempt at the step's timeout."""
-        import time
-
         return self.deadline is not None and self.cancelled and time.monotonic() >= self.deadline
 
     @property
@@ -109,8 +111,6 @@ class StepContext:
     def save_artifact(self, name: str, content: Any, **options: Any) -> Any:
         """Store an artifact of this step and attempt (see ``context.save_artifact``
         and docs/artifacts.md); raises ``StepLost`` once the attempt lost its step."""
-        from ..artifact_files import save_for_step
-
         if self.cancelled:
             raise StepLost(self._gone())
 
@@ -136,8 +136,6 @@ class StepContext:
         step's switch to ``waiting`` commit together, and only while this
         attempt still holds the step.
         """
-        from .definition import get_workflow
-
         get_workflow(workflow.name)  # registered, so the worker will find it
         request = StartChild(workflow.name, to_json(input, "A child run's input"))
         self.child_requested = request
@@ -156,21 +154,15 @@ class StepContext:
         ``EventTimeout`` in the re-run, which the step may catch. Code above
         this call runs again on resume: see docs/workflows.md.
         """
-        from .waiting import wait_for_event
-
-        return wait_for_event(self, name, key=key, timeout=timeout)
+        return waiting.wait_for_event(self, name, key=key, timeout=timeout)
 
     def sleep(self, seconds: float) -> None:
         """Sleep durably (database clock; survives restarts), holding no worker."""
-        from .waiting import sleep
-
-        sleep(self, seconds)
+        waiting.sleep(self, seconds)
 
     def sleep_until(self, when: datetime) -> None:
         """Sleep durably until ``when`` (an aware datetime), holding no worker."""
-        from .waiting import sleep_until
-
-        sleep_until(self, when)
+        waiting.sleep_until(self, when)
 
     def _gone(self) -> str:
         return (

@@ -6,38 +6,42 @@ checked when the module is imported (duplicate names, unknown, later or
 cyclic dependencies, functions that a worker could not import by path, bad
 options), so a broken definition fails at deploy time, not at 03:00.
 
-Workflows register themselves by name on import; a worker finds a step's
-function by importing the handler path stored on the step row (which
-imports the module defining the workflow) and looking the step up here.
-Only functions registered as steps ever run.
+Workflows register themselves by name on import (see ``registry``, where a
+worker looks a step row's code up).
 """
 
 from __future__ import annotations
 
 import inspect
 import math
-import random
 import sys
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from django.utils.module_loading import import_string
-
+from .backoff import BACKOFF_CAP_SECONDS, BackoffFunction, backoff_delay, default_backoff
 from .exceptions import UnknownWorkflow, WorkflowDefinitionError
+from .registry import get_workflow, register, resolve_step
 
 if TYPE_CHECKING:
     from ..models import WorkflowRun
 
+__all__ = [
+    "BACKOFF_CAP_SECONDS",
+    "BackoffFunction",
+    "StepDef",
+    "Workflow",
+    "backoff_delay",
+    "check_graph",
+    "default_backoff",
+    "get_workflow",
+    "resolve_step",
+]
+
 F = TypeVar("F", bound=Callable[..., Any])
-#: ``fn(attempt) -> seconds``: the delay after failed attempt number ``attempt``.
-BackoffFunction = Callable[[int], float]
 
 NAME_MAX_LENGTH = 200
 PATH_MAX_LENGTH = 255
-BACKOFF_CAP_SECONDS = 3600.0
-
-_REGISTRY: dict[str, Workflow] = {}
 
 
 @dataclass(frozen=True, slots=True)
@@ -54,22 +58,6 @@ class StepDef:
     #: (exponential: about 1 s, 2 s, 4 s, ... capped at an hour).
     backoff: float | str | None
     timeout: float | None
-
-
-def default_backoff(attempt: int) -> float:
-    """About 1 s, 2 s, 4 s, ... after failed attempt 1, 2, 3, ..., capped at an hour."""
-    ceiling = min(BACKOFF_CAP_SECONDS, 2.0 ** (max(1, attempt) - 1))
-    return random.uniform(ceiling / 2, ceiling)
-
-
-def backoff_delay(backoff: float | str | None, attempt: int) -> float:
-    """Seconds to wait after failed attempt ``attempt`` under a stored backoff."""
-    if backoff is None:
-        return default_backoff(attempt)
-    if isinstance(backoff, int | float):
-        return max(0.0, float(backoff))
-    function = import_string(backoff)
-    return max(0.0, float(function(attempt)))
 
 
 def _path_of(func: Callable[..., Any], what: str) -> str:
@@ -183,13 +171,7 @@ class Workflow:
         self.queue_name = queue_name
         self.module = sys._getframe(1).f_globals.get("__name__", "")
         self._steps: list[StepDef] = []
-        existing = _REGISTRY.get(name)
-        if existing is not None and existing.module != self.module:
-            raise WorkflowDefinitionError(
-                f"a workflow named {name!r} is already defined in {existing.module}; "
-                "workflow names must be unique across the project."
-            )
-        _REGISTRY[name] = self  # a re-import of the same module replaces it
+        register(self)
 
     def __repr__(self) -> str:
         return f"<Workflow {self.name!r}: {[s.name for s in self._steps]}>"
@@ -316,42 +298,10 @@ class Workflow:
         user id, trace id...): stored on the run, shown in the admin,
         ``ctx.call_context`` in every step, and copied to child runs.
         """
+        # Imported here, not at the top: the engine needs Django's models, and a
+        # module defining workflows must import before the app registry is ready.
         from .engine import start_run
 
         return start_run(
             self, input, idempotency_key=idempotency_key, backend=backend, context=context
         )
-
-
-def get_workflow(name: str) -> Workflow:
-    """The workflow registered under ``name`` (its module must have been imported)."""
-    try:
-        return _REGISTRY[name]
-    except KeyError:
-        raise UnknownWorkflow(
-            f"no workflow named {name!r} is defined (is the module that defines it imported?)."
-        ) from None
-
-
-def resolve_step(workflow_name: str, step_name: str, handler_path: str) -> StepDef:
-    """The step to run for a step row, with its *current* code.
-
-    Importing the stored handler path imports the module defining the
-    workflow (registering it). The function there must be a registered
-    step: a row written by someone else cannot make a worker call an
-    arbitrary function. The step is then looked up by workflow and step name,
-    so a step whose function was replaced in a deploy runs the new code.
-    """
-    try:
-        func = import_string(handler_path)
-    except ImportError as e:
-        raise UnknownWorkflow(
-            f"step {step_name!r} of workflow {workflow_name!r}: {handler_path!r} cannot be "
-            f"imported ({e}). If it moved, keep an alias at the old path until its runs finish."
-        ) from e
-    if not any(s.func is func for wf in _REGISTRY.values() for s in wf._steps):
-        raise UnknownWorkflow(
-            f"{handler_path!r} is not a registered workflow step; only functions decorated "
-            "with @workflow.step() run."
-        )
-    return get_workflow(workflow_name).get_step(step_name)

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from inspect import iscoroutinefunction
@@ -32,9 +33,10 @@ from asgiref.sync import async_to_sync
 from django.db import connections
 
 from ..compat import InvalidTask
-from ..encoding import to_json
 from ..exceptions import JobCancelled
-from ..results import error_of as job_error_of
+from ..runtime.timeouts import limit_this_job
+from ..tasks.results import error_of as job_error_of
+from ..tasks.values import to_json
 from .context import StartChild, StepContext
 from .exceptions import StepTimeout
 from .waiting import WaitRequested
@@ -130,10 +132,6 @@ def _call_limited(func: Callable[[StepContext], Any], ctx: StepContext, timeout:
     the worker's timeout (``limit_this_job``): past it the step is asked to stop,
     and stuck code is ended by recycling the process, as for a task. Elsewhere
     (``drain()``, no process to recycle), on a helper thread that is abandoned."""
-    import time
-
-    from ..runtime.timeouts import limit_this_job
-
     if not limit_this_job(timeout):
         return _call_on_thread(func, ctx, timeout)
     ctx.deadline = time.monotonic() + timeout

@@ -73,7 +73,9 @@ def run_now(run_id: int) -> list[int]:
             "connection, which cannot see uncommitted rows. Call it once your transaction "
             "has committed, e.g. transaction.on_commit(lambda: run_now(run.pk)). Nothing was run."
         )
-    from ..runtime.inline import run_next_step  # the runtime sits beside services, not below
+    # Imported here: only run_now needs the worker machinery, and the admin
+    # imports this module in every web process.
+    from ..runtime.inline import run_next_step
 
     return run_next_step(run_id)
 

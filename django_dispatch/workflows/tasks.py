@@ -1,19 +1,40 @@
-"""The one internal task every workflow step runs as.
+"""The one internal task every workflow step runs as, and the builder of its jobs.
 
 Its arguments are only ids (a step row and a generation): what to run is
 read from the step row and resolved against the registered workflows, so a
 job row can never make a worker call an unregistered function.
+
+``build_step_job`` lives beside ``run_step`` because a step job is a job of
+this task: the attempt code it runs takes the builder as an argument, so
+the arrow points from here down to ``attempt`` only.
 """
 
+from django.core.exceptions import ImproperlyConfigured
+
 from ..compat import task
-from .engine import execute_step
+from ..models import Job
+from ..tasks.registry import DispatchBackendBase
+from .attempt import execute_step
 
 
 @task(takes_context=True)
 def run_step(context, step_id: int, generation: int) -> dict:
-    """Run one attempt of workflow step ``step_id`` (see ``engine.execute_step``).
+    """Run one attempt of workflow step ``step_id`` (see ``attempt.execute_step``).
 
-    Step jobs pass both arguments by position, so jobs enqueued before the
-    parameter was renamed (from ``workflow_task_id``) run unchanged.
+    Step jobs pass both arguments by position, so renaming a parameter
+    cannot break the jobs already queued.
     """
-    return execute_step(context, step_id, generation)
+    return execute_step(context, step_id, generation, build_job=build_step_job)
+
+
+def build_step_job(step_id: int, generation: int, queue_name: str) -> Job:
+    """An unsaved job of ``run_step`` for one step, with no job-level retries."""
+    task = run_step if queue_name == run_step.queue_name else run_step.using(queue_name=queue_name)
+    backend = task.get_backend()
+    if not isinstance(backend, DispatchBackendBase):
+        raise ImproperlyConfigured(
+            "workflows need TASKS['default'] to use django_dispatch.backend.DispatchBackend."
+        )
+    job = backend.build_job(task, [step_id, generation], {})
+    job.max_attempts = 1  # step attempts are the engine's, not the job's
+    return job

@@ -20,6 +20,7 @@ from __future__ import annotations
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
+from ..events import check_key, check_name, check_timeout
 from ..store.workflows import WaitSpec
 from .exceptions import EventTimeout, WorkflowDefinitionError
 
@@ -55,8 +56,6 @@ def wait_for_event(
     ctx: StepContext, name: str, *, key: str | None = None, timeout: float | None = None
 ) -> Any:
     """See ``StepContext.wait_for_event``."""
-    from ..events import check_key, check_name, check_timeout
-
     check_name(name)
     check_key(key)
     seconds = None if timeout is None else check_timeout(timeout)
@@ -74,8 +73,6 @@ def wait_for_event(
 
 def sleep(ctx: StepContext, seconds: float) -> None:
     """See ``StepContext.sleep``."""
-    from ..events import check_timeout
-
     seconds = check_timeout(seconds, "sleep seconds")
     if _recorded(ctx, "sleep", "a sleep") is None:
         raise WaitRequested(WaitSpec("sleep", seconds=seconds))

@@ -10,8 +10,9 @@ call then returns the n-th entry of ``waits`` (see docs/workflows.md).
 A wait ends in one of three ways, each a compare-and-set on ``state =
 'waiting'`` so exactly one of them wins:
 
-* a publish of a matching event (``wake_waiting_steps``, in the publisher's
-  transaction): every waiting step of every run gets its own copy;
+* a publish of a matching event (``wake_waiting_steps``, a publish hook run
+  in the publisher's transaction): every waiting step of every run gets its
+  own copy;
 * the step's timer job, run at ``wait_until`` (``claim_timed_out`` in
   ``steps.workflow_step_claim``): the wait timed out, or the sleep is over;
 * already when it is recorded: a matching event was published since the run
@@ -26,17 +27,18 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from django.db.models import Q
 from django.db.models.functions import Now
 
-from ...models import Job, WorkflowRun, WorkflowTask
+from ...core.states import JobState
+from ...models import Event, Job, WorkflowRun, WorkflowTask
 from ...models.workflow import StepState
-from ...sql import JSONAppend
-from ...states import JobState
 from ..base import db_now, now_plus
 from ..enqueue import jobs_insert
+from ..events import lock_event_name
+from ..sql import JSONAppend
 from .common import (
     RunRow,
     StepJobBuilder,
@@ -45,9 +47,6 @@ from .common import (
     enqueue_steps,
     locked_run,
 )
-
-if TYPE_CHECKING:
-    from ...models import Event
 
 #: The wait fields cleared when a wait ends.
 NO_WAIT: dict[str, Any] = {"wait_event_name": None, "wait_event_key": None, "wait_until": None}
@@ -90,8 +89,6 @@ def workflow_step_wait(
     db: str | None = None,
 ) -> bool:
     """running -> waiting (or straight back to ready); False when the claim was lost."""
-    from ..events import lock_event_name  # events imports this module
-
     db = db_or_default(db)
     with locked_run(db, step_id=step_id) as run:
         if run is None:
@@ -145,8 +142,6 @@ def _already_over(
             wait.until is not None and wait.until <= db_now(db)
         )
         return {"kind": "sleep", "timed_out": False} if over else None
-    from ...models import Event
-
     started = WorkflowRun.objects.using(db).values_list("created_at", flat=True).get(id=run["id"])
     received = [w["event_id"] for w in done if w.get("event_id")]
     events = Event.objects.using(db).filter(
