@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from django.db import IntegrityError, transaction
@@ -234,27 +234,33 @@ def workflow_run_reopen(
             raise WorkflowTask.DoesNotExist(f"run {run_id} has no step {from_step!r}")
         names = {from_step} | descendants(graph, from_step)
         reset = [s for s in steps if s["name"] in names or s["state"] in STEP_UNFINISHED]
-        WorkflowTask.objects.using(db).filter(id__in=[s["id"] for s in reset]).update(
-            state=StepState.PENDING,
-            generation=run["generation"],
-            attempts=0,
-            failures=0,
-            claim_id=None,
-            job_id=None,
-            child_run_id=None,
-            output=None,
-            checkpoint=None,
-            errors=[],
-            waits=[],
-            wait_event_name=None,
-            wait_event_key=None,
-            wait_until=None,
-            ready_at=None,
-            heartbeat_at=None,
-            started_at=None,
-            finished_at=None,
-            updated_at=Now(),
-        )
-        stop_steps(db, reset)
+        _restart_steps(db, reset, run["generation"])
         advance(db, run, build_job)
     return True
+
+
+def _restart_steps(db: str, steps: Sequence[Mapping[str, Any]], generation: int) -> None:
+    """Put ``steps`` back to ``pending`` at ``generation``, as if never run, and stop
+    what they had going (their jobs cancelled; live child runs after commit)."""
+    WorkflowTask.objects.using(db).filter(id__in=[s["id"] for s in steps]).update(
+        state=StepState.PENDING,
+        generation=generation,
+        attempts=0,
+        failures=0,
+        claim_id=None,
+        job_id=None,
+        child_run_id=None,
+        output=None,
+        checkpoint=None,
+        errors=[],
+        waits=[],
+        wait_event_name=None,
+        wait_event_key=None,
+        wait_until=None,
+        ready_at=None,
+        heartbeat_at=None,
+        started_at=None,
+        finished_at=None,
+        updated_at=Now(),
+    )
+    stop_steps(db, steps)
