@@ -33,9 +33,9 @@ from django.db.models import Case, IntegerField, Value, When
 from django.db.models.functions import Now
 
 from ...conf import queue_limits
+from ...core.states import JobState
 from ...models import Job, WorkflowRun, WorkflowTask
 from ...models.workflow import StepState
-from ...states import JobState
 from ..base import take_sqlite_write_lock
 from ..claim import CLAIM_FIELDS, ClaimedJob, _claimed, _lease
 from ..flow import queues_paused

@@ -27,9 +27,9 @@ from django.db.models.functions import Now
 
 from ...models import Job, WorkflowRun, WorkflowTask
 from ...models.workflow import RUN_ACTIVE, STEP_DONE, RunState, StepState
-from ...sql import JSONAppend
 from ..base import db_alias, db_now, error_entry, now_plus, take_sqlite_write_lock
 from ..enqueue import jobs_insert
+from ..sql import JSONAppend
 
 #: (step_id, generation, queue_name) -> an unsaved step Job.
 StepJobBuilder = Callable[[int, int, str], Job]

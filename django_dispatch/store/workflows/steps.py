@@ -18,9 +18,9 @@ from django.db.models.functions import Coalesce, Now
 
 from ...models import WorkflowRun, WorkflowTask
 from ...models.workflow import RUN_ACTIVE, STEP_DONE, STEP_SKIPPABLE, StepState
-from ...sql import JSONAppend
 from ..base import db_now
 from ..maintenance import WORKER_LOST_PATH
+from ..sql import JSONAppend
 from .common import (
     RunSpec,
     StepJobBuilder,

@@ -9,11 +9,11 @@ from django.db.models import BooleanField, Exists, F, OuterRef
 from django.db.models.expressions import RawSQL
 from django.db.models.functions import Now
 
+from ...core.states import LIVE, JobState
 from ...models import Job, WorkflowTask
 from ...models.workflow import StepState
-from ...sql import JSONAppend
-from ...states import LIVE, JobState
 from ..base import now_plus
+from ..sql import JSONAppend
 from .common import (
     STEP_JOB_LOST_PATH,
     StepJobBuilder,
