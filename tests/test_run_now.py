@@ -1,4 +1,4 @@
-"""``run_now(run_id)`` (#15): the caller's process claims a run's next runnable step job by
+"""``run_now(run_id)``: the caller's process claims a run's next runnable step job by
 id and runs it inline, through the worker's own path.
 
 Steps record SideEffect rows with the pid of the process that ran them, so
@@ -160,7 +160,7 @@ def test_bad_input_and_a_transaction_are_refused_and_nothing_runs():
 
 
 def test_steps_of_a_paused_or_limited_queue_are_left_to_the_workers():
-    """A claim by id would bypass a pause and the DISPATCH["QUEUES"] gate (#17)."""
+    """A claim by id would bypass a pause and the DISPATCH["QUEUES"] gate."""
     run = wfs.two.start({"key": "flow"})
     job_id = step_of(run, "first").job_id
     assert pause_queue("default") is True

@@ -1,4 +1,4 @@
-"""The rest of the workflow store (#15): call context, parking without an attempt,
+"""The rest of the workflow store: call context, parking without an attempt,
 retention. Steps run through the real worker path. ``run_now``: tests/test_run_now.py."""
 
 from __future__ import annotations
