@@ -50,7 +50,7 @@ from django_dispatch.store.enqueue import (
     jobs_insert,
     jobs_insert_calls,
 )
-from django_dispatch.store.leases import _finish_many_orm, _finish_many_pg
+from django_dispatch.store.finish import _finish_many_orm, _finish_many_pg
 from django_dispatch.store.partitions import (
     LOCK_CLASS,
     Head,

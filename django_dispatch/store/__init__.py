@@ -43,6 +43,7 @@ from .dead_letters import (
     jobs_purge,
 )
 from .enqueue import job_insert_idempotent, jobs_insert
+from .finish import jobs_finish_many_if_leased
 from .handover import job_claimed_if_leased
 from .interruptions import job_interrupt_if_leased
 from .leadership import leadership_acquire, leadership_holder, leadership_release
@@ -52,7 +53,6 @@ from .leases import (
     job_finish_if_leased,
     job_progress_if_leased,
     job_release_if_leased,
-    jobs_finish_many_if_leased,
     jobs_renew_leases,
 )
 from .maintenance import WORKER_LOST_PATH, job_cancel, jobs_rescue_expired, jobs_retry_now

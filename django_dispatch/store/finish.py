@@ -1,0 +1,205 @@
+"""The finish of a whole wave of successes: one fenced statement, one commit.
+
+A busy worker returns results faster than one UPDATE and one commit each
+can record them, so it finishes them in waves. Every row of a wave is still
+fenced by its own lease (id, ``state = 'running'``, worker_id, lease_epoch):
+a job cancelled, timed out or reclaimed meanwhile matches nothing, stays as
+it is and is not among the winners, and its attempt's usage is recorded by
+whoever took the job over.
+
+On PostgreSQL the wave is raw SQL (``_FINISH_MANY_SQL``, with the usage
+records ``_FINISH_MANY_USAGE_SQL``); elsewhere its ORM twin
+``_finish_many_orm``. tests/test_raw_sql_twins.py and tests/test_usage_wave.py
+run both on the same rows.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from django.db import connections, transaction
+from django.db.models import Case, JSONField, Q, Value, When
+from django.db.models.functions import Cast, Now
+
+from ..core.states import JobState
+from ..models import Job
+from .base import db_alias, job_sql
+from .claim import Lease
+from .partitions import lock_partitions, partitions_promote, try_lock_partitions
+from .usage import (
+    USAGE_ROW_JOB_ID,
+    UsageEntry,
+    usage_insert_sql,
+    usage_record_many,
+    usage_rows_json,
+)
+
+logger = logging.getLogger("django_dispatch.store")
+
+
+#: ``jobs_finish_many_if_leased`` for PostgreSQL: the fenced UPDATE of a
+#: whole wave with the values as four arrays, returning the winners, so one
+#: statement (and no ORM compilation of a CASE per row) records the wave.
+#: Its twin is ``_finish_many_orm`` (tests/test_raw_sql_twins.py).
+_FINISH_MANY_SQL = """
+UPDATE {job} AS j SET
+    state = {succeeded}, return_value = d.return_value, finished_at = now(),
+    lease_expires_at = NULL
+FROM unnest(%s::bigint[], %s::text[], %s::bigint[], %s::jsonb[])
+    AS d(id, worker_id, lease_epoch, return_value)
+WHERE j.id = d.id AND j.state = {running} AND j.worker_id = d.worker_id
+    AND j.lease_epoch = d.lease_epoch
+RETURNING j.id, j.partition_key
+"""
+
+
+def jobs_finish_many_if_leased(
+    results: Sequence[tuple[Lease, Any]],
+    *,
+    db: str | None = None,
+    usage: Mapping[int, UsageEntry] | None = None,
+) -> set[int]:
+    """running -> succeeded for many jobs at once; return the ids that won.
+
+    The hot path of a busy worker: one UPDATE and one commit for a whole wave
+    of finished jobs instead of one each. Each row is still fenced by its own
+    (id, worker_id, lease_epoch); jobs lost meanwhile are left alone and not
+    in the result. The partitions the winners free get their next jobs
+    promoted in the same transaction, as ``job_finish_if_leased`` does, under
+    their keys' locks: taken before the UPDATE, in one statement, from the
+    keys the leases carry, so a wave of unkeyed jobs takes none.
+
+    ``usage``: the attempts' usage records by job id. Only the winners'
+    are written (a loser's attempt is recorded by whoever took its job over),
+    in this transaction: on PostgreSQL by the finishing statement itself
+    (``_FINISH_MANY_USAGE_SQL``), elsewhere by one INSERT after it.
+    """
+    if not results:
+        return set()
+    db = db or db_alias()
+    keys = {lease.partition_key for lease, _ in results if lease.partition_key}
+    with transaction.atomic(using=db, savepoint=False):
+        lock_partitions(db, keys)
+        if connections[db].vendor == "postgresql":
+            winners = _finish_many_pg(results, db, usage)
+        else:
+            winners = _finish_many_orm(results, db)
+            if usage:
+                usage_record_many([usage[i] for i in winners if i in usage], db=db)
+        freed = {key for key in winners.values() if key}
+        if freed - keys:
+            freed = keys & freed | _lock_late(db, freed - keys)
+        # A worker serves one namespace, so a wave has one; grouped anyway,
+        # since the leases say so and a key is a key within its namespace.
+        namespace_of = {lease.job_id: lease.namespace for lease, _ in results}
+        by_namespace: dict[str, set[str]] = {}
+        for job_id, key in winners.items():
+            if key in freed:
+                by_namespace.setdefault(namespace_of[job_id], set()).add(key)
+        for namespace, namespace_keys in by_namespace.items():
+            partitions_promote(db, namespace_keys, namespace)
+    return set(winners)
+
+
+def _lock_late(db: str, keys: set[str]) -> set[str]:
+    """The keys of winners whose lease did not carry them: lock what we can now.
+
+    Their rows are locked already, so waiting for a key's lock here could
+    deadlock; only free keys are taken (and promoted). A busy one is left to
+    the leader's sweep. Only leases built by hand without their key get here.
+    """
+    locked = try_lock_partitions(db, keys)
+    logger.warning(
+        "finished jobs of partitions %s with leases that did not carry their partition key; %s",
+        sorted(keys),
+        "promoted" if locked == keys else f"left {sorted(keys - locked)} to the leader's sweep",
+    )
+    return locked
+
+
+#: ``_FINISH_MANY_SQL`` writing the winners' usage records too, in the same
+#: statement: the wave's UPDATE is a data-modifying CTE (``done``, its
+#: RETURNING rows: exactly the winners) and the records are inserted from
+#: ``done`` joined to the wave's JSON rows (one parameter, after the UPDATE's
+#: four), so a job whose fence failed gets no record. One round trip per wave
+#: instead of two, on the path every success takes. The fence is the
+#: UPDATE's own: a record is written only for a row the UPDATE won. Its twin is ``_finish_many_orm``
+#: followed by ``usage_record_many`` of the winners (tests/test_usage_wave.py).
+_FINISH_MANY_USAGE_SQL = """
+WITH done AS ({finish}),
+recorded AS ({insert})
+SELECT id, partition_key FROM done
+"""
+_FINISH_MANY_USAGE_RENDERED: dict[str, str] = {}
+
+
+def _finish_many_usage_sql(connection: Any) -> str:
+    """``_FINISH_MANY_USAGE_SQL`` for ``connection``, rendered once per database."""
+    sql = _FINISH_MANY_USAGE_RENDERED.get(connection.alias)
+    if sql is None:
+        rows = f"done JOIN jsonb_array_elements(%s::jsonb) AS r ON {USAGE_ROW_JOB_ID} = done.id"
+        sql = _FINISH_MANY_USAGE_RENDERED[connection.alias] = _FINISH_MANY_USAGE_SQL.format(
+            finish=job_sql(connection, _FINISH_MANY_SQL).strip(),
+            insert=usage_insert_sql(connection, rows).strip(),
+        )
+    return sql
+
+
+def _finish_many_pg(
+    results: Sequence[tuple[Lease, Any]],
+    db: str,
+    usage: Mapping[int, UsageEntry] | None = None,
+) -> dict[int, str | None]:
+    """``_FINISH_MANY_SQL`` (PostgreSQL): {winner id: partition key}.
+
+    With ``usage``, ``_FINISH_MANY_USAGE_SQL``: the winners' records in the
+    same statement.
+    """
+    connection = connections[db]
+    params: list[Any] = [
+        [lease.job_id for lease, _ in results],
+        [lease.worker_id for lease, _ in results],
+        [lease.epoch for lease, _ in results],
+        # None as SQL NULL, as job_finish_if_leased stores it
+        [None if value is None else json.dumps(value) for _, value in results],
+    ]
+    if usage:
+        sql = _finish_many_usage_sql(connection)
+        params.append(usage_rows_json(usage.values()))
+    else:
+        sql = job_sql(connection, _FINISH_MANY_SQL)
+    with connection.cursor() as cursor:
+        cursor.execute(sql, params)
+        return dict(cursor.fetchall())
+
+
+def _finish_many_orm(results: Sequence[tuple[Lease, Any]], db: str) -> dict[int, str | None]:
+    """``_finish_many_pg`` in the ORM (SQLite): {winner id: partition key}."""
+    fence = Q()
+    for lease, _ in results:
+        fence |= Q(id=lease.job_id, worker_id=lease.worker_id, lease_epoch=lease.epoch)
+    mine = Job.objects.using(db).filter(fence)
+    # Cast: when every value is None, each branch is an untyped NULL, which
+    # a JSON column would refuse.
+    return_values = Cast(
+        Case(
+            *[
+                When(id=lease.job_id, then=Value(value, output_field=JSONField()))
+                for lease, value in results
+            ],
+            output_field=JSONField(),
+        ),
+        output_field=JSONField(),
+    )
+    mine.filter(state=JobState.RUNNING).update(
+        state=JobState.SUCCEEDED,
+        return_value=return_values,
+        finished_at=Now(),
+        lease_expires_at=None,
+    )
+    # Only this lease can have made its job succeed, so these are the winners.
+    winners = dict(mine.filter(state=JobState.SUCCEEDED).values_list("id", "partition_key"))
+    return winners
