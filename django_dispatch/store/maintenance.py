@@ -18,15 +18,33 @@ from django.db.models.functions import Now
 
 from ..core.states import LIVE, JobState
 from ..models import Job
-from .sql import JSONAppend
 from .base import db_alias, error_entry, notify, take_sqlite_write_lock
 from .dead_letters import dead_letter_insert
 from .partitions import lock_partition_of_job, lock_partitions, partitions_promote
+from .sql import JSONAppend
 from .usage import usage_record_lost
 
 logger = logging.getLogger("django_dispatch.store")
 
 WORKER_LOST_PATH = "django_dispatch.exceptions.WorkerLost"
+
+
+#: What the rescue reads of each expired row: its fence (state), what the
+#: rescue writes from (the lost count, the worker and lease for the error
+#: entry), the key it frees, and what ``report`` and the usage record need.
+_RESCUE_FIELDS = (
+    "id",
+    "state",
+    "worker_id",
+    "worker_lost_count",
+    "lease_expires_at",
+    "partition_key",
+    "task_path",
+    "queue_name",
+    "attempts",
+    "last_attempted_at",
+    "resources",
+)
 
 
 def jobs_rescue_expired(
@@ -54,73 +72,93 @@ def jobs_rescue_expired(
     the log lines written here without it.
     """
     db = db or db_alias()
-    requeued: list[int] = []
-    failed: list[int] = []
+    with transaction.atomic(using=db):
+        take_sqlite_write_lock(db)
+        rows = _take_expired(db, namespace, limit)
+        if rows is None:
+            return [], []
+        rescued = _rescue_rows(db, rows, max_worker_lost)
+        # Each lost attempt's usage record, with the rescue's outcome, in the
+        # rescue's transaction: it commits with the rescue or not at all.
+        usage_record_lost(db, [row for row, _ in rescued], namespace)
+        # A requeued job stays its key's head, but an older job may have been
+        # demoted behind it (see ``job_fail_if_leased``): promote every key.
+        partitions_promote(db, [row["partition_key"] for row in rows], namespace)
+        requeued = [row["id"] for row, gave_up in rescued if not gave_up]
+        failed = [row["id"] for row, gave_up in rescued if gave_up]
+        if requeued:
+            notify(db, namespace)
+    _report_rescued(rescued, report, max_worker_lost)
+    return requeued, failed
+
+
+def _take_expired(db: str, namespace: str, limit: int) -> list[dict[str, Any]] | None:
+    """Lock the keys, then the rows, of up to ``limit`` expired jobs; None if none expired.
+
+    Every row taken here frees its key or goes back to the queue, so their
+    keys are locked first (see ``partitions``): read them without locking
+    rows, lock them (waiting, in key order), then lock the rows, skipping
+    rows another rescuer took meanwhile (which may leave none).
+    """
     # Two index reads, not a scan of the table: the running jobs' partial
     # index ``dispatch_job_lease`` and the still-leased cancelled jobs'
-    # ``dispatch_job_part_cancelling``. As ``state IN (running, cancelled)``
-    # neither index serves the query, and every sweep read the whole table.
+    # ``dispatch_job_part_cancelling``; ``state IN (running, cancelled)``
+    # would match neither index and read the whole table.
     expired = Job.objects.using(db).filter(
         Q(state=JobState.RUNNING) | Q(state=JobState.CANCELLED, lease_expires_at__isnull=False),
         namespace=namespace,
         lease_expires_at__lt=Now(),
     )
-    with transaction.atomic(using=db):
-        take_sqlite_write_lock(db)
-        # Every row taken here frees its key or goes back to the queue, so
-        # their keys are locked first: read them without locking rows, lock
-        # them (waiting, in key order), then lock the rows, skipping rows
-        # another rescuer took meanwhile.
-        seen = list(expired.order_by("lease_expires_at").values_list("id", "partition_key")[:limit])
-        if not seen:
-            return [], []
-        lock_partitions(db, [key for _, key in seen])
-        rows = list(
-            expired.filter(id__in=[job_id for job_id, _ in seen])
-            .order_by("lease_expires_at")
-            .select_for_update(skip_locked=True)
-            .values(
-                "id",
-                "state",
-                "worker_id",
-                "worker_lost_count",
-                "lease_expires_at",
-                "partition_key",
-                "task_path",
-                "queue_name",
-                "attempts",
-                "last_attempted_at",
-                "resources",
-            )
-        )
-        rescued: list[tuple[Mapping[str, Any], bool]] = []
-        for row in rows:
-            jobs = Job.objects.using(db).filter(id=row["id"], state=row["state"])
-            if row["state"] == JobState.CANCELLED:
-                jobs.update(lease_expires_at=None)
-            elif _rescue(jobs, row, max_worker_lost):
-                dead_letter_insert(db, row["id"])
-                failed.append(row["id"])
-                rescued.append((row, True))
-            else:
-                requeued.append(row["id"])
-                rescued.append((row, False))
-        # Each lost attempt's usage record (#16), with the rescue's outcome.
-        usage_record_lost(db, [row for row, _ in rescued], namespace)
-        # A requeued job stays its key's head, but an older job may have been
-        # demoted behind it (see ``job_fail_if_leased``): promote every key.
-        partitions_promote(db, [row["partition_key"] for row in rows], namespace)
-        if requeued:
-            notify(db, namespace)
+    seen = list(expired.order_by("lease_expires_at").values_list("id", "partition_key")[:limit])
+    if not seen:
+        return None
+    lock_partitions(db, [key for _, key in seen])
+    return list(
+        expired.filter(id__in=[job_id for job_id, _ in seen])
+        .order_by("lease_expires_at")
+        .select_for_update(skip_locked=True)
+        .values(*_RESCUE_FIELDS)
+    )
+
+
+def _rescue_rows(
+    db: str, rows: Sequence[Mapping[str, Any]], max_worker_lost: int
+) -> list[tuple[Mapping[str, Any], bool]]:
+    """Release or rescue each locked row; return (row, failed) for the rescued ones.
+
+    A cancelled job only lets go of its lease (and with it its key); it is
+    neither requeued nor failed. A running one is requeued, or failed with
+    its dead letter, in the same transaction.
+    """
+    rescued: list[tuple[Mapping[str, Any], bool]] = []
+    for row in rows:
+        jobs = Job.objects.using(db).filter(id=row["id"], state=row["state"])
+        if row["state"] == JobState.CANCELLED:
+            jobs.update(lease_expires_at=None)
+        elif _rescue(jobs, row, max_worker_lost):
+            dead_letter_insert(db, row["id"])
+            rescued.append((row, True))
+        else:
+            rescued.append((row, False))
+    return rescued
+
+
+def _report_rescued(
+    rescued: Sequence[tuple[Mapping[str, Any], bool]],
+    report: Callable[[Mapping[str, Any], bool], None] | None,
+    max_worker_lost: int,
+) -> None:
+    """After the commit: each rescued row to ``report``, or else to the log."""
     if report is not None:
         for entry, gave_up in rescued:
             report(entry, gave_up)
-        return requeued, failed
-    for job_id in requeued:
-        logger.warning("job %s: its worker was lost; returned to the queue", job_id)
-    for job_id in failed:
-        logger.error("job %s: failed after losing %s workers", job_id, max_worker_lost)
-    return requeued, failed
+        return
+    for entry, gave_up in rescued:
+        if not gave_up:
+            logger.warning("job %s: its worker was lost; returned to the queue", entry["id"])
+    for entry, gave_up in rescued:
+        if gave_up:
+            logger.error("job %s: failed after losing %s workers", entry["id"], max_worker_lost)
 
 
 def _rescue(jobs: Any, row: Mapping[str, Any], max_worker_lost: int) -> bool:
