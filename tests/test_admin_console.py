@@ -21,8 +21,8 @@ from django.test.utils import CaptureQueriesContext
 from django.urls import reverse
 from django.utils import timezone
 
-from django_dispatch.queries import console
 from django_dispatch.models import CronEntry, Job, Worker
+from django_dispatch.queries import console
 from django_dispatch.testing import drain
 from tests.conftest import postgres_only
 from tests.testapp import tasks
@@ -103,10 +103,10 @@ def set_aside_by_limits() -> dict[str, list[int]]:
     """Jobs blocked by a task's concurrency limit (key "customer:42", cap 3) and by
     queue "capq"'s (cap 1), through a real claim; run inside ``limited_queue()``."""
     from django_dispatch import store
-    from django_dispatch.store import flow
+    from django_dispatch.runtime import flow_cache
     from tests.testapp import flow_tasks
 
-    flow.forget_paused()
+    flow_cache.forget_paused()
     keyed = [
         int(flow_tasks.capped.using(concurrency_key="customer:42").enqueue(f"t{i}").id)
         for i in range(5)

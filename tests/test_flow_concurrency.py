@@ -17,6 +17,7 @@ from django_dispatch import enqueue_many, store
 from django_dispatch.compat import InvalidTask
 from django_dispatch.core.states import JobState
 from django_dispatch.models import ConcurrencyWait, Job
+from django_dispatch.runtime import flow_cache
 from django_dispatch.testing import drain
 from tests.conftest import postgres_only, wait_until
 from tests.database_work import assert_flat_beside, database_work
@@ -29,13 +30,19 @@ pytestmark = pytest.mark.django_db(transaction=True)
 @pytest.fixture(autouse=True)
 def _fresh_flow_cache():
     """Each test starts from the database, not from the cache an earlier test left."""
-    from django_dispatch.store import flow
+    from django_dispatch.runtime import flow_cache
 
-    flow.forget_paused()
+    flow_cache.forget_paused()
 
 
 def claim(worker="w", limit=10):
-    return store.jobs_claim(worker_id=worker, queues=(), limit=limit, lease_seconds=30)
+    return store.jobs_claim(
+        worker_id=worker,
+        queues=(),
+        limit=limit,
+        lease_seconds=30,
+        flow=flow_cache.flow_for_claim(store.db_alias(), "", 1.0),
+    )
 
 
 def finish(claimed):
@@ -121,7 +128,7 @@ def test_a_deferred_job_of_the_group_holds_no_slot():
     """Review finding (wave 5): promotion counted every pending job of the group,
     so one deferred to tomorrow (or backing off before a retry) kept a freed
     slot empty and the group's blocked jobs waited until it ran."""
-    from django_dispatch.store import flow
+    from django_dispatch.store.gates import promotion as flow
 
     group = flow_tasks.capped.using(concurrency_key="customer:42")
     tomorrow = timezone.now() + timedelta(days=1)
@@ -183,7 +190,7 @@ def assert_promotion_reads_only_the_next_jobs(
     as beside 200, on both databases (counted: ``tests.database_work``). Every
     finished job is stored before every set-aside one, so a scan of the table
     meets all of them before it finds one to promote."""
-    from django_dispatch.store import flow
+    from django_dispatch.store.gates import promotion as flow
 
     added = 0
 

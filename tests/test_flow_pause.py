@@ -18,7 +18,7 @@ from django_dispatch import pause_queue, paused_queues, resume_queue, store
 from django_dispatch.core.states import JobState
 from django_dispatch.flow import queue_overview
 from django_dispatch.models import Job, PausedQueue
-from django_dispatch.store import flow as flow_store
+from django_dispatch.runtime import flow_cache
 from django_dispatch.testing import drain
 from tests.concurrency import run_concurrently
 from tests.conftest import ON_POSTGRES, wait_until
@@ -31,15 +31,15 @@ pytestmark = pytest.mark.django_db(transaction=True)
 @pytest.fixture(autouse=True)
 def _fresh_flow_cache():
     """Each test starts from the database, not from the cache an earlier test left."""
-    from django_dispatch.store import flow
+    from django_dispatch.runtime import flow_cache
 
-    flow.forget_paused()
+    flow_cache.forget_paused()
 
 
 def claim(queues=(), limit=10, poll_interval=1.0):
-    return store.jobs_claim(
-        worker_id="w", queues=queues, limit=limit, lease_seconds=30, poll_interval=poll_interval
-    )
+    """A claim as a worker makes it: with the flow state its process keeps."""
+    flow = flow_cache.flow_for_claim(store.db_alias(), "", poll_interval)
+    return store.jobs_claim(worker_id="w", queues=queues, limit=limit, lease_seconds=30, flow=flow)
 
 
 def enqueue(queue, n, seconds=0.0, prefix=None):
@@ -199,13 +199,13 @@ def test_a_pause_made_elsewhere_is_seen_within_the_poll_interval():
 
 
 def test_an_invalidation_during_a_refresh_is_not_lost():
-    flow_store.forget_paused()
+    flow_cache.forget_paused()
     before = time.monotonic()
-    flow_store.paused_for_claim("default", "", 60)
-    entry = flow_store._cache[("default", "")]
+    flow_cache.flow_for_claim("default", "", 60)
+    entry = flow_cache._cache[("default", "")]
     assert entry[0] >= before
-    flow_store.forget_paused()
-    assert ("default", "") not in flow_store._cache
+    flow_cache.forget_paused()
+    assert ("default", "") not in flow_cache._cache
 
 
 # --- commands --------------------------------------------------------------------

@@ -21,6 +21,7 @@ from django_dispatch import store
 from django_dispatch.compat import InvalidTask
 from django_dispatch.core.states import JobState
 from django_dispatch.models import ConcurrencyWait, Job, QueueWindow, Worker
+from django_dispatch.runtime import flow_cache
 from django_dispatch.testing import drain
 from tests.conftest import postgres_only, wait_until
 from tests.testapp import flow_tasks, tasks
@@ -38,13 +39,19 @@ def limited(queues):
 
 @pytest.fixture(autouse=True)
 def _fresh_flow_cache():
-    from django_dispatch.store import flow
+    from django_dispatch.runtime import flow_cache
 
-    flow.forget_paused()
+    flow_cache.forget_paused()
 
 
 def claim(worker="w", limit=20, queues=()):
-    return store.jobs_claim(worker_id=worker, queues=queues, limit=limit, lease_seconds=30)
+    return store.jobs_claim(
+        worker_id=worker,
+        queues=queues,
+        limit=limit,
+        lease_seconds=30,
+        flow=flow_cache.flow_for_claim(store.db_alias(), "", 1.0),
+    )
 
 
 def finish(claimed):
@@ -193,7 +200,7 @@ def test_racing_claims_never_exceed_the_queue_cap():
 
 
 def test_without_queue_limits_the_claim_and_enqueue_are_unchanged():
-    from django_dispatch.store.claim import claim_sql
+    from django_dispatch.store.sources.fused_pg import claim_sql
 
     tasks.add.enqueue(1, 1)
     claim(limit=0)  # fills the flow cache

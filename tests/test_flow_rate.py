@@ -16,7 +16,8 @@ from django_dispatch.compat import InvalidTask
 from django_dispatch.core.rates import parse_rate
 from django_dispatch.core.states import JobState
 from django_dispatch.models import ConcurrencyWait, Job
-from django_dispatch.store.flow import window_start
+from django_dispatch.runtime import flow_cache
+from django_dispatch.store.gates.limits import window_start
 from tests.conftest import wait_until
 from tests.testapp import flow_tasks, tasks
 
@@ -25,13 +26,19 @@ pytestmark = pytest.mark.django_db(transaction=True)
 
 @pytest.fixture(autouse=True)
 def _fresh_flow_cache():
-    from django_dispatch.store import flow
+    from django_dispatch.runtime import flow_cache
 
-    flow.forget_paused()
+    flow_cache.forget_paused()
 
 
 def claim(limit=10):
-    return store.jobs_claim(worker_id="w", queues=(), limit=limit, lease_seconds=30)
+    return store.jobs_claim(
+        worker_id="w",
+        queues=(),
+        limit=limit,
+        lease_seconds=30,
+        flow=flow_cache.flow_for_claim(store.db_alias(), "", 1.0),
+    )
 
 
 @pytest.mark.parametrize(

@@ -26,7 +26,7 @@ from django_dispatch.core.states import JobState
 from django_dispatch.exceptions import InvalidTaskArguments
 from django_dispatch.models import DeadLetter, Job
 from django_dispatch.store.base import error_entry
-from django_dispatch.store.enqueue import CallChunk
+from django_dispatch.store.types import CallChunk
 from django_dispatch.testing import drain
 from tests.conftest import wait_until
 from tests.testapp import tasks

@@ -27,7 +27,7 @@ from django_dispatch.core.states import JobState
 from django_dispatch.models import CronEntry, DeadLetter, Job, Leadership, Worker
 from django_dispatch.runtime import scheduler
 from django_dispatch.runtime.listener import Listener, listener_params
-from django_dispatch.store.claim import claim_sql
+from django_dispatch.store.sources.fused_pg import claim_sql
 from tests.conftest import postgres_only, wait_until
 from tests.testapp import tasks
 from tests.testapp.models import Execution

@@ -36,21 +36,13 @@ from django.utils import timezone
 from django_dispatch.core.states import JobState
 from django_dispatch.models import Job
 from django_dispatch.store.base import db_now
-from django_dispatch.store.claim import (
-    Lease,
-    _claim_pg,
-    _claimed,
-    _lease,
-    runnable_candidates,
-)
 from django_dispatch.store.enqueue import (
-    CallChunk,
-    JobSpec,
     job_insert_call,
     jobs_insert,
     jobs_insert_calls,
 )
 from django_dispatch.store.finish import _finish_many_orm, _finish_many_pg
+from django_dispatch.store.leasing import claimed_job, jobs_lease
 from django_dispatch.store.partitions import (
     LOCK_CLASS,
     Head,
@@ -60,6 +52,9 @@ from django_dispatch.store.partitions import (
     partitions_promote,
     partitions_promote_stalled,
 )
+from django_dispatch.store.sources.fused_pg import claim_pg
+from django_dispatch.store.sources.orm import runnable_candidates
+from django_dispatch.store.types import CallChunk, JobSpec, Lease
 from tests.conftest import postgres_only
 
 # Committed set-up rows: each path then runs in a transaction of its own, so
@@ -136,7 +131,7 @@ def _jobs(*specs: dict[str, Any]) -> list[int]:
     return [job.pk for job in Job.objects.using(DB).bulk_create(jobs)]
 
 
-# --- claim: _claim_pg (the fused statement) vs runnable_candidates + _lease -----------
+# --- claim: claim_pg (the fused statement) vs runnable_candidates + jobs_lease -----------
 
 WORKER = "twin-worker"
 LEASE_SECONDS = 30.0
@@ -197,7 +192,7 @@ def _claim_case() -> None:
     queues, exclude, window, lease = ["default", "q2"], [excluded], 6, 3
 
     def raw() -> tuple[list[dict[str, Any]], list[int]]:
-        leased, locked = _claim_pg(
+        leased, locked = claim_pg(
             DB,
             queues,
             window,
@@ -212,7 +207,7 @@ def _claim_case() -> None:
         rows = runnable_candidates(DB, queues, window, exclude=exclude)
         # What the fused statement leases: the first `lease` unkeyed candidates.
         chosen = [r for r in rows if r["partition_key"] is None][:lease]
-        _lease(DB, chosen, WORKER, rows[0]["db_now"], LEASE_SECONDS)
+        jobs_lease(DB, chosen, WORKER, rows[0]["db_now"], LEASE_SECONDS)
         return rows, [r["id"] for r in chosen]
 
     before = _snapshot()
@@ -224,7 +219,7 @@ def _claim_case() -> None:
         claimed = []
         for row in rows:
             if row["id"] in leased:
-                job = _claimed(dict(row), WORKER, clock)
+                job = claimed_job(dict(row), WORKER, clock)
                 # what the claim wrote is at its clock; the rest as it was
                 row_at = {k: "clock" if v == clock else v for k, v in job.row.items()}
                 claimed.append((job.lease, row_at, job.claimed_at - clock))

@@ -19,7 +19,7 @@ from django_dispatch.compat import InvalidTask
 from django_dispatch.core.resources import check_capacity, parse_capacity, shape_of
 from django_dispatch.core.states import JobState
 from django_dispatch.models import Job, JobUsage
-from django_dispatch.store.resources import Placement
+from django_dispatch.store.types import Placement
 from django_dispatch.testing import drain
 from tests.conftest import wait_until
 from tests.database_work import assert_flat_beside, database_work

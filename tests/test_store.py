@@ -11,7 +11,7 @@ from django_dispatch import cancel, enqueue_many, store
 from django_dispatch.core.states import JobState
 from django_dispatch.models import Job, Leadership, Worker
 from django_dispatch.store.base import now_plus
-from django_dispatch.store.claim import claim_sql
+from django_dispatch.store.sources.fused_pg import claim_sql
 from tests.conftest import postgres_only
 from tests.database_work import assert_flat_beside, database_work
 from tests.testapp import tasks

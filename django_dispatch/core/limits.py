@@ -47,6 +47,11 @@ class JSONTooLarge(InvalidTaskArguments):
     """
 
 
+#: Its documented path, which is also what a failed job's stored error names
+#: (``exception_class_path``): the class is defined here, read from there.
+JSONTooLarge.__module__ = "django_dispatch.limits"
+
+
 def too_large(what: str, size: int, setting: str, limit: int) -> JSONTooLarge:
     """The error for ``what``: ``size`` bytes of JSON, over ``limit`` (``DISPATCH[setting]``)."""
     return JSONTooLarge(

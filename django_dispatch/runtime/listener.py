@@ -19,6 +19,7 @@ from django.db import connections
 
 from ..conf import DispatchSettings
 from ..store import flow, notify_channel
+from . import flow_cache
 from .connections import database_went_away
 
 logger = logging.getLogger("django_dispatch.worker")
@@ -98,7 +99,7 @@ class Listener(threading.Thread):
                         # after the check, not before it).
                         for note in conn.notifies(timeout=0):
                             if note.payload == flow.FLOW_PAYLOAD:
-                                flow.forget_paused()  # a queue was paused or resumed
+                                flow_cache.forget_paused()  # a queue was paused or resumed
                             self.wakeup.set()
             except Exception:
                 if self.stopping.is_set():

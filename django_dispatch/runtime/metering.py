@@ -1,4 +1,4 @@
-"""What one attempt cost, measured on the worker (#16); written by the completer.
+"""What one attempt cost, measured on the worker; written by the completer.
 
 A ``Meter`` starts on the job thread just before task code and stops just
 after it: wall time on the monotonic clock, CPU time of that thread
@@ -29,7 +29,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 
-from ..store.claim import ClaimedJob
+from ..store.types import ClaimedJob
 from ..store.usage import UsageEntry
 
 #: Meters of the attempts running in this process, by job id.

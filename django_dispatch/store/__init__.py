@@ -12,7 +12,9 @@ rows and must discard its result. Functions return whether they won.
 
 All times come from the database clock (``Now()``), never from a worker's.
 
-Modules: ``enqueue`` (inserts), ``claim`` (the claim query), ``leases``
+Modules: ``types`` (the values passed in and out), ``enqueue`` (inserts),
+``claim`` (the claim: ``sources`` read candidates, ``gates`` keep or set
+aside, ``leasing`` writes the lease), ``flow`` (paused queues), ``leases``
 (the worker's fenced writes), ``partitions`` (per-key FIFO heads),
 ``maintenance`` (rescue, cancel, retry now), ``dead_letters`` (failures
 kept for replay, retention), ``schedules`` (cron entries), ``leadership``
@@ -22,17 +24,9 @@ recycled worker's leases read back by the process that replaced it),
 ``workflows`` (workflow runs and steps: a package of its own).
 """
 
-from . import resources, workflows  # noqa: F401 (resources: store.resources.Placement)
+from . import workflows
 from .base import NOTIFY_CHANNEL, db_alias, db_now, error_entry, notify, notify_channel
-from .claim import (
-    CLAIM_FIELDS,
-    ClaimedJob,
-    Lease,
-    claim_candidates,
-    jobs_claim,
-    jobs_due_exist,
-    runnable_candidates,
-)
+from .claim import jobs_claim, jobs_due_exist
 from .dead_letters import (
     dead_letter_claim_replay,
     dead_letter_insert,
@@ -65,6 +59,8 @@ from .schedules import (
     cron_entry_advance,
     cron_sync_from_settings,
 )
+from .sources.orm import claim_candidates, runnable_candidates
+from .types import CLAIM_FIELDS, ClaimedJob, FlowState, Lease, Placement
 from .workers import worker_deregister, worker_register, worker_touch, workers_delete_stale
 from .workflows import *  # noqa: F403 (the workflow store's public names: its __all__)
 
@@ -73,7 +69,9 @@ __all__ = [
     "NOTIFY_CHANNEL",
     "WORKER_LOST_PATH",
     "ClaimedJob",
+    "FlowState",
     "Lease",
+    "Placement",
     "claim_candidates",
     "cron_entries_claim_due",
     "cron_entries_delete",

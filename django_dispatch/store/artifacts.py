@@ -43,8 +43,8 @@ from .artifact_lifecycle import (
     artifacts_sweep_owner_gone,
 )
 from .base import db_alias, now_plus, take_sqlite_write_lock
-from .claim import Lease
 from .leases import _leased
+from .types import Lease
 from .workflows.common import claim_fence
 
 #: The fields ``artifact_update`` may change: what describes the bytes, and

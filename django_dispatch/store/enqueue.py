@@ -22,92 +22,19 @@ from __future__ import annotations
 
 import json
 from collections.abc import Sequence
-from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
 from django.db import IntegrityError, connections, transaction
-from django.db.models import Field
 
-from ..conf import size_limit
-from ..core.limits import call_sizes, too_large
 from ..core.states import JobState
 from ..models import Job
 from ..models.job import FINISHED_STATES, LIVE_STATES
 from .base import job_sql, now_plus, state_in
+from .types import CallChunk, JobSpec
 
 #: Rows per ``bulk_create`` batch (SQLite and other non-PostgreSQL engines).
 BULK_BATCH_SIZE = 5000
-
-
-@dataclass(frozen=True, slots=True)
-class JobSpec:
-    """The columns all enqueues of one task share, already in their stored form.
-
-    Built once per task by the backend (see ``DispatchBackend.enqueue_plan``);
-    only ``args`` and ``kwargs`` differ between calls.
-    """
-
-    task_path: str
-    backend: str
-    queue_name: str
-    priority: int
-    deferred_until: datetime | None
-    partition_key: str | None
-    idempotency_key: str | None
-    max_attempts: int
-    #: The backend's ``OPTIONS["NAMESPACE"]`` (``""``: the default namespace).
-    namespace: str = ""
-    #: ``@task(concurrency_limit=...)`` (#17); a spec with one is inserted
-    #: through the ORM, keeping the raw INSERT of plain jobs as it was.
-    concurrency_key: str | None = None
-    concurrency_limit: int | None = None
-    rate_limit: int | None = None
-    rate_period: int | None = None
-    partition_yield: bool = False
-    #: Resource needs, their shape and the locality (#16, see ``placement``);
-    #: a spec with any of them is inserted through the ORM.
-    resources: dict[str, int] | None = None
-    resource_shape: int | None = None
-    locality: str | None = None
-
-    @classmethod
-    def of(cls, **values: Any) -> JobSpec:
-        """A spec whose values went through their model fields' ``get_prep_value``.
-
-        So that raw SQL stores exactly what the ORM would (``str`` for the
-        char columns, ``int`` for the integer ones).
-        """
-        fields: dict[str, Field[Any, Any]] = {f.name: f for f in Job._meta.concrete_fields}
-        return cls(**{name: fields[name].get_prep_value(v) for name, v in values.items()})
-
-    def new_job(self, args: Any, kwargs: Any) -> Job:
-        """An unsaved pending Job of this spec."""
-        job = Job(
-            namespace=self.namespace,
-            task_path=self.task_path,
-            backend=self.backend,
-            queue_name=self.queue_name,
-            priority=self.priority,
-            args=args,
-            kwargs=kwargs,
-            deferred_until=self.deferred_until,
-            partition_key=self.partition_key,
-            idempotency_key=self.idempotency_key,
-            max_attempts=self.max_attempts,
-        )
-        if self.deferred_until is not None:
-            job.run_after = self.deferred_until
-        if self.partition_yield:
-            job.partition_yield = True
-        if self.concurrency_key is not None:  # a flow-limited job (#17)
-            job.concurrency_key = self.concurrency_key
-            job.concurrency_limit = self.concurrency_limit
-            job.rate_limit, job.rate_period = self.rate_limit, self.rate_period
-        if self.resources is not None or self.locality is not None:
-            job.resources, job.resource_shape = self.resources, self.resource_shape
-            job.locality = self.locality
-        return job
 
 
 def jobs_insert(jobs: Sequence[Job], *, db: str, batch_size: int = BULK_BATCH_SIZE) -> list[Job]:
@@ -314,30 +241,6 @@ def job_insert_call(
         cursor.execute(job_sql(connection, _INSERT_ONE[deferred, traced]), params)
         job_id, enqueued_at = cursor.fetchone()
     return job_id, enqueued_at
-
-
-@dataclass(frozen=True, slots=True)
-class CallChunk:
-    """Some calls of one task: ``text`` is a JSON array of ``[args, kwargs]``
-    pairs, ``values`` the same array decoded (one fresh list per call).
-
-    A chunk holding a call whose arguments are over
-    ``DISPATCH["MAX_ARGS_BYTES"]`` cannot be made (InvalidTaskArguments), so
-    no such call is ever inserted. A chunk's text is at least as long as any
-    of its calls', so the check is one comparison unless the whole chunk is
-    over the limit.
-    """
-
-    text: str
-    values: list[list[Any]]
-
-    def __post_init__(self) -> None:
-        limit = size_limit("MAX_ARGS_BYTES")
-        if len(self.text) <= limit:
-            return
-        for size in call_sizes(self.text, self.values):
-            if size > limit:
-                raise too_large("The arguments of one of the calls", size, "MAX_ARGS_BYTES", limit)
 
 
 def jobs_insert_calls(

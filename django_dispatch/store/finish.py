@@ -27,8 +27,8 @@ from django.db.models.functions import Cast, Now
 from ..core.states import JobState
 from ..models import Job
 from .base import db_alias, job_sql
-from .claim import Lease
 from .partitions import lock_partitions, partitions_promote, try_lock_partitions
+from .types import Lease
 from .usage import (
     USAGE_ROW_JOB_ID,
     UsageEntry,

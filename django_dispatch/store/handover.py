@@ -8,8 +8,8 @@ through the lease fence, to record the attempt's outcome.
 from __future__ import annotations
 
 from .base import db_alias, db_now
-from .claim import CLAIM_FIELDS, ClaimedJob, Lease
 from .leases import _leased
+from .types import CLAIM_FIELDS, ClaimedJob, Lease
 
 
 def job_claimed_if_leased(lease: Lease, *, db: str | None = None) -> ClaimedJob | None:

@@ -17,8 +17,8 @@ from django.db.models import F
 
 from ..core.states import JobState
 from .base import db_alias, notify, now_plus
-from .claim import Lease
 from .leases import _update_then_promote
+from .types import Lease
 
 
 def job_interrupt_if_leased(

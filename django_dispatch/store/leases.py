@@ -26,9 +26,9 @@ from django.db.models.functions import Now
 from ..core.states import JobState
 from ..models import Job
 from .base import db_alias, notify, now_plus
-from .claim import Lease
 from .dead_letters import dead_letter_insert
 from .partitions import lock_partitions, partitions_promote
+from .types import Lease
 
 
 def _leased(lease: Lease, db: str):

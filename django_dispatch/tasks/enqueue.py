@@ -13,7 +13,7 @@ from typing import Any
 from ..compat import InvalidTask, Task, TaskResult, task_enqueued
 from ..core.encoding import JSON_DECODER, check_storable_json, dumps
 from ..observability import metrics
-from ..store.enqueue import CallChunk
+from ..store.types import CallChunk
 from .registry import DispatchBackendBase
 from .results import enqueued_signal_is_silent, ready_results, send_robust
 from .values import to_json

@@ -21,7 +21,7 @@ from ..core.resources import (
     percentile,
     shape_of,
 )
-from ..store.enqueue import JobSpec
+from ..store.types import JobSpec
 from ..store.usage import usage_newest
 
 

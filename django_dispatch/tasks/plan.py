@@ -20,8 +20,9 @@ from ..core.encoding import JSON_DECODER, json_text
 from ..core.limits import JSONTooLarge, check_size
 from ..core.retry import Backoff
 from ..observability.tracing import stored_context
-from ..store.enqueue import CallChunk, JobSpec, job_insert_call, jobs_insert_calls
+from ..store.enqueue import job_insert_call, jobs_insert_calls
 from ..store.flow import jobs_insert_limited
+from ..store.types import CallChunk, JobSpec
 from .results import ready_result, result_from_job
 from .task import check_arguments
 

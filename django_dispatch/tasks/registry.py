@@ -22,7 +22,7 @@ from ..compat import BaseTaskBackend, Task, task_backends
 from ..conf import generation
 from ..core.retry import Backoff, exponential_backoff
 from ..models import Job
-from ..store.enqueue import JobSpec
+from ..store.types import JobSpec
 from .options import concurrency_columns
 from .placement import is_auto, place
 from .plan import EnqueuePlan, no_retry_when_too_large
@@ -131,6 +131,15 @@ class DispatchBackendBase(BaseTaskBackend):
 def dispatch_aliases() -> list[str]:
     """The TASKS aliases whose backend is a DispatchBackend, sorted."""
     return sorted(alias for alias in getattr(settings, "TASKS", {}) if backend_for(alias))
+
+
+def namespace_of(alias: str | None) -> str:
+    """``namespace_for(alias)``; for None, the ``"default"`` alias's namespace, or
+    ``""`` on a site whose ``"default"`` is not a DispatchBackend."""
+    if alias is None:
+        default = backend_for("default")
+        return default.namespace if default is not None else ""
+    return namespace_for(alias)  # an unknown alias: ValueError naming the right ones
 
 
 def namespace_for(alias: str) -> str:

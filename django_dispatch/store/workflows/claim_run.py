@@ -37,8 +37,9 @@ from ...core.states import JobState
 from ...models import Job, WorkflowRun, WorkflowTask
 from ...models.workflow import StepState
 from ..base import take_sqlite_write_lock
-from ..claim import CLAIM_FIELDS, ClaimedJob, _claimed, _lease
 from ..flow import queues_paused
+from ..leasing import claimed_job, jobs_lease
+from ..types import CLAIM_FIELDS, ClaimedJob
 from .common import db_or_default
 
 
@@ -102,5 +103,5 @@ def workflow_run_claim_step(
         )
         if row is None:
             return None
-        _lease(db, [row], worker_id, row["db_now"], lease_seconds)
-    return _claimed(row, worker_id, row["db_now"], namespace)
+        jobs_lease(db, [row], worker_id, row["db_now"], lease_seconds)
+    return claimed_job(row, worker_id, row["db_now"], namespace)

@@ -1,4 +1,4 @@
-"""Operator and application commands, each checking the state it acts on."""
+"""Commands on jobs, dead letters and cron entries, each checking the state it acts on."""
 
 from __future__ import annotations
 
@@ -7,16 +7,17 @@ from typing import Any
 
 from django.db import transaction
 
-from . import store
-from .compat import Task, TaskResult
-from .conf import get_settings
-from .exceptions import AlreadyReplayed
-from .models import CronEntry, DeadLetter
-from .store.dead_letters import purge_past_retention
-from .tasks.enqueue import DispatchBackendBase, enqueue_many
-from .tasks.results import result_from_job
-from .tasks.task import task_for_row
-from .tasks.values import to_json
+from .. import store
+from ..compat import Task, TaskResult
+from ..conf import get_settings
+from ..exceptions import AlreadyReplayed
+from ..models import CronEntry, DeadLetter
+from ..store.dead_letters import purge_past_retention
+from ..tasks.enqueue import enqueue_many
+from ..tasks.registry import DispatchBackendBase
+from ..tasks.results import result_from_job
+from ..tasks.task import task_for_row
+from ..tasks.values import to_json
 
 __all__ = [
     "cancel",

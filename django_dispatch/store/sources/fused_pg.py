@@ -1,0 +1,188 @@
+"""The fused PostgreSQL claim source: the claim walk and the lease in one statement.
+
+The claim is the hot path of every worker, and compiling two ORM statements
+per claim cost more CPU than running them (see docs/performance.md), so on
+PostgreSQL the walk of ``sources.orm.runnable_candidates`` and the lease of
+its unkeyed rows are one statement. tests/test_raw_sql_twins.py runs it
+beside the ORM source plus ``leasing.jobs_lease`` on the same rows.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from django.db import connections
+
+from ...compat import TASK_MAX_PRIORITY
+from ..base import db_alias, job_sql, namespace_literal
+from ..flow import PAUSED_FILTER_SQL
+from ..gates.limits import LIMITED_FILTER_SQL
+from ..leasing import lease_set_sql
+from ..types import CLAIM_FIELDS
+
+#: ``runnable_candidates`` plus the lease of its unkeyed rows, for PostgreSQL.
+#:
+#: ``priorities`` lists the namespace's pending priorities, highest first, one
+#: index descent each (a recursive CTE: PostgreSQL 15 has no skip scan). It
+#: starts from ``{above_top}``, a constant above the highest priority a job
+#: may have (the table's check constraint), which matches no job, rather than
+#: from a descent of its own: each mention of the job table makes the planner
+#: test every partial index's predicate, which cost more than the descent.
+#: (The constraint is built from the same constant: were Django to change
+#: it, tests/test_migrations.py would ask for a new migration.)
+#: For each priority in turn, ``candidates`` locks its due rows in claim
+#: order until it has ``%(window)s``. Per priority, ``run_after <= now()``
+#: bounds the index range, so deferred jobs are never read. The nested loop
+#: pulls the priorities in the order the recursion yields them and stops at
+#: the LIMIT, so no row beyond the window is locked (MATERIALIZED: locked
+#: once, read twice).
+#:
+#: ``leased`` takes the first ``%(lease)s`` unkeyed candidates and writes their
+#: lease with ``leasing``'s SET list, exactly as ``jobs_lease`` would. Keyed
+#: candidates stay locked but untouched: the partition rules decide about
+#: them in Python. Every row comes back, in claim order whatever the plan,
+#: with its values from before the update (``leasing.claimed_job`` applies the
+#: lease to them) and whether this statement
+#: leased it. Served by the partial index ``dispatch_job_claim``, like the ORM
+#: query (test_store checks the plan). Table and states come from the models
+#: (``job_sql``); tests/test_raw_sql_twins.py runs it beside the ORM path on
+#: the same rows.
+#:
+#: What the walk costs, against one ordered scan of all priorities (the
+#: statement before it): PostgreSQL CPU per claim statement 0.69 ms instead
+#: of 0.58 (0.75 before the constant), mostly planning; with 11-16 jobs per
+#: claim in a drain, under 0.01 ms per job. Drain A/Bs cannot tell it from
+#: the machine's noise (docs/performance.md "A/B measurements").
+_CLAIM_SQL = """
+WITH RECURSIVE priorities AS (
+    SELECT {above_top}::smallint AS priority
+    UNION ALL
+    SELECT (SELECT lower.priority FROM {job} AS lower
+            WHERE lower.namespace = {namespace} AND lower.state = {pending}
+                AND lower.resource_shape IS NULL AND lower.priority < p.priority
+            ORDER BY lower.priority DESC LIMIT 1)
+    FROM priorities AS p WHERE p.priority IS NOT NULL
+), candidates AS MATERIALIZED (
+    SELECT due.* FROM priorities AS p CROSS JOIN LATERAL (
+        SELECT {fields}, now() AS db_now
+        FROM {job}
+        WHERE namespace = {namespace} AND state = {pending} AND resource_shape IS NULL
+            AND priority = p.priority AND run_after <= now() {filters}
+        ORDER BY run_after, id
+        LIMIT %(window)s
+        FOR UPDATE SKIP LOCKED
+    ) AS due
+    LIMIT %(window)s
+), leased AS (
+    UPDATE {job} AS j SET{lease_set}
+    FROM (
+        SELECT id, db_now FROM candidates WHERE partition_key IS NULL AND concurrency_key IS NULL
+        {lease_filters} ORDER BY priority DESC, run_after, id LIMIT %(lease)s
+    ) AS c
+    WHERE j.id = c.id
+    RETURNING j.id
+)
+SELECT candidates.*, leased.id IS NOT NULL AS leased
+FROM candidates LEFT JOIN leased ON leased.id = candidates.id
+ORDER BY candidates.priority DESC, candidates.run_after, candidates.id
+""".replace("{lease_set}", lease_set_sql(row="j.", now="c.db_now"))
+#: ``_CLAIM_SQL``'s result columns, in order. Known here rather than read from
+#: ``cursor.description``, which psycopg builds anew (a Column per column)
+#: on every claim; ``strict`` zipping would catch a mismatch.
+_CLAIM_COLUMNS = (*CLAIM_FIELDS, "db_now", "leased")
+#: JSON columns of CLAIM_FIELDS: Django's psycopg connection hands jsonb to
+#: raw queries as text.
+_JSON_FIELDS = (
+    "args",
+    "kwargs",
+    "checkpoint",
+    "errors",
+    "worker_ids",
+    "trace_context",
+    "resources",
+)
+#: The JSON texts most claimed rows carry (no arguments, no errors yet), built
+#: without the parser: a fresh object each, since callers may change them.
+#: Parsing them was most of the claim's per-row Python cost.
+_EMPTY_JSON: dict[str, Callable[[], Any]] = {"[]": list, "{}": dict}
+
+
+def claim_sql(
+    *,
+    queues: bool,
+    exclude: bool,
+    db: str | None = None,
+    namespace: str = "",
+    paused: bool = False,
+    limited: bool = False,
+) -> str:
+    """``_CLAIM_SQL`` with the filters in use (named parameters, see ``_claim_pg``),
+    for database ``db`` (default: the job table's) and ``namespace`` (a literal:
+    ``namespace_literal``). ``limited``: some queues have ``DISPATCH["QUEUES"]``
+    limits, and the statement leases none of their rows (the limits gate,
+    ``gates.limits.ConcurrencyGate``, admits them)."""
+    connection = connections[db or db_alias()]
+    filters = ""
+    if queues:
+        filters += " AND queue_name = ANY(%(queues)s)"
+    if exclude:
+        filters += " AND NOT (id = ANY(%(exclude)s))"
+    if paused:
+        filters += PAUSED_FILTER_SQL
+    return job_sql(connection, _CLAIM_SQL).format(
+        fields=", ".join(CLAIM_FIELDS),
+        above_top=TASK_MAX_PRIORITY + 1,
+        filters=filters,
+        namespace=namespace_literal(namespace),
+        lease_filters=LIMITED_FILTER_SQL if limited else "",
+    )
+
+
+def claim_pg(
+    db: str,
+    queues: Sequence[str],
+    window: int,
+    exclude: Sequence[int],
+    *,
+    lease: int,
+    worker_id: str,
+    lease_seconds: float,
+    namespace: str = "",
+    paused: Sequence[str] = (),
+    limited: Sequence[str] = (),
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """Run ``_CLAIM_SQL``: (rows it leased, rows it only locked)."""
+    sql = claim_sql(
+        queues=bool(queues),
+        exclude=bool(exclude),
+        db=db,
+        namespace=namespace,
+        paused=bool(paused),
+        limited=bool(limited),
+    )
+    params: dict[str, Any] = {
+        "window": window,
+        "lease": lease,
+        "worker_id": worker_id,
+        "lease_seconds": lease_seconds,
+        "queues": list(queues),
+        "exclude": list(exclude),
+        "paused": list(paused),
+        "limited": list(limited),
+    }
+    with connections[db].cursor() as cursor:
+        cursor.execute(sql, params)
+        records = cursor.fetchall()
+    leased: list[dict[str, Any]] = []
+    locked: list[dict[str, Any]] = []
+    for record in records:
+        row = dict(zip(_CLAIM_COLUMNS, record, strict=True))
+        for name in _JSON_FIELDS:
+            text = row[name]
+            if isinstance(text, str):
+                empty = _EMPTY_JSON.get(text)
+                row[name] = empty() if empty is not None else json.loads(text)
+        (leased if row.pop("leased") else locked).append(row)
+    return leased, locked
