@@ -16,9 +16,10 @@ import pytest
 from django_dispatch import enqueue_many
 from django_dispatch.compat import TaskResultStatus, task_finished
 from django_dispatch.models import Job, JobUsage
-from django_dispatch.runtime import completer
-from django_dispatch.runtime.executor import Outcome, RunningJob
-from django_dispatch.runtime.jobthreads import PREFETCH_JOB_SECONDS, Slots
+from django_dispatch.runtime import reporter
+from django_dispatch.runtime.executor import Outcome
+from django_dispatch.runtime.running import RunningJob
+from django_dispatch.runtime.slots import PREFETCH_JOB_SECONDS, Slots
 from django_dispatch.states import JobState
 from django_dispatch.testing import drain
 from tests.conftest import postgres_only, wait_until
@@ -107,15 +108,15 @@ def test_slow_finished_receivers_slow_the_jobs_instead_of_growing_a_backlog(monk
     successes wait for the reporter thread, job threads write and report their
     own, so the reporter's queue stays bounded. Every job still runs once and
     is reported once, with its usage record."""
-    monkeypatch.setattr(completer, "REPORT_BACKLOG", 4)
+    monkeypatch.setattr(reporter, "REPORT_BACKLOG", 4)
     queued: list[int] = []
-    put = completer.Reporter.put
+    put = reporter.Reporter.put
 
     def counting_put(self, running):
         queued.append(self.inbox.qsize())
         put(self, running)
 
-    monkeypatch.setattr(completer.Reporter, "put", counting_put)
+    monkeypatch.setattr(reporter.Reporter, "put", counting_put)
     reported_on: list[str] = []
     reported: list[str] = []
 

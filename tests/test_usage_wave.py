@@ -21,7 +21,8 @@ from django_dispatch.core.states import JobState
 from django_dispatch.models import Job, JobUsage
 from django_dispatch.runtime import metering
 from django_dispatch.runtime.completer import BatchCompleter
-from django_dispatch.runtime.executor import Outcome, RunningJob
+from django_dispatch.runtime.executor import Outcome
+from django_dispatch.runtime.running import RunningJob
 from django_dispatch.store.finish import _finish_many_orm, _finish_many_pg
 from django_dispatch.store.usage import UsageEntry, usage_record_many
 from tests.concurrency import run_concurrently

@@ -3,8 +3,8 @@
 ``rundispatch --async-concurrency N`` gives a worker process N slots on an
 event loop of its own (a thread, ``dispatch-async``), beside its job threads.
 A claimed job whose task is a coroutine function runs there; any other job
-runs on a job thread as before. Without the flag an async task takes a whole
-thread and a fresh event loop per attempt (``executor.execute``), so a
+runs on a job thread. Without the flag an async task takes a whole
+thread and a fresh event loop per attempt (``attempt.execute``), so a
 process runs ``--concurrency`` I/O-bound jobs at once; with it, hundreds.
 
 What stays the same as on a job thread, because the steps are the job
@@ -40,10 +40,11 @@ from asgiref.sync import sync_to_async
 from django.db import connections
 
 from ..observability import tracing
-from . import executor, metering
+from . import attempt, metering
 from .connections import ThreadConnections
-from .executor import Outcome, RunningJob
+from .executor import Outcome
 from .jobthreads import JobRunner
+from .running import RunningJob
 
 logger = logging.getLogger("django_dispatch.worker")
 
@@ -154,13 +155,13 @@ class AsyncJobs:
 
     def _before(
         self, running: RunningJob
-    ) -> tuple[metering.Meter | None, Outcome | executor.Prepared | None]:
-        """On the sync thread: ``JobRunner.begin``, then ``executor.prepare``."""
+    ) -> tuple[metering.Meter | None, Outcome | attempt.Prepared | None]:
+        """On the sync thread: ``JobRunner.begin``, then ``attempt.prepare``."""
         meter = self.runner.begin(running, self.conns)
         if meter is None:
             return None, None
         self.runner.overseer.started(running)
-        return meter, executor.prepare(running.claimed, running)
+        return meter, attempt.prepare(running.claimed, running)
 
     def _after(
         self,
@@ -180,7 +181,7 @@ class AsyncJobs:
             self.runner.end(running, outcome, meter, self.conns)
 
     async def _attempt(
-        self, running: RunningJob, prepared: Outcome | executor.Prepared | None
+        self, running: RunningJob, prepared: Outcome | attempt.Prepared | None
     ) -> Outcome:
         """``JobRunner._attempt`` with the task awaited on this loop."""
         claimed = running.claimed
@@ -189,17 +190,17 @@ class AsyncJobs:
             outcome = prepared
         else:
             try:
-                value = await executor.run_async(
+                value = await attempt.run_async(
                     prepared.task, prepared.args, prepared.kwargs, prepared.timeout, running
                 )
             except BaseException as e:
                 # ``conclude`` may look at the connection that broke under the task:
                 # that is the sync thread's.
                 outcome = await self.hops.run(
-                    partial(executor.conclude, claimed, running, prepared, error=e)
+                    partial(attempt.conclude, claimed, running, prepared, error=e)
                 )
             else:
-                outcome = executor.conclude(claimed, running, prepared, value=value)
+                outcome = attempt.conclude(claimed, running, prepared, value=value)
         return self.runner.finish_attempt(running, outcome)
 
     async def _in_wave(self, running: RunningJob, outcome: Outcome) -> bool:

@@ -1,9 +1,13 @@
-"""Persist jobs' outcomes: fenced writes, then the ``task_finished`` signal.
+"""Persist jobs' outcomes: the only writer of an attempt's end, always fenced.
 
-Successes go in waves (``BatchCompleter``): one fenced UPDATE per wave,
-inside the transaction in which the control loop claims the slots they free.
-Every other outcome, and a success whose wave could not be written, is
-written one by one (``persist``).
+Successes go in waves (``BatchCompleter``): a job hands its success over
+(``hand_over``) and goes on; the completer writes the wave with one fenced
+UPDATE, in the same transaction as the claim that refills the slots the
+wave frees (``write_wave``), then wakes each job's reporter (``settle``, or
+``abort`` when the transaction failed). Every other outcome, and a success
+whose wave could not be written, is written one by one (``persist``); so
+are the hand-backs of a stopping worker (``hand_back``) and the timeouts
+the control loop records (``record_timeout``).
 
 A write that matches no row means this worker no longer holds the job (it
 was cancelled, timed out, or reclaimed after missed heartbeats): the result
@@ -16,18 +20,28 @@ import logging
 import queue
 import threading
 import time
+from collections.abc import Callable
+from functools import partial
 
-from django.db import DatabaseError, InterfaceError, connections, transaction
+from django.db import DatabaseError, InterfaceError, transaction
 
 from .. import store
-from ..compat import Task, task_finished
+from ..compat import Task
 from ..exceptions import TaskTimeout
-from ..observability import events
-from ..results import send_robust, signal_sender
+from ..observability import joblog
 from ..store.usage import usage_record_many
 from . import metering, timeouts
 from .connections import recover_after_error
-from .executor import Outcome, RunningJob
+from .executor import Outcome
+from .reporter import (
+    Reporter,
+    report_released,
+    report_written,
+    signal_finished,
+    signal_finished_and_close,
+)
+from .running import RunningJob
+from .slots import Slots
 
 logger = logging.getLogger("django_dispatch.worker")
 
@@ -35,30 +49,61 @@ logger = logging.getLogger("django_dispatch.worker")
 COMPLETION_BATCH = 200
 #: Longest wait for the rest of a wave of finishing jobs (see ``coalesce``).
 COALESCE_SECONDS = 0.002
-#: Most successes waiting for the reporter (``Reporter.behind``); beyond it a
-#: job thread reports its own, as before the hand-over: slow ``task_finished``
-#: receivers then slow the jobs down instead of growing this backlog.
-REPORT_BACKLOG = 256
 
 
 class BatchCompleter:
     """Successes written in waves, in the transaction that claims the slots they free.
 
-    A job hands its success over (``offer``) and does not wait: a job thread
-    goes on to its next job, a job on the event loop awaits the wave without
-    a thread. The control loop takes a wave (``take``) and writes it with one
-    fenced UPDATE inside the transaction in which it also claims (``write``):
-    one commit, one WAL flush, per wave of jobs. After the commit it records
-    whether each write won (``settle``) or that the transaction failed
-    (``abort``) and calls the job's ``on_persisted``: the ``Reporter`` for a
-    thread's job, the event loop for an async one. ``task_finished`` is sent
-    there, never on the control loop: its receivers are user code.
+    A job hands its success over (``hand_over``, ``offer``) and does not
+    wait: a job thread goes on to its next job, a job on the event loop
+    awaits the wave without a thread. The control loop's producer asks for
+    a wave (``take``) and has it written (``write_wave``): one fenced UPDATE
+    and the claim in one transaction, one commit, one WAL flush per wave of
+    jobs. After the commit each job learns whether its write won
+    (``settle``) or that the transaction failed (``abort``) through its
+    ``on_persisted``: the ``Reporter`` for a thread's job, the event loop
+    for an async one. ``task_finished`` is sent there, never on the control
+    loop: its receivers are user code.
     """
 
-    def __init__(self, wakeup: threading.Event, wait_seconds: float) -> None:
+    def __init__(
+        self,
+        wakeup: threading.Event,
+        wait_seconds: float,
+        *,
+        slots: Slots | None = None,
+        db: str | None = None,
+    ) -> None:
         self.wakeup = wakeup
         self.wait_seconds = wait_seconds  # about a lease: then write it yourself
         self.waiting: queue.SimpleQueue[RunningJob] = queue.SimpleQueue()
+        self.slots = slots
+        self.db = db or store.db_alias()
+        #: Reports the successes written in waves (``start`` to ``stop``).
+        self.reporter: Reporter | None = None
+
+    def start(self) -> None:
+        """Start the reporter thread (``Worker.run``): waves may be written from now on."""
+        self.reporter = Reporter(self.report)
+
+    def stop(self) -> None:
+        """After the last wave: report what is queued, then end the reporter."""
+        if self.reporter is not None:
+            self.reporter.stop()
+
+    def hand_over(self, running: RunningJob, outcome: Outcome, meter: metering.Meter) -> bool:
+        """On a job thread: a success joins the next wave and the thread goes on.
+
+        False (the caller writes and reports it itself, ``persist``) for
+        anything but a success, without a reporter, and while the reporter is
+        behind (``Reporter.behind``).
+        """
+        reporter = self.reporter
+        if outcome.kind != "succeeded" or reporter is None or reporter.behind():
+            return False
+        running.meter = meter
+        running.on_persisted = partial(reporter.put, running)
+        return self.offer(running, outcome)
 
     def offer(self, running: RunningJob, outcome: Outcome) -> bool:
         """Queue a success for the next wave (no waiting); False if not batchable."""
@@ -67,25 +112,6 @@ class BatchCompleter:
         running.finished = outcome
         self.waiting.put(running)
         self.wakeup.set()
-        return True
-
-    @staticmethod
-    def after_wave(running: RunningJob, outcome: Outcome) -> bool:
-        """Once the wave is written: report it and send ``task_finished`` (user code).
-
-        False when the wave failed: the caller writes the outcome itself.
-        """
-        if running.won is None:
-            return False
-        if running.won:
-            events.finished(running.claimed, "succeeded")
-            signal_finished(outcome)
-        else:
-            events.finished(running.claimed, "lost", detail="its succeeded")
-            # If it was cancelled, let go of it (which frees its partition).
-            store.job_ack_cancelled(
-                running.claimed.lease, partition_key=running.claimed.row["partition_key"]
-            )
         return True
 
     def take(self) -> list[RunningJob]:
@@ -97,6 +123,29 @@ class BatchCompleter:
             except queue.Empty:
                 break
         return batch
+
+    def write_wave(
+        self, batch: list[RunningJob], claim: Callable[[int], list[store.ClaimedJob]], limit: int
+    ) -> list[store.ClaimedJob]:
+        """Write ``batch`` and ``claim`` up to ``limit`` jobs, in one transaction.
+
+        The claim sees the slots the wave frees, and both commit together:
+        a crash between them cannot leave a job written but its slot still
+        counted, nor a claim made for slots that were never freed. If the
+        transaction fails, each job of the wave writes its own (``abort``).
+        Returns the claimed jobs, for the producer to start.
+        """
+        try:
+            with transaction.atomic(using=self.db):
+                won = self.write(batch, self.db)
+                claimed = claim(limit) if limit > 0 else []
+        except BaseException:
+            self.abort(batch)
+            raise
+        if self.slots is not None:
+            self.slots.drop_written(batch)
+        self.settle(batch, won)
+        return claimed
 
     @staticmethod
     def write(batch: list[RunningJob], db: str) -> set[int]:
@@ -114,17 +163,52 @@ class BatchCompleter:
 
     @staticmethod
     def settle(batch: list[RunningJob], won: set[int]) -> None:
-        """After the commit: wake each thread with its result."""
+        """After the commit: wake each job with its result."""
         for running in batch:
             running.won = running.claimed.id in won
             _persisted(running)
 
     @staticmethod
     def abort(batch: list[RunningJob]) -> None:
-        """The wave's transaction failed: each thread writes its own outcome."""
+        """The wave's transaction failed: each job writes its own outcome."""
         for running in batch:
             running.won = None
             _persisted(running)
+
+    @staticmethod
+    def after_wave(running: RunningJob, outcome: Outcome) -> bool:
+        """Once the wave is written: report it and send ``task_finished`` (user code).
+
+        False when the wave failed: the caller writes the outcome itself.
+        """
+        if running.won is None:
+            return False
+        if running.won:
+            joblog.finished(running.claimed, "succeeded")
+            signal_finished(outcome)
+        else:
+            joblog.finished(running.claimed, "lost", detail="its succeeded")
+            # If it was cancelled, let go of it (which frees its partition).
+            store.job_ack_cancelled(
+                running.claimed.lease, partition_key=running.claimed.row["partition_key"]
+            )
+        return True
+
+    def report(self, running: RunningJob) -> None:
+        """On the reporter's thread: ``after_wave``, or ``persist`` if the wave failed;
+        then drop the attempt's meter (the wave wrote its usage record from it)."""
+        outcome = running.finished
+        assert outcome is not None
+        try:
+            if not self.after_wave(running, outcome):  # the wave failed
+                persist(
+                    running.claimed,
+                    outcome,
+                    give_up_after=self.wait_seconds,
+                    report=not running.abandoned,
+                )
+        finally:
+            metering.forget(running.claimed.id, running.meter)
 
     def coalesce(self, running: int) -> None:
         """Let a wave of finishing jobs gather before writing it.
@@ -139,72 +223,6 @@ class BatchCompleter:
         deadline = time.monotonic() + COALESCE_SECONDS
         while self.waiting.qsize() < running and time.monotonic() < deadline:
             time.sleep(COALESCE_SECONDS / 8)
-
-
-class Reporter:
-    """After a wave: report the successes whose job threads went on to other jobs.
-
-    A job thread hands its success to the wave (``BatchCompleter.offer``) and
-    takes its next job at once instead of waiting for the wave's commit: the
-    wave then carries every success that finished while the last one was
-    written, and threads do not idle for a round trip per job. What the thread
-    would have done after the commit is done here, on a thread of its own,
-    never on the control loop: ``task_finished`` (its receivers are user
-    code), the log line, letting go of a job found cancelled, and, when the
-    wave failed, writing the outcome one by one (``persist``). Then the
-    attempt's meter is dropped: the wave wrote its usage record from it.
-    """
-
-    def __init__(self, give_up_after: float) -> None:
-        self.give_up_after = give_up_after
-        self.inbox: queue.SimpleQueue[RunningJob | None] = queue.SimpleQueue()
-        self.thread = threading.Thread(target=self._loop, name="dispatch-finished", daemon=True)
-        self.thread.start()
-
-    def put(self, running: RunningJob) -> None:
-        """From the control loop (``settle``, ``abort``): the wave is written or failed."""
-        self.inbox.put(running)
-
-    def behind(self) -> bool:
-        """Whether ``REPORT_BACKLOG`` successes already wait to be reported.
-
-        One thread runs every handed-over success's ``task_finished``
-        receivers (user code): were they slower than the jobs, its queue
-        would grow without bound, and the reports lag ever further. A job
-        thread asks before handing a success over and, if the reporter is
-        behind, writes and reports it itself (``JobRunner.hand_over``): the
-        receivers then run on as many threads as jobs, at the jobs' pace.
-        """
-        return self.inbox.qsize() >= REPORT_BACKLOG
-
-    def stop(self, timeout: float = 5.0) -> None:
-        """Report what is queued, then end (after the worker's last wave)."""
-        self.inbox.put(None)
-        self.thread.join(timeout)
-
-    def _loop(self) -> None:
-        try:
-            while (running := self.inbox.get()) is not None:
-                try:
-                    self._report(running)
-                except Exception:
-                    logger.exception("job %s: could not report its outcome", running.claimed.id)
-        finally:
-            connections.close_all()
-
-    def _report(self, running: RunningJob) -> None:
-        outcome = running.finished
-        assert outcome is not None
-        try:
-            if not BatchCompleter.after_wave(running, outcome):  # the wave failed
-                persist(
-                    running.claimed,
-                    outcome,
-                    give_up_after=self.give_up_after,
-                    report=not running.abandoned,
-                )
-        finally:
-            metering.forget(running.claimed.id, running.meter)
 
 
 def _persisted(running: RunningJob) -> None:
@@ -246,21 +264,8 @@ def _write(claimed: store.ClaimedJob, outcome: Outcome) -> bool:
         assert outcome.retry_in is not None
         return store.job_interrupt_if_leased(lease, outcome.errors, retry_in=outcome.retry_in)
     if outcome.kind == "released":
-        row = claimed.row
-        return store.job_release_if_leased(
-            lease, attempts=row["attempts"] - 1, worker_ids=row["worker_ids"][:-1]
-        )
+        return _release(claimed)
     return store.job_fail_if_leased(lease, outcome.errors, outcome.retry_in, partition_key=key)
-
-
-#: The metric state and log outcome of each kind of write (see ``observability.events``).
-_REPORTED = {
-    "succeeded": "succeeded",
-    "retry": "retried",
-    "failed": "failed",
-    "interrupted": "interrupted",
-    "released": "released",
-}
 
 
 def persist(
@@ -278,7 +283,7 @@ def persist(
     A lost job that was cancelled is let go (``job_ack_cancelled``), which
     frees its partition.
 
-    The outcome is logged and counted here (``observability.events``), once,
+    The outcome is logged and counted here (``observability.joblog``), once,
     unless ``report`` is False: a job whose outcome someone else already
     recorded (handed back, or its timeout recorded by the control loop).
     """
@@ -301,24 +306,10 @@ def persist(
             recover_after_error()
             time.sleep(pause)
             pause = min(pause * 2, 2.0)
-    if outcome.kind == "discarded":
-        if report:  # won: the ack found it cancelled
-            events.finished(claimed, "cancelled" if won else "lost", detail="its")
-        return False
-    if not won:
-        if report:
-            events.finished(claimed, "lost", detail=f"its {outcome.kind}")
-        return False
     if report:
-        events.finished(
-            claimed,
-            _REPORTED[outcome.kind],
-            exception=outcome.exception,
-            retry_in=outcome.retry_in,
-            detail="the database could not be reached before its task code started"
-            if outcome.kind == "released"
-            else "",
-        )
+        report_written(claimed, outcome, won)
+    if outcome.kind == "discarded" or not won:
+        return False
     if outcome.kind in ("interrupted", "released"):
         return True
     if signal:
@@ -368,50 +359,28 @@ def hand_back(
             give_up_after=give_up_after,
             task=task,
         )
-    row = claimed.row
-    released = store.job_release_if_leased(
-        claimed.lease, attempts=row["attempts"] - 1, worker_ids=row["worker_ids"][:-1]
-    )
-    cancelled = not released and store.job_ack_cancelled(
-        claimed.lease, partition_key=row["partition_key"]
-    )
-    report_released(claimed, released, cancelled, why="handed back at shutdown")
+    return release(claimed, why="handed back at shutdown")
+
+
+def release(claimed: store.ClaimedJob, *, why: str, db: str | None = None) -> bool:
+    """Hand a job back unstarted, no attempt spent (fenced), and report it.
+
+    A job cancelled meanwhile is let go of instead, which frees its partition.
+    """
+    released = _release(claimed, db=db)
+    cancelled = not released and let_go(claimed.lease, claimed.row["partition_key"], db=db)
+    report_released(claimed, released, cancelled, why=why)
     return released
 
 
-def report_released(
-    claimed: store.ClaimedJob, released: bool, cancelled: bool, *, why: str
-) -> None:
-    """Log and count a hand-back: released, or found cancelled or lost meanwhile."""
-    if released:
-        events.finished(claimed, "released", detail=why)
-    else:
-        events.finished(claimed, "cancelled" if cancelled else "lost", detail="its unfinished")
+def _release(claimed: store.ClaimedJob, *, db: str | None = None) -> bool:
+    """Undo the claim's attempt: the count and the worker it added."""
+    row = claimed.row
+    return store.job_release_if_leased(
+        claimed.lease, attempts=row["attempts"] - 1, worker_ids=row["worker_ids"][:-1], db=db
+    )
 
 
-def signal_finished_and_close(outcome: Outcome) -> None:
-    """``signal_finished`` on a thread of its own, closing its connections after."""
-    try:
-        signal_finished(outcome)
-    finally:
-        connections.close_all()
-
-
-def signal_finished(outcome: Outcome) -> None:
-    result = outcome.task_result
-    if result is None:
-        return
-    try:
-        sender = signal_sender(result.task)
-    except Exception:  # its backend alias is gone from TASKS: the outcome is written anyway
-        logger.exception("job %s: task_finished not sent (no backend to send it)", result.id)
-        return
-    if outcome.exception is None:
-        send_robust(task_finished, sender, result)
-        return
-    # Sent from inside an except block, so that Django's own log receiver
-    # (which reads sys.exc_info()) logs the task's traceback.
-    try:
-        raise outcome.exception
-    except BaseException:
-        send_robust(task_finished, sender, result)
+def let_go(lease: store.Lease, partition_key: str | None, *, db: str | None = None) -> bool:
+    """Let go of a job found cancelled (fenced; True if it was): frees its partition."""
+    return store.job_ack_cancelled(lease, partition_key=partition_key, db=db)

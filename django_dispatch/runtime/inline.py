@@ -35,6 +35,7 @@ from ..conf import DispatchSettings, get_settings
 from ..store import workflows as wf_store
 from .maintenance import Maintenance
 from .options import Every, WorkerOptions
+from .producer import Producer
 from .worker import Worker
 
 #: Worker ids of ``run_now`` callers start with this (admin, logs, usage records).
@@ -52,18 +53,27 @@ class _NoMaintenance(Maintenance):
         return []
 
 
+class _GivenClaim(Producer):
+    """A producer whose only claim is the job already claimed for it (``given``)."""
+
+    given: store.ClaimedJob | None = None
+
+    def claim(self, limit: int) -> list[store.ClaimedJob]:
+        claimed, self.given = self.given, None
+        return [claimed] if claimed is not None else []
+
+
 class _InlineWorker(Worker):
     """A worker whose only claim is the job already claimed for it."""
+
+    producer_class = _GivenClaim
 
     def __init__(
         self, claimed: store.ClaimedJob, options: WorkerOptions, settings: DispatchSettings
     ) -> None:
         super().__init__(options, settings, close_connections=False)
-        self._claimed: store.ClaimedJob | None = claimed
-
-    def _claim(self, limit: int) -> list[store.ClaimedJob]:
-        claimed, self._claimed = self._claimed, None
-        return [claimed] if claimed is not None else []
+        assert isinstance(self.producer, _GivenClaim)
+        self.producer.given = claimed
 
     def _loop(self, maintenance: Maintenance) -> None:
         quiet = _NoMaintenance(

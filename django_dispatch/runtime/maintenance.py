@@ -21,7 +21,7 @@ from typing import Any
 
 from .. import store
 from ..conf import DispatchSettings
-from ..observability import events, metrics
+from ..observability import joblog, metrics
 from ..store.artifacts import artifacts_sweep
 from ..store.dead_letters import purge_past_retention
 from ..store.usage import usage_purge
@@ -105,7 +105,7 @@ class Maintenance:
         max_lost = self.settings.MAX_WORKER_LOST
 
         def report(row: Mapping[str, Any], failed: bool) -> None:
-            events.worker_lost(row, failed=failed, max_worker_lost=max_lost, by=self.worker_id)
+            joblog.worker_lost(row, failed=failed, max_worker_lost=max_lost, by=self.worker_id)
 
         store.jobs_rescue_expired(
             max_worker_lost=max_lost, db=self.db, report=report, namespace=self.namespace
@@ -155,7 +155,7 @@ class Maintenance:
         )
         if jobs or letters:
             logger.info("retention: deleted %s jobs and %s dead letters", jobs, letters)
-        purge_events_and_runs(cfg, db=self.db, namespace=self.namespace)  # #15
+        purge_events_and_runs(cfg, db=self.db, namespace=self.namespace)
         records = usage_purge(
             older_than=cfg.USAGE_RETENTION,
             batch=cfg.PURGE_BATCH,

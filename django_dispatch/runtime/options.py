@@ -37,7 +37,7 @@ class WorkerOptions:
     #: What the process this one replaced left to settle (see ``recycling``).
     predecessor: Handover | None = None
     #: This process's capacity (``--capacity``, divided among ``--processes``)
-    #: and locality (#16). Neither: it claims exactly as before, jobs without needs.
+    #: and locality. Neither: the claim ignores resource needs.
     capacity: dict[str, int] = field(default_factory=dict)
     locality: str = ""
     #: The ``--processes`` supervisor this process is a child of: if it is

@@ -33,8 +33,8 @@ window. What remains:
   be wrong: see ``can_recycle``). A ``Worker``
   run in-process (``testing.drain()``, ``call_command``) falls back to giving
   up on a timed-out thread after the grace period: it records the timeout and
-  lets the thread run on, fenced out but free to cause side effects, as
-  before; a cancelled thread that ignores the cancel keeps its partition
+  lets the thread run on, fenced out but free to cause side effects; a
+  cancelled thread that ignores the cancel keeps its partition
   until it returns.
 - During a graceful shutdown (SIGTERM/SIGINT) the shutdown timeout applies
   instead: at its end, unfinished jobs are recorded (timeout) or handed back,
@@ -61,9 +61,10 @@ from typing import IO, NoReturn
 
 from .. import store
 from ..compat import Task
-from ..dispatch_task import task_for_row, timeout_of
 from ..exceptions import UnknownTask
-from . import completer, executor
+from ..tasks.task import task_for_row, timeout_of
+from . import completer
+from .running import RunningJob
 from .timeouts import timeout_outcome
 
 logger = logging.getLogger("django_dispatch.worker")
@@ -275,7 +276,7 @@ def _settle_one(
     try:
         claimed = None if what == "stopped" else store.job_claimed_if_leased(lease, db=db)
         if claimed is None:  # cancelled meanwhile (or lost): let go of it
-            store.job_ack_cancelled(lease, partition_key=key, db=db)
+            completer.let_go(lease, key, db=db)
             logger.info("job %s: let go after the recycle (cancelled or lost)", lease.job_id)
         elif what == "timed_out":
             try:
@@ -290,21 +291,14 @@ def _settle_one(
             )
             completer.persist(claimed, outcome, give_up_after=lease_seconds)  # logs it
         else:
-            row = claimed.row
-            released = store.job_release_if_leased(
-                lease, attempts=row["attempts"] - 1, worker_ids=row["worker_ids"][:-1], db=db
-            )
-            cancelled = not released and store.job_ack_cancelled(lease, partition_key=key, db=db)
-            completer.report_released(
-                claimed, released, cancelled, why="handed back after its worker's recycle"
-            )
+            completer.release(claimed, why="handed back after its worker's recycle", db=db)
     except Exception:
         # Left to the lease's expiry: the leader returns the job to the queue.
         logger.exception("job %s: could not settle it after the recycle", lease.job_id)
 
 
 def handover_of(
-    worker_id: str, claimed: int, jobs: list[executor.RunningJob], *, timed_out: set[int]
+    worker_id: str, claimed: int, jobs: list[RunningJob], *, timed_out: set[int]
 ) -> Handover:
     """The handover listing ``jobs``: timed out, stopped (cancelled or lost), or to hand back."""
     rest = [r for r in jobs if r.claimed.id not in timed_out]
@@ -317,5 +311,5 @@ def handover_of(
     )
 
 
-def entries(jobs: Iterable[executor.RunningJob]) -> list[Entry]:
+def entries(jobs: Iterable[RunningJob]) -> list[Entry]:
     return [(r.claimed.id, r.claimed.lease.epoch, r.claimed.row["partition_key"]) for r in jobs]

@@ -17,13 +17,14 @@ from typing import Any
 from django.conf import settings
 from django.db import IntegrityError, connections, transaction
 
-from .. import cron, store
+from .. import store
 from ..compat import TaskResult, task_enqueued
 from ..conf import get_settings
-from ..enqueue import DispatchBackendBase, namespace_for
+from ..core import cron
 from ..models import CronEntry
-from ..results import result_from_job, send_robust, signal_sender
 from ..services import cron_task
+from ..tasks.registry import DispatchBackendBase, namespace_for
+from ..tasks.results import result_from_job, send_robust, signal_sender
 
 logger = logging.getLogger("django_dispatch.scheduler")
 

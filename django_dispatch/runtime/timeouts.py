@@ -30,11 +30,13 @@ from typing import Literal
 
 from .. import store
 from ..compat import Task
-from ..dispatch_task import timeout_of
-from ..docs_links import docs_url
+from ..core.docs_links import docs_url
 from ..exceptions import TaskTimeout
-from ..observability import events
-from . import executor
+from ..observability import joblog
+from ..tasks.task import timeout_of
+from .attempt import fail
+from .executor import Outcome
+from .running import RunningJob
 
 logger = logging.getLogger("django_dispatch.worker")
 
@@ -56,7 +58,7 @@ def allowance(task: Task | None) -> float | None:
 
 def timeout_outcome(
     claimed: store.ClaimedJob, timeout: float, *, how: str, task: Task | None
-) -> executor.Outcome:
+) -> Outcome:
     """The outcome of an attempt that overran its timeout: retry or fail, with ``TaskTimeout``.
 
     ``task`` is the job's Task (None: its row names none that imports).
@@ -64,7 +66,7 @@ def timeout_outcome(
     exception = TaskTimeout(
         f"{claimed.row['task_path']} ran longer than its timeout of {timeout:g} s; {how}"
     )
-    return executor.classify_failure(claimed, exception, task=task)
+    return fail(claimed, exception, task=task)
 
 
 @dataclass
@@ -79,7 +81,7 @@ class Overtime:
     given_up: bool = False
 
 
-Late = list[tuple[executor.RunningJob, Overtime]]
+Late = list[tuple[RunningJob, Overtime]]
 
 
 @dataclass
@@ -119,15 +121,15 @@ class Overseer:
 
     # --- job threads ---------------------------------------------------------
 
-    def started(self, running: executor.RunningJob) -> None:
+    def started(self, running: RunningJob) -> None:
         """Before the task runs: start its clock."""
-        limit = allowance(running.task)  # resolved by the job runner (``executor.resolve``)
+        limit = allowance(running.task)  # resolved by the job runner (``attempt.resolve``)
         with self.lock:
             running.deadline = None if limit is None else time.monotonic() + limit
             self.in_task.add(running.claimed.id)
         _current.job = (self, running)
 
-    def returned(self, running: executor.RunningJob) -> Overtime | None:
+    def returned(self, running: RunningJob) -> Overtime | None:
         """Once the task code returned or raised: whether it had been asked to stop."""
         _current.job = None
         with self.lock:
@@ -137,7 +139,7 @@ class Overseer:
 
     # --- control loop --------------------------------------------------------
 
-    def asked_to_stop(self, running: executor.RunningJob, now: float) -> None:
+    def asked_to_stop(self, running: RunningJob, now: float) -> None:
         """The heartbeat found the job cancelled or lost: its grace period starts."""
         job_id = running.claimed.id
         with self.lock:
@@ -147,7 +149,7 @@ class Overseer:
     def check(
         self,
         now: float,
-        jobs: Mapping[int, executor.RunningJob],
+        jobs: Mapping[int, RunningJob],
         can_recycle: bool,
         shutting_down: bool,
     ) -> Verdict:
@@ -212,7 +214,7 @@ def act(
     verdict: Verdict,
     recycling: bool,
     *,
-    give_up: Callable[[executor.RunningJob, Overtime], None],
+    give_up: Callable[[RunningJob, Overtime], None],
     recycle: Callable[[], None],
 ) -> None:
     """Ask overdue jobs to stop; end the late ones as ``verdict`` says (unless ``recycling``).
@@ -230,7 +232,7 @@ def act(
             running.claimed.id,
             over.timeout,
             grace,
-            extra=events.job_fields(running.claimed),
+            extra=joblog.job_fields(running.claimed),
         )
     if recycling:  # already waiting to recycle: the late ones end with it
         return

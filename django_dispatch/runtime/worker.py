@@ -1,17 +1,17 @@
-"""One worker process: the control loop (the producer) beside a pool of job threads.
+"""One worker process's lifecycle: start, signals, stop, recycle, hand back.
 
-The control loop (the main thread) never runs task code. It claims jobs up to
-the free slots, renews the leases of running jobs on a fixed heartbeat,
-returns expired leases of dead workers to the queue, enforces timeouts, and
-drives graceful shutdown. Because task code runs only on job threads, a
-CPU-bound or blocking task cannot stop the heartbeat that keeps its lease.
-
-The roles, a module each: the job threads (``jobthreads``) run jobs, the
-executor classifies an attempt's outcome without I/O (``executor``), the
-completer persists outcomes, successes in waves written inside the claim's
-transaction (``completer``), the overseer finds jobs over their timeout
-(``timeouts``), and a job that does not stop within the grace period is
-ended by recycling the process (``recycling``).
+A worker is a few roles, a module each. The producer (``producer``) runs the
+control loop on the main thread: it claims jobs up to the free slots
+(``slots``) and starts them. The job threads (``jobthreads``) run one
+attempt each (``attempt``), which the executor classifies without I/O
+(``executor``). The completer (``completer``) is the only writer of an
+attempt's end: successes in waves written inside the claim's transaction,
+anything else one by one. The heartbeat (``heartbeat``) renews the leases
+of running jobs. The overseer finds jobs over their timeout (``timeouts``),
+and a job that does not stop within the grace period is ended by recycling
+the process (``recycling``). This module only decides when each starts and
+ends: on a signal, at ``--burst``'s or ``--max-jobs``' end, on a recycle.
+Task code runs only on job threads: it cannot stop the heartbeat.
 
 Database connections: one per job thread, one for the control loop, and on
 PostgreSQL with LISTEN on, one for the listener: ``concurrency + 2`` (``+ 1``
@@ -31,18 +31,21 @@ import time
 from types import FrameType
 from typing import Any
 
-from django.db import DatabaseError, InterfaceError, connections, transaction
+from django.db import connections
 
 from .. import store
 from ..conf import DispatchSettings, get_settings
-from ..observability import events, metrics
-from . import completer, executor, recycling, scheduler, timeouts
+from ..observability import joblog
+from . import completer, recycling, scheduler, timeouts
 from .asyncjobs import AsyncJobs
-from .connections import database_went_away
-from .jobthreads import PREFETCH_JOB_SECONDS, JobRunner, JobThreads, Slots
+from .heartbeat import Heartbeat
+from .jobthreads import JobRunner, JobThreads
 from .listener import Listener, start_listener
 from .maintenance import Maintenance
 from .options import Every, WorkerOptions
+from .producer import Producer
+from .running import RunningJob
+from .slots import Slots
 
 logger = logging.getLogger("django_dispatch.worker")
 
@@ -52,7 +55,24 @@ SIGNAL_DEDUP_SECONDS = 1.0
 SUPERVISOR_CHECK_SECONDS = 1.0
 
 
+def registration(options: WorkerOptions, db: str) -> dict[str, Any]:
+    """The worker row's description of this process (``store.worker_register``)."""
+    return {
+        "hostname": socket.gethostname(),
+        "pid": os.getpid(),
+        "queues": options.queues,
+        "concurrency": options.concurrency + options.async_concurrency,
+        "db": db,
+        "namespace": options.namespace,
+        "capacity": options.capacity,
+        "locality": options.locality,
+    }
+
+
 class Worker:
+    #: The producer class (``inline`` gives one whose claim is already made).
+    producer_class: type[Producer] = Producer
+
     def __init__(
         self,
         options: WorkerOptions,
@@ -62,7 +82,7 @@ class Worker:
     ) -> None:
         self.options = options
         self.close_connections = close_connections
-        self.settings = settings or get_settings()
+        self.settings = cfg = settings or get_settings()
         self.db = store.db_alias()
         self.wakeup = threading.Event()
         self.stopping = False
@@ -77,18 +97,23 @@ class Worker:
             prefetch=options.concurrency if postgres else 0,
         )
         #: What the worker row says about this process (see ``store.workers``).
-        self.registration: dict[str, Any] = {
-            "hostname": socket.gethostname(),
-            "pid": os.getpid(),
-            "queues": options.queues,
-            "concurrency": options.concurrency + options.async_concurrency,
-            "db": self.db,
-            "namespace": options.namespace,
-            "capacity": options.capacity,  # #16
-            "locality": options.locality,
-        }
-        self.claimed_total = 0
-        self.completer = completer.BatchCompleter(self.wakeup, self.settings.LEASE_SECONDS)
+        self.registration = registration(options, self.db)
+        self.completer = completer.BatchCompleter(
+            self.wakeup, cfg.LEASE_SECONDS, slots=self.slots, db=self.db
+        )
+        self.producer = self.producer_class(
+            options, cfg, db=self.db, slots=self.slots, batch=self.completer
+        )
+        self.overseer = timeouts.Overseer(self.slots.lock, cfg.TIMEOUT_GRACE)
+        self.heartbeat = Heartbeat(
+            self.slots,
+            self.overseer,
+            worker_id=options.worker_id,
+            registration=self.registration,
+            lease_seconds=cfg.LEASE_SECONDS,
+            db=self.db,
+            capacity=options.concurrency + options.async_concurrency,
+        )
         self.listener: Listener | None = None
         self.async_jobs: AsyncJobs | None = None  # --async-concurrency: made in run()
         self.signalled_at: float | None = None
@@ -96,49 +121,18 @@ class Worker:
         #: --burst or --max-jobs: those jobs run to completion.
         self.stop_deadline: float | None = None
         self.handed_back = False
-        self.overseer = timeouts.Overseer(self.slots.lock, self.settings.TIMEOUT_GRACE)
         #: Set once a job ignored its stop request past the grace period: the
         #: loop ends and ``handover`` lists the jobs for the successor process.
         self.recycling = False
         self.recycle_deadline = 0.0  # monotonic; see _ready_to_recycle
         self.handover: recycling.Handover | None = None
-        if options.predecessor is not None:
-            self.claimed_total = options.predecessor.claimed
 
-    def cycle(self, claim: bool = True) -> int:
-        """One round trip's worth of work: record finished jobs, claim new ones.
+    @property
+    def claimed_total(self) -> int:
+        """Jobs this worker claimed and did not give back (``testing.drain``, ``--max-jobs``)."""
+        return self.producer.claimed_total
 
-        Successes waiting in the batch completer are written by one fenced UPDATE
-        and the slots they free are refilled by the claim, in one transaction:
-        a single commit (one WAL flush) per wave of jobs. The job threads did
-        not wait for it: they went on to jobs claimed ahead (``Slots.ahead``),
-        so the wave carries whatever finished while the last one was written.
-        After the commit the reporter (``completer.Reporter``) sends each
-        success's ``task_finished``; if the commit failed, it writes each
-        outcome one by one. Returns the number of jobs claimed.
-        """
-        batch = self.completer.take()
-        limit = self.slots.free() if claim else 0
-        if self.options.max_jobs is not None:
-            limit = min(limit, self.options.max_jobs - self.claimed_total)
-        if not batch and limit <= 0:
-            return 0
-        try:
-            with transaction.atomic(using=self.db):
-                won = self.completer.write(batch, self.db)
-                claimed = self._claim(limit) if limit > 0 else []
-        except BaseException:
-            self.completer.abort(batch)
-            raise
-        with self.slots.lock:
-            for running in batch:
-                if self.slots.running.get(running.claimed.id) is running:
-                    del self.slots.running[running.claimed.id]
-        self.completer.settle(batch, won)
-        self._start(claimed)
-        return len(claimed)
-
-    # --- control loop --------------------------------------------------------
+    # --- signals ---------------------------------------------------------------
 
     def install_signal_handlers(self) -> None:
         signal.signal(signal.SIGTERM, self._on_signal)
@@ -164,7 +158,7 @@ class Worker:
             self.request_stop(signal.Signals(signum).name)
 
     def _fields(self, **more: object) -> dict[str, object]:
-        return events.worker_fields(self.options.worker_id, **more)
+        return joblog.worker_fields(self.options.worker_id, **more)
 
     def request_stop(self, why: str) -> None:
         """Stop claiming; let running jobs finish within the shutdown timeout."""
@@ -182,9 +176,14 @@ class Worker:
         self.stop_deadline = now + self.options.shutdown_timeout
         self.wakeup.set()
 
+    def drain(self) -> None:
+        """Nothing more to claim (``--burst``, ``--max-jobs``): let running jobs finish."""
+        self.stopping = True
+
+    # --- start and stop --------------------------------------------------------
+
     def run(self) -> int:
         opts, cfg = self.options, self.settings
-        reporter = completer.Reporter(give_up_after=cfg.LEASE_SECONDS)
         runner = JobRunner(
             self.slots,
             self.overseer,
@@ -192,95 +191,96 @@ class Worker:
             lease_seconds=cfg.LEASE_SECONDS,
             db=self.db,
             wakeup=self.wakeup,
-            reporter=reporter,
         )
-        self.pool = pool = JobThreads(runner, opts.concurrency)
+        self.completer.start()
+        self.pool = self.producer.pool = JobThreads(runner, opts.concurrency)
         self.async_jobs = AsyncJobs(runner) if opts.async_concurrency else None
+        self.producer.async_jobs = self.async_jobs
         maintenance = Maintenance(opts.worker_id, cfg, self.db, opts.namespace)
         try:
-            store.worker_register(opts.worker_id, **self.registration)
-            events.worker_started(opts.worker_id, opts.queues, opts.concurrency)
-            self.listener = start_listener(
-                self.db, self.settings, self.wakeup, namespace=opts.namespace
-            )
-            if opts.predecessor is not None:
-                recycling.settle(
-                    opts.predecessor,
-                    lease_seconds=cfg.LEASE_SECONDS,
-                    db=self.db,
-                    namespace=opts.namespace,
-                )
-            if opts.scheduler:
-                self._guard(lambda: scheduler.sync_from_settings(namespace=opts.namespace))
+            self._start()
             self._loop(maintenance)
             if self.recycling:
                 self.handover = self._handover()
         finally:
-            self._guard(lambda: self.cycle(claim=False))
-            reporter.stop()  # after the last wave: its successes are reported
-            # Threads still in task code after a hand-back are not waited for:
-            # their jobs are back in the queue, and exiting ends them. Nor
-            # after a recycle: the successor settles their jobs once
-            # re-executing the process has ended them.
-            pool.stop(timeout=0.0 if self.handed_back or self.recycling else 5.0)
-            if self.async_jobs is not None:
-                self.async_jobs.stop(timeout=0.0 if self.handed_back or self.recycling else 5.0)
-            if self.listener:
-                self.listener.stop()
-                self.listener.join(timeout=2.0)
-            self._guard(maintenance.resign)
-            self._guard(lambda: store.worker_deregister(opts.worker_id))
-            if self.close_connections:
-                connections.close_all()
-        events.worker_stopped(
+            self._shut_down(maintenance)
+        joblog.worker_stopped(
             opts.worker_id, self.claimed_total, recycling=self.handover is not None
         )
         return 0
 
+    def _start(self) -> None:
+        """Register, listen, settle what a recycled predecessor left, sync cron."""
+        opts, cfg = self.options, self.settings
+        store.worker_register(opts.worker_id, **self.registration)
+        joblog.worker_started(opts.worker_id, opts.queues, opts.concurrency)
+        self.listener = start_listener(self.db, cfg, self.wakeup, namespace=opts.namespace)
+        if opts.predecessor is not None:
+            recycling.settle(
+                opts.predecessor,
+                lease_seconds=cfg.LEASE_SECONDS,
+                db=self.db,
+                namespace=opts.namespace,
+            )
+        if opts.scheduler:
+            self._guard(lambda: scheduler.sync_from_settings(namespace=opts.namespace))
+
+    def _shut_down(self, maintenance: Maintenance) -> None:
+        """Write the last wave, stop every thread, leave the worker table."""
+        opts = self.options
+        self._guard(lambda: self.producer.cycle(claim=False))
+        self.completer.stop()  # after the last wave: its successes are reported
+        # Threads still in task code after a hand-back are not waited for:
+        # their jobs are back in the queue, and exiting ends them. Nor
+        # after a recycle: the successor settles their jobs once
+        # re-executing the process has ended them.
+        wait = 0.0 if self.handed_back or self.recycling else 5.0
+        self.pool.stop(timeout=wait)
+        if self.async_jobs is not None:
+            self.async_jobs.stop(timeout=wait)
+        if self.listener:
+            self.listener.stop()
+            self.listener.join(timeout=2.0)
+        self._guard(maintenance.resign)
+        self._guard(lambda: store.worker_deregister(opts.worker_id))
+        if self.close_connections:
+            connections.close_all()
+
     def _loop(self, maintenance: Maintenance) -> None:
         opts, cfg = self.options, self.settings
         duties = [
-            Every(cfg.HEARTBEAT_INTERVAL, self.heartbeat, start_now=False),
+            Every(cfg.HEARTBEAT_INTERVAL, self.heartbeat.beat, start_now=False),
             *maintenance.duties(cron=opts.scheduler),
         ]
         if opts.supervisor_pid is not None:
             duties.append(Every(SUPERVISOR_CHECK_SECONDS, self._watch_supervisor))
-        while True:
-            now = time.monotonic()
-            for duty in duties:
-                if duty.due(now):
-                    self._guard(duty.run)
-            shutting_down = self.signalled_at is not None
-            verdict = self.overseer.check(now, self.slots.running, opts.recycle, shutting_down)
-            timeouts.act(verdict, self.recycling, give_up=self.give_up, recycle=self.recycle)
-            if self.recycling and self._ready_to_recycle(now):
-                break
+        self.producer.run(duties, self)
 
-            if self.stopping:
-                if self.slots.stopping and not self.recycling:
-                    self._guard(self.release_unstarted)
-                self._guard(lambda: self.cycle(claim=False))
-                if not self.slots.running:
-                    break
-                deadline = self.stop_deadline
-                if self.force_stop or (deadline is not None and now >= deadline):
-                    self.hand_back()
-                    break
-            else:
-                self._give_back(self.slots.behind_long_jobs())
-                claimed = self._guard(self.cycle) or 0
-                if self._done(claimed):
-                    self.stopping = True
-                    continue
-                if claimed and self.slots.free():
-                    continue  # more may be waiting: claim again at once
-            next_duty = min(duty.next_at for duty in duties)
-            wait = min(cfg.POLL_INTERVAL, max(0.0, next_duty - time.monotonic()))
-            if self.slots.holding_ahead:  # soon see whether they wait behind a long job
-                wait = min(wait, PREFETCH_JOB_SECONDS)
-            self.wakeup.wait(wait)
-            self.wakeup.clear()
-            self.completer.coalesce(len(self.slots.running))
+    def turn(self, now: float) -> bool:
+        """The lifecycle's share of one turn of the loop; True: the loop ends.
+
+        Jobs over their timeout are asked to stop and late ones ended
+        (``timeouts``); a recycle waits for the other jobs; a stopping worker
+        writes its last waves and, at the shutdown timeout, hands back what
+        still runs.
+        """
+        shutting_down = self.signalled_at is not None
+        verdict = self.overseer.check(now, self.slots.running, self.options.recycle, shutting_down)
+        timeouts.act(verdict, self.recycling, give_up=self.give_up, recycle=self.recycle)
+        if self.recycling and self._ready_to_recycle(now):
+            return True
+        if not self.stopping:
+            return False
+        if self.slots.stopping and not self.recycling:
+            self._guard(self.release_unstarted)
+        self._guard(lambda: self.producer.cycle(claim=False))
+        if not self.slots.running:
+            return True
+        deadline = self.stop_deadline
+        if self.force_stop or (deadline is not None and now >= deadline):
+            self.hand_back()
+            return True
+        return False
 
     def _watch_supervisor(self) -> None:
         """Stop as on SIGTERM once the ``--processes`` supervisor is gone.
@@ -300,100 +300,11 @@ class Worker:
         )
         self.request_stop("the supervisor is gone")
 
-    def _done(self, claimed: int) -> bool:
-        opts = self.options
-        if opts.max_jobs is not None and self.claimed_total >= opts.max_jobs:
-            return True
-        if not (opts.burst and claimed == 0 and not self.slots.running):
-            return False
-        # An empty claim is not an empty queue: jobs may wait behind a
-        # partition head that another worker is running.
-        due = self._guard(
-            lambda: store.jobs_due_exist(
-                queues=opts.queues,
-                db=self.db,
-                namespace=opts.namespace,
-                placement=self._placement(),
-            )
-        )
-        return due is False  # None: the database did not answer; keep going
-
     def _guard(self, step):
         """Run one control-loop step; a database outage or a bug is logged, never fatal."""
-        try:
-            return step()
-        except (DatabaseError, InterfaceError):
-            logger.warning("database error in the worker loop; will retry", exc_info=True)
-            database_went_away()  # job threads check their connections before their next job
-            for conn in connections.all(initialized_only=True):
-                conn.close()
-            time.sleep(min(1.0, self.settings.POLL_INTERVAL))
-        except Exception:
-            logger.exception("error in the worker loop; carrying on")
-        return None
+        return self.producer.guard(step)
 
-    def _claim(self, limit: int) -> list[store.ClaimedJob]:
-        return store.jobs_claim(
-            worker_id=self.options.worker_id,
-            queues=self.options.queues,
-            limit=limit,
-            lease_seconds=self.settings.LEASE_SECONDS,
-            db=self.db,
-            namespace=self.options.namespace,
-            poll_interval=self.settings.POLL_INTERVAL,  # how stale a pause may be seen
-            placement=self._placement(),
-        )
-
-    def _placement(self) -> store.resources.Placement | None:
-        opts = self.options
-        starve = self.settings.RESOURCE_STARVATION_SECONDS
-        return self.slots.placement(opts.capacity, opts.locality, starve)
-
-    def _start(self, claimed: list[store.ClaimedJob]) -> None:
-        """Hand each claimed job to a job thread, or, with an asyncio executor,
-        an async job to its event loop (resolving the task here: its module is
-        imported once, then it is a lookup)."""
-        on_loop: list[executor.RunningJob] = []
-        for job in claimed:
-            running = executor.RunningJob(claimed=job, lease_seconds=self.settings.LEASE_SECONDS)
-            lane = self.async_jobs is not None and executor.is_async(running)
-            running.on_loop = lane
-            with self.slots.lock:
-                self.slots.running[job.id] = running
-            if lane:
-                on_loop.append(running)
-            else:
-                self.pool.submit(running)
-        if self.async_jobs is not None:
-            if on_loop:
-                self.async_jobs.submit(on_loop)
-            self.slots.learn(len(on_loop), len(claimed))
-        self.claimed_total += len(claimed)
-
-    def heartbeat(self) -> None:
-        """Renew every lease this worker holds; stop the jobs it lost."""
-        with self.slots.lock:
-            leases = [r.claimed.lease for r in self.slots.running.values()]
-        lost = store.jobs_renew_leases(
-            leases, lease_seconds=self.settings.LEASE_SECONDS, db=self.db
-        )
-        for job_id in lost:
-            with self.slots.lock:
-                running = self.slots.running.get(job_id)
-            if running is not None and not running.cancel_event.is_set():
-                logger.info(
-                    "job %s: cancelled or lost; asking it to stop",
-                    job_id,
-                    extra=events.job_fields(running.claimed),
-                )
-                running.stop()
-                self.overseer.asked_to_stop(running, time.monotonic())
-        if metrics.WORKER is not None:
-            metrics.WORKER.heartbeat(
-                busy=len(leases), slots=self.options.concurrency + self.options.async_concurrency
-            )
-        # Recreates the row if the leader deleted it (after a long pause).
-        store.worker_touch(self.options.worker_id, running_jobs=len(leases), **self.registration)
+    # --- recycle and hand back -------------------------------------------------
 
     def recycle(self) -> None:
         """Stop claiming; once the other jobs are done, ``run()`` prepares the handover."""
@@ -424,8 +335,8 @@ class Worker:
         once more, so the successor has a whole lease to settle the rest in.
         Jobs no thread has started yet never start here.
         """
-        self._guard(lambda: self.cycle(claim=False))
-        self._guard(self.heartbeat)
+        self._guard(lambda: self.producer.cycle(claim=False))
+        self._guard(self.heartbeat.beat)
         with self.slots.lock:
             for job_id, running in self.slots.running.items():
                 if job_id not in self.slots.threads:
@@ -438,12 +349,12 @@ class Worker:
             self.options.worker_id, self.claimed_total, jobs, timed_out=timed_out
         )
 
-    def give_up(self, running: executor.RunningJob, overtime: timeouts.Overtime) -> None:
+    def give_up(self, running: RunningJob, overtime: timeouts.Overtime) -> None:
         """Without recycling: record the timeout, free the slot, let the thread run on."""
         with self.slots.lock:
             self.slots.running.pop(running.claimed.id, None)
             thread = self.slots.threads.get(running.claimed.id)
-            if thread is not None:  # its code still runs: it still holds its resources (#16)
+            if thread is not None:  # its code still runs: it still holds its resources
                 self.slots.lingering[running.claimed.id] = running
         self.pool.retire(thread)
         self._guard(
@@ -461,22 +372,7 @@ class Worker:
         """At a stop: hand back the jobs no thread has started (claimed ahead,
         ``Slots.ahead``), at once and without spending an attempt, rather
         than run them during the shutdown timeout."""
-        self._give_back(self.slots.take_unstarted())
-
-    def _give_back(self, unstarted: list[executor.RunningJob]) -> None:
-        """Hand back jobs no thread started, taken out of the slots: fenced by
-        their leases, no attempt spent. They no longer count as claimed here
-        (``--max-jobs``, ``testing.drain``'s count): this worker did not run them."""
-        self.claimed_total -= len(unstarted)
-        for running in unstarted:
-            self._guard(
-                lambda running=running: completer.hand_back(
-                    running.claimed,
-                    timed_out=None,
-                    give_up_after=self.settings.LEASE_SECONDS,
-                    task=None,
-                )
-            )
+        self.producer.give_back(self.slots.take_unstarted())
 
     def hand_back(self) -> None:
         """Return unfinished jobs to the queue without spending an attempt."""

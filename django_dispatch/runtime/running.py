@@ -1,0 +1,60 @@
+"""What a worker process tracks about one claimed job, from its claim to its written outcome."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..compat import Task
+from ..exceptions import UnknownTask
+from ..store import ClaimedJob
+from .executor import Outcome
+
+
+@dataclass
+class RunningJob:
+    """A job this process holds, shared by the control loop, its thread and the completer."""
+
+    claimed: ClaimedJob
+    lease_seconds: float
+    #: The Task its row names, resolved once per job (``attempt.resolve``, on
+    #: the job thread, before its clock starts) for the attempt and the
+    #: timeouts; None until then, or when it cannot be resolved (``unknown``
+    #: says why).
+    task: Task | None = None
+    unknown: UnknownTask | None = None
+    deadline: float | None = None  # monotonic; None: no timeout or not started
+    #: When a job thread picked it up (monotonic); None while it waits, claimed ahead.
+    begun_at: float | None = None
+    cancel_event: threading.Event = field(default_factory=threading.Event)
+    abandoned: bool = False  # timed out or handed back: its result is dropped
+    # Batched completion: the outcome waiting for the control loop's write,
+    # then whether that write won (None: it failed, write it one by one).
+    finished: Outcome | None = None
+    #: Set (by the control loop) once that write is over. A plain flag, not
+    #: an Event: nothing blocks on it, and an Event per job (a Condition and
+    #: a Lock) is a measurable share of a no-op job's CPU.
+    persisted: bool = False
+    won: bool | None = False
+    #: Called (from the control loop) once ``persisted`` is set: how the
+    #: asyncio executor learns it without a thread waiting.
+    on_persisted: Callable[[], None] | None = None
+    #: Runs on this process's event loop (``asyncjobs``), not a job thread.
+    on_loop: bool = False
+    #: The attempt's meter (``metering.Meter``) while its success waits for
+    #: the wave that writes its usage record, its thread gone on to another job.
+    meter: Any = None
+    _loop: asyncio.AbstractEventLoop | None = None
+    _atask: asyncio.Task[Any] | None = None
+
+    def stop(self) -> None:
+        """Ask the job to stop: flag for sync tasks, cancellation for async ones."""
+        self.cancel_event.set()
+        loop, atask = self._loop, self._atask
+        if loop is not None and atask is not None:
+            with contextlib.suppress(RuntimeError):  # loop already closed
+                loop.call_soon_threadsafe(atask.cancel)
