@@ -43,7 +43,7 @@ from .leasing import claimed_job, jobs_lease
 from .sources.fused_pg import claim_pg
 from .sources.orm import runnable_candidates
 from .sources.resources import candidates as resource_candidates
-from .sources.resources import shapes_could_run
+from .sources.shapes import shapes_could_run
 from .types import CLAIM_FIELDS, ClaimedJob, FlowState, Placement
 
 #: At most this many jobs are set aside per claim transaction, which bounds

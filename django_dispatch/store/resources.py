@@ -14,7 +14,7 @@ from django.db.models.functions import Now
 from ..core.resources import Needs, fits
 from ..core.states import JobState
 from ..models import Job, Worker
-from .sources.resources import pending_shapes
+from .sources.shapes import pending_shapes
 
 
 def unplaceable(db: str, namespace: str, *, live_within: float) -> list[tuple[Needs, int]]:

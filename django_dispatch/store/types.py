@@ -21,7 +21,7 @@ from ..core.resources import Needs, minus
 from ..models import Job
 
 if TYPE_CHECKING:
-    from .sources.resources import ShapeCache
+    from .sources.shapes import ShapeCache
 
 
 @dataclass(frozen=True, slots=True)

@@ -20,7 +20,7 @@ from __future__ import annotations
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
-from ..events import check_key, check_name, check_timeout
+from ..services.events import check_key, check_name, check_timeout
 from ..store.workflows import WaitSpec
 from .exceptions import EventTimeout, WorkflowDefinitionError
 

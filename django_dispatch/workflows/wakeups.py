@@ -11,8 +11,8 @@ wake-up commits or rolls back with the event itself.
 
 from __future__ import annotations
 
-from .. import events
 from ..models import Event
+from ..services import events
 from ..store import workflows as wf_store
 
 

@@ -49,96 +49,7 @@ from ...core.states import JobState
 from ...models import Job
 from ..base import job_sql, namespace_literal, pending_priorities
 from ..types import Placement
-
-#: The distinct shapes pending in a namespace, one index probe each: a
-#: recursive skip scan of ``dispatch_job_claim_shaped`` (PostgreSQL has no
-#: loose index scan of its own).
-_SHAPES_SQL = """
-WITH RECURSIVE shapes AS (
-    (SELECT resource_shape, resources FROM {job}
-     WHERE namespace = {namespace} AND state = {pending} AND resource_shape IS NOT NULL
-     ORDER BY resource_shape LIMIT 1)
-    UNION ALL
-    SELECT next.resource_shape, next.resources FROM shapes, LATERAL (
-        SELECT resource_shape, resources FROM {job}
-        WHERE namespace = {namespace} AND state = {pending}
-            AND resource_shape > shapes.resource_shape
-        ORDER BY resource_shape LIMIT 1
-    ) AS next
-)
-SELECT resource_shape, resources FROM shapes
-"""
-
-
-#: Longest a busy worker goes on with the shapes it read (``ShapeCache``).
-SHAPES_TTL = 1.0
-
-
-class ShapeCache:
-    """The shapes pending, as a worker last read them, for up to ``ttl`` seconds.
-
-    Why: a busy worker claims many times a second, and the shapes change
-    rarely. A claim that finds nothing reads them again at once (``fresh``),
-    so an idle worker sees a new shape immediately; a busy one within ``ttl``.
-    """
-
-    def __init__(self, ttl: float) -> None:
-        self.ttl = ttl
-        self.read_at = -float("inf")
-        self.shapes: dict[int, Needs] = {}
-        #: Until when no job is starved, as far as this worker knows (``_starved``).
-        self.none_starved_until = -float("inf")
-
-    def get(self, db: str, namespace: str, *, fresh: bool = False) -> tuple[dict[int, Needs], bool]:
-        """(shapes, whether they were read just now)."""
-        now = time.monotonic()
-        if fresh or now - self.read_at > self.ttl:
-            self.shapes, self.read_at = pending_shapes(db, namespace), now
-            return self.shapes, True
-        return self.shapes, False
-
-
-def pending_shapes(db: str, namespace: str) -> dict[int, Needs]:
-    """{shape id: needs} of the jobs with needs pending in ``namespace``."""
-    connection = connections[db]
-    if connection.vendor == "postgresql":
-        sql = job_sql(connection, _SHAPES_SQL).format(namespace=namespace_literal(namespace))
-        with connection.cursor() as cursor:
-            cursor.execute(sql)
-            rows = cursor.fetchall()
-        return {
-            shape: (needs if isinstance(needs, dict) else _json(needs)) for shape, needs in rows
-        }
-    # The same skip scan in the ORM: one descent per shape (a DISTINCT read
-    # every pending job with needs, deferred ones included).
-    shaped = Job.objects.using(db).filter(
-        namespace=namespace, state=JobState.PENDING, resource_shape__isnull=False
-    )
-    shapes: dict[int, Needs] = {}
-    after: int | None = None
-    while True:
-        rest = shaped if after is None else shaped.filter(resource_shape__gt=after)
-        first = rest.order_by("resource_shape").values_list("resource_shape", "resources").first()
-        if first is None:
-            return shapes
-        shape, needs = first
-        assert shape is not None  # resource_shape__isnull=False
-        if needs:
-            shapes[shape] = needs
-        after = shape
-
-
-def _json(text: str) -> Needs:
-    return json.loads(text)
-
-
-def shapes_could_run(db: str, namespace: str, placement: Placement | None) -> list[int]:
-    """The pending shapes a worker could ever hold (``--burst`` asks whether any
-    job is due): those that fit its whole capacity; none without capacity."""
-    if placement is None or not placement.capacity:
-        return []
-    shapes = pending_shapes(db, namespace)
-    return [shape for shape, needs in shapes.items() if fits(needs, placement.capacity)]
+from .shapes import pending_shapes
 
 
 def candidates(
@@ -211,8 +122,21 @@ def _candidates(
     if connections[db].vendor == "postgresql":
         rows = _pick_pg(db, queues, window, exclude, namespace, placement, fields, paused, fitting)
         return first + rows
-    # One priority at a time, highest first, as _PICK_SQL walks them (no deferred
-    # job read); a priority's picks come before any of a lower one.
+    return first + _pick_orm(db, base, window, namespace, placement, fitting, fields)
+
+
+def _pick_orm(
+    db: str,
+    base: Any,
+    window: int,
+    namespace: str,
+    placement: Placement,
+    fitting: list[int],
+    fields: Sequence[str],
+) -> list[dict[str, Any]]:
+    """``_PICK_SQL`` in the ORM (SQLite): one priority at a time, highest first, as
+    the statement walks them (no deferred job read); a priority's picks come
+    before any of a lower one."""
     sources = [base.filter(resource_shape__isnull=True)]
     sources += [base.filter(resource_shape=shape) for shape in fitting]
     if placement.locality:  # the worker's own jobs, one index range each
@@ -231,7 +155,7 @@ def _candidates(
             ):
                 mine = 0 if placement.locality and locality == placement.locality else 1
                 picked[job_id] = (-priority, mine, run_after, job_id)
-    return first + _lock(db, [key[3] for key in sorted(picked.values())[:window]], fields)
+    return _lock(db, [key[3] for key in sorted(picked.values())[:window]], fields)
 
 
 def _starved(
