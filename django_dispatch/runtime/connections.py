@@ -23,7 +23,7 @@ reason to doubt them, as Django does for a request with
 The check is Django's own ``is_usable()``. A connection that fails it is
 closed and opened again at once, so a database that is still down shows up
 *before* task code, where the job is handed back without spending an attempt
-(see ``worker.Worker.run_job``). ``CONN_MAX_AGE`` is honoured as a maximum
+(see ``jobthreads.JobRunner.begin``). ``CONN_MAX_AGE`` is honoured as a maximum
 age between jobs when it is a positive number; ``0`` (Django's default, "close
 after each request") and ``None`` keep the connection, since a worker's unit
 of work is not a request.
