@@ -15,6 +15,7 @@ from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 from django import forms
+from django.conf import settings
 from django.contrib import admin
 from django.core.exceptions import PermissionDenied
 from django.core.paginator import Paginator
@@ -29,6 +30,7 @@ from django.utils.safestring import SafeString
 
 from ..compat import ON_LIST_AND_PAGE
 from ..store.base import take_sqlite_write_lock
+from ..tasks.registry import backend_for
 
 #: The changelist counts at most this many matching rows (then shows "more
 #: than"); pages beyond it are reached by narrowing with filters or search.
@@ -114,10 +116,6 @@ class BigTable(admin.ModelAdmin):
 
 def configured_namespaces() -> set[str]:
     """The namespaces of the DispatchBackends in ``settings.TASKS`` (no query)."""
-    from django.conf import settings
-
-    from ..enqueue import backend_for
-
     found = set()
     for alias in getattr(settings, "TASKS", {}):
         backend = backend_for(alias)

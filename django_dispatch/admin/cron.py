@@ -23,8 +23,9 @@ from django.utils import timezone
 from django.utils.html import format_html, format_html_join
 from django.utils.http import urlencode
 
-from .. import cron, services
+from .. import services
 from ..compat import admin_action
+from ..core import cron
 from ..models import CronEntry, Job
 from .common import BOTH, DeleteThroughAction, SQLiteWriteLockFirst, link, selected_ids
 from .forms import CronEntryForm

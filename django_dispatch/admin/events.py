@@ -23,8 +23,8 @@ from django.urls import URLPattern, path, reverse
 from django.utils.html import format_html
 
 from .. import events
-from ..enqueue import dispatch_aliases
 from ..models import Event
+from ..tasks.registry import dispatch_aliases
 from .common import BigTable, ReadOnlyRows, RecentValuesFilter, has_perm, rendered_field
 from .history import record_one
 

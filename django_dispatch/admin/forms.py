@@ -15,11 +15,12 @@ from django import forms
 from django.conf import settings
 from django.utils.module_loading import import_string
 
-from .. import cron
+from ..checks import namespace_problem
 from ..compat import InvalidTask, Task
-from ..dispatch_task import check_arguments
+from ..core import cron
 from ..models import CronEntry
 from ..services import cron_task
+from ..tasks.task import check_arguments
 
 #: Any valid expression: checks a time zone on its own.
 _ANY_SCHEDULE = "* * * * *"
@@ -124,8 +125,6 @@ class CronEntryForm(forms.ModelForm):
 
     def clean_namespace(self) -> str:
         """The namespace whose workers fire the entry; a namespace's rules apply."""
-        from ..checks import namespace_problem
-
         namespace = (self.cleaned_data.get("namespace") or "").strip()
         problem = namespace_problem(namespace)
         if problem:

@@ -21,9 +21,10 @@ from django.urls import URLPattern, path, reverse
 from django.utils.http import urlencode
 from django.views.decorators.http import require_POST
 
-from ..enqueue import backend_for
-from ..models import Job
+from .. import flow
+from ..models import Job, PausedQueue
 from ..queries import console
+from ..tasks.registry import backend_for
 from .common import has_perm
 from .history import record
 
@@ -71,8 +72,6 @@ class OverviewPage:
         """
         if not (self.has_view_permission(request) and can_pause(request)):  # type: ignore[attr-defined]
             raise PermissionDenied
-        from .. import flow
-
         queue = request.POST.get("queue", "")
         namespace = request.POST.get("namespace", "")
         op = request.POST.get("op")
@@ -97,8 +96,6 @@ class OverviewPage:
             return HttpResponseRedirect(back)
         done = "paused" if op == "pause" else "resumed"
         if changed:
-            from ..models import PausedQueue
-
             record(
                 request,
                 PausedQueue,

@@ -1,4 +1,4 @@
-"""Usage in the admin (#16): records, a per-task summary, and a job's own lines.
+"""Usage in the admin: records, a per-task summary, and a job's own lines.
 
 ``JobUsageAdmin`` lists records (read-only: the worker and the reclaim write
 them) and serves the summary page (``summary/``: per-task percentiles over a
@@ -24,8 +24,8 @@ from django.utils.html import format_html, format_html_join
 
 from .. import usage
 from ..conf import get_settings
+from ..core.resources import fits, key_of
 from ..models import Job, JobUsage, Worker
-from ..resources import fits, key_of
 from ..states import JobState
 from .common import ReadOnlyRows
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from django.core.management.base import CommandError, CommandParser
 
-from ..enqueue import namespace_for
+from ..tasks.registry import namespace_for
 
 
 def add_backend_argument(parser: CommandParser, what: str) -> None:

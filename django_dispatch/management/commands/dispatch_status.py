@@ -4,8 +4,9 @@ from typing import Any
 
 from django.core.management.base import BaseCommand, CommandParser
 
-from ... import resources, store
+from ... import store
 from ...conf import get_settings
+from ...core import resources
 from ...queries.status import snapshot
 from ...store.resources import unplaceable
 from ..backend_option import add_backend_argument, backend_namespace

@@ -17,9 +17,12 @@ from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
-from ... import resources, store
+from ... import store
+from ...backend import DispatchBackend
 from ...checks import unapplied_migrations
+from ...compat import task_backends
 from ...conf import get_settings
+from ...core import resources
 from ...observability import exposition, metrics
 from ...runtime import recycling
 from ...runtime.options import WorkerOptions, default_worker_id
@@ -319,9 +322,6 @@ class Command(BaseCommand):
         return server
 
     def _check_queues(self, queues: list[str]) -> None:
-        from ...backend import DispatchBackend
-        from ...compat import task_backends
-
         backends = [b for b in task_backends.all() if isinstance(b, DispatchBackend)]
         if not backends:
             raise CommandError(
