@@ -152,7 +152,7 @@ class DispatchSettings:
                 continue
             if f.name in ("JOB_RETENTION", "CRON"):
                 problems += self._validate_mapping(f.name, value)
-            elif f.name == "ARTIFACT_STORAGE":  # a STORAGES alias: checked by checks.py
+            elif f.name == "ARTIFACT_STORAGE":  # a STORAGES alias: checked by checks.artifacts
                 if not isinstance(value, str):
                     problems.append(f"DISPATCH['{f.name}'] must be a string, got {value!r}.")
             elif f.type in (bool, "bool"):

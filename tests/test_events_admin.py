@@ -8,8 +8,8 @@ import pytest
 from django.urls import reverse
 
 from django_dispatch import events
+from django_dispatch.core.workflow_states import StepState
 from django_dispatch.models import Event, WorkflowRun
-from django_dispatch.models.workflow import StepState
 from django_dispatch.workflows.testing import drain_workflows
 from tests.testapp import wait_workflows as wfs
 

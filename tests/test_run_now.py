@@ -22,8 +22,8 @@ from django.db.models.functions import Now
 from django.test import override_settings
 
 from django_dispatch import events, pause_queue, resume_queue, usage
+from django_dispatch.core.workflow_states import RunState, StepState
 from django_dispatch.models import DeadLetter, Job, Worker, WorkflowRun, WorkflowTask
-from django_dispatch.models.workflow import RunState, StepState
 from django_dispatch.runtime.inline import INLINE_WORKER_PREFIX
 from django_dispatch.states import JobState
 from django_dispatch.testing import drain

@@ -46,3 +46,27 @@ def test_a_job_blocked_without_a_reason_the_counts_can_see_is_rejected():
         Job.objects.filter(pk=bare).update(state=JobState.BLOCKED)
     keyed = tasks.add.using(partition_key="k").enqueue(1, 2).id
     Job.objects.filter(pk=keyed).update(state=JobState.BLOCKED)  # behind its partition: allowed
+
+
+def test_workflow_runs_and_steps_are_guarded_by_their_tables():
+    """The runs' and the steps' tables (``core.workflow_states``) guard them the same way."""
+    from django_dispatch.core.workflow_states import RunState, StepState
+    from django_dispatch.models import WorkflowRun, WorkflowTask
+    from tests.testapp.workflows import three
+
+    run = three.start({"n": 1})
+    steps = WorkflowTask.objects.filter(run_id=run.id)
+    pending = steps.filter(state=StepState.PENDING).values_list("id", flat=True)[0]
+    with (
+        pytest.raises(DatabaseError, match="transition pending -> succeeded"),
+        transaction.atomic(),
+    ):
+        steps.filter(id=pending).update(state=StepState.SUCCEEDED)
+    steps.filter(id=pending).update(state=StepState.SKIPPED)  # an operator's skip: allowed
+    runs = WorkflowRun.objects.filter(id=run.id)
+    runs.update(state=RunState.CANCELLED)  # listed: allowed
+    with (
+        pytest.raises(DatabaseError, match="transition cancelled -> stuck"),
+        transaction.atomic(),
+    ):
+        runs.update(state=RunState.STUCK)

@@ -8,8 +8,8 @@ import pytest
 from django.urls import reverse
 
 from django_dispatch import enqueue_many
+from django_dispatch.core.workflow_states import RunState, StepState
 from django_dispatch.models import Job, WorkflowRun, WorkflowTask
-from django_dispatch.models.workflow import RunState, StepState
 from django_dispatch.states import JobState
 from django_dispatch.workflows.testing import drain_workflows
 from tests.conftest import wait_until

@@ -7,8 +7,8 @@ import time
 
 import pytest
 
+from django_dispatch.core.workflow_states import RunState, StepState
 from django_dispatch.models import Job, WorkflowRun, WorkflowTask
-from django_dispatch.models.workflow import RunState, StepState
 from django_dispatch.store import workflows as wf_store
 from django_dispatch.store.base import now_plus
 from django_dispatch.workflows import retry_run

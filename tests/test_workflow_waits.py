@@ -14,8 +14,8 @@ import pytest
 from django.db import connection
 
 from django_dispatch import events
+from django_dispatch.core.workflow_states import RunState, StepState
 from django_dispatch.models import Job, WorkflowRun, WorkflowTask
-from django_dispatch.models.workflow import RunState, StepState
 from django_dispatch.states import JobState
 from django_dispatch.workflows import cancel_run
 from django_dispatch.workflows.testing import drain_workflows

@@ -11,8 +11,8 @@ import pytest
 from django.db import connection, transaction
 
 from django_dispatch import store
+from django_dispatch.core.workflow_states import RunState, StepState
 from django_dispatch.models import Job, WorkflowRun, WorkflowTask
-from django_dispatch.models.workflow import RunState, StepState
 from django_dispatch.states import JobState
 from django_dispatch.store import workflows as wf_store
 from django_dispatch.testing import drain

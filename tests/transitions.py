@@ -1,6 +1,7 @@
-"""A test-only PostgreSQL trigger that rejects any job state change not in ``TRANSITIONS``.
+"""Test-only PostgreSQL triggers that reject any state change not in its table.
 
-``states.TRANSITIONS`` is the one table of allowed state changes. The store
+``core.states.TRANSITIONS`` is the one table of allowed job state changes
+(``core.workflow_states`` has the runs' and the steps'). The store
 is the only writer, but its statements are many (ORM updates, raw SQL on the
 hot path); rather than trust each, the whole suite runs with this trigger on
 the job table, generated from the table itself: a transition the table does
@@ -27,6 +28,44 @@ def allowed_pairs() -> list[tuple[str, str]]:
     from django_dispatch.core.states import TRANSITIONS  # imported late: a pytest plugin
 
     return sorted((str(src), str(dst)) for src, dsts in TRANSITIONS.items() for dst in dsts)
+
+
+def _pairs(table: dict) -> str:
+    return ", ".join(
+        f"('{src}', '{dst}')"
+        for src, dst in sorted((str(s), str(d)) for s, ds in table.items() for d in ds)
+    )
+
+
+def install_workflow_guards() -> None:
+    """The same guard on the workflow run and step tables, from their tables."""
+    from django_dispatch.core.workflow_states import RUN_TRANSITIONS, STEP_TRANSITIONS
+    from django_dispatch.models import WorkflowRun, WorkflowTask
+
+    for model, table, what in (
+        (WorkflowRun, RUN_TRANSITIONS, "run"),
+        (WorkflowTask, STEP_TRANSITIONS, "step"),
+    ):
+        name = connection.ops.quote_name(model._meta.db_table)
+        function, trigger = f"{FUNCTION}_{what}", f"{TRIGGER}_{what}"
+        with connection.cursor() as cursor:
+            cursor.execute(
+                f"""
+                CREATE OR REPLACE FUNCTION {function}() RETURNS trigger AS $$
+                BEGIN
+                    IF (OLD.state, NEW.state) NOT IN ({_pairs(table)}) THEN
+                        RAISE EXCEPTION '{what} %: transition % -> % is not in its table',
+                            OLD.id, OLD.state, NEW.state;
+                    END IF;
+                    RETURN NEW;
+                END $$ LANGUAGE plpgsql
+                """
+            )
+            cursor.execute(f"DROP TRIGGER IF EXISTS {trigger} ON {name}")
+            cursor.execute(
+                f"CREATE TRIGGER {trigger} BEFORE UPDATE OF state ON {name} FOR EACH ROW "
+                f"WHEN (OLD.state IS DISTINCT FROM NEW.state) EXECUTE FUNCTION {function}()"
+            )
 
 
 def install() -> None:
@@ -73,3 +112,4 @@ def transition_guard(django_db_setup, django_db_blocker):
 
         if Job._meta.db_table in connection.introspection.table_names():
             install()
+            install_workflow_guards()

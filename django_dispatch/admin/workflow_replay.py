@@ -15,8 +15,8 @@ from django.contrib import admin, messages
 from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
 from django.utils.html import format_html
 
+from ..core.workflow_states import RunState
 from ..models import WorkflowRun
-from ..models.workflow import RunState
 from ..workflows import services
 from ..workflows.exceptions import ActionNotAllowed, AlreadyReopened
 from .common import ReplayPage, change_url

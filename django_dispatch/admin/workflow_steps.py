@@ -14,8 +14,8 @@ from django.db.models import QuerySet
 from django.http import HttpRequest
 
 from ..compat import admin_action
+from ..core.workflow_states import StepState
 from ..models import Job, WorkflowRun, WorkflowTask
-from ..models.workflow import StepState
 from ..workflows import services
 from .artifacts import artifacts_field
 from .common import (

@@ -17,8 +17,8 @@ from django.utils.html import format_html, format_html_join
 from django.utils.text import Truncator
 
 from ..compat import admin_action
+from ..core.workflow_states import STEP_DONE, StepState
 from ..models import WorkflowRun, WorkflowTask
-from ..models.workflow import STEP_DONE, StepState
 from ..workflows import services
 from .artifacts import artifacts_field
 from .common import (

@@ -23,8 +23,13 @@ class JobState(models.TextChoices):
     CANCELLED = "cancelled", "Cancelled"
 
 
-TERMINAL = frozenset({JobState.SUCCEEDED, JobState.FAILED, JobState.CANCELLED})
-LIVE = frozenset({JobState.PENDING, JobState.BLOCKED, JobState.RUNNING})
+#: The states a job may still leave, finished ones, and those waiting to run. Lists,
+#: in this order: the partial indexes' conditions (and so the migrations) name them.
+LIVE_STATES = [JobState.PENDING, JobState.BLOCKED, JobState.RUNNING]
+FINISHED_STATES = [JobState.SUCCEEDED, JobState.FAILED, JobState.CANCELLED]
+WAITING_STATES = [JobState.PENDING, JobState.BLOCKED]
+TERMINAL = frozenset(FINISHED_STATES)
+LIVE = frozenset(LIVE_STATES)
 
 TRANSITIONS: dict[JobState, frozenset[JobState]] = {
     # claim; demote behind its partition's head; cancel

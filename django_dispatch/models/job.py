@@ -19,16 +19,12 @@ from django.db.models import F, Q
 from django.db.models.functions import Now
 
 from ..compat import TASK_MAX_PRIORITY, TASK_MIN_PRIORITY
-from ..core.states import JobState
 
-#: The states of the partial indexes' conditions, in their order. Raw SQL and
-#: SQLite-bound ORM filters repeat them as literals in this order
-#: (``store.base.sql_names``: ``{live}``, ``{finished}``): SQLite uses a partial
-#: index only when the query contains the index's condition term for term.
-LIVE_STATES = [JobState.PENDING, JobState.BLOCKED, JobState.RUNNING]
-FINISHED_STATES = [JobState.SUCCEEDED, JobState.FAILED, JobState.CANCELLED]
-#: Jobs of a queue with limits, not running yet (``dispatch_job_queue_next``).
-WAITING_STATES = [JobState.PENDING, JobState.BLOCKED]
+# The states of the partial indexes' conditions, in their order (``core.states``).
+# Raw SQL and SQLite-bound ORM filters repeat them as literals in this order
+# (``store.base.sql_names``: ``{live}``, ``{finished}``): SQLite uses a partial
+# index only when the query contains the index's condition term for term.
+from ..core.states import FINISHED_STATES, LIVE_STATES, WAITING_STATES, JobState
 
 #: Width of a partition or idempotency key, a job's or a workflow run's
 #: (checked before insert, with a clear error).

@@ -22,9 +22,9 @@ from django.db.models.functions import Now
 
 from ..conf import size_limit
 from ..core.limits import truncate_error_text
-from ..core.states import JobState
+from ..core.states import FINISHED_STATES, LIVE_STATES, WAITING_STATES, JobState
 from ..models import Job
-from ..models.job import FINISHED_STATES, LIVE_STATES, NAMESPACE_RE, WAITING_STATES
+from ..models.job import NAMESPACE_RE
 
 NOTIFY_CHANNEL = "django_dispatch"
 

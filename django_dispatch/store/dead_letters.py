@@ -9,9 +9,8 @@ from typing import Any
 from django.db.models import Q
 from django.db.models.functions import Now
 
-from ..core.states import TERMINAL, JobState
+from ..core.states import FINISHED_STATES, TERMINAL, JobState
 from ..models import DeadLetter, Job
-from ..models.job import FINISHED_STATES
 from .base import db_alias, notify, now_plus, state_in
 
 #: A cancelled job whose worker has not let go yet still holds its partition:

@@ -27,9 +27,8 @@ from typing import Any
 
 from django.db import IntegrityError, connections, transaction
 
-from ..core.states import JobState
+from ..core.states import FINISHED_STATES, LIVE_STATES, JobState
 from ..models import Job
-from ..models.job import FINISHED_STATES, LIVE_STATES
 from .base import job_sql, now_plus, state_in
 from .types import CallChunk, JobSpec
 

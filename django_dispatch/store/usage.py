@@ -91,7 +91,7 @@ def usage_insert_sql(connection: Any, rows: str = _ALL_ROWS) -> str:
     """The PostgreSQL INSERT of JSON usage rows ``r`` taken from ``rows`` (a FROM clause).
 
     One text for both of its users: ``usage_record_many`` inserts every row of
-    the array, the fenced finish of a wave (``store.leases``) only the rows
+    the array, the fenced finish of a wave (``store.finish``) only the rows
     whose job it won, joining on ``USAGE_ROW_JOB_ID``. Each takes the array
     as one parameter built by ``usage_rows_json``. Rendered once per
     ``rows`` and table name.

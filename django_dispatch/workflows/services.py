@@ -13,8 +13,8 @@ from django.db import connections, router
 from django.db.models import Min
 from django.db.transaction import TransactionManagementError
 
+from ..core.workflow_states import RUN_REOPENABLE, STEP_DONE, StepState
 from ..models import WorkflowRun, WorkflowTask
-from ..models.workflow import RUN_REOPENABLE, STEP_DONE, StepState
 from ..store import db_alias, db_now
 from ..store import workflows as wf_store
 from .engine import build_step_job

@@ -10,9 +10,8 @@ from django.db import connections
 from django.db.models.functions import Now
 
 from ...conf import queue_limits
-from ...core.states import JobState
+from ...core.states import LIVE_STATES, WAITING_STATES, JobState
 from ...models import ConcurrencyWait, Job
-from ...models.job import LIVE_STATES, WAITING_STATES
 from ..base import CLAIM_ORDER, db_now, job_sql, state_in
 from ..types import FlowState
 from .limits import QUEUE_GROUP, queue_starts, try_lock_groups, window_start

@@ -34,8 +34,8 @@ from django.db.models.functions import Now
 
 from ...conf import queue_limits
 from ...core.states import JobState
+from ...core.workflow_states import StepState
 from ...models import Job, WorkflowRun, WorkflowTask
-from ...models.workflow import StepState
 from ..base import take_sqlite_write_lock
 from ..flow import queues_paused
 from ..leasing import claimed_job, jobs_lease

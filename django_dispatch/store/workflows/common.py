@@ -25,8 +25,8 @@ from django.db import transaction
 from django.db.models import F, QuerySet
 from django.db.models.functions import Now
 
+from ...core.workflow_states import RUN_ACTIVE, STEP_DONE, RunState, StepState
 from ...models import Job, WorkflowRun, WorkflowTask
-from ...models.workflow import RUN_ACTIVE, STEP_DONE, RunState, StepState
 from ..base import db_alias, db_now, error_entry, now_plus, take_sqlite_write_lock
 from ..enqueue import jobs_insert
 from ..sql import JSONAppend

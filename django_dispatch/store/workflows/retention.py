@@ -11,8 +11,8 @@ from __future__ import annotations
 
 from django.db.models import Exists, OuterRef
 
+from ...core.workflow_states import RUN_ACTIVE, RunState
 from ...models import WorkflowRun
-from ...models.workflow import RUN_ACTIVE, RunState
 from ..base import delete_in_batches, now_plus
 from .common import db_or_default
 

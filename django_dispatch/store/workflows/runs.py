@@ -9,8 +9,7 @@ from django.db import IntegrityError, transaction
 from django.db.models import F
 from django.db.models.functions import Now
 
-from ...models import WorkflowRun, WorkflowTask
-from ...models.workflow import (
+from ...core.workflow_states import (
     RUN_ACTIVE,
     RUN_REOPENABLE,
     STEP_LIVE,
@@ -18,6 +17,7 @@ from ...models.workflow import (
     RunState,
     StepState,
 )
+from ...models import WorkflowRun, WorkflowTask
 from ..maintenance import job_cancel
 from .common import (
     RunSpec,

@@ -16,8 +16,8 @@ from typing import Any
 from django.db.models import F
 from django.db.models.functions import Coalesce, Now
 
+from ...core.workflow_states import RUN_ACTIVE, STEP_DONE, STEP_SKIPPABLE, StepState
 from ...models import WorkflowRun, WorkflowTask
-from ...models.workflow import RUN_ACTIVE, STEP_DONE, STEP_SKIPPABLE, StepState
 from ..base import db_now
 from ..maintenance import WORKER_LOST_PATH
 from ..sql import JSONAppend

@@ -10,8 +10,8 @@ from django.db.models.expressions import RawSQL
 from django.db.models.functions import Now
 
 from ...core.states import LIVE, JobState
+from ...core.workflow_states import StepState
 from ...models import Job, WorkflowTask
-from ...models.workflow import StepState
 from ..base import now_plus
 from ..sql import JSONAppend
 from .common import (

@@ -33,8 +33,8 @@ from django.db.models import Q
 from django.db.models.functions import Now
 
 from ...core.states import JobState
+from ...core.workflow_states import StepState
 from ...models import Event, Job, WorkflowRun, WorkflowTask
-from ...models.workflow import StepState
 from ..base import db_now, now_plus
 from ..enqueue import jobs_insert
 from ..events import lock_event_name
