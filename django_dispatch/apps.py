@@ -8,6 +8,6 @@ class DispatchConfig(AppConfig):
 
     def ready(self) -> None:
         from . import checks  # noqa: F401  (registers system checks)
-        from .workflows import wakeups
+        from .workflows import hooks
 
-        wakeups.connect()  # a publish wakes the workflow steps waiting on its event
+        hooks.connect()  # workflows hook into publishes and the leader's sweeps

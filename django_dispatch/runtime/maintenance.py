@@ -25,10 +25,10 @@ from ..observability import joblog, metrics
 from ..store.artifacts import artifacts_sweep
 from ..store.dead_letters import purge_past_retention
 from ..store.usage import usage_purge
-from ..workflows.engine import sweep_stale_steps
-from ..workflows.retention import purge_events_and_runs
 from . import scheduler
 from .options import Every
+from .retention import purge_events_and_runs
+from .sweeps import RECLAIM_SWEEPS
 
 logger = logging.getLogger("django_dispatch.maintenance")
 
@@ -110,7 +110,8 @@ class Maintenance:
         store.jobs_rescue_expired(
             max_worker_lost=max_lost, db=self.db, report=report, namespace=self.namespace
         )
-        sweep_stale_steps(older_than_seconds=self.settings.LEASE_SECONDS, namespace=self.namespace)
+        for sweep in RECLAIM_SWEEPS:
+            sweep(self.settings.LEASE_SECONDS, self.namespace)
         store.workers_delete_stale(
             stale_seconds=self.settings.WORKER_STALE_SECONDS, db=self.db, namespace=self.namespace
         )

@@ -22,7 +22,7 @@ time). See docs/events.md.
 
 Workflows sit above events (a step's wait reads events), so this module
 never imports them. The wake-up is a hook instead: the app's ``ready()``
-registers ``workflows.wakeups.wake_waiting_steps`` with ``on_publish``, and
+registers ``workflows.hooks.wake_waiting_steps`` with ``on_publish``, and
 every publish runs the registered hooks in its own transaction, under the
 event-name lock that closes the race with a wait being recorded (see
 ``store.events``). A hook set at startup, rather than an import made here,

@@ -15,7 +15,8 @@ All times come from the database clock (``Now()``), never from a worker's.
 Modules: ``types`` (the values passed in and out), ``enqueue`` (inserts),
 ``claim`` (the claim: ``sources`` read candidates, ``gates`` keep or set
 aside, ``leasing`` writes the lease), ``flow`` (paused queues), ``leases``
-(the worker's fenced writes), ``finish`` (the finish of a wave of successes), ``partitions`` (per-key FIFO heads),
+(the worker's fenced writes), ``finish`` (the finish of a wave of
+successes), ``partitions`` (per-key FIFO heads),
 ``maintenance`` (rescue, cancel, retry now), ``dead_letters`` (failures
 kept for replay, retention), ``schedules`` (cron entries), ``leadership``
 (the maintenance lease), ``workers`` (Worker rows), ``handover`` (a

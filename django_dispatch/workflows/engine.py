@@ -30,7 +30,6 @@ __all__ = [
     "record",
     "run_spec",
     "start_run",
-    "sweep_stale_steps",
 ]
 
 
@@ -62,10 +61,3 @@ def start_run(
     spec = dataclasses.replace(spec, namespace=namespace)
     run, _created = wf_store.workflow_run_insert(spec, build_job=build_step_job)
     return run
-
-
-def sweep_stale_steps(older_than_seconds: float, namespace: str = "") -> list[int]:
-    """``store.workflows.sweep_stale_steps`` with the engine's step jobs (for maintenance)."""
-    return wf_store.sweep_stale_steps(
-        older_than_seconds, build_job=build_step_job, namespace=namespace
-    )

@@ -1,6 +1,5 @@
-"""The leader's retention duty for events and workflow runs (called from
-``runtime.maintenance.Maintenance.purge``, kept here so that duty's list
-gains one line)."""
+"""The leader's retention duty for events and workflow runs (one of
+``Maintenance.purge``'s duties, kept apart so that its list gains one line)."""
 
 from __future__ import annotations
 
