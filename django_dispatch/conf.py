@@ -71,7 +71,7 @@ class DispatchSettings:
     #: Seconds a dead letter is kept.
     DEAD_LETTER_RETENTION: float = 90 * DAY
     #: Seconds an event handed out by ``events.subscribe`` stays with its
-    #: subscriber; not acked by then, it is delivered again (#15).
+    #: subscriber; not acked by then, it is delivered again.
     EVENT_LEASE_SECONDS: float = 30.0
     #: Seconds an acked event is kept before the leader purges it.
     EVENT_RETENTION: float = 7 * DAY
@@ -95,7 +95,7 @@ class DispatchSettings:
     #: Cron entries: {name: {"schedule", "task", "args", "kwargs", "timezone",
     #: "queue_name", "priority", "misfire_policy", "enabled"}}.
     CRON: dict[str, dict[str, Any]] = field(default_factory=dict)
-    #: Seconds a usage record (``JobUsage``, one per attempt) is kept (#16).
+    #: Seconds a usage record (``JobUsage``, one per attempt) is kept.
     USAGE_RETENTION: float = 30 * DAY
     #: This worker's capacity (``rundispatch --capacity``), e.g.
     #: ``{"memory_mb": 8192, "gpu": 1}``; empty: it runs only jobs without needs.
@@ -113,7 +113,7 @@ class DispatchSettings:
     ARTIFACT_ORPHAN_SECONDS: float = DAY
     #: Seconds a soft-deleted artifact is kept before its file and record are purged.
     ARTIFACT_PURGE_GRACE: float = DAY
-    #: Queue-level limits (#17): ``{queue: {"concurrency": N, "rate_limit": "N/unit"}}``,
+    #: Queue-level limits: ``{queue: {"concurrency": N, "rate_limit": "N/unit"}}``,
     #: per namespace, read by every claim (``flow_options.queue_limits``). Not
     #: ``TASKS[alias]["QUEUES"]``, Django's list of allowed queue names.
     QUEUES: dict[str, Any] = field(default_factory=dict)
@@ -146,9 +146,9 @@ class DispatchSettings:
         wrong_type = False
         for f in fields(self):
             value = getattr(self, f.name)
-            if f.name in ("CAPACITY", "LOCALITY"):  # #16: checked below
+            if f.name in ("CAPACITY", "LOCALITY"):  # checked below
                 continue
-            if f.name == "QUEUES":  # #17: checked by checks.check_queue_limits
+            if f.name == "QUEUES":  # checked by checks.check_queue_limits
                 continue
             if f.name in ("JOB_RETENTION", "CRON"):
                 problems += self._validate_mapping(f.name, value)
@@ -347,7 +347,7 @@ def queue_limits() -> dict[str, QueueLimit]:
 
     Read on every claim and enqueue, so kept until Django reports a change
     of ``DISPATCH`` (an empty dict on a site without queue limits: the
-    claim then runs exactly as before). Entries the system checks reject
+    claim then adds no limits gate). Entries the system checks reject
     are left out (the checks stop ``rundispatch`` from starting anyway).
     """
     global _queue_limits

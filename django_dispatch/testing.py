@@ -46,7 +46,7 @@ def drain(
     ``async_concurrency``: as ``rundispatch --async-concurrency`` (async jobs
     together on one event loop).
 
-    ``capacity``/``locality``: as ``rundispatch --capacity/--locality`` (#16).
+    ``capacity``/``locality``: as ``rundispatch --capacity/--locality``.
     Without ``capacity``, like a worker without it, only jobs without
     resource needs run: pass one to drain jobs with needs.
     """

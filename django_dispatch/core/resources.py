@@ -1,4 +1,4 @@
-"""Resource needs and worker capacity (#16): validation and arithmetic, no I/O.
+"""Resource needs and worker capacity: validation and arithmetic, no I/O.
 
 A job's *needs* (``@task(resources={"memory_mb": 2048, "gpu": 1})``) and a
 worker's *capacity* (``rundispatch --capacity memory_mb=8192,gpu=1``) are

@@ -1,4 +1,4 @@
-"""Flow control state (issue #17): which queues are paused.
+"""Flow control state: which queues are paused.
 
 A paused queue is a row here, not a flag in settings, so that a pause holds
 across restarts and hosts and takes effect on every worker of the namespace

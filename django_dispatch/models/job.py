@@ -76,21 +76,21 @@ class Job(models.Model):
     deferred_until = models.DateTimeField(null=True, blank=True)
     partition_key = models.CharField(max_length=KEY_MAX_LENGTH, null=True, blank=True)
     idempotency_key = models.CharField(max_length=KEY_MAX_LENGTH, null=True, blank=True)
-    #: ``@task(concurrency_limit=N)`` (#17): at most N running jobs per
+    #: ``@task(concurrency_limit=N)``: at most N running jobs per
     #: (namespace, task, concurrency key); NULL for jobs without a limit. The
     #: key is ``.using(concurrency_key=...)``, ``""`` for the task-wide cap.
     concurrency_key = models.CharField(max_length=KEY_MAX_LENGTH, null=True, blank=True)
     concurrency_limit = models.PositiveIntegerField(null=True, blank=True)
-    #: ``@task(rate_limit="N/period")`` (#17): at most ``rate_limit`` starts
+    #: ``@task(rate_limit="N/period")``: at most ``rate_limit`` starts
     #: per fixed window of ``rate_period`` seconds per (task, key). A job with
     #: either limit has a non-NULL ``concurrency_key``: that is what marks it.
     rate_limit = models.PositiveIntegerField(null=True, blank=True)
     rate_period = models.PositiveIntegerField(null=True, blank=True)
-    #: ``@task(partition_retry="yield")`` (#17): while this keyed job waits
+    #: ``@task(partition_retry="yield")``: while this keyed job waits
     #: for a retry, it is not its partition's head and lets the next job pass.
     partition_yield = models.BooleanField(default=False, db_default=False)
     #: The queue whose ``DISPATCH["QUEUES"]`` limits set this job aside
-    #: (#17): written by the claim's gate when it blocks the job, kept after
+    #:: written by the claim's gate when it blocks the job, kept after
     #: its promotion, so that a limited queue's blocked and promoted jobs
     #: are found by index (``dispatch_job_queue_next``). NULL for every
     #: other job: the queue's limits themselves are read from settings.
@@ -119,8 +119,8 @@ class Job(models.Model):
     #: without OpenTelemetry, or outside any trace (see observability.tracing).
     trace_context = models.JSONField(null=True, blank=True)
 
-    #: What the job needs of a worker's capacity (``@task(resources=...)``,
-    #: #16): {name: whole number}, or NULL for none. ``resource_shape`` is a
+    #: What the job needs of a worker's capacity (``@task(resources=...)``):
+    #: {name: whole number}, or NULL for none. ``resource_shape`` is a
     #: 63-bit hash of the needs (``resources.shape_of``), NULL without needs:
     #: the claim finds the distinct shapes pending by a skip scan of their
     #: index and reads only the shapes that fit (see ``store.resources``).
@@ -143,7 +143,7 @@ class Job(models.Model):
             # The claim: runnable jobs of one namespace in claim order.
             # Partial, so finished rows never enter it; led by the namespace,
             # so one namespace's backlog is never read by another's claim.
-            # Jobs with resource needs are kept out of it (#16): a worker
+            # Jobs with resource needs are kept out of it: a worker
             # without capacity never reads past a backlog of big jobs.
             models.Index(
                 "namespace",
@@ -187,7 +187,7 @@ class Job(models.Model):
                 name="dispatch_job_part_cancelling",
                 condition=Q(state=JobState.CANCELLED, lease_expires_at__isnull=False),
             ),
-            # Concurrency limits (#17, see ``store.flow``): a group's live
+            # Concurrency limits (see ``store.flow``): a group's live
             # jobs by state, to count its running/pending ones and find its
             # next blocked ones in claim order (priority, due time, age); only
             # jobs with a limit enter it. (The count of due pending jobs
@@ -204,7 +204,7 @@ class Job(models.Model):
                 name="dispatch_job_conc_next",
                 condition=Q(state__in=LIVE_STATES, concurrency_key__isnull=False),
             ),
-            # unique_for (#17): finished jobs by idempotency key and age, so an
+            # unique_for: finished jobs by idempotency key and age, so an
             # enqueue finds one that finished within its window.
             models.Index(
                 "namespace",
@@ -214,7 +214,7 @@ class Job(models.Model):
                 name="dispatch_job_key_finished",
                 condition=Q(state__in=FINISHED_STATES, idempotency_key__isnull=False),
             ),
-            # Rate limits (#17): a group's starts (claims) by time, to count
+            # Rate limits: a group's starts (claims) by time, to count
             # those of the current window; only rate-limited jobs enter it.
             models.Index(
                 "namespace",
@@ -224,7 +224,7 @@ class Job(models.Model):
                 name="dispatch_job_rate_starts",
                 condition=Q(rate_limit__isnull=False),
             ),
-            # Queue-level limits (#17): the jobs a limited queue set aside
+            # Queue-level limits: the jobs a limited queue set aside
             # (blocked) or promoted and not yet claimed (pending), in claim
             # order (priority, due time, age).
             models.Index(

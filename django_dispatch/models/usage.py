@@ -1,4 +1,4 @@
-"""Per-attempt usage records (issue #16): what each attempt of a job cost.
+"""Per-attempt usage records: what each attempt of a job cost.
 
 One row per attempt that ran task code (succeeded, failed, timed out,
 interrupted, cancelled while running, or lost with its worker), written in

@@ -19,7 +19,7 @@ class Worker(models.Model):
     queues = models.JSONField(default=list, help_text="Empty: every queue.")
     concurrency = models.PositiveIntegerField()
     running_jobs = models.PositiveIntegerField(default=0)
-    #: ``rundispatch --capacity`` of this process (#16), or None: no capacity,
+    #: ``rundispatch --capacity`` of this process, or None: no capacity,
     #: so it runs only jobs without resource needs.
     capacity = models.JSONField(null=True, blank=True)
     locality = models.CharField(max_length=100, null=True, blank=True)

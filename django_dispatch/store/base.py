@@ -32,7 +32,8 @@ NOTIFY_CHANNEL = "django_dispatch"
 def notify_channel(namespace: str = "") -> str:
     """The LISTEN/NOTIFY channel of ``namespace``'s idle workers.
 
-    ``NOTIFY_CHANNEL`` for the default namespace (as before namespaces), and
+    ``NOTIFY_CHANNEL`` for the default namespace (what a site without
+    namespaces listens on), and
     a channel per namespace otherwise, so a job in one namespace never wakes
     an idle worker of another. A hash, not the name: a channel is an
     identifier of at most 63 bytes and a namespace may contain ``.``/``:``.
@@ -136,8 +137,8 @@ def state_in(states: Sequence[str]) -> RawSQL:
 #: condition it implies, so that PostgreSQL ORs index scans instead of reading
 #: the table, finished rows and all (SQLite: a MULTI-INDEX OR). Pending jobs
 #: are split between the two claim indexes (jobs with resource needs apart,
-#: #16). Blocked jobs wait behind their partition's head, or are set aside by
-#: a concurrency or rate limit (#17) of their task (``concurrency_key``) or
+#: Blocked jobs wait behind their partition's head, or are set aside by
+#: a concurrency or rate limit of their task (``concurrency_key``) or
 #: their queue (``flow_queue``); a job matching two is counted once.
 #: Each arm repeats the whole condition of its index: SQLite (3.40) matches a
 #: partial index to the terms of one ``OR`` arm only.

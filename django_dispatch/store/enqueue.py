@@ -222,7 +222,7 @@ def job_insert_call(
     INSERT and commit (~200 of ~475 µs for a bare ``Model.objects.create()``),
     and ``Task.enqueue()`` must stay within 1.2 times that ``create()`` although
     the job table has partial indexes and a NOTIFY trigger that a bare table
-    has not (issue #7). Elsewhere: the ORM.
+    has not. Elsewhere: the ORM.
     """
     connection = connections[db]
     if connection.vendor != "postgresql" or spec.resources or spec.locality:
@@ -254,7 +254,7 @@ def jobs_insert_calls(
     jsonb_array_elements(%s)``: the chunk's JSON text is the only per-call
     parameter, so Python neither builds a model instance nor prepares 24
     fields per row (which is what made ``bulk_create`` slow: about 7,000 rows
-    per second, issue #7), and the ids come back as one array (COPY cannot
+    per second), and the ids come back as one array (COPY cannot
     return them). Elsewhere: ``bulk_create``.
     """
     connection = connections[db]

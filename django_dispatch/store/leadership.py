@@ -2,8 +2,8 @@
 
 Each namespace elects its own leader: the lease row of ``name`` in namespace
 ``ns`` has the key ``lease_key(name, ns)`` (the bare name in the default
-namespace, as before namespaces), so two namespaces never contend for, nor
-see, each other's lease.
+namespace, so a site without namespaces keeps its one lease row), so two
+namespaces never contend for, nor see, each other's lease.
 """
 
 from __future__ import annotations

@@ -160,7 +160,7 @@ def _not_yielding_sql(vendor: str, alias: str) -> str:
 
 def _not_yielding(connection: Any, alias: str) -> str:
     """A filter leaving out jobs that yield their partition while they wait for
-    a retry (``@task(partition_retry="yield")``, #17): pending, flagged, and
+    a retry (``@task(partition_retry="yield")``): pending, flagged, and
     not due yet. Such a job is not its key's head, so the next job may run;
     once due it is the head again (and waits for a running job to end).
     Jobs without the flag (every task's by default) are unaffected.

@@ -1,4 +1,4 @@
-"""Usage records (#16): one row per attempt, written with the attempt's outcome.
+"""Usage records: one row per attempt, written with the attempt's outcome.
 
 The worker measures (``runtime.metering``); the store writes, always inside
 the transaction that records the outcome, so a job's history and its usage

@@ -35,7 +35,7 @@ def worker_register(
     """
     db = db or db_alias()
     fields = _fields(hostname, pid, queues, concurrency, running_jobs=0, namespace=namespace)
-    fields.update(capacity=capacity or None, locality=locality or None)  # #16
+    fields.update(capacity=capacity or None, locality=locality or None)
     workers = Worker.objects.using(db)
     if not workers.filter(id=worker_id).update(started_at=Now(), last_seen_at=Now(), **fields):
         _create(worker_id, fields, db)
@@ -69,7 +69,7 @@ def worker_touch(
     fields = _fields(
         hostname, pid, queues, concurrency, running_jobs=running_jobs, namespace=namespace
     )
-    fields.update(capacity=capacity or None, locality=locality or None)  # #16
+    fields.update(capacity=capacity or None, locality=locality or None)
     _create(worker_id, fields, db)
     logger.warning(
         "worker %s: its row was gone (deleted as stale while the worker was paused?); recreated it",

@@ -95,7 +95,7 @@ class DispatchBackendBase(BaseTaskBackend):
             except TypeError:  # an unhashable option: validate_task says what is wrong
                 cacheable = False
         self.validate_task(task)
-        cacheable = cacheable and not is_auto(task)  # its needs follow its history (#16)
+        cacheable = cacheable and not is_auto(task)  # its needs follow its history
         plan = EnqueuePlan(
             task=task,
             spec=place(

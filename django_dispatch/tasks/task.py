@@ -40,18 +40,18 @@ class DispatchTask(Task):
     timeout: float | None = None
     partition_key: str | None = None
     idempotency_key: str | None = None
-    #: At most this many jobs of the task run at once, per ``concurrency_key`` (#17).
+    #: At most this many jobs of the task run at once, per ``concurrency_key``.
     concurrency_limit: int | None = None
     concurrency_key: str | None = None
-    #: At most this many starts per window, e.g. "100/m" (#17, ``flow_options``).
+    #: At most this many starts per window, e.g. "100/m" (``flow_options``).
     rate_limit: str | None = None
     #: Seconds after its job finished during which an ``idempotency_key`` still
-    #: dedupes (#17); None: the key is free again once the job has finished.
+    #: dedupes; None: the key is free again once the job has finished.
     unique_for: float | None = None
     #: A keyed job waiting for its retry: "hold" its partition (the default)
-    #: or "yield" it to the next job (#17, see docs/tasks.md).
+    #: or "yield" it to the next job (see docs/tasks.md).
     partition_retry: str = "hold"
-    #: Resource needs (#16): {name: whole number}, or "auto" (from usage history).
+    #: Resource needs: {name: whole number}, or "auto" (from usage history).
     resources: Mapping[str, int] | str | None = None
     locality: str | None = None
 
@@ -174,7 +174,7 @@ def task_for_row(row: Mapping[str, Any]) -> Task:
         )
     # Rows without per-job keys or a deferral (most of a busy queue) share one
     # rebuilt Task per (task, options): Tasks are frozen, and rebuilding one
-    # per job was a measurable share of a no-op job's CPU (#20). The entry
+    # per job was a measurable share of a no-op job's CPU. The entry
     # holds the imported object itself, so a task replaced at its path (a
     # reload, a test) is rebuilt, never served stale.
     shared = (
