@@ -18,7 +18,7 @@ from .core.states import JobState
 from .models import Job
 from .runtime.options import WorkerOptions
 from .runtime.worker import Worker
-from .tasks.enqueue import backend_for, namespace_for
+from .tasks.registry import backend_for, namespace_for
 
 
 def drain(

@@ -18,7 +18,7 @@ from django.test import override_settings
 import django_dispatch
 from django_dispatch.checks import check_dispatch_settings
 from django_dispatch.conf import closest, did_you_mean, known_keys
-from django_dispatch.docs_links import DOCS_ROOT, PAGES, docs_url
+from django_dispatch.core.docs_links import DOCS_ROOT, PAGES, docs_url
 
 SOURCE = Path(django_dispatch.__file__).parent
 DOCS = SOURCE.parent / "docs"

@@ -27,7 +27,7 @@ from django_dispatch.compat import (
 from django_dispatch.exceptions import InvalidTaskArguments
 from django_dispatch.models import Job
 from django_dispatch.tasks import enqueue
-from django_dispatch.tasks.enqueue import PLAN_CACHE_SIZE
+from django_dispatch.tasks.registry import PLAN_CACHE_SIZE
 from django_dispatch.tasks.results import (
     enqueued_signal_is_silent,
     ready_result,

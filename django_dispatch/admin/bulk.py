@@ -21,6 +21,8 @@ from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
 from django.template.response import TemplateResponse
 from django.urls import URLPattern, path, reverse
 
+from ..core.states import JobState
+
 #: Rows one confirmation acts on, at most.
 BULK_CAP = 1000
 TEMPLATE = "django_dispatch/admin/bulk_confirm.html"
@@ -41,8 +43,6 @@ class BulkRetryPage:
 
     def bulk_actionable(self, queryset: QuerySet[Any]) -> QuerySet[Any]:
         """The rows of ``queryset`` the action can act on."""
-        from ..states import JobState
-
         return queryset.filter(state=JobState.FAILED) | queryset.filter(
             state=JobState.PENDING, attempts__gt=0
         )

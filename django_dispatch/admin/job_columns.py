@@ -20,8 +20,8 @@ from django.db.models import Min
 from django.utils import timezone
 from django.utils.html import format_html
 
+from ..core.states import LIVE, JobState
 from ..models import Job, WorkflowRun, WorkflowTask
-from ..states import LIVE, JobState
 from .common import change_url
 from .display import age_html, badge_html, human_seconds
 

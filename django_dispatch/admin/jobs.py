@@ -13,14 +13,15 @@ import logging
 from typing import Any
 
 from django.contrib import admin, messages
+from django.contrib.admin.models import DELETION
 from django.db.models import QuerySet
 from django.http import HttpRequest
 
 from .. import services
 from ..compat import admin_action
+from ..core.states import JobState
 from ..exceptions import AlreadyReplayed
 from ..models import DeadLetter, Job
-from ..states import JobState
 from .artifacts import artifacts_field
 from .bulk import BulkRetryPage
 from .common import (
@@ -317,8 +318,6 @@ class JobAdmin(
             for i in range(0, len(ids), DELETE_BATCH)
         )
         if deleted:
-            from django.contrib.admin.models import DELETION
-
             record(
                 request,
                 Job,

@@ -25,8 +25,8 @@ from django.utils.html import format_html, format_html_join
 from .. import usage
 from ..conf import get_settings
 from ..core.resources import fits, key_of
+from ..core.states import JobState
 from ..models import Job, JobUsage, Worker
-from ..states import JobState
 from .common import ReadOnlyRows
 
 #: Most tasks on the summary page (the busiest first).

@@ -33,9 +33,8 @@ from django.db.models.functions import TruncMinute
 from django.utils import timezone
 
 from ..conf import get_settings
-from ..core.states import FINISHED_STATES
+from ..core.states import FINISHED_STATES, JobState
 from ..models import CronEntry, DeadLetter, Job, Leadership, Worker
-from ..states import JobState
 from ..store.base import LIVE_JOBS_BY_STATE, db_alias, state_in
 from ..store.flow import queues_paused
 from ..store.leadership import LEADER, lease_key

@@ -13,8 +13,8 @@ from django.db.models import Count, Min
 from django.db.models.functions import Now
 
 from .. import store
+from ..core.states import JobState
 from ..models import CronEntry, DeadLetter, Job, Worker
-from ..states import JobState
 from ..store.base import LIVE_JOBS_BY_STATE, live_jobs
 from ..store.flow import queues_paused
 

@@ -172,8 +172,3 @@ def _encode_chunk(pairs: list[tuple[Any, Any]]) -> Iterator[CallChunk]:
         yield from _encode_chunk(pairs[middle:])
     else:
         yield CallChunk(text, JSON_DECODER.decode(text))
-
-
-# Temporary, while importers of the old ``django_dispatch.enqueue`` move.
-from .plan import EnqueuePlan  # noqa: E402, F401
-from .registry import PLAN_CACHE_SIZE, backend_for, dispatch_aliases, namespace_for  # noqa: E402, F401

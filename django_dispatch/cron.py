@@ -1,6 +1,0 @@
-"""Temporary alias of ``core.cron`` while importers move (the same module object)."""
-
-import importlib
-import sys
-
-sys.modules[__name__] = importlib.import_module("django_dispatch.core.cron")
