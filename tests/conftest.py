@@ -26,15 +26,16 @@ ON_POSTGRES = TEST_DB != "sqlite"
 postgres_only = pytest.mark.skipif(not ON_POSTGRES, reason="needs PostgreSQL")
 
 #: What runs through PgBouncer in transaction mode (DISPATCH_TEST_DB=pgbouncer,
-#: `make test-pgbouncer`): whole modules, or single tests as "module::name".
+#: `make test-pgbouncer`): whole modules, or single tests as "module::name", each
+#: module by its path under tests/ (two layers may have modules of one name).
 PGBOUNCER_TIER = {
-    "test_backend.py",
-    "test_pgbouncer.py",
-    "test_partitions.py",
-    "test_partition_race.py",
-    "test_scheduler.py",
-    "test_workflows.py",
-    "test_processes.py::test_two_processes_four_threads_run_each_job_exactly_once",
+    "acceptance/test_backend.py",
+    "acceptance/test_pgbouncer.py",
+    "store/test_partitions.py",
+    "store/test_partition_race.py",
+    "store/test_scheduler.py",
+    "runtime/test_workflows.py",
+    "acceptance/test_processes.py::test_two_processes_four_threads_run_each_job_exactly_once",
 }
 
 
@@ -52,7 +53,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     """
     keep, drop = [], []
     for item in items:
-        module = item.nodeid.split("::", 1)[0].rsplit("/", 1)[-1]
+        module = item.nodeid.split("::", 1)[0].removeprefix("tests/")
         if module in PGBOUNCER_TIER or f"{module}::{item.originalname}" in PGBOUNCER_TIER:
             item.add_marker(pytest.mark.pgbouncer)
         if "start_worker" in getattr(item, "fixturenames", ()) and not item.get_closest_marker(

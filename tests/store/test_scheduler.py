@@ -22,6 +22,7 @@ from tests.conftest import wait_until
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
+ADD = "tests.testapp.tasks.add"
 MINUTELY = {"schedule": "* * * * *", "task": "tests.testapp.tasks.add", "args": [1, 2]}
 
 
@@ -253,3 +254,27 @@ def test_three_schedulers_fire_every_second_exactly_once_even_when_one_dies(star
     assert len(slots) >= 19
     gaps = [b - a for a, b in itertools.pairwise(slots)]
     assert set(gaps) == {1.0}, f"missing seconds: {gaps}"
+
+
+# --- what a worker logs when it syncs settings the checks would refuse ---------------------
+
+
+@pytest.mark.django_db
+def test_a_worker_skips_an_invalid_cron_entry_with_a_clear_log(caplog):
+    from django_dispatch.models import CronEntry
+    from django_dispatch.store.schedules import cron_sync_from_settings
+
+    entries = {
+        "no-task": {"schedule": "0 3 * * *"},
+        "bad-args": {"schedule": "0 3 * * *", "task": ADD, "args": 5},
+        "ok": {"schedule": "0 3 * * *", "task": ADD},
+    }
+    with caplog.at_level("ERROR", logger="django_dispatch.scheduler"):
+        assert cron_sync_from_settings(entries, default_timezone="UTC") == (1, 0, 0)
+    assert [r.getMessage() for r in caplog.records] == [
+        "DISPATCH['CRON']['no-task'] was skipped: it has no 'task' key. Run `manage.py check` "
+        "for every problem in DISPATCH.",
+        "DISPATCH['CRON']['bad-args'] was skipped: a value has the wrong type ('int' object "
+        "is not iterable). Run `manage.py check` for every problem in DISPATCH.",
+    ]
+    assert list(CronEntry.objects.values_list("name", flat=True)) == ["ok"]

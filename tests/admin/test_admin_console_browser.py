@@ -37,9 +37,9 @@ try:
 except ImportError:  # pragma: no cover - depends on the environment
     sync_playwright = None
 
-from tests.test_admin_browser import CHROMIUM, CHROMIUM_ARGS, PASSWORD
+from tests.admin.test_admin_browser import CHROMIUM, CHROMIUM_ARGS, PASSWORD
 
-IMAGES = Path(__file__).resolve().parent.parent / "docs" / "images"
+IMAGES = Path(__file__).resolve().parents[2] / "docs" / "images"
 STATIC_DIRS = {
     "admin": Path(django.contrib.admin.__file__).resolve().parent / "static" / "admin",
     "django_dispatch": Path(django_dispatch.__file__).resolve().parent

@@ -52,7 +52,7 @@ def user(login):
 def test_a_job_set_aside_by_a_limit_says_so_not_partition_none(client, user):
     """Review finding (wave 5): every blocked badge named a partition, "partition
     None" for jobs set aside by a concurrency, rate or queue limit."""
-    from tests.test_admin_console import limited_queue, set_aside_by_limits
+    from tests.admin.test_admin_console import limited_queue, set_aside_by_limits
 
     user(superuser=True)
     with limited_queue():

@@ -301,27 +301,3 @@ def test_no_message_names_a_path_in_the_repository():
             ):
                 found.append(f"{path.relative_to(SOURCE)}:{node.lineno}: {node.value!r}")
     assert found == []
-
-
-# --- what a worker logs when it syncs settings the checks would refuse ---------------------
-
-
-@pytest.mark.django_db
-def test_a_worker_skips_an_invalid_cron_entry_with_a_clear_log(caplog):
-    from django_dispatch.models import CronEntry
-    from django_dispatch.store.schedules import cron_sync_from_settings
-
-    entries = {
-        "no-task": {"schedule": "0 3 * * *"},
-        "bad-args": {"schedule": "0 3 * * *", "task": ADD, "args": 5},
-        "ok": {"schedule": "0 3 * * *", "task": ADD},
-    }
-    with caplog.at_level("ERROR", logger="django_dispatch.scheduler"):
-        assert cron_sync_from_settings(entries, default_timezone="UTC") == (1, 0, 0)
-    assert [r.getMessage() for r in caplog.records] == [
-        "DISPATCH['CRON']['no-task'] was skipped: it has no 'task' key. Run `manage.py check` "
-        "for every problem in DISPATCH.",
-        "DISPATCH['CRON']['bad-args'] was skipped: a value has the wrong type ('int' object "
-        "is not iterable). Run `manage.py check` for every problem in DISPATCH.",
-    ]
-    assert list(CronEntry.objects.values_list("name", flat=True)) == ["ok"]

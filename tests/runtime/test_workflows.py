@@ -80,7 +80,7 @@ def test_steps_default_to_the_previous_step_and_after_takes_names_or_functions()
         ("other", ("ok",)),
         ("again", ("ok", "other")),
     ]
-    assert wf.steps[0].handler_path == "tests.test_workflows.ok"
+    assert wf.steps[0].handler_path == "tests.runtime.test_workflows.ok"
 
 
 @pytest.mark.parametrize(

@@ -44,7 +44,7 @@ CHROMIUM_ARGS = [
     "--disable-sync",
 ]
 ADMIN_STATIC = Path(django.contrib.admin.__file__).resolve().parent / "static"
-IMAGES = Path(__file__).resolve().parent.parent / "docs" / "images"
+IMAGES = Path(__file__).resolve().parents[2] / "docs" / "images"
 PASSWORD = "correct horse battery staple"
 
 pytestmark = [

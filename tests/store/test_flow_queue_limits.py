@@ -235,7 +235,7 @@ def test_with_limits_elsewhere_a_plain_claim_pays_no_gate():
 def test_a_claim_reads_no_backlog_of_a_capped_queue():
     """100,000 jobs set aside by a capped queue and 10 runnable elsewhere: no
     statement of the claim reads the backlog (EXPLAIN ANALYZE of each)."""
-    from tests.test_flow_concurrency import _rows_read
+    from tests.store.test_flow_concurrency import _rows_read
 
     with connection.cursor() as cursor:
         table = Job._meta.db_table
@@ -285,7 +285,7 @@ def test_promoting_a_queue_reads_its_next_jobs_not_its_backlog():
     (``assert_promotion_reads_only_the_next_jobs``). On SQLite it read every job:
     a query reads a partial index there only when it repeats the index's ``IN``
     list (``store.base.state_in``)."""
-    from tests.test_flow_concurrency import assert_promotion_reads_only_the_next_jobs
+    from tests.store.test_flow_concurrency import assert_promotion_reads_only_the_next_jobs
 
     ConcurrencyWait.objects.create(task_path="", concurrency_key="capq", limit=3)
     fields = {"task_path": "tests.testapp.flow_tasks.mark", "queue_name": "capq"}

@@ -32,7 +32,7 @@ import ast
 from pathlib import Path
 
 PACKAGE = "django_dispatch"
-ROOT = Path(__file__).resolve().parent.parent / PACKAGE
+ROOT = Path(__file__).resolve().parents[2] / PACKAGE
 MAX_MODULE_LINES = 400
 MAX_FUNCTION_LINES = 60
 #: Longer than the limit on purpose: one cohesive piece of pure arithmetic.

@@ -1,0 +1,33 @@
+"""The finish of a wave of successes (store/finish.py)."""
+
+import pytest
+
+from django_dispatch import store
+from django_dispatch.core.states import JobState
+from django_dispatch.models import Job
+from tests.store.helpers import claim
+from tests.testapp import tasks
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+def test_finishing_many_is_fenced_per_row_and_promotes_freed_partitions():
+    first = tasks.add.using(partition_key="k").enqueue(1, 1)
+    second = tasks.add.using(partition_key="k").enqueue(1, 2)
+    plain = tasks.add.enqueue(1, 3)
+    stolen = tasks.add.enqueue(1, 4)
+    claimed = {c.id: c for c in claim(limit=10)}
+    assert Job.objects.get(pk=second.id).state == JobState.BLOCKED
+    # Another claim took `stolen` meanwhile: this lease is stale.
+    Job.objects.filter(pk=stolen.id).update(lease_epoch=99)
+    values = {int(first.id): {"nested": ["ü", 2**40, None]}, int(plain.id): None}
+    values[int(stolen.id)] = "lost"
+    won = store.jobs_finish_many_if_leased([(claimed[i].lease, v) for i, v in values.items()])
+    assert won == {int(first.id), int(plain.id)}
+    assert Job.objects.get(pk=stolen.id).state == JobState.RUNNING
+    assert Job.objects.get(pk=second.id).state == JobState.PENDING  # promoted
+    assert tasks.add.get_result(first.id).return_value == {"nested": ["ü", 2**40, None]}
+    assert tasks.add.get_result(plain.id).return_value is None
+    # Stored as SQL NULL, as the one-by-one path stores it, not as JSON null.
+    assert Job.objects.filter(pk=plain.id, return_value__isnull=True).exists()
+    assert [c.id for c in claim(worker="w2")] == [int(second.id)]
