@@ -14,8 +14,9 @@ from ..compat import TaskResultStatus
 
 class JobState(models.TextChoices):
     PENDING = "pending", "Pending"  # runnable once run_after has passed
-    #: Waiting behind an earlier job of its partition; out of the claim index
-    #: until that job finishes and promotes it back to pending.
+    #: Waiting behind an earlier job of its partition, or set aside by a
+    #: concurrency, rate or queue limit; out of the claim index until that job
+    #: finishes (or the limit frees a slot) and promotes it back to pending.
     BLOCKED = "blocked", "Blocked"
     RUNNING = "running", "Running"  # leased to one worker
     SUCCEEDED = "succeeded", "Succeeded"
@@ -58,7 +59,7 @@ _STATUS = {
     JobState.SUCCEEDED: TaskResultStatus.SUCCESSFUL,
     JobState.FAILED: TaskResultStatus.FAILED,
     # django.tasks has no "cancelled"; a cancelled job reports FAILED with a
-    # JobCancelled error (see backend.result_from_row).
+    # JobCancelled error (see tasks.results.result_from_job).
     JobState.CANCELLED: TaskResultStatus.FAILED,
 }
 

@@ -90,8 +90,9 @@ def jobs_claim(
         if flow.waiting:  # groups with jobs set aside: free slots refill first
             concurrency_promote(db, namespace, flow)
         fused = connections[db].vendor == "postgresql" and placement is None
-        claim = _Claim(db, namespace, worker_id, limit, lease_seconds, served, paused, flow)
-        claim.placement, claim.fused = placement, fused
+        claim = _Claim(
+            db, namespace, worker_id, limit, lease_seconds, served, paused, flow, placement, fused
+        )
         while claim.round() and claim.free > 0 and claim.set_aside < DEMOTE_BUDGET:
             claim.window = max(claim.free, DEMOTE_WINDOW)
         if not claim.chosen and not claim.leased:

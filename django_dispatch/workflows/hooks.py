@@ -9,7 +9,7 @@ hook in instead, in ``connect()``, called from the app's ``ready()``:
   or not it ever imported a workflow; run in the publish's transaction,
   under the event-name lock, a wake-up commits or rolls back with the event;
 - the leader's reclaim also sweeps the steps whose job ended without
-  finishing them (``runtime.maintenance.RECLAIM_SWEEPS``).
+  finishing them (``runtime.sweeps.RECLAIM_SWEEPS``).
 """
 
 from __future__ import annotations

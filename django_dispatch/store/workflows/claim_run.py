@@ -6,7 +6,7 @@ Why a claim of its own: a worker's claim (``store.claim.jobs_claim``) takes
 a job of *this* run, now, even one still waiting out a step's retry backoff,
 so that the caller's process can run it inline instead of waiting for a
 worker's poll. The lease it hands out is a worker's lease in every respect:
-written by the claim's own ``_lease`` (same columns: state, worker id, epoch
+written by the claim's own ``leasing.jobs_lease`` (same columns: state, worker id, epoch
 bump, expiry on the database clock, attempt count, ``worker_ids``) and
 returned as the same ``ClaimedJob``, so every later write (completion, retry,
 dead letter, renewal, the leader's rescue once the lease expires) is fenced
