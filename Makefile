@@ -43,10 +43,8 @@ test: $(STAMP)
 ## (`slow`), browser, chaos or PgBouncer run. Two runs side by side: the pure
 ## tests and the store tests on SQLite; the store tests on PostgreSQL, that of
 ## DATABASE_URL or a throwaway one when PostgreSQL is installed (else skipped).
-FAST_PURE := tests/test_pure.py tests/test_cron_pure.py tests/test_layers.py
-FAST_DB := tests/test_backend.py tests/test_store.py tests/test_raw_sql_twins.py \
-	tests/test_partitions.py tests/test_enqueue_fast.py tests/test_dead_letters.py \
-	tests/test_limits.py tests/test_transition_guard.py
+FAST_PURE := tests/unit
+FAST_DB := tests/store tests/acceptance/test_backend.py
 FAST_PYTEST = $(PY) -m pytest -q -m "not slow and not browser and not chaos" $(PYTEST_ARGS)
 test-fast: $(STAMP)
 	@$(MAKE) --no-print-directory -j2 --output-sync=target test-fast-sqlite test-fast-postgres

@@ -1,4 +1,5 @@
-"""Real processes for tests/test_timeouts.py (``python -m tests.recycle_probe MODE ...``).
+"""Real processes for tests/acceptance/test_timeouts.py
+(``python -m tests.recycle_probe MODE ...``).
 
 ``handover OUT ENTRIES``: pass a large ``Handover`` through a real
 ``execve``. The first program builds one of ``ENTRIES`` entries with

@@ -1,5 +1,5 @@
 """The rest of the workflow store: call context, parking without an attempt,
-retention. Steps run through the real worker path. ``run_now``: tests/test_run_now.py."""
+retention. Steps run through the real worker path. ``run_now``: tests/runtime/test_run_now.py."""
 
 from __future__ import annotations
 
