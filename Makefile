@@ -39,7 +39,7 @@ test: $(STAMP)
 	$(MAKE) --no-print-directory docs package-check
 	$(MAKE) --no-print-directory lint typecheck
 
-## test-fast: the unit and store tests, in seconds: no worker or other process
+## test-fast: the unit and store tests, in about two minutes: no worker or other process
 ## (`slow`), browser, chaos or PgBouncer run. Two runs side by side: the pure
 ## tests and the store tests on SQLite; the store tests on PostgreSQL, that of
 ## DATABASE_URL or a throwaway one when PostgreSQL is installed (else skipped).

@@ -65,7 +65,7 @@ class JobAdmin(
     DeleteThroughAction,
     BigTable,
 ):
-    # Fits 1280 px with both sidebars open (tests/test_admin_console_browser.py):
+    # Fits 1280 px with both sidebars open (tests/admin/test_admin_console_browser.py):
     # the task cell carries the queue and partition key, the state cell a
     # deferred job's run_after; namespace and priority are filters or on the
     # job's page. The namespace column: only with several (``NamespaceColumn``).

@@ -15,7 +15,7 @@ bounded by an index and a cap, never by the size of the table:
   finished jobs of that window;
 * workers, leadership and cron entries are small tables.
 
-A fixed number of queries per page (``tests/test_admin_console.py`` counts
+A fixed number of queries per page (``tests/admin/test_admin_console.py`` counts
 them and checks PostgreSQL's plans over 1,000,000 finished jobs). Nothing
 here writes.
 """

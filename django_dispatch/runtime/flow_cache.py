@@ -4,8 +4,12 @@ The claim must leave paused queues out and promote set-aside jobs first, but
 reading both on every claim would be a query per claim. So each process
 keeps a ``FlowState`` per (database, namespace), read with
 ``store.flow_state_read`` when older than the poll interval, and passes it
-to ``store.jobs_claim``; the claim writes back what it learns (it set jobs
-aside, or the last group stopped waiting). A pause or resume is announced to
+to ``store.jobs_claim``, which notes what it learns (it set jobs aside, or
+the last group stopped waiting). Each claim gets its own copy of the state,
+and what it learnt is written back to the process's current entry
+(``jobs_claim``): claims of one process may race (threads, a refresh in
+between), and a note written to a copy that a refresh had replaced would be
+lost, leaving set-aside jobs unpromoted until the next refresh. A pause or resume is announced to
 listening workers (PostgreSQL NOTIFY), whose listener calls
 ``forget_paused``, and ``pause_queue``/``resume_queue`` call it in their own
 process: so a pause takes effect within one poll interval everywhere, and
@@ -21,10 +25,13 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Sequence
+from dataclasses import replace
 
 from ..conf import queue_limits
+from ..store.claim import jobs_claim as store_jobs_claim
 from ..store.flow import flow_state_read
-from ..store.types import FlowState
+from ..store.types import ClaimedJob, FlowState, Placement
 
 #: ``(db, namespace) -> (read at, state)``; ``read at`` is monotonic, taken before the read.
 _cache: dict[tuple[str, str], tuple[float, FlowState]] = {}
@@ -55,11 +62,46 @@ def flow_for_claim(db: str, namespace: str, max_age: float) -> FlowState:
     now = time.monotonic()
     entry = _cache.get(key)
     if entry is not None and now - entry[0] < max_age and entry[0] > _invalidated_at:
-        state = entry[1]
-        state.limits = queue_limits()
-        return state
+        return replace(entry[1], limits=queue_limits())
     state = flow_state_read(db, namespace)
     with _lock:
         if now > _invalidated_at:
-            _cache[key] = (now, state)
+            _cache[key] = (now, replace(state))
     return state
+
+
+def jobs_claim(
+    *,
+    worker_id: str,
+    queues: Sequence[str],
+    limit: int,
+    lease_seconds: float,
+    db: str,
+    namespace: str,
+    max_age: float,
+    placement: Placement | None = None,
+) -> list[ClaimedJob]:
+    """``store.jobs_claim`` with this process's flow state, as a worker claims.
+
+    If the claim set jobs aside (some group waits now) or found no group
+    waiting any more, the process's current entry learns it at once, so its
+    next claims promote (or stop promoting) without waiting for a refresh.
+    """
+    flow = flow_for_claim(db, namespace, max_age)
+    waiting = flow.waiting
+    claimed = store_jobs_claim(
+        worker_id=worker_id,
+        queues=queues,
+        limit=limit,
+        lease_seconds=lease_seconds,
+        db=db,
+        namespace=namespace,
+        flow=flow,
+        placement=placement,
+    )
+    if flow.waiting != waiting:
+        with _lock:
+            entry = _cache.get((db, namespace))
+            if entry is not None:
+                entry[1].waiting = flow.waiting
+    return claimed

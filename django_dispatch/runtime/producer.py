@@ -22,10 +22,9 @@ from django.db import DatabaseError, InterfaceError, connections
 from .. import store
 from ..conf import DispatchSettings
 from ..store.types import Placement
-from . import attempt, completer
+from . import attempt, completer, flow_cache
 from .asyncjobs import AsyncJobs
 from .connections import database_went_away
-from .flow_cache import flow_for_claim
 from .jobthreads import JobThreads
 from .options import Every, WorkerOptions
 from .running import RunningJob
@@ -146,15 +145,14 @@ class Producer:
 
     def claim(self, limit: int) -> list[store.ClaimedJob]:
         """Up to ``limit`` jobs, leased to this worker (inside the wave's transaction)."""
-        return store.jobs_claim(
+        return flow_cache.jobs_claim(
             worker_id=self.options.worker_id,
             queues=self.options.queues,
             limit=limit,
             lease_seconds=self.settings.LEASE_SECONDS,
             db=self.db,
             namespace=self.options.namespace,
-            # how stale a pause may be seen: one poll interval
-            flow=flow_for_claim(self.db, self.options.namespace, self.settings.POLL_INTERVAL),
+            max_age=self.settings.POLL_INTERVAL,  # how stale a pause may be seen
             placement=self.placement(),
         )
 

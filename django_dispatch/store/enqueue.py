@@ -132,7 +132,7 @@ def recently_finished(job: Job, seconds: float, *, db: str) -> Job | None:
 
 #: The columns a fresh pending job sets, besides those with a database default
 #: (``id``, ``enqueued_at``, ``run_after``) and the nullable lease/result ones,
-#: which start NULL. ``tests/test_enqueue_fast.py`` checks that a row inserted
+#: which start NULL. ``tests/store/test_enqueue.py`` checks that a row inserted
 #: here equals one inserted by the ORM, column by column.
 _COLUMNS = (
     "namespace, task_path, backend, queue_name, priority, args, kwargs, state, deferred_until, "

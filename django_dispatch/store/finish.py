@@ -9,7 +9,7 @@ whoever took the job over.
 
 On PostgreSQL the wave is raw SQL (``_FINISH_MANY_SQL``, with the usage
 records ``_FINISH_MANY_USAGE_SQL``); elsewhere its ORM twin
-``_finish_many_orm``. tests/test_raw_sql_twins.py and tests/test_usage_wave.py
+``_finish_many_orm``. tests/store/test_raw_sql_twins.py and tests/store/test_usage_wave.py
 run both on the same rows.
 """
 
@@ -43,7 +43,7 @@ logger = logging.getLogger("django_dispatch.store")
 #: ``jobs_finish_many_if_leased`` for PostgreSQL: the fenced UPDATE of a
 #: whole wave with the values as four arrays, returning the winners, so one
 #: statement (and no ORM compilation of a CASE per row) records the wave.
-#: Its twin is ``_finish_many_orm`` (tests/test_raw_sql_twins.py).
+#: Its twin is ``_finish_many_orm`` (tests/store/test_raw_sql_twins.py).
 _FINISH_MANY_SQL = """
 UPDATE {job} AS j SET
     state = {succeeded}, return_value = d.return_value, finished_at = now(),
@@ -127,7 +127,7 @@ def _lock_late(db: str, keys: set[str]) -> set[str]:
 #: four), so a job whose fence failed gets no record. One round trip per wave
 #: instead of two, on the path every success takes. The fence is the
 #: UPDATE's own: a record is written only for a row the UPDATE won. Its twin is ``_finish_many_orm``
-#: followed by ``usage_record_many`` of the winners (tests/test_usage_wave.py).
+#: followed by ``usage_record_many`` of the winners (tests/store/test_usage_wave.py).
 _FINISH_MANY_USAGE_SQL = """
 WITH done AS ({finish}),
 recorded AS ({insert})

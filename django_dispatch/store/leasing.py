@@ -6,7 +6,7 @@ clock, one more attempt, and the worker's id appended to the job's history.
 The fused PostgreSQL claim (``sources.fused_pg``) writes it inside its own
 statement, ``jobs_lease`` writes it for rows a claim locked and chose in
 Python; both take their SET list from ``lease_set_sql``, and its ORM twin in
-``jobs_lease`` is checked against the raw form by tests/test_raw_sql_twins.py.
+``jobs_lease`` is checked against the raw form by tests/store/test_raw_sql_twins.py.
 """
 
 from __future__ import annotations

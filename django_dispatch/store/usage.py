@@ -70,7 +70,7 @@ class UsageEntry:
 #: adaptation in psycopg was still a fifth of a busy worker's CPU (profiled).
 #: ``started_at`` travels as ISO 8601 (exact to the microsecond), floats as
 #: ``repr`` (exact); a JSON null stays SQL NULL. Its twin is the
-#: ``bulk_create`` below (tests/test_usage.py). ``{rows}``: where the JSON
+#: ``bulk_create`` below (tests/runtime/test_usage.py). ``{rows}``: where the JSON
 #: rows ``r`` come from (``usage_insert_sql``).
 _INSERT_ROWS_SQL = """
 INSERT INTO {table} (namespace, job_id, task_path, queue_name, attempt, worker_id, host,

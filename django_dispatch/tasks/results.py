@@ -153,7 +153,7 @@ def ready_results(
     ``enqueue_many`` for 100,000 noop calls. The values here were just decoded
     from JSON, one fresh object per call, so ``normalize_json`` would return
     equal copies of them: the results are built without it, same class, same
-    field values (``tests/test_enqueue_fast.py`` compares them with
+    field values (``tests/store/test_enqueue.py`` compares them with
     constructed ones). Should Django's TaskResult gain a field, this falls
     back to the constructor.
     """

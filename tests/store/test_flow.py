@@ -38,8 +38,15 @@ def _fresh_flow_cache():
 
 def claim(queues=(), limit=10, poll_interval=1.0):
     """A claim as a worker makes it: with the flow state its process keeps."""
-    flow = flow_cache.flow_for_claim(store.db_alias(), "", poll_interval)
-    return store.jobs_claim(worker_id="w", queues=queues, limit=limit, lease_seconds=30, flow=flow)
+    return flow_cache.jobs_claim(
+        worker_id="w",
+        queues=queues,
+        limit=limit,
+        lease_seconds=30,
+        db=store.db_alias(),
+        namespace="",
+        max_age=poll_interval,
+    )
 
 
 def enqueue(queue, n, seconds=0.0, prefix=None):

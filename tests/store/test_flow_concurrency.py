@@ -36,12 +36,14 @@ def _fresh_flow_cache():
 
 
 def claim(worker="w", limit=10):
-    return store.jobs_claim(
+    return flow_cache.jobs_claim(
         worker_id=worker,
         queues=(),
         limit=limit,
         lease_seconds=30,
-        flow=flow_cache.flow_for_claim(store.db_alias(), "", 1.0),
+        db=store.db_alias(),
+        namespace="",
+        max_age=1.0,
     )
 
 

@@ -493,7 +493,7 @@ def test_a_job_given_up_on_holds_its_resources_until_its_code_returns(settings):
 
 
 def test_claims_with_capacity_read_no_deferred_job():
-    """As the plain claim (test_store), a worker with capacity and a locality walks
+    """As the plain claim (store/test_claim.py), a worker with capacity and a locality walks
     the priorities of each source (jobs without needs, each fitting shape, its
     locality), so an idle poll's work is the same beside 50,000 deferred jobs as
     beside 200 (counted: ``tests.database_work``); it read them all before."""

@@ -1,4 +1,4 @@
-"""Tasks for the console's incident walk-through (tests/test_admin_console_browser.py).
+"""Tasks for the console's incident walk-through (tests/admin/test_admin_console_browser.py).
 
 ``deliver`` fails until the test "fixes the address book" (a SideEffect row
 with key ``address-book-fixed``), so the story can end with a replay that works.

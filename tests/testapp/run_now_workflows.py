@@ -1,4 +1,4 @@
-"""Workflows for tests/test_run_now.py. Side effects go to SideEffect rows (with the pid
+"""Workflows for tests/runtime/test_run_now.py. Side effects go to SideEffect rows (with the pid
 of the process that ran the step), so tests count what ran, and where."""
 
 import time

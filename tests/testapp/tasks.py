@@ -259,7 +259,7 @@ async def async_blocks_its_loop(context, path, seconds=60):
     return "late"
 
 
-# --- size limits (tests/test_limits.py) ---------------------------------------------
+# --- size limits (tests/store/test_size_limits.py) ---------------------------------------------
 
 
 @task(max_attempts=3)

@@ -1,4 +1,6 @@
-"""Workflows that wait durably (tests/test_workflow_waits.py). Side effects go to SideEffect rows.
+"""Workflows that wait durably (tests/runtime/test_workflow_waits.py).
+
+Side effects go to SideEffect rows.
 
 Every run's input carries a ``key`` so that tests count what each step did,
 and each step marks ``started`` before its wait and ``resumed`` after it: a

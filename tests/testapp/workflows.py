@@ -1,4 +1,4 @@
-"""Workflows used by tests/test_workflows.py. Side effects go to SideEffect rows.
+"""Workflows used by tests/runtime/test_workflows.py. Side effects go to SideEffect rows.
 
 Every run's input carries a ``key`` so that tests count what each step did.
 """

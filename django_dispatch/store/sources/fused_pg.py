@@ -3,7 +3,7 @@
 The claim is the hot path of every worker, and compiling two ORM statements
 per claim cost more CPU than running them (see docs/performance.md), so on
 PostgreSQL the walk of ``sources.orm.runnable_candidates`` and the lease of
-its unkeyed rows are one statement. tests/test_raw_sql_twins.py runs it
+its unkeyed rows are one statement. tests/store/test_raw_sql_twins.py runs it
 beside the ORM source plus ``leasing.jobs_lease`` on the same rows.
 """
 
@@ -31,7 +31,7 @@ from ..types import CLAIM_FIELDS
 #: from a descent of its own: each mention of the job table makes the planner
 #: test every partial index's predicate, which cost more than the descent.
 #: (The constraint is built from the same constant: were Django to change
-#: it, tests/test_migrations.py would ask for a new migration.)
+#: it, tests/store/test_migrations.py would ask for a new migration.)
 #: For each priority in turn, ``candidates`` locks its due rows in claim
 #: order until it has ``%(window)s``. Per priority, ``run_after <= now()``
 #: bounds the index range, so deferred jobs are never read. The nested loop
@@ -46,8 +46,8 @@ from ..types import CLAIM_FIELDS
 #: with its values from before the update (``leasing.claimed_job`` applies the
 #: lease to them) and whether this statement
 #: leased it. Served by the partial index ``dispatch_job_claim``, like the ORM
-#: query (test_store checks the plan). Table and states come from the models
-#: (``job_sql``); tests/test_raw_sql_twins.py runs it beside the ORM path on
+#: query (tests/store/test_claim.py checks the plan). Table and states come from the models
+#: (``job_sql``); tests/store/test_raw_sql_twins.py runs it beside the ORM path on
 #: the same rows.
 #:
 #: What the walk costs, against one ordered scan of all priorities (the
