@@ -25,7 +25,6 @@ recycled worker's leases read back by the process that replaced it),
 ``workflows`` (workflow runs and steps: a package of its own).
 """
 
-from . import workflows
 from .base import NOTIFY_CHANNEL, db_alias, db_now, error_entry, notify, notify_channel
 from .claim import jobs_claim, jobs_due_exist
 from .dead_letters import (
@@ -63,7 +62,6 @@ from .schedules import (
 from .sources.orm import claim_candidates, runnable_candidates
 from .types import CLAIM_FIELDS, ClaimedJob, FlowState, Lease, Placement
 from .workers import worker_deregister, worker_register, worker_touch, workers_delete_stale
-from .workflows import *  # noqa: F403 (the workflow store's public names: its __all__)
 
 __all__ = [
     "CLAIM_FIELDS",
@@ -118,4 +116,3 @@ __all__ = [
     "worker_touch",
     "workers_delete_stale",
 ]
-__all__ += workflows.__all__
