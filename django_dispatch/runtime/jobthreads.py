@@ -14,6 +14,7 @@ import logging
 import queue
 import threading
 import time
+from dataclasses import KW_ONLY, dataclass
 from inspect import iscoroutinefunction
 
 from django.db import DatabaseError, InterfaceError, connections
@@ -28,25 +29,16 @@ from .slots import Slots
 logger = logging.getLogger("django_dispatch.worker")
 
 
+@dataclass(eq=False)
 class JobRunner:
     """Runs one claimed job on the calling thread, from connection check to freed slot."""
 
-    def __init__(
-        self,
-        slots: Slots,
-        overseer: timeouts.Overseer,
-        batch: completer.BatchCompleter,
-        *,
-        lease_seconds: float,
-        db: str,
-        wakeup: threading.Event,
-    ) -> None:
-        self.slots = slots
-        self.overseer = overseer
-        self.completer = batch
-        self.lease_seconds = lease_seconds
-        self.db = db
-        self.wakeup = wakeup
+    slots: Slots
+    overseer: timeouts.Overseer
+    completer: completer.BatchCompleter
+    _: KW_ONLY
+    lease_seconds: float
+    db: str
 
     def run(self, running: RunningJob, conns: ThreadConnections) -> None:
         """On a job thread: check the connection, run, persist, free the slot."""
@@ -169,7 +161,7 @@ class JobRunner:
                 del self.slots.running[job_id]
             self.slots.threads.pop(job_id, None)
             self.slots.lingering.pop(job_id, None)
-        self.wakeup.set()
+        self.completer.wakeup.set()  # the control loop: a slot is free
 
     def _attempt(self, running: RunningJob) -> Outcome:
         """Run the task once; the outcome, as its timeout or a hand-back changed it."""

@@ -190,7 +190,6 @@ class Worker:
             self.completer,
             lease_seconds=cfg.LEASE_SECONDS,
             db=self.db,
-            wakeup=self.wakeup,
         )
         self.completer.start()
         self.pool = self.producer.pool = JobThreads(runner, opts.concurrency)

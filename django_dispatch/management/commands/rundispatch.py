@@ -97,8 +97,9 @@ def add_lifetime_arguments(parser: CommandParser) -> None:
     )
 
 
-def add_metrics_arguments(parser: CommandParser) -> None:
-    """The Prometheus endpoint."""
+def add_host_arguments(parser: CommandParser) -> None:
+    """What this host serves operators (the Prometheus endpoint) and offers jobs
+    with resource needs, and where it is."""
     parser.add_argument(
         "--metrics-port",
         type=_port,
@@ -111,10 +112,6 @@ def add_metrics_arguments(parser: CommandParser) -> None:
         default="",
         help="Address the metrics endpoint listens on (default: all interfaces).",
     )
-
-
-def add_placement_arguments(parser: CommandParser) -> None:
-    """What this host offers jobs with resource needs, and where it is."""
     parser.add_argument(
         "--capacity",
         default=None,
@@ -206,8 +203,7 @@ class Command(BaseCommand):
         # Added in the order ``--help`` lists them.
         add_pool_arguments(parser, cfg.CONCURRENCY)
         add_lifetime_arguments(parser)
-        add_metrics_arguments(parser)
-        add_placement_arguments(parser)
+        add_host_arguments(parser)
         parser.add_argument(
             "--shutdown-timeout",
             type=float,
