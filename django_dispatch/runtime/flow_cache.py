@@ -87,8 +87,13 @@ def jobs_claim(
     waiting any more, the process's current entry learns it at once, so its
     next claims promote (or stop promoting) without waiting for a refresh.
     """
-    flow = flow_for_claim(db, namespace, max_age)
-    waiting = flow.waiting
+    handed: list[tuple[FlowState, bool]] = []  # the state, and its waiting when handed
+
+    def flow(db: str, namespace: str) -> FlowState:
+        state = flow_for_claim(db, namespace, max_age)
+        handed.append((state, state.waiting))
+        return state
+
     claimed = store_jobs_claim(
         worker_id=worker_id,
         queues=queues,
@@ -99,9 +104,10 @@ def jobs_claim(
         flow=flow,
         placement=placement,
     )
-    if flow.waiting != waiting:
-        with _lock:
-            entry = _cache.get((db, namespace))
-            if entry is not None:
-                entry[1].waiting = flow.waiting
+    for state, waiting in handed:
+        if state.waiting != waiting:  # the claim learnt something: tell the current entry
+            with _lock:
+                entry = _cache.get((db, namespace))
+                if entry is not None:
+                    entry[1].waiting = state.waiting
     return claimed

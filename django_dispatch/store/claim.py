@@ -44,7 +44,7 @@ from .sources.fused_pg import claim_pg
 from .sources.orm import runnable_candidates
 from .sources.resources import candidates as resource_candidates
 from .sources.shapes import shapes_could_run
-from .types import CLAIM_FIELDS, ClaimedJob, FlowState, Placement
+from .types import CLAIM_FIELDS, ClaimedJob, FlowSource, FlowState, Placement
 
 #: At most this many jobs are set aside per claim transaction, which bounds
 #: its length; each one leaves the claim index for good, so the next claim
@@ -63,7 +63,7 @@ def jobs_claim(
     lease_seconds: float,
     db: str | None = None,
     namespace: str = "",
-    flow: FlowState | None = None,
+    flow: FlowSource = flow_state_read,
     placement: Placement | None = None,
 ) -> list[ClaimedJob]:
     """Lease up to ``limit`` runnable jobs of ``namespace`` to ``worker_id``, in claim order.
@@ -74,8 +74,12 @@ def jobs_claim(
     group only what its limits admit. One short transaction, committed before
     any task code runs.
 
-    ``flow``: what the caller knows of paused queues, waiting groups and queue
-    limits (a worker's ``runtime.flow_cache``); None reads it now.
+    ``flow(db, namespace)`` gives what the caller knows of paused queues,
+    waiting groups and queue limits (a worker's ``runtime.flow_cache``; by
+    default, read now). It is called inside the claim's transaction, once the
+    SQLite write lock is held: on SQLite a transaction that reads before it
+    writes cannot take the write lock if another connection wrote meanwhile
+    ("database is locked", without waiting).
     ``placement``: a worker with capacity or a locality claims only jobs that
     fit it; None (every other worker): jobs without needs.
     """
@@ -83,15 +87,15 @@ def jobs_claim(
     # savepoint=False: the worker calls this inside its own wave transaction
     with transaction.atomic(using=db, savepoint=False):
         take_sqlite_write_lock(db)
-        flow = flow if flow is not None else flow_state_read(db, namespace)
-        served, paused = claimable_queues(queues, flow.paused)
-        if flow.paused and not served and not paused:
+        state = flow(db, namespace)
+        served, paused = claimable_queues(queues, state.paused)
+        if state.paused and not served and not paused:
             return []  # every queue this worker serves is paused
-        if flow.waiting:  # groups with jobs set aside: free slots refill first
-            concurrency_promote(db, namespace, flow)
+        if state.waiting:  # groups with jobs set aside: free slots refill first
+            concurrency_promote(db, namespace, state)
         fused = connections[db].vendor == "postgresql" and placement is None
         claim = _Claim(
-            db, namespace, worker_id, limit, lease_seconds, served, paused, flow, placement, fused
+            db, namespace, worker_id, limit, lease_seconds, served, paused, state, placement, fused
         )
         while claim.round() and claim.free > 0 and claim.set_aside < DEMOTE_BUDGET:
             claim.window = max(claim.free, DEMOTE_WINDOW)

@@ -8,7 +8,7 @@ Plain dataclasses, no queries: the runtime builds the ones it passes in
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
@@ -218,3 +218,8 @@ class FlowState:
     paused: frozenset[str] = frozenset()
     waiting: bool = False
     limits: Mapping[str, QueueLimit] = field(default_factory=dict)
+
+
+#: Where the claim gets its ``FlowState``: ``source(db, namespace)``, called
+#: inside the claim's transaction (see ``claim.jobs_claim``).
+FlowSource = Callable[[str, str], FlowState]
