@@ -22,6 +22,7 @@ from django_dispatch.runtime import flow_cache
 from django_dispatch.testing import drain
 from tests.concurrency import run_concurrently
 from tests.conftest import ON_POSTGRES, wait_until
+from tests.store.helpers import claim_as_worker
 from tests.testapp import flow_tasks
 from tests.testapp.models import SideEffect
 
@@ -37,16 +38,7 @@ def _fresh_flow_cache():
 
 
 def claim(queues=(), limit=10, poll_interval=1.0):
-    """A claim as a worker makes it: with the flow state its process keeps."""
-    return flow_cache.jobs_claim(
-        worker_id="w",
-        queues=queues,
-        limit=limit,
-        lease_seconds=30,
-        db=store.db_alias(),
-        namespace="",
-        max_age=poll_interval,
-    )
+    return claim_as_worker(limit=limit, queues=queues, poll_interval=poll_interval)
 
 
 def enqueue(queue, n, seconds=0.0, prefix=None):

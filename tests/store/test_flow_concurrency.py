@@ -21,6 +21,7 @@ from django_dispatch.runtime import flow_cache
 from django_dispatch.testing import drain
 from tests.conftest import postgres_only, wait_until
 from tests.database_work import assert_flat_beside, database_work
+from tests.store.helpers import claim_as_worker
 from tests.testapp import flow_tasks, tasks
 from tests.testapp.models import SideEffect
 
@@ -30,21 +31,12 @@ pytestmark = pytest.mark.django_db(transaction=True)
 @pytest.fixture(autouse=True)
 def _fresh_flow_cache():
     """Each test starts from the database, not from the cache an earlier test left."""
-    from django_dispatch.runtime import flow_cache
 
     flow_cache.forget_paused()
 
 
 def claim(worker="w", limit=10):
-    return flow_cache.jobs_claim(
-        worker_id=worker,
-        queues=(),
-        limit=limit,
-        lease_seconds=30,
-        db=store.db_alias(),
-        namespace="",
-        max_age=1.0,
-    )
+    return claim_as_worker(worker, limit)
 
 
 def finish(claimed):

@@ -24,6 +24,7 @@ from django_dispatch.models import ConcurrencyWait, Job, QueueWindow, Worker
 from django_dispatch.runtime import flow_cache
 from django_dispatch.testing import drain
 from tests.conftest import postgres_only, wait_until
+from tests.store.helpers import claim_as_worker
 from tests.testapp import flow_tasks, tasks
 from tests.testapp.models import SideEffect
 
@@ -39,21 +40,12 @@ def limited(queues):
 
 @pytest.fixture(autouse=True)
 def _fresh_flow_cache():
-    from django_dispatch.runtime import flow_cache
 
     flow_cache.forget_paused()
 
 
 def claim(worker="w", limit=20, queues=()):
-    return flow_cache.jobs_claim(
-        worker_id=worker,
-        queues=queues,
-        limit=limit,
-        lease_seconds=30,
-        db=store.db_alias(),
-        namespace="",
-        max_age=1.0,
-    )
+    return claim_as_worker(worker, limit, queues)
 
 
 def finish(claimed):

@@ -19,6 +19,7 @@ from django_dispatch.models import ConcurrencyWait, Job
 from django_dispatch.runtime import flow_cache
 from django_dispatch.store.gates.limits import window_start
 from tests.conftest import wait_until
+from tests.store.helpers import claim_as_worker
 from tests.testapp import flow_tasks, tasks
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -26,21 +27,12 @@ pytestmark = pytest.mark.django_db(transaction=True)
 
 @pytest.fixture(autouse=True)
 def _fresh_flow_cache():
-    from django_dispatch.runtime import flow_cache
 
     flow_cache.forget_paused()
 
 
 def claim(limit=10):
-    return flow_cache.jobs_claim(
-        worker_id="w",
-        queues=(),
-        limit=limit,
-        lease_seconds=30,
-        db=store.db_alias(),
-        namespace="",
-        max_age=1.0,
-    )
+    return claim_as_worker(limit=limit)
 
 
 @pytest.mark.parametrize(

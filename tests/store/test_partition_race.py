@@ -26,8 +26,8 @@ from django.test.utils import CaptureQueriesContext
 from django_dispatch import cancel, enqueue_many, store
 from django_dispatch.core.states import JobState
 from django_dispatch.models import Job
-from django_dispatch.runtime import flow_cache
 from tests.concurrency import run_concurrently
+from tests.store.helpers import claim_as_worker
 from tests.testapp import tasks
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -59,16 +59,7 @@ def stalled_keys() -> list[str]:
 
 
 def claim(worker: str = "w", limit: int = 100) -> list[store.ClaimedJob]:
-    """A claim as a worker makes it: with the flow state its process keeps."""
-    return flow_cache.jobs_claim(
-        worker_id=worker,
-        queues=(),
-        limit=limit,
-        lease_seconds=30,
-        db=store.db_alias(),
-        namespace="",
-        max_age=1.0,
-    )
+    return claim_as_worker(worker, limit)
 
 
 def drain_to_the_end(worker: str = "drainer") -> None:
