@@ -7,13 +7,13 @@ queues, ``services.queues``. ``django_dispatch.services`` is their
 documented path.
 """
 
+from ..tasks.enqueue import enqueue_many
 from .jobs import (
     cancel,
     cron_task,
     delete_cron_entries,
     delete_dead_letters,
     delete_finished_jobs,
-    enqueue_many,
     purge,
     replay,
     retry_now,

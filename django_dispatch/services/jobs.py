@@ -13,25 +13,10 @@ from ..conf import get_settings
 from ..exceptions import AlreadyReplayed
 from ..models import CronEntry, DeadLetter
 from ..store.dead_letters import purge_past_retention
-from ..tasks.enqueue import enqueue_many
 from ..tasks.registry import DispatchBackendBase
 from ..tasks.results import result_from_job
 from ..tasks.task import task_for_row
 from ..tasks.values import to_json
-
-__all__ = [
-    "cancel",
-    "cron_task",
-    "delete_cron_entries",
-    "delete_dead_letters",
-    "delete_finished_jobs",
-    "enqueue_many",
-    "purge",
-    "replay",
-    "retry_now",
-    "run_cron_entry_now",
-    "set_cron_enabled",
-]
 
 
 def cancel(result_id: str | int) -> bool:
