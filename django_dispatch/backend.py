@@ -96,6 +96,10 @@ class DispatchBackend(DispatchBackendBase):
             )
         see = f"See {docs_url('settings', 'tasks')}"
         messages += [
+            checks.Error(problem, hint=see, id="django_dispatch.E005")
+            for problem in self.unlisted_queues()
+        ]
+        messages += [
             checks.Error(
                 f"TASKS[{self.alias!r}]['OPTIONS'] has an unknown key {key!r}."
                 f"{did_you_mean(key, KNOWN_OPTIONS)}",

@@ -66,6 +66,8 @@ if TYPE_CHECKING or django.VERSION >= (6, 0):
     )
     from django.tasks.signals import (
         log_task_enqueued,
+        log_task_finished,
+        log_task_started,
         task_enqueued,
         task_finished,
         task_started,
@@ -87,7 +89,7 @@ else:
             "does not include it (Django 6.0 and later do): install the backport with "
             '`pip install "django-dispatch[backport]"` (or `pip install django-tasks`) and '
             'add "django_tasks" to INSTALLED_APPS, or upgrade Django to 6.0 or later. '
-            "See https://django-dispatch.readthedocs.io/en/latest/install/#django-52-lts"
+            "See https://github.com/django-dispatch/django-dispatch/blob/main/docs/install.md#django-52-lts"
         ) from e
     from django_tasks import (
         DEFAULT_TASK_BACKEND_ALIAS,
@@ -118,6 +120,8 @@ else:
     )
     from django_tasks.signals import (
         log_task_enqueued,
+        log_task_finished,
+        log_task_started,
         task_enqueued,
         task_finished,
         task_started,
@@ -268,6 +272,8 @@ __all__ = [
     "csp_nonce_attr",
     "default_task_backend",
     "log_task_enqueued",
+    "log_task_finished",
+    "log_task_started",
     "normalize_json",
     "task",
     "task_backends",

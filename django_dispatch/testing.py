@@ -12,6 +12,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import replace
 
+from django.db import connections
+from django.db.transaction import TransactionManagementError
+
 from . import store
 from .conf import get_settings
 from .core.states import JobState
@@ -49,7 +52,13 @@ def drain(
     ``capacity``/``locality``: as ``rundispatch --capacity/--locality``.
     Without ``capacity``, like a worker without it, only jobs without
     resource needs run: pass one to drain jobs with needs.
+
+    Refused inside a transaction (``TestCase``, ``transaction.atomic()``,
+    ``ATOMIC_REQUESTS``): the jobs run on threads with their own connections,
+    which cannot see the test's uncommitted rows and, on SQLite, would wait
+    on its write lock until they gave up.
     """
+    _refuse_in_transaction()
     settings = replace(get_settings(), POLL_INTERVAL=0.01, LISTEN=False)  # polls anyway
     if backend is None:
         default = backend_for("default")
@@ -83,6 +92,19 @@ def drain(
         if not store.jobs_retry_now(queues=queues) and worker.claimed_total == 0:
             break
     return total
+
+
+def _refuse_in_transaction() -> None:
+    db = store.db_alias()
+    if connections[db].in_atomic_block:
+        raise TransactionManagementError(
+            "drain() cannot run inside a transaction (django.test.TestCase, "
+            "transaction.atomic() or ATOMIC_REQUESTS): the jobs run on worker threads with "
+            "their own database connections, which cannot see this transaction's "
+            "uncommitted jobs and rows. Use django.test.TransactionTestCase (or "
+            "@pytest.mark.django_db(transaction=True)) and call drain() outside "
+            "transaction.atomic(). Nothing was run."
+        )
 
 
 def assert_enqueued(task_path: str, *, count: int | None = None, **filters: object) -> list[Job]:

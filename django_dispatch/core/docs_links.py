@@ -1,19 +1,21 @@
-"""Links to the online documentation, for error messages and system check hints.
+"""Links to the documentation, for error messages and system check hints.
 
 Messages are read by users of the installed package, who have no ``docs/``
-directory: they get the address of the page on the documentation site
-instead of a path in the repository. Every link is built here, so the site's
-address and its URL scheme (MkDocs: ``docs/tasks.md`` is served as
-``tasks/``, with GitHub-style heading anchors, see ``docs/_hooks``) live in
-one place, and a test checks that each page and anchor used exists.
+directory. No documentation site is published before the first release, so
+a link goes to the page's Markdown in the source repository (the
+``Source`` URL in pyproject.toml), which GitHub renders with the same
+GitHub-style heading anchors that the Markdown files link each other with
+(and that MkDocs keeps, see ``docs/_hooks``). Every link is built here, so
+the address lives in one place, and a test checks that each page and anchor
+used exists.
 """
 
 from __future__ import annotations
 
 __all__ = ["DOCS_ROOT", "PAGES", "docs_url"]
 
-#: The documentation site, the version that matches the code on ``main``.
-DOCS_ROOT = "https://django-dispatch.readthedocs.io/en/latest/"
+#: The ``docs/`` directory of the source repository, on ``main``.
+DOCS_ROOT = "https://github.com/django-dispatch/django-dispatch/blob/main/docs/"
 
 #: The pages of the site, as their file names under ``docs/`` without ``.md``.
 PAGES = frozenset(
@@ -50,5 +52,4 @@ def docs_url(page: str, anchor: str = "") -> str:
     """
     if page not in PAGES:
         raise ValueError(f"{page!r} is not a documentation page; use one of {sorted(PAGES)}.")
-    path = "" if page == "index" else f"{page}/"
-    return f"{DOCS_ROOT}{path}{'#' + anchor if anchor else ''}"
+    return f"{DOCS_ROOT}{page}.md{'#' + anchor if anchor else ''}"

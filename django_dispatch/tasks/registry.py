@@ -13,12 +13,14 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Any, cast
 
+from django.apps import apps
 from django.conf import settings
+from django.core.exceptions import ImproperlyConfigured
 from django.utils.module_loading import import_string
 
-from ..compat import BaseTaskBackend, Task, task_backends
+from ..compat import BaseTaskBackend, InvalidTask, Task, task_backends
 from ..conf import generation
 from ..core.retry import Backoff, exponential_backoff
 from ..models import Job
@@ -59,9 +61,43 @@ class DispatchBackendBase(BaseTaskBackend):
         return import_string(backoff) if isinstance(backoff, str) else backoff
 
     def validate_task(self, task: Task) -> None:
-        """Django's rules, then ours. Runs at definition and again at enqueue."""
-        super().validate_task(task)
+        """Django's rules, then ours. Runs at definition and again at enqueue.
+
+        A queue that ``QUEUES`` does not list is not refused here: this runs
+        when the module defining the task is imported, and an exception there
+        would take down ``check`` and ``runserver`` with a traceback instead
+        of reporting the mistake. Such a task is remembered for the
+        backend's system check (E005) and refused at enqueue, by
+        ``enqueue_plan``, with a message naming the task, the backend and the
+        queues it accepts.
+        """
+        if self.queues and task.queue_name not in self.queues:
+            _UNLISTED_QUEUES[(self.alias, task.module_path)] = task.queue_name
+            listed = _InListedQueue(task, next(iter(self.queues)))
+            super().validate_task(cast(Task, listed))
+        else:
+            super().validate_task(task)
         validate_options(task)
+
+    def queue_problem(self, task_path: str, queue_name: str) -> str | None:
+        """Why ``queue_name`` is refused for ``task_path`` on this backend; None if it is not."""
+        if not self.queues or queue_name in self.queues:
+            return None
+        return (
+            f"Task {task_path} uses queue {queue_name!r}, which TASKS[{self.alias!r}]['QUEUES'] "
+            f"does not list (it accepts {sorted(self.queues)}). Add {queue_name!r} to "
+            f"TASKS[{self.alias!r}]['QUEUES'] (an empty list accepts any queue), or give the "
+            "task one of those queues."
+        )
+
+    def unlisted_queues(self) -> list[str]:
+        """``queue_problem`` for each task defined on this backend with a queue it refuses."""
+        problems = (
+            self.queue_problem(path, queue)
+            for (alias, path), queue in sorted(_UNLISTED_QUEUES.items())
+            if alias == self.alias
+        )
+        return [problem for problem in problems if problem is not None]
 
     def max_attempts_for(self, task: Task) -> int:
         return getattr(task, "max_attempts", None) or self.default_max_attempts
@@ -94,6 +130,15 @@ class DispatchBackendBase(BaseTaskBackend):
                 pass
             except TypeError:  # an unhashable option: validate_task says what is wrong
                 cacheable = False
+        if not apps.is_installed("django_dispatch"):  # its tables and worker are missing
+            raise ImproperlyConfigured(
+                f"TASKS[{self.alias!r}] uses DispatchBackend but 'django_dispatch' is not in "
+                "INSTALLED_APPS: add it there and run `python manage.py migrate`. Nothing was "
+                "enqueued."
+            )
+        problem = self.queue_problem(task.module_path, task.queue_name)
+        if problem is not None:
+            raise InvalidTask(problem)
         self.validate_task(task)
         cacheable = cacheable and not is_auto(task)  # its needs follow its history
         plan = EnqueuePlan(
@@ -126,6 +171,23 @@ class DispatchBackendBase(BaseTaskBackend):
         plan = self.enqueue_plan(task)
         json_args, json_kwargs, _, _ = plan.encode_call(args, kwargs)
         return plan.spec.new_job(json_args, json_kwargs)
+
+
+class _InListedQueue:
+    """A task seen through Django's ``validate_task`` as if its queue were listed,
+    so that every other rule of Django's still applies at definition."""
+
+    def __init__(self, task: Task, queue_name: str) -> None:
+        self._task = task
+        self.queue_name = queue_name
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._task, name)
+
+
+#: (alias, task path) -> the queue a task was defined with that the alias's
+#: ``QUEUES`` does not list; reported by the backend's system check.
+_UNLISTED_QUEUES: dict[tuple[str, str], str] = {}
 
 
 def dispatch_aliases() -> list[str]:

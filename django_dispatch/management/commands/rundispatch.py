@@ -10,8 +10,9 @@ that (``run_from_argv`` below; not ``call_command`` from a script or a test).
 
 from __future__ import annotations
 
+import argparse
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -30,25 +31,50 @@ from ...runtime.supervisor import supervise
 from ...runtime.worker import Worker
 from ..backend_option import add_backend_argument, backend_namespace
 
+#: Job threads per process: each holds its own database connection, and far
+#: past this the process cannot start them (``can't start new thread``).
+MAX_CONCURRENCY = 1000
+#: Async slots per process: coroutines on one event loop, cheap but not free.
+MAX_ASYNC_CONCURRENCY = 10_000
+#: Worker processes under one supervisor.
+MAX_PROCESSES = 256
 
-def _positive_int(value: str) -> int:
-    number = int(value)
-    if number < 1:
-        raise ValueError(value)
-    return number
 
+def whole_number(option: str, low: int, high: int | None = None) -> Callable[[str], int]:
+    """An argparse ``type`` for ``option``: a whole number from ``low`` to ``high``.
 
-def _whole_number(value: str) -> int:
-    number = int(value)
-    if number < 0:
-        raise ValueError(value)
-    return number
+    Its error is argparse's whole message (``ArgumentTypeError``), so the user
+    reads what was wrong and the range, not the name of this function.
+    """
+
+    def parse(value: str) -> int:
+        try:
+            number = int(value)
+        except ValueError:
+            number = None
+        if number is None or number < low or (high is not None and number > high):
+            bounds = f"from {low} to {high}" if high is not None else f"of at least {low}"
+            hint = (
+                " (run more processes with --processes for more)"
+                if option == "--concurrency"
+                else ""
+            )
+            raise argparse.ArgumentTypeError(
+                f"must be a whole number {bounds}{hint}, got {value!r}."
+            )
+        return number
+
+    parse.__name__ = option  # what argparse would name if it ever fell back to it
+    return parse
 
 
 def _port(value: str) -> int:
-    number = int(value)
+    try:
+        number = int(value)
+    except ValueError:
+        number = -1
     if not 0 <= number <= 65535:
-        raise ValueError(value)
+        raise argparse.ArgumentTypeError(f"must be a port number from 0 to 65535, got {value!r}.")
     return number
 
 
@@ -59,20 +85,20 @@ def add_pool_arguments(parser: CommandParser, concurrency: int) -> None:
     )
     parser.add_argument(
         "--concurrency",
-        type=_positive_int,
+        type=whole_number("--concurrency", 1, MAX_CONCURRENCY),
         default=concurrency,
         help="Job threads per process (default: DISPATCH['CONCURRENCY']).",
     )
     parser.add_argument(
         "--async-concurrency",
-        type=_whole_number,
+        type=whole_number("--async-concurrency", 0, MAX_ASYNC_CONCURRENCY),
         default=0,
         help="Slots per process for async def tasks, run together on one event loop "
         "(default 0: each async job takes a job thread).",
     )
     parser.add_argument(
         "--processes",
-        type=_positive_int,
+        type=whole_number("--processes", 1, MAX_PROCESSES),
         default=1,
         help="Worker processes to fork under one supervisor.",
     )
@@ -85,7 +111,7 @@ def add_lifetime_arguments(parser: CommandParser) -> None:
     )
     parser.add_argument(
         "--max-jobs",
-        type=_positive_int,
+        type=whole_number("--max-jobs", 1),
         default=None,
         help="Exit after claiming this many jobs (per process).",
     )
@@ -213,6 +239,11 @@ class Command(BaseCommand):
 
     def handle(self, *args: Any, **options: Any) -> None:
         self._check_ready()
+        if not 1 <= options["concurrency"] <= MAX_CONCURRENCY:  # from DISPATCH["CONCURRENCY"]
+            raise CommandError(
+                f"DISPATCH['CONCURRENCY'] is {options['concurrency']}: it must be a whole number "
+                f"from 1 to {MAX_CONCURRENCY} (run more processes with --processes for more)."
+            )
         queues = [q.strip() for q in options["queues"].split(",") if q.strip()]
         self._check_queues(queues)
         capacity, locality = self._placement(options)
