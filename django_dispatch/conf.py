@@ -7,8 +7,6 @@ definition and its enqueue are honoured.
 
 from __future__ import annotations
 
-import difflib
-from collections.abc import Iterable
 from dataclasses import dataclass, field, fields
 from typing import Any
 
@@ -16,8 +14,14 @@ from django.conf import settings
 from django.core.signals import setting_changed
 from django.dispatch import receiver
 
+# Re-exported: the checks and the store read them from here.
+from .core.queue_limits import QUEUE_LIMIT_KEYS as QUEUE_LIMIT_KEYS
+from .core.queue_limits import QueueLimit as QueueLimit
+from .core.queue_limits import queue_limit_problems as queue_limit_problems
 from .core.rates import parse_rate
 from .core.resources import check_capacity
+from .core.suggest import closest as closest
+from .core.suggest import did_you_mean as did_you_mean
 
 DAY = 86400.0
 KIB = 1024
@@ -97,6 +101,11 @@ class DispatchSettings:
     CRON: dict[str, dict[str, Any]] = field(default_factory=dict)
     #: Seconds a usage record (``JobUsage``, one per attempt) is kept.
     USAGE_RETENTION: float = 30 * DAY
+    #: Which attempts get a usage record: "all", "failures" (every attempt
+    #: but a success) or "off". A success's record is a row inserted by the
+    #: statement that finishes its wave: about a tenth of the database's CPU
+    #: per job in a drain of short jobs (docs/performance.md).
+    USAGE: str = "all"
     #: This worker's capacity (``rundispatch --capacity``), e.g.
     #: ``{"memory_mb": 8192, "gpu": 1}``; empty: it runs only jobs without needs.
     CAPACITY: dict[str, int] = field(default_factory=dict)
@@ -155,6 +164,12 @@ class DispatchSettings:
             elif f.name == "ARTIFACT_STORAGE":  # a STORAGES alias: checked by checks.artifacts
                 if not isinstance(value, str):
                     problems.append(f"DISPATCH['{f.name}'] must be a string, got {value!r}.")
+            elif f.name == "USAGE":
+                if value not in USAGE_MODES:
+                    problems.append(
+                        f"DISPATCH['USAGE'] must be one of {', '.join(map(repr, USAGE_MODES))}, "
+                        f"got {value!r}."
+                    )
             elif f.type in (bool, "bool"):
                 if not isinstance(value, bool):
                     problems.append(f"DISPATCH['{f.name}'] must be True or False, got {value!r}.")
@@ -211,6 +226,8 @@ CRON_ENTRY_KEYS = (
 #: The size limits, read through ``size_limit()`` (cached) on hot paths.
 SIZE_LIMITS = ("MAX_ARGS_BYTES", "MAX_RESULT_BYTES", "MAX_CHECKPOINT_BYTES", "MAX_ERROR_BYTES")
 _WHOLE_NUMBERS = {"MAX_WORKER_LOST", "CONCURRENCY", "PURGE_BATCH", *SIZE_LIMITS}
+#: ``DISPATCH["USAGE"]``'s values: which attempts get a usage record.
+USAGE_MODES = ("all", "failures", "off")
 _OTHER_KEYS: set[str] = set()
 
 
@@ -221,28 +238,6 @@ def known_keys() -> list[str]:
 
 def unknown_keys(raw: dict[str, Any]) -> list[str]:
     return sorted(set(raw) - _FIELD_NAMES - _OTHER_KEYS, key=str)
-
-
-def closest(word: object, known: Iterable[str]) -> str | None:
-    """The name in ``known`` that a misspelt ``word`` most likely meant, or None.
-
-    A typo in a settings key is otherwise silently ignored (the default
-    applies), so every "unknown key" message names the nearest known key.
-    Case is ignored (``lease_seconds`` finds ``LEASE_SECONDS``); below
-    difflib's usual similarity of 0.6 nothing is suggested, since a wrong
-    guess misleads more than none.
-    """
-    if not isinstance(word, str):
-        return None
-    folded = {name.casefold(): name for name in known}
-    matches = difflib.get_close_matches(word.casefold(), list(folded), n=1, cutoff=0.6)
-    return folded[matches[0]] if matches else None
-
-
-def did_you_mean(word: object, known: Iterable[str]) -> str:
-    """``" Did you mean 'X'?"`` for the nearest known name, or ``""``: appended to a message."""
-    match = closest(word, known)
-    return f" Did you mean {match!r}?" if match else ""
 
 
 def get_settings() -> DispatchSettings:
@@ -272,71 +267,25 @@ def size_limit(name: str) -> int:
     return limits[name]
 
 
+_usage_mode: str | None = None
+
+
+
+def usage_mode() -> str:
+    """``DISPATCH["USAGE"]``, read once per settings change: every wave asks."""
+    global _usage_mode
+    mode = _usage_mode
+    if mode is None:
+        mode = _usage_mode = get_settings().USAGE
+    return mode
+
+
+def usage_recorded(outcome: str) -> bool:
+    """Whether an attempt ending as ``outcome`` (a ``JobUsage.outcome``) gets a record."""
+    mode = usage_mode()
+    return mode == "all" or (mode == "failures" and outcome != "succeeded")
+
 # --- queue-level limits: DISPATCH["QUEUES"] ----------------------------------------
-
-
-@dataclass(frozen=True, slots=True)
-class QueueLimit:
-    """One queue's limits from ``DISPATCH["QUEUES"]`` (None: no such cap)."""
-
-    concurrency: int | None = None
-    rate_limit: int | None = None
-    rate_period: int | None = None
-    #: The rate as the settings give it (``"10/s"``), for operators.
-    rate: str | None = None
-
-
-#: The keys a queue's dict may hold.
-QUEUE_LIMIT_KEYS = ("concurrency", "rate_limit")
-
-
-def queue_limit_problems(name: object, spec: object) -> list[tuple[str, str]]:
-    """What is wrong with one ``DISPATCH["QUEUES"]`` entry: ``(check id, message)`` pairs.
-
-    Shared by the system checks (``checks.check_queue_limits``) and
-    ``queue_limits``, which leaves a bad entry out rather than guess.
-    """
-    where = f"DISPATCH['QUEUES'][{name!r}]"
-    if not isinstance(name, str) or not name or len(name) > 100:
-        return [
-            (
-                "E060",
-                f"DISPATCH['QUEUES'] has key {name!r}; a queue name is a non-empty "
-                "string of at most 100 characters.",
-            )
-        ]
-    if not isinstance(spec, dict):
-        return [
-            (
-                "E060",
-                f"{where} must be a dict such as {{'concurrency': 5, 'rate_limit': "
-                f"'10/s'}}, got {type(spec).__name__} {spec!r}.",
-            )
-        ]
-    problems = [
-        (
-            "E061",
-            f"{where} has an unknown key {key!r}.{did_you_mean(key, QUEUE_LIMIT_KEYS)} "
-            f"A queue's limits are {' and '.join(map(repr, QUEUE_LIMIT_KEYS))}.",
-        )
-        for key in sorted(set(spec) - set(QUEUE_LIMIT_KEYS), key=str)
-    ]
-    if "rate_limit" in spec:
-        try:
-            parse_rate(spec["rate_limit"])
-        except ValueError as e:
-            problems.append(("E062", f"{where}: {e}"))
-    if "concurrency" in spec:
-        value = spec["concurrency"]
-        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-            problems.append(
-                (
-                    "E063",
-                    f"{where}: 'concurrency' must be a whole number of at least 1 (jobs of "
-                    f"the queue running at once), got {value!r}. Leave the key out for no cap.",
-                )
-            )
-    return problems
 
 
 _queue_limits: dict[str, QueueLimit] | None = None
@@ -383,10 +332,11 @@ def generation(setting: str) -> int:
 
 @receiver(setting_changed)
 def _settings_changed(*, setting: str, **kwargs: Any) -> None:
-    global _size_limits, _queue_limits
+    global _size_limits, _queue_limits, _usage_mode
     if setting not in _generations:
         return
     _generations[setting] += 1
     if setting == "DISPATCH":
         _size_limits = None
         _queue_limits = None
+        _usage_mode = None

@@ -19,14 +19,14 @@ from typing import Any
 
 from asgiref.sync import async_to_sync
 
-from ..compat import InvalidTask, Task, TaskResult, task_started
+from ..compat import InvalidTask, Task, TaskResult, task_finished, task_started
 from ..conf import get_settings
 from ..core.retry import exponential_backoff
 from ..exceptions import JobCancelled, TaskTimeout, UnknownTask
 from ..store import ClaimedJob
 from ..tasks.context import DispatchTaskContext
 from ..tasks.registry import backend_for
-from ..tasks.results import send_robust, signal_sender
+from ..tasks.results import send_robust, signal_is_silent, signal_sender
 from ..tasks.task import check_arguments, task_for_row
 from ..tasks.values import to_json
 from . import executor
@@ -82,10 +82,14 @@ class Prepared:
     """A job ready for its task function: what ``prepare`` found, for ``conclude``."""
 
     task: Task
-    result: TaskResult
+    #: None when nothing would see it: no task context, and both signals
+    #: silent (``tasks.results.signal_is_silent``). A failure builds its own.
+    result: TaskResult | None
     args: list[Any]
     kwargs: dict[str, Any]
     timeout: float | None
+    #: Whether a success's ``task_finished`` has a receiver that would see it.
+    finished_observed: bool = True
 
 
 def prepare(claimed: ClaimedJob, running: RunningJob) -> Outcome | Prepared:
@@ -110,10 +114,18 @@ def prepare(claimed: ClaimedJob, running: RunningJob) -> Outcome | Prepared:
     except InvalidTask as e:
         return executor.classify_failure(claimed, e, task=None, policy=None)
 
-    result = executor.running_result(claimed, task)
-    send_robust(task_started, signal_sender(task), result)
+    sender = signal_sender(task)
+    started = not signal_is_silent(task_started, sender)
+    finished = not signal_is_silent(task_finished, sender)
+    result = None
+    if started or finished or task.takes_context:
+        result = executor.running_result(claimed, task)
+    if started:
+        assert result is not None
+        send_robust(task_started, sender, result)
     args, kwargs = list(row["args"]), dict(row["kwargs"])
     if task.takes_context:
+        assert result is not None
         context = DispatchTaskContext(
             task_result=result,
             lease=claimed.lease,
@@ -122,7 +134,9 @@ def prepare(claimed: ClaimedJob, running: RunningJob) -> Outcome | Prepared:
             saved_checkpoint=row["checkpoint"],
         )
         args.insert(0, context)
-    return Prepared(task, result, args, kwargs, getattr(task, "timeout", None))
+    return Prepared(
+        task, result, args, kwargs, getattr(task, "timeout", None), finished_observed=finished
+    )
 
 
 def conclude(
@@ -140,6 +154,8 @@ def conclude(
     """
     task, result = prepared.task, prepared.result
     if error is not None:
+        if result is None:  # a failure is rare: its signal and backoff get a result
+            result = executor.running_result(claimed, task)
         cancelled_error = isinstance(error, (JobCancelled, asyncio.CancelledError))
         return executor.classify_error(
             claimed,
@@ -157,7 +173,7 @@ def conclude(
         value = to_json(value, f"The return value of {task.module_path}")
     except InvalidTask as e:  # the same code would return the same value again
         return executor.classify_failure(claimed, e, task=task, policy=None)
-    return executor.succeeded(result, value)
+    return executor.succeeded(result if prepared.finished_observed else None, value)
 
 
 def execute(claimed: ClaimedJob, running: RunningJob) -> Outcome:

@@ -27,6 +27,7 @@ from django.db import DatabaseError, InterfaceError, transaction
 
 from .. import store
 from ..compat import Task
+from ..conf import usage_recorded
 from ..exceptions import TaskTimeout
 from ..observability import joblog
 from ..store.usage import usage_record_many
@@ -157,8 +158,11 @@ class BatchCompleter:
         """
         if not batch:
             return set()
-        results = [(r.claimed.lease, r.finished.return_value) for r in batch if r.finished]
-        usage = {r.claimed.id: metering.entry(r.claimed, "succeeded") for r in batch if r.finished}
+        done = [(r, r.finished) for r in batch if r.finished]
+        results = [(r.claimed.lease, finished.return_value) for r, finished in done]
+        usage = None
+        if usage_recorded("succeeded"):
+            usage = {r.claimed.id: metering.entry(r.claimed, "succeeded") for r, _ in done}
         return set(store.jobs_finish_many_if_leased(results, db=db, usage=usage))
 
     @staticmethod
@@ -243,7 +247,7 @@ def usage_outcome(outcome: Outcome) -> str | None:
 def _write_with_usage(claimed: store.ClaimedJob, outcome: Outcome) -> bool:
     """``_write``, and if it won, the attempt's usage record in the same transaction."""
     kind = usage_outcome(outcome)
-    if kind is None:  # released: no attempt spent, no record
+    if kind is None or not usage_recorded(kind):  # released: no attempt spent, no record
         return _write(claimed, outcome)
     entry = metering.entry(claimed, kind)
     db = store.db_alias()

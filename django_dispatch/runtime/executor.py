@@ -173,8 +173,13 @@ def classify_error(
     return classify_failure(claimed, error, task=task, policy=policy)
 
 
-def succeeded(result: TaskResult, value: Any) -> Outcome:
-    """An attempt whose task function returned ``value``, already encoded as JSON."""
-    _with_status(result, TaskResultStatus.SUCCESSFUL)
-    object.__setattr__(result, "_return_value", value)
+def succeeded(result: TaskResult | None, value: Any) -> Outcome:
+    """An attempt whose task function returned ``value``, already encoded as JSON.
+
+    ``result`` None: nothing observes the success (see ``attempt.prepare``),
+    so no ``task_finished`` is sent for it.
+    """
+    if result is not None:
+        _with_status(result, TaskResultStatus.SUCCESSFUL)
+        object.__setattr__(result, "_return_value", value)
     return Outcome(kind="succeeded", return_value=value, task_result=result)

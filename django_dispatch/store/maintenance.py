@@ -16,6 +16,7 @@ from django.db import transaction
 from django.db.models import F, Q
 from django.db.models.functions import Now
 
+from ..conf import usage_recorded
 from ..core.states import LIVE, JobState
 from ..models import Job
 from .base import db_alias, error_entry, notify, take_sqlite_write_lock
@@ -80,7 +81,8 @@ def jobs_rescue_expired(
         rescued = _rescue_rows(db, rows, max_worker_lost)
         # Each lost attempt's usage record, with the rescue's outcome, in the
         # rescue's transaction: it commits with the rescue or not at all.
-        usage_record_lost(db, [row for row, _ in rescued], namespace)
+        if usage_recorded("worker_lost"):
+            usage_record_lost(db, [row for row, _ in rescued], namespace)
         # A requeued job stays its key's head, but an older job may have been
         # demoted behind it (see ``job_fail_if_leased``): promote every key.
         partitions_promote(db, [row["partition_key"] for row in rows], namespace)

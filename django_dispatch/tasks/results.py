@@ -22,7 +22,11 @@ from ..compat import (
     TaskResult,
     TaskResultStatus,
     log_task_enqueued,
+    log_task_finished,
+    log_task_started,
     task_enqueued,
+    task_finished,
+    task_started,
 )
 from ..conf import generation
 from ..core.states import JobState, to_status
@@ -232,16 +236,44 @@ def send_robust(signal: Any, sender: BaseTaskBackend | type, task_result: TaskRe
 def enqueued_signal_is_silent(backend: BaseTaskBackend) -> bool:
     """True when sending ``task_enqueued`` for ``backend`` would have no observable effect.
 
-    That is when the only receiver connected is Django's own
-    ``log_task_enqueued`` and the ``django.tasks`` logger it writes to would
-    drop its DEBUG record. ``enqueue_many`` then skips the signal (see there).
-    Anything unexpected (another receiver, an async one, a change in Django's
-    signal internals) answers False: the signal is sent.
+    ``enqueue_many`` then skips the signal (see there). See ``signal_is_silent``.
     """
+    return signal_is_silent(task_enqueued, type(backend))
+
+
+#: Django's own receiver of each task signal, and the level it logs a
+#: success at (a failure's ``task_finished`` logs at ERROR: never silent).
+_OWN_RECEIVERS: dict[Any, tuple[Any, int]] = {
+    task_enqueued: (log_task_enqueued, logging.DEBUG),
+    task_started: (log_task_started, logging.INFO),
+    task_finished: (log_task_finished, logging.INFO),
+}
+#: ``signal_is_silent``'s answers by (signal, sender), each with the receivers
+#: it was read from: an answer stands while the signal's receivers are the same
+#: connections (``connect`` and ``disconnect`` change the list's entries).
+_silence: dict[tuple[Any, type], tuple[tuple[int, ...], bool]] = {}
+
+
+def signal_is_silent(signal: Any, sender: type) -> bool:
+    """True when sending ``signal`` (a success's) from ``sender`` would have no observable effect.
+
+    That is when the only receiver connected is Django's own log receiver and
+    the tasks logger it writes to would drop its record. The worker then
+    neither builds the job's ``TaskResult`` nor sends the signal: two signals
+    and a result per job were a tenth of a worker's CPU in a drain of short
+    jobs, for records nobody keeps. Anything unexpected (another receiver,
+    an async one, a change in Django's signal internals) answers False: the
+    signal is sent. The logger's level is read at every call (cheap: the
+    logging module caches it), the receivers only when they change.
+    """
+    own, level = _OWN_RECEIVERS[signal]
     try:
-        sync_receivers, async_receivers = task_enqueued._live_receivers(type(backend))
+        connected = tuple(map(id, signal.receivers))
+        cached = _silence.get((signal, sender))
+        if cached is None or cached[0] != connected:
+            sync_receivers, async_receivers = signal._live_receivers(sender)
+            only_own = not async_receivers and all(r is own for r in sync_receivers)
+            _silence[(signal, sender)] = cached = (connected, only_own)
     except Exception:
         return False
-    if async_receivers or any(r is not log_task_enqueued for r in sync_receivers):
-        return False
-    return not logging.getLogger(TASKS_LOGGER).isEnabledFor(logging.DEBUG)
+    return cached[1] and not logging.getLogger(TASKS_LOGGER).isEnabledFor(level)

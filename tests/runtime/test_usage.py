@@ -204,3 +204,36 @@ def test_an_attempt_measured_by_no_meter_here_still_gets_a_record():
     assert completer.persist(claimed, outcome, give_up_after=1, signal=False)
     (row,) = JobUsage.objects.filter(job_id=enqueued.id)
     assert row.outcome == "failed" and row.wall_seconds is None and row.cpu_seconds is None
+
+
+@pytest.mark.parametrize(
+    ("mode", "expected"),
+    [
+        ("all", ["succeeded", "failed", "failed", "worker_lost"]),
+        ("failures", ["failed", "failed", "worker_lost"]),
+        ("off", []),
+    ],
+)
+def test_the_usage_setting_picks_which_attempts_get_a_record(settings, mode, expected):
+    """A wave of successes, a failing job's attempts and a reclaimed attempt, under each mode."""
+    settings.DISPATCH = {**settings.DISPATCH, "USAGE": mode}
+    ok = tasks.add.enqueue(1, 2)
+    drain()
+    failing = rt.fails.enqueue()
+    drain()
+    lost = tasks.add.enqueue(3, 4)
+    store.jobs_claim(worker_id="doomed-host:1:ab", queues=(), limit=1, lease_seconds=0.01)
+    time.sleep(0.05)
+    assert store.jobs_rescue_expired(max_worker_lost=3)[0] == [int(lost.id)]
+    order = {int(ok.id): 0, int(failing.id): 1, int(lost.id): 2}
+    rows = sorted(JobUsage.objects.all(), key=lambda r: (order[r.job_id], r.attempt))
+    assert [r.outcome for r in rows] == expected
+    assert Job.objects.get(pk=ok.id).state == JobState.SUCCEEDED
+    assert Job.objects.get(pk=failing.id).state == JobState.FAILED
+
+
+def test_a_bad_usage_setting_is_refused_with_the_choices(settings):
+    settings.DISPATCH = {**settings.DISPATCH, "USAGE": "some"}
+    assert get_settings().validate() == [
+        "DISPATCH['USAGE'] must be one of 'all', 'failures', 'off', got 'some'."
+    ]

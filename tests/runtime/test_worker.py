@@ -11,6 +11,7 @@ from django.utils import timezone
 
 from django_dispatch import cancel, store
 from django_dispatch.compat import TASKS_LOGGER, TaskResultStatus, task_finished, task_started
+from django_dispatch.tasks.results import signal_is_silent
 from django_dispatch.models import Job, Worker
 from django_dispatch.states import JobState
 from django_dispatch.testing import assert_enqueued, drain
@@ -173,6 +174,39 @@ def test_signals_started_and_finished():
         ("started", TaskResultStatus.RUNNING),
         ("finished", TaskResultStatus.FAILED),
     ]
+
+
+def test_a_success_nobody_observes_sends_no_signal_and_one_observed_does(caplog):
+    """The worker skips the signals (and the TaskResult) only when they are silent."""
+    backend_class = type(tasks.add.get_backend())
+    caplog.set_level("WARNING", logger=TASKS_LOGGER)  # Django's log receivers drop INFO
+    for signal in (task_started, task_finished):
+        assert signal_is_silent(signal, backend_class)
+
+    finished = []
+
+    def receiver(sender, task_result, **kwargs):
+        finished.append((task_result.status, task_result.return_value))
+
+    task_finished.connect(receiver)
+    try:
+        assert not signal_is_silent(task_finished, backend_class)
+        assert signal_is_silent(task_started, backend_class)
+        tasks.add.enqueue(2, 3)
+        drain()
+    finally:
+        task_finished.disconnect(receiver)
+    assert finished == [(TaskResultStatus.SUCCESSFUL, 5)]
+    assert signal_is_silent(task_finished, backend_class)
+
+    # Django's own log receivers count once their logger takes INFO records.
+    caplog.set_level("INFO", logger=TASKS_LOGGER)
+    assert not signal_is_silent(task_started, backend_class)
+    enqueued = tasks.add.enqueue(1, 1)
+    drain()
+    logged = [r.getMessage() for r in caplog.records if r.name == TASKS_LOGGER]
+    assert f"Task id={enqueued.id} path=tests.testapp.tasks.add state=RUNNING" in logged
+    assert f"Task id={enqueued.id} path=tests.testapp.tasks.add state=SUCCESSFUL" in logged
 
 
 def test_failing_signal_receiver_never_changes_the_outcome():
