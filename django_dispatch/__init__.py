@@ -22,7 +22,9 @@ __all__ = [
     "TaskTimeout",
     "__version__",
     "cancel",
+    "dead_letters",
     "enqueue_many",
+    "jobs",
     "pause_queue",
     "paused_queues",
     "replay",
@@ -32,6 +34,7 @@ __all__ = [
 ]
 
 if TYPE_CHECKING:
+    from . import dead_letters, jobs
     from .compat import task_with_options as task
     from .flow import pause_queue, paused_queues, resume_queue
     from .services import cancel, replay, retry_now
@@ -39,6 +42,10 @@ if TYPE_CHECKING:
 
 
 def __getattr__(name: str) -> Any:
+    if name in {"jobs", "dead_letters", "schedules"}:
+        import importlib
+
+        return importlib.import_module(f"{__name__}.{name}")
     if name == "enqueue_many":
         from .tasks.enqueue import enqueue_many
 

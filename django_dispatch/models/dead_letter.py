@@ -55,6 +55,11 @@ class DeadLetter(models.Model):
             models.Index("namespace", "failed_at", name="dispatch_dl_namespace"),
             models.Index("task_path", "failed_at", name="dispatch_dl_task"),
             models.Index("error_class", name="dispatch_dl_error_class"),
+            # dead_letters.list/count (``queries.lists``): newest first by
+            # id within one namespace, or of one task (``for_job`` reads the
+            # ``job`` column's own index).
+            models.Index("namespace", "id", name="dispatch_dl_list"),
+            models.Index("namespace", "task_path", "id", name="dispatch_dl_list_task"),
         ]
 
     def __str__(self) -> str:

@@ -237,6 +237,12 @@ class Job(models.Model):
                 name="dispatch_job_queue_next",
                 condition=Q(flow_queue__isnull=False, state__in=WAITING_STATES),
             ),
+            # jobs.list/count (``queries.lists``): one namespace's jobs of a
+            # state, a queue or a task, newest first, so a page (keyset on
+            # the id) reads only its own entries however long the history.
+            models.Index("namespace", "state", "id", name="dispatch_job_list_state"),
+            models.Index("namespace", "queue_name", "id", name="dispatch_job_list_queue"),
+            models.Index("namespace", "task_path", "id", name="dispatch_job_list_task"),
             # Retention: finished jobs by state and age. Partial on terminal
             # states, so it never competes with the claim index.
             models.Index(

@@ -51,7 +51,9 @@ __all__ = [
     "WorkflowDefinitionError",
     "cancel_run",
     "children",
+    "count_runs",
     "get_workflow",
+    "list_runs",
     "oldest_runnable_age",
     "replay_run",
     "retry_run",
@@ -70,6 +72,8 @@ _SERVICES = {
 }
 
 if TYPE_CHECKING:
+    from ..queries.lists import runs_count as count_runs
+    from ..queries.lists import runs_list as list_runs
     from .context import StartChild, StepContext
     from .services import (
         cancel_run,
@@ -83,6 +87,10 @@ if TYPE_CHECKING:
 
 
 def __getattr__(name: str) -> Any:
+    if name in {"list_runs", "count_runs"}:  # the read side (queries.lists)
+        from ..queries import lists
+
+        return getattr(lists, {"list_runs": "runs_list", "count_runs": "runs_count"}[name])
     if name in _SERVICES:
         from . import services
 

@@ -1,0 +1,57 @@
+"""The indexes of ``jobs.list/count`` and ``dead_letters.list/count``.
+
+Each leads with the namespace and ends with the id, so a page of one
+namespace's jobs of a state, a queue or a task (newest first, keyset on the
+id) reads only its own entries, however long the history. On a large job
+table, creating them takes a while and blocks writes to it meanwhile: run
+``migrate`` in a quiet moment.
+"""
+
+from django.db import migrations, models
+
+
+class Migration(migrations.Migration):
+    dependencies = [("django_dispatch", "0015_promotion_order")]
+
+    operations: list[migrations.operations.base.Operation] = [
+        migrations.AddIndex(
+            model_name="job",
+            index=models.Index(
+                models.F("namespace"),
+                models.F("state"),
+                models.F("id"),
+                name="dispatch_job_list_state",
+            ),
+        ),
+        migrations.AddIndex(
+            model_name="job",
+            index=models.Index(
+                models.F("namespace"),
+                models.F("queue_name"),
+                models.F("id"),
+                name="dispatch_job_list_queue",
+            ),
+        ),
+        migrations.AddIndex(
+            model_name="job",
+            index=models.Index(
+                models.F("namespace"),
+                models.F("task_path"),
+                models.F("id"),
+                name="dispatch_job_list_task",
+            ),
+        ),
+        migrations.AddIndex(
+            model_name="deadletter",
+            index=models.Index(models.F("namespace"), models.F("id"), name="dispatch_dl_list"),
+        ),
+        migrations.AddIndex(
+            model_name="deadletter",
+            index=models.Index(
+                models.F("namespace"),
+                models.F("task_path"),
+                models.F("id"),
+                name="dispatch_dl_list_task",
+            ),
+        ),
+    ]

@@ -1,0 +1,214 @@
+"""Jobs, dead letters and workflow runs, listed and counted from code.
+
+The read side of ``django_dispatch.jobs``, ``django_dispatch.dead_letters``
+and ``django_dispatch.workflows.list_runs``: newest first (by id, which
+grows with time), one namespace (the ``backend`` alias's), paged by keyset
+(``before=`` the last id of the previous page), so page N costs what page 1
+does. Each filter has an index led by the namespace and ending in the id
+(``models.job``, ``models.dead_letter``), so a page reads at most ``limit``
+index entries past the ones its filters skip, however long the history.
+
+Bad input raises ``ValueError`` or ``TypeError`` naming the argument and
+what it accepts; nothing here writes.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.db import router
+from django.db.models import Model, QuerySet
+
+from ..compat import Task
+from ..core.states import JobState
+from ..core.workflow_states import RunState
+from ..models import DeadLetter, Job, WorkflowRun
+from ..tasks.registry import namespace_for
+
+__all__ = [
+    "MAX_LIMIT",
+    "dead_letter_for_job",
+    "dead_letters_count",
+    "dead_letters_list",
+    "jobs_count",
+    "jobs_list",
+    "runs_count",
+    "runs_list",
+]
+
+#: The most rows one call returns: past it, page with ``before=``.
+MAX_LIMIT = 1000
+
+
+def jobs_list(
+    *,
+    state: str | None = None,
+    queue: str | None = None,
+    task: Task | str | None = None,
+    before: int | str | None = None,
+    limit: int = 100,
+    backend: str = "default",
+) -> list[Job]:
+    """The newest ``limit`` jobs of ``backend``'s namespace, newest first.
+
+    ``state``: a ``JobState`` (or its value, ``"failed"``); ``queue``: a
+    queue name; ``task``: a Task or its import path; ``before``: a job id
+    (a ``TaskResult.id``), to get the page after the one that ended there.
+    """
+    rows = _jobs(state=state, queue=queue, task=task, backend=backend)
+    return _page(rows, before=before, limit=limit)
+
+
+def jobs_count(
+    *,
+    state: str | None = None,
+    queue: str | None = None,
+    task: Task | str | None = None,
+    backend: str = "default",
+) -> int:
+    """How many jobs of ``backend``'s namespace match (the filters of ``jobs_list``)."""
+    return _jobs(state=state, queue=queue, task=task, backend=backend).count()
+
+
+def dead_letters_list(
+    *,
+    task: Task | str | None = None,
+    replayed: bool | None = None,
+    before: int | str | None = None,
+    limit: int = 100,
+    backend: str = "default",
+) -> list[DeadLetter]:
+    """The newest ``limit`` dead letters of ``backend``'s namespace, newest first.
+
+    ``task``: a Task or its import path; ``replayed``: True for those
+    replayed, False for those not yet; ``before``: a dead letter id.
+    """
+    return _page(_dead_letters(task, replayed, backend), before=before, limit=limit)
+
+
+def dead_letters_count(
+    *,
+    task: Task | str | None = None,
+    replayed: bool | None = None,
+    backend: str = "default",
+) -> int:
+    """How many dead letters of ``backend``'s namespace match."""
+    return _dead_letters(task, replayed, backend).count()
+
+
+def dead_letter_for_job(job_id: int | str, *, backend: str = "default") -> DeadLetter | None:
+    """The dead letter job ``job_id`` (a ``TaskResult.id``) left, or None.
+
+    A job that failed for good, was retried from the admin and failed again
+    has two: the newest is returned.
+    """
+    pk = _id(job_id, "job_id")
+    rows = _read(DeadLetter).filter(namespace=namespace_for(backend), job_id=pk)
+    return rows.order_by("-id").first()
+
+
+def runs_list(
+    *,
+    state: str | None = None,
+    name: str | None = None,
+    before: int | str | None = None,
+    limit: int = 100,
+    backend: str = "default",
+) -> list[WorkflowRun]:
+    """The newest ``limit`` workflow runs of ``backend``'s namespace, newest first.
+
+    ``state``: a ``RunState`` (or its value, ``"stuck"``); ``name``: the
+    workflow's name; ``before``: a run id. A run's steps are ``run.steps``.
+    """
+    return _page(_runs(state, name, backend), before=before, limit=limit)
+
+
+def runs_count(
+    *, state: str | None = None, name: str | None = None, backend: str = "default"
+) -> int:
+    """How many workflow runs of ``backend``'s namespace match."""
+    return _runs(state, name, backend).count()
+
+
+# --- the querysets, their arguments checked -------------------------------------------------
+
+
+def _read[M: Model](model: type[M]) -> QuerySet[M]:
+    return model._default_manager.using(router.db_for_read(model))
+
+
+def _jobs(*, state: Any, queue: Any, task: Any, backend: str) -> QuerySet[Job]:
+    rows = _read(Job).filter(namespace=namespace_for(backend))
+    if state is not None:
+        rows = rows.filter(state=_choice(state, JobState, "state"))
+    if queue is not None:
+        rows = rows.filter(queue_name=_text(queue, "queue"))
+    if task is not None:
+        rows = rows.filter(task_path=_task_path(task))
+    return rows
+
+
+def _dead_letters(task: Any, replayed: Any, backend: str) -> QuerySet[DeadLetter]:
+    rows = _read(DeadLetter).filter(namespace=namespace_for(backend))
+    if task is not None:
+        rows = rows.filter(task_path=_task_path(task))
+    if replayed is not None:
+        if not isinstance(replayed, bool):
+            raise TypeError(f"replayed must be True, False or None (both), got {replayed!r}.")
+        rows = rows.filter(replayed_at__isnull=not replayed)
+    return rows
+
+
+def _runs(state: Any, name: Any, backend: str) -> QuerySet[WorkflowRun]:
+    rows = _read(WorkflowRun).filter(namespace=namespace_for(backend))
+    if state is not None:
+        rows = rows.filter(state=_choice(state, RunState, "state"))
+    if name is not None:
+        rows = rows.filter(name=_text(name, "name"))
+    return rows
+
+
+def _page[M: Model](rows: QuerySet[M], *, before: Any, limit: Any) -> list[M]:
+    if isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= MAX_LIMIT:
+        raise ValueError(
+            f"limit must be a whole number from 1 to {MAX_LIMIT}, got {limit!r}; "
+            "for more rows, ask for the next page with before=<the last id you got>."
+        )
+    if before is not None:
+        rows = rows.filter(id__lt=_id(before, "before"))
+    return list(rows.order_by("-id")[:limit])
+
+
+def _id(value: Any, name: str) -> int:
+    """An id given as an int or as the digits of a ``TaskResult.id``."""
+    if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+        return value
+    if isinstance(value, str) and value.isdigit() and int(value) > 0:
+        return int(value)
+    raise ValueError(
+        f"{name} must be an id: a positive whole number or its digits as a string "
+        f"(a TaskResult.id), got {value!r}."
+    )
+
+
+def _choice(value: Any, choices: Any, name: str) -> str:
+    if value not in choices.values:
+        raise ValueError(f"{name} must be one of {list(choices.values)}, got {value!r}.")
+    return str(value)
+
+
+def _text(value: Any, name: str) -> str:
+    if not isinstance(value, str) or not value:
+        raise TypeError(f"{name} must be a non-empty string, got {value!r}.")
+    return value
+
+
+def _task_path(task: Any) -> str:
+    if isinstance(task, Task):
+        return task.module_path
+    if isinstance(task, str) and task:
+        return task
+    raise TypeError(
+        "task must be a Task (the function decorated with @task) or its import path "
+        f"such as 'shop.tasks.send_welcome', got {task!r}."
+    )
