@@ -126,6 +126,9 @@ class DispatchSettings:
     #: per namespace, read by every claim (``flow_options.queue_limits``). Not
     #: ``TASKS[alias]["QUEUES"]``, Django's list of allowed queue names.
     QUEUES: dict[str, Any] = field(default_factory=dict)
+    #: Most inputs one ``ctx.map()`` call takes: one child run each, all
+    #: inserted in the step's transaction. A longer list fails the step.
+    MAP_MAX_ITEMS: int = 10_000
 
     @staticmethod
     def _validate_mapping(name: str, value: Any) -> list[str]:
@@ -225,7 +228,7 @@ CRON_ENTRY_KEYS = (
 )
 #: The size limits, read through ``size_limit()`` (cached) on hot paths.
 SIZE_LIMITS = ("MAX_ARGS_BYTES", "MAX_RESULT_BYTES", "MAX_CHECKPOINT_BYTES", "MAX_ERROR_BYTES")
-_WHOLE_NUMBERS = {"MAX_WORKER_LOST", "CONCURRENCY", "PURGE_BATCH", *SIZE_LIMITS}
+_WHOLE_NUMBERS = {"MAX_WORKER_LOST", "CONCURRENCY", "PURGE_BATCH", "MAP_MAX_ITEMS", *SIZE_LIMITS}
 #: ``DISPATCH["USAGE"]``'s values: which attempts get a usage record.
 USAGE_MODES = ("all", "failures", "off")
 _OTHER_KEYS: set[str] = set()

@@ -53,6 +53,13 @@ class WorkflowRun(models.Model):
     #: Who or what started the run (request id, user id, trace id...): JSON,
     #: ``ctx.call_context`` in every step, copied to child runs.
     call_context = models.JSONField(null=True, blank=True)
+    #: A child run started by ``ctx.map``: the set it belongs to (the
+    #: ``map_batch`` of its parent step's attempt) and its input's position.
+    map_batch = models.CharField(max_length=32, null=True, blank=True)
+    map_index = models.PositiveIntegerField(null=True, blank=True)
+    #: Set by the child's first success, which counts it on its parent step:
+    #: a child replayed and succeeding again is not counted twice.
+    map_counted = models.BooleanField(default=False)
     created_at = models.DateTimeField(db_default=Now())
     updated_at = models.DateTimeField(db_default=Now())
     finished_at = models.DateTimeField(null=True, blank=True)
@@ -79,6 +86,14 @@ class WorkflowRun(models.Model):
             ),
             models.CheckConstraint(
                 condition=Q(state__in=RunState.values), name="dispatch_wfrun_state_valid"
+            ),
+            # One child per input of a map; the admission and the gather read
+            # a set's children by position through it.
+            models.UniqueConstraint(
+                "map_batch",
+                "map_index",
+                name="dispatch_wfrun_map_item",
+                condition=Q(map_batch__isnull=False),
             ),
         ]
 
@@ -111,6 +126,10 @@ class WorkflowTask(models.Model):
     #: attempt -> seconds; None: the default exponential backoff.
     backoff = models.JSONField(null=True, blank=True)
     timeout = models.FloatField(null=True, blank=True, help_text="Seconds per attempt.")
+    #: Where this step's jobs go (``@wf.step(queue_name=..., priority=...)``);
+    #: None: the run's queue, and the step task's default priority.
+    queue_name = models.CharField(max_length=100, null=True, blank=True)
+    priority = models.SmallIntegerField(null=True, blank=True)
 
     state = models.CharField(max_length=16, choices=StepState.choices, default=StepState.PENDING)
     #: The run generation this step was last reset in; its jobs carry it.
@@ -141,6 +160,17 @@ class WorkflowTask(models.Model):
     #: call of a re-run returns the n-th entry): {"kind": "event"|"sleep",
     #: "event_id", "payload", "timed_out"}. Cleared by a reopen.
     waits = models.JSONField(default=list, blank=True)
+    #: While ``waiting`` on ``ctx.map``: the set of child runs (a random id
+    #: their ``map_batch`` repeats), how many there are, how many have been
+    #: admitted (made runnable: at most ``map_max_parallel`` ahead of
+    #: ``map_done``) and how many succeeded. The counters move in the
+    #: children's own transactions, under this run's lock: the fan-in reads
+    #: no sibling.
+    map_batch = models.CharField(max_length=32, null=True, blank=True)
+    map_total = models.PositiveIntegerField(null=True, blank=True)
+    map_started = models.PositiveIntegerField(default=0)
+    map_done = models.PositiveIntegerField(default=0)
+    map_max_parallel = models.PositiveIntegerField(null=True, blank=True)
 
     #: When the step became runnable (now + backoff for a retry).
     ready_at = models.DateTimeField(null=True, blank=True)

@@ -30,6 +30,7 @@ from .exceptions import (
     AlreadyReopened,
     ChildRunCancelled,
     EventTimeout,
+    InvalidMap,
     StepLost,
     StepTimeout,
     UnknownWorkflow,
@@ -41,7 +42,9 @@ __all__ = [
     "AlreadyReopened",
     "ChildRunCancelled",
     "EventTimeout",
+    "InvalidMap",
     "StartChild",
+    "StartMap",
     "StepContext",
     "StepDef",
     "StepLost",
@@ -74,7 +77,7 @@ _SERVICES = {
 if TYPE_CHECKING:
     from ..queries.lists import runs_count as count_runs
     from ..queries.lists import runs_list as list_runs
-    from .context import StartChild, StepContext
+    from .context import StartChild, StartMap, StepContext
     from .services import (
         cancel_run,
         children,
@@ -95,7 +98,7 @@ def __getattr__(name: str) -> Any:
         from . import services
 
         return getattr(services, name)
-    if name in {"StartChild", "StepContext"}:
+    if name in {"StartChild", "StartMap", "StepContext"}:
         from . import context
 
         return getattr(context, name)

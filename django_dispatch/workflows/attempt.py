@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..store import workflows as wf_store
 from .backoff import backoff_delay, default_backoff
-from .context import StartChild, StepContext
+from .context import StartChild, StartMap, StepContext
 from .exceptions import UnknownWorkflow, WorkflowDefinitionError
 from .registry import get_workflow, resolve_step
 from .runner import StepOutcome, error_of, run_attempt
@@ -42,6 +42,8 @@ def run_spec(
             max_attempts=s.max_attempts,
             backoff=s.backoff,
             timeout=s.timeout,
+            queue_name=s.queue_name,
+            priority=s.priority,
         )
         for s in workflow.steps
     ]
@@ -102,6 +104,8 @@ def record(
         won = wf_store.workflow_step_succeed(step_id, claim_id, outcome.value, build_job=build_job)
     elif outcome.kind == "child":
         won = _start_child(claimed, outcome.value, build_job)
+    elif outcome.kind == "map":
+        won = _start_map(claimed, outcome.value, build_job)
     elif outcome.kind == "wait":
         won = wf_store.workflow_step_wait(step_id, claim_id, outcome.value, build_job=build_job)
     elif outcome.kind == "failed" and not outcome.counted:
@@ -165,3 +169,27 @@ def _start_child(
         claimed.step_id, claimed.claim_id, child, build_job=build_job
     )
     return child_id is not None
+
+
+def _start_map(
+    claimed: wf_store.ClaimedStep, request: StartMap, build_job: wf_store.StepJobBuilder
+) -> bool:
+    """The step waits for one child run per input (none: it succeeds with ``[]``)."""
+    try:
+        template = run_spec(get_workflow(request.workflow_name), None, context=claimed.call_context)
+    except (UnknownWorkflow, WorkflowDefinitionError) as e:
+        return wf_store.workflow_step_fail(
+            claimed.step_id,
+            claimed.claim_id,
+            error_of(e, claimed.attempt),
+            None,
+            build_job=build_job,
+        )
+    return wf_store.workflow_step_map(
+        claimed.step_id,
+        claimed.claim_id,
+        template,
+        request.inputs,
+        request.max_parallel,
+        build_job=build_job,
+    )

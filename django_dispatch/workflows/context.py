@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
 from types import MappingProxyType
@@ -12,11 +12,13 @@ from typing import TYPE_CHECKING, Any
 
 from asgiref.sync import sync_to_async
 
+from ..compat import InvalidTask
+from ..conf import get_settings
 from ..store import workflows as wf_store
 from ..tasks.artifact_files import save_for_step
 from ..tasks.values import to_json
 from . import waiting
-from .exceptions import StepLost
+from .exceptions import InvalidMap, StepLost
 from .registry import get_workflow
 
 if TYPE_CHECKING:
@@ -34,6 +36,21 @@ class StartChild:
 
     workflow_name: str
     input: Any
+
+
+@dataclass(frozen=True, slots=True)
+class StartMap:
+    """Returned by a step to start one child run per input and wait for them all.
+
+    The children are inserted in the same transaction that parks the step as
+    ``waiting``; when every one has succeeded, the step succeeds with their
+    outputs in the order of ``inputs``. At most ``max_parallel`` of them
+    (None: no bound) are runnable at once, across the cluster.
+    """
+
+    workflow_name: str
+    inputs: list[Any]
+    max_parallel: int | None
 
 
 @dataclass(eq=False)
@@ -59,7 +76,7 @@ class StepContext:
     stop_event: threading.Event = field(default_factory=threading.Event)
     #: The step job's own cancel flag (job cancelled, or its worker lost it).
     job_cancel_event: threading.Event | None = None
-    child_requested: StartChild | None = None
+    child_requested: StartChild | StartMap | None = None
     #: Who or what started the run (``Workflow.start(context=...)``), or None.
     call_context: Any = None
     #: The results of this step's finished waits, in call order (see ``waiting``).
@@ -141,6 +158,30 @@ class StepContext:
         self.child_requested = request
         return request
 
+    def map(
+        self, workflow: Workflow, inputs: Iterable[Any], *, max_parallel: int | None = None
+    ) -> StartMap:
+        """Ask to start one child run of ``workflow`` per input; *return* what this gives.
+
+        ::
+
+            @wf.step()
+            def import_rows(ctx):
+                return ctx.map(import_row, ctx.input["rows"], max_parallel=10)
+
+        The step waits, holding no thread; its output is the list of the
+        children's outputs, in the order of ``inputs`` (``[]`` for none). A
+        cancelled child fails the step and parks the run. At most
+        ``max_parallel`` children run at once, across all workers; the
+        others are created, and wait for a slot. More inputs than
+        ``DISPATCH["MAP_MAX_ITEMS"]`` raise ``InvalidMap`` (the step fails
+        without retry), as does an input that is not JSON.
+        """
+        get_workflow(workflow.name)  # registered, so the worker will find it
+        request = StartMap(workflow.name, map_inputs(inputs), map_parallelism(max_parallel))
+        self.child_requested = request
+        return request
+
     def wait_for_event(
         self, name: str, *, key: str | None = None, timeout: float | None = None
     ) -> Any:
@@ -169,3 +210,34 @@ class StepContext:
             f"step {self.step!r} of run {self.run_id} was cancelled, reopened, skipped, swept "
             "or timed out: stop now (the result of this attempt is discarded)"
         )
+
+
+def map_inputs(inputs: Iterable[Any]) -> list[Any]:
+    """``ctx.map``'s inputs as a list of JSON values, or ``InvalidMap`` saying why not."""
+    if isinstance(inputs, str | bytes | Mapping) or not isinstance(inputs, Iterable):
+        raise InvalidMap(
+            f"ctx.map() takes a list of inputs (one child run each), got "
+            f"{type(inputs).__name__}: pass e.g. a list of rows or of ids."
+        )
+    items = list(inputs)
+    most = get_settings().MAP_MAX_ITEMS
+    if len(items) > most:
+        raise InvalidMap(
+            f"ctx.map() got {len(items):,} inputs; DISPATCH['MAP_MAX_ITEMS'] allows at most "
+            f"{most:,}. Map over chunks (each child handles a slice), or raise the setting."
+        )
+    try:
+        return [to_json(item, f"Input {i} of ctx.map()") for i, item in enumerate(items)]
+    except (InvalidTask, TypeError, ValueError) as e:
+        raise InvalidMap(str(e)) from e
+
+
+def map_parallelism(max_parallel: Any) -> int | None:
+    if max_parallel is None:
+        return None
+    if isinstance(max_parallel, bool) or not isinstance(max_parallel, int) or max_parallel < 1:
+        raise InvalidMap(
+            f"ctx.map(): max_parallel must be a whole number of at least 1, or None for no "
+            f"bound; got {max_parallel!r}."
+        )
+    return max_parallel

@@ -19,6 +19,14 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TypeVar
 
+from django.conf import settings
+
+from ..compat import (
+    DEFAULT_TASK_BACKEND_ALIAS,
+    DEFAULT_TASK_QUEUE_NAME,
+    TASK_MAX_PRIORITY,
+    TASK_MIN_PRIORITY,
+)
 from .backoff import BACKOFF_CAP_SECONDS, BackoffFunction, backoff_delay, default_backoff
 from .exceptions import UnknownWorkflow, WorkflowDefinitionError
 from .registry import get_workflow, register, resolve_step
@@ -42,6 +50,7 @@ F = TypeVar("F", bound=Callable[..., Any])
 
 NAME_MAX_LENGTH = 200
 PATH_MAX_LENGTH = 255
+QUEUE_MAX_LENGTH = 100
 
 
 @dataclass(frozen=True, slots=True)
@@ -58,6 +67,9 @@ class StepDef:
     #: (exponential: about 1 s, 2 s, 4 s, ... capped at an hour).
     backoff: float | str | None
     timeout: float | None
+    #: Where the step's jobs go; None: the run's queue, the default priority.
+    queue_name: str | None = None
+    priority: int | None = None
 
 
 def _path_of(func: Callable[..., Any], what: str) -> str:
@@ -109,6 +121,48 @@ def _check_options(name: str, max_attempts: Any, backoff: Any, timeout: Any) -> 
         f"step {name!r}: backoff must be seconds (a number) or a module-level function "
         f"attempt -> seconds, got {backoff!r}."
     )
+
+
+def _check_route(name: str, queue_name: Any, priority: Any) -> None:
+    """A step's queue and priority, checked as Django checks a task's.
+
+    The queue must be one that ``TASKS["default"]["QUEUES"]`` allows (the
+    backend whose task runs every step; an empty list allows any), and the
+    priority within the range of ``django.tasks``. Settings are read only
+    when configured: a module defining workflows may be imported without
+    them, and the start of a run checks the queue again.
+    """
+    if queue_name is not None:
+        if not isinstance(queue_name, str) or not queue_name or len(queue_name) > QUEUE_MAX_LENGTH:
+            raise WorkflowDefinitionError(
+                f"step {name!r}: queue_name must be a non-empty string of at most "
+                f"{QUEUE_MAX_LENGTH} characters, got {queue_name!r}."
+            )
+        allowed = _allowed_queues()
+        if allowed and queue_name not in allowed:
+            raise WorkflowDefinitionError(
+                f"step {name!r}: queue {queue_name!r} is not one of the queues "
+                f"TASKS['default']['QUEUES'] allows ({sorted(allowed)}); add it there, or "
+                "route the step to one of them."
+            )
+    if priority is not None and (
+        isinstance(priority, bool)
+        or not isinstance(priority, int)
+        or not TASK_MIN_PRIORITY <= priority <= TASK_MAX_PRIORITY
+    ):
+        raise WorkflowDefinitionError(
+            f"step {name!r}: priority must be a whole number from {TASK_MIN_PRIORITY} to "
+            f"{TASK_MAX_PRIORITY} (higher runs first), got {priority!r}."
+        )
+
+
+def _allowed_queues() -> set[str]:
+    """The queue names the default task backend allows (empty: any)."""
+    if not settings.configured:
+        return set()
+    backends = getattr(settings, "TASKS", None) or {}
+    default = backends.get(DEFAULT_TASK_BACKEND_ALIAS) or {}
+    return set(default.get("QUEUES", [DEFAULT_TASK_QUEUE_NAME]))
 
 
 def check_graph(steps: Sequence[tuple[str, Sequence[str]]]) -> None:
@@ -194,6 +248,8 @@ class Workflow:
         max_attempts: int = 1,
         backoff: float | BackoffFunction | None = None,
         timeout: float | None = None,
+        queue_name: str | None = None,
+        priority: int | None = None,
     ) -> Callable[[F], F]:
         """Register the decorated function as the next step; return it unchanged.
 
@@ -202,7 +258,9 @@ class Workflow:
         passes their functions); ``max_attempts`` counts failed attempts
         before the run is parked as stuck; ``backoff`` is seconds, or a
         module-level ``fn(attempt) -> seconds``; ``timeout`` is seconds per
-        attempt.
+        attempt. ``queue_name`` and ``priority`` route the step's jobs (by
+        default: the workflow's queue, the default priority), e.g. a heavy
+        step to the workers started with ``rundispatch --queues heavy``.
         """
 
         def register(func: F) -> F:
@@ -213,6 +271,8 @@ class Workflow:
                 max_attempts=max_attempts,
                 backoff=backoff,
                 timeout=timeout,
+                queue_name=queue_name,
+                priority=priority,
             )
             return func
 
@@ -227,6 +287,8 @@ class Workflow:
         max_attempts: int = 1,
         backoff: float | BackoffFunction | None = None,
         timeout: float | None = None,
+        queue_name: str | None = None,
+        priority: int | None = None,
     ) -> StepDef:
         """``step()`` without the decorator syntax."""
         handler_path = _path_of(func, "a step function")
@@ -241,6 +303,7 @@ class Workflow:
                 "step context (def step(ctx): ...)."
             ) from None
         stored_backoff = _check_options(step_name, max_attempts, backoff, timeout)
+        _check_route(step_name, queue_name, priority)
         deps = self._dependencies(step_name, after)
         check_graph([(s.name, s.depends_on) for s in self._steps] + [(step_name, deps)])
         step = StepDef(
@@ -252,6 +315,8 @@ class Workflow:
             max_attempts=max_attempts,
             backoff=stored_backoff,
             timeout=None if timeout is None else float(timeout),
+            queue_name=queue_name,
+            priority=priority,
         )
         self._steps.append(step)
         return step

@@ -40,6 +40,11 @@ class ChildRunCancelled(DispatchError):
     """The child run a step was waiting for was cancelled."""
 
 
+class InvalidMap(DispatchError):
+    """A ``ctx.map()`` call that no retry can fix: too many inputs, an input
+    that is not JSON, a bad ``max_parallel``. The step fails without retry."""
+
+
 class ActionNotAllowed(DispatchError):
     """An operator action does not fit the run's or step's current state."""
 

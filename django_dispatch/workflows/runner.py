@@ -1,11 +1,11 @@
 """Run one attempt of a step function and classify what happened. No state writes.
 
 Outcomes: ``succeeded`` (a JSON output), ``child`` (the step returned
-``ctx.start_child(...)``), ``wait`` (it reached a durable wait with no
-result yet: ``waiting``), ``failed`` (an exception; ``retryable`` says
-whether another attempt could help), or ``lost`` (the attempt was stopped:
-timed out, cancelled or its claim lost, so whatever it produced must not be
-written). Persisting the outcome is the engine's job.
+``ctx.start_child(...)``), ``map`` (it returned ``ctx.map(...)``), ``wait``
+(it reached a durable wait with no result yet: ``waiting``), ``failed`` (an
+exception; ``retryable`` says whether another attempt could help), or
+``lost`` (the attempt was stopped: timed out, cancelled or its claim lost, so
+whatever it produced must not be written). Persisting the outcome is the engine's job.
 
 Timeouts: an ``async def`` step runs under ``asyncio.timeout``. A sync step
 with a timeout, under ``rundispatch``, runs on the job's own thread with the
@@ -37,11 +37,11 @@ from ..exceptions import JobCancelled
 from ..runtime.timeouts import limit_this_job
 from ..tasks.results import error_of as job_error_of
 from ..tasks.values import to_json
-from .context import StartChild, StepContext
-from .exceptions import StepTimeout
+from .context import StartChild, StartMap, StepContext
+from .exceptions import InvalidMap, StepTimeout
 from .waiting import WaitRequested
 
-Kind = Literal["succeeded", "child", "wait", "failed", "lost"]
+Kind = Literal["succeeded", "child", "map", "wait", "failed", "lost"]
 
 
 @dataclass
@@ -81,6 +81,8 @@ def run_attempt(
     except StepTimeout as e:
         ctx.stop_event.set()
         return StepOutcome(kind="failed", exception=e)
+    except InvalidMap as e:  # the same inputs would be refused again
+        return StepOutcome(kind="failed", exception=e, retryable=False)
     except (JobCancelled, asyncio.CancelledError) as e:
         if ctx.over_time():  # asked to stop by the worker at the step's timeout
             return StepOutcome(kind="failed", exception=_overran(ctx, timeout))
@@ -95,13 +97,16 @@ def run_attempt(
         return StepOutcome(kind="lost")
     if isinstance(value, StartChild):
         return StepOutcome(kind="child", value=value)
+    if isinstance(value, StartMap):
+        return StepOutcome(kind="map", value=value)
     if ctx.child_requested is not None:
+        call = "map" if isinstance(ctx.child_requested, StartMap) else "start_child"
         return StepOutcome(
             kind="failed",
             retryable=False,
             exception=InvalidTask(
-                f"step {ctx.step!r} called ctx.start_child() but did not return its result; "
-                "write `return ctx.start_child(workflow, input)`."
+                f"step {ctx.step!r} called ctx.{call}() but did not return its result; "
+                f"write `return ctx.{call}(...)`."
             ),
         )
     try:

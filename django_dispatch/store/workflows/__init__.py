@@ -23,7 +23,9 @@ All times come from the database clock.
 Modules: ``common`` (the run lock, the claim fence, moving a run on),
 ``runs`` (start, cancel, unpark, reopen), ``steps`` (the step job's claim
 and writes, skip), ``waits`` (durable waits: record, wake, time out),
-``sweep`` (recovering steps whose job ended), ``retention`` (the purge),
+``maps`` (``ctx.map``: a step waiting for a set of child runs), ``stepjobs``
+(a step's job, routed to its queue and priority), ``sweep`` (recovering
+steps whose job ended), ``retention`` (the purge),
 ``claim_run`` (``run_now``'s claim of one run's next step job by id).
 """
 
@@ -37,6 +39,7 @@ from .common import (
     ancestors,
     descendants,
 )
+from .maps import workflow_step_map
 from .retention import workflow_runs_purge
 from .runs import (
     workflow_run_cancel,
@@ -79,6 +82,7 @@ __all__ = [
     "workflow_runs_purge",
     "workflow_step_claim",
     "workflow_step_fail",
+    "workflow_step_map",
     "workflow_step_park",
     "workflow_step_progress",
     "workflow_step_skip",

@@ -7,7 +7,9 @@ SQLite, the database write lock). So transitions of one run are serialized,
 and locks are always taken run first, then its steps, then jobs; a child
 run's transaction may then lock its parent run, never the other way round
 (cascades down to child runs run after commit), so two transactions cannot
-deadlock on each other's runs.
+deadlock on each other's runs. One exception keeps that true for ``ctx.map``:
+a map child's transactions lock its parent run *before* the child (see
+``lock_map_parents``), since a child's success may admit a sibling.
 
 ``claim_fence`` is the other half: the step row while one exact claim still
 holds it. Every write of a step attempt matches it, so a write from a void
@@ -16,7 +18,7 @@ claim changes nothing.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
@@ -26,20 +28,24 @@ from django.db.models import F, QuerySet
 from django.db.models.functions import Now
 
 from ...core.workflow_states import RUN_ACTIVE, STEP_DONE, RunState, StepState
-from ...models import Job, WorkflowRun, WorkflowTask
-from ..base import db_alias, db_now, error_entry, now_plus, take_sqlite_write_lock
-from ..enqueue import jobs_insert
+from ...models import WorkflowRun, WorkflowTask
+from ..base import db_alias, db_now, error_entry, take_sqlite_write_lock
 from ..sql import JSONAppend
-
-#: (step_id, generation, queue_name) -> an unsaved step Job.
-StepJobBuilder = Callable[[int, int, str], Job]
-#: A locked run's fields, as ``lock_run`` reads them (``RUN_FIELDS``).
-RunRow = Mapping[str, Any]
+from .stepjobs import RunRow, StepJobBuilder, enqueue_steps
 
 STEP_JOB_LOST_PATH = "django_dispatch.workflows.exceptions.StepJobLost"
 CHILD_CANCELLED_PATH = "django_dispatch.workflows.exceptions.ChildRunCancelled"
 
-RUN_FIELDS = ("id", "name", "state", "generation", "queue_name", "parent_task_id", "namespace")
+RUN_FIELDS = (
+    "id",
+    "name",
+    "state",
+    "generation",
+    "queue_name",
+    "parent_task_id",
+    "namespace",
+    "map_batch",
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -53,6 +59,9 @@ class StepSpec:
     max_attempts: int
     backoff: float | str | None
     timeout: float | None
+    #: Where its jobs go; None: the run's queue, the step task's priority.
+    queue_name: str | None = None
+    priority: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -120,9 +129,32 @@ def lock_run(db: str, *, run_id: int | None = None, step_id: int | None = None) 
         run_id = run_id_of(db, step_id)
     if not run_id:
         return None
+    lock_map_parents(db, run_id)
     if not WorkflowRun.objects.using(db).filter(id=run_id).update(updated_at=Now()):
         return None
     return WorkflowRun.objects.using(db).filter(id=run_id).values(*RUN_FIELDS).first()
+
+
+def lock_map_parents(db: str, run_id: int) -> None:
+    """Lock, top down, the runs above ``run_id`` that a map child locks first.
+
+    A map child's success moves its parent's step, and may admit a held
+    sibling (its steps get jobs), so the parent run is locked before any of
+    its map children, by every transaction that touches one: two siblings'
+    transactions then queue on the parent instead of each holding what the
+    other wants. Up a chain of maps, the top run first. A run that is no
+    map child costs one read of its own row.
+    """
+    chain = []
+    current: int | None = run_id
+    while current is not None:
+        row = WorkflowRun.objects.using(db).filter(id=current)
+        parent, batch = row.values_list("parent_run_id", "map_batch").first() or (None, None)
+        current = parent if batch is not None else None
+        if current is not None:
+            chain.append(current)
+    for parent_id in reversed(chain):
+        WorkflowRun.objects.using(db).filter(id=parent_id).update(updated_at=Now())
 
 
 @contextmanager
@@ -162,37 +194,6 @@ def park(db: str, run_id: int) -> None:
 # --- moving a run on (all called with the run locked) ---------------------------------
 
 
-def enqueue_steps(
-    db: str,
-    run: RunRow,
-    items: Sequence[tuple[int, int]],
-    build_job: StepJobBuilder,
-    *,
-    delay: float | None = None,
-) -> None:
-    """Make steps ready and insert one job per (step_id, generation), in this transaction."""
-    if not items:
-        return
-    jobs = [build_job(step_id, generation, run["queue_name"]) for step_id, generation in items]
-    for job in jobs:  # a step's job runs in its run's namespace
-        job.namespace = run.get("namespace", "")
-    ready_at = now_plus(delay) if delay else Now()
-    if delay:
-        for job in jobs:
-            job.run_after = now_plus(delay)  # type: ignore[assignment]
-    jobs_insert(jobs, db=db)
-    for (step_id, _), job in zip(items, jobs, strict=True):
-        WorkflowTask.objects.using(db).filter(id=step_id).update(
-            state=StepState.READY,
-            job_id=job.pk,
-            claim_id=None,
-            ready_at=ready_at,
-            heartbeat_at=Now(),
-            finished_at=None,
-            updated_at=Now(),
-        )
-
-
 def advance(db: str, run: RunRow, build_job: StepJobBuilder) -> None:
     """After a step finished or was skipped: start what became runnable, end the run.
 
@@ -220,7 +221,9 @@ def advance(db: str, run: RunRow, build_job: StepJobBuilder) -> None:
     if steps and len(done) == len(steps):
         output = steps[-1]["output"]
         runs.update(state=RunState.SUCCEEDED, output=output, finished_at=Now())
-        if run["parent_task_id"]:
+        if run["parent_task_id"] and run.get("map_batch"):
+            _map_child_succeeded(db, run, build_job)
+        elif run["parent_task_id"]:
             _child_succeeded(db, run["id"], run["parent_task_id"], output, build_job)
     elif run["state"] == RunState.STUCK and not any(s["state"] == StepState.FAILED for s in steps):
         runs.update(state=RunState.RUNNING)
@@ -239,13 +242,25 @@ def _child_succeeded(
         advance(db, parent, build_job)
 
 
-def child_cancelled(db: str, child_id: int, parent_step_id: int) -> None:
-    """The parent's waiting step fails for good, parking its run (child run locked)."""
+def child_cancelled(
+    db: str, child_id: int, parent_step_id: int, map_batch: str | None = None
+) -> bool:
+    """The parent's waiting step fails for good, parking its run (child run locked).
+
+    ``map_batch``: the child is one of a ``ctx.map`` set, which the step
+    must still wait for. True when the step failed (False: it no longer
+    waited for this child).
+    """
     parent = lock_run(db, step_id=parent_step_id)
     if parent is None:
-        return
+        return False
     entry = error_at(db, CHILD_CANCELLED_PATH, f"child run {child_id} was cancelled")
-    if _waiting_for(db, parent_step_id, child_id).update(
+    waiting = (
+        _waiting_for(db, parent_step_id, child_id)
+        if map_batch is None
+        else map_waiting(db, parent_step_id, map_batch)
+    )
+    if waiting.update(
         state=StepState.FAILED,
         errors=JSONAppend("errors", entry),
         failures=F("failures") + 1,
@@ -253,6 +268,62 @@ def child_cancelled(db: str, child_id: int, parent_step_id: int) -> None:
         updated_at=Now(),
     ):
         park(db, parent["id"])
+        return True
+    return False
+
+
+def map_waiting(db: str, step_id: int, batch: str) -> QuerySet[WorkflowTask]:
+    """The step while it still waits for the ``ctx.map`` set ``batch``."""
+    return WorkflowTask.objects.using(db).filter(
+        id=step_id, state=StepState.WAITING, map_batch=batch
+    )
+
+
+def _map_child_succeeded(db: str, child: RunRow, build_job: StepJobBuilder) -> None:
+    """A ``ctx.map`` child succeeded (it and its parent run locked): count it on the
+    waiting step, then admit the next held child, or, the last one, gather.
+
+    The count and the admission read and write the step row and at most one
+    sibling, by its position (a unique index): the same cost for the 10th
+    child as for the 10,000th. Only the last child's transaction reads the
+    set, once, to gather the outputs in input order.
+    """
+    runs = WorkflowRun.objects.using(db)
+    if not runs.filter(id=child["id"], map_counted=False).update(map_counted=True):
+        return  # replayed after it was counted: its new output is gathered all the same
+    parent = lock_run(db, step_id=child["parent_task_id"])
+    if parent is None:
+        return
+    waiting = map_waiting(db, child["parent_task_id"], child["map_batch"])
+    if not waiting.update(map_done=F("map_done") + 1, heartbeat_at=Now(), updated_at=Now()):
+        return  # the step no longer waits for this set (failed, skipped, replayed)
+    done, started, total = waiting.values_list("map_done", "map_started", "map_total").get()
+    total = total or 0  # set with the batch; never None while the step waits for one
+    if done >= total:
+        in_order = runs.filter(map_batch=child["map_batch"]).order_by("map_index")
+        outputs = list(in_order.values_list("output", flat=True))
+        waiting.update(state=StepState.SUCCEEDED, output=outputs, finished_at=Now())
+        advance(db, parent, build_job)
+    elif started < total:
+        _admit(db, child["map_batch"], started, build_job)
+        waiting.update(map_started=F("map_started") + 1)
+
+
+def _admit(db: str, batch: str, index: int, build_job: StepJobBuilder) -> None:
+    """Make the held child at ``index`` runnable: its first steps get their jobs."""
+    held = WorkflowRun.objects.using(db).filter(map_batch=batch, map_index=index)
+    run_id = held.values_list("id", flat=True).first()
+    child = lock_run(db, run_id=run_id) if run_id else None
+    if child is None or child["state"] != RunState.RUNNING:
+        return
+    steps = WorkflowTask.objects.using(db).filter(run_id=child["id"], state=StepState.PENDING)
+    first = [
+        s
+        for s in steps.values("id", "generation", "depends_on", "queue_name", "priority")
+        if not s["depends_on"]
+    ]
+    routes = {s["id"]: (s["queue_name"], s["priority"]) for s in first}
+    enqueue_steps(db, child, [(s["id"], s["generation"]) for s in first], build_job, routes=routes)
 
 
 def _waiting_for(db: str, step_id: int, child_id: int) -> QuerySet[WorkflowTask]:

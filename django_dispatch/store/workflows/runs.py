@@ -27,13 +27,22 @@ from .common import (
     db_or_default,
     descendants,
     enqueue_steps,
+    lock_map_parents,
     lock_run,
     locked_run,
     write_transaction,
 )
 
 #: What ``stop_steps`` needs to know of each step it stops.
-STOP_FIELDS = ("id", "state", "job_id", "child_run_id")
+STOP_FIELDS = ("id", "state", "job_id", "child_run_id", "map_batch")
+#: A step's ``ctx.map`` set cleared (a reset step starts a fresh one).
+NO_MAP: dict[str, Any] = {
+    "map_batch": None,
+    "map_total": None,
+    "map_started": 0,
+    "map_done": 0,
+    "map_max_parallel": None,
+}
 
 
 def insert_run(
@@ -59,26 +68,33 @@ def insert_run(
         parent_task_id=parent_step[1] if parent_step else None,
     )
     run.save(using=db, force_insert=True)
-    rows = WorkflowTask.objects.using(db).bulk_create(
-        [
-            WorkflowTask(
-                run=run,
-                namespace=run.namespace,
-                name=s.name,
-                sequence=s.sequence,
-                handler_path=s.handler_path,
-                depends_on=list(s.depends_on),
-                max_attempts=s.max_attempts,
-                backoff=s.backoff,
-                timeout=s.timeout,
-                generation=run.generation,
-            )
-            for s in spec.steps
-        ]
-    )
+    rows = WorkflowTask.objects.using(db).bulk_create(step_rows(run, spec))
     fields = {"id": run.pk, "queue_name": spec.queue_name, "namespace": spec.namespace}
-    enqueue_steps(db, fields, [(r.pk, r.generation) for r in rows if not r.depends_on], build_job)
+    first = [r for r in rows if not r.depends_on]
+    routes = {r.pk: (r.queue_name, r.priority) for r in first}
+    enqueue_steps(db, fields, [(r.pk, r.generation) for r in first], build_job, routes=routes)
     return run
+
+
+def step_rows(run: WorkflowRun, spec: RunSpec) -> list[WorkflowTask]:
+    """The unsaved step rows of ``run``: the snapshot of its definition."""
+    return [
+        WorkflowTask(
+            run=run,
+            namespace=run.namespace,
+            name=s.name,
+            sequence=s.sequence,
+            handler_path=s.handler_path,
+            depends_on=list(s.depends_on),
+            max_attempts=s.max_attempts,
+            backoff=s.backoff,
+            timeout=s.timeout,
+            queue_name=s.queue_name,
+            priority=s.priority,
+            generation=run.generation,
+        )
+        for s in spec.steps
+    ]
 
 
 def workflow_run_insert(
@@ -116,10 +132,11 @@ def stop_steps(db: str, steps: Iterable[Mapping[str, Any]]) -> None:
 
     Jobs of ready and running steps are cancelled (a running attempt's claim
     is already void, so its next write matches nothing). Child runs of
-    waiting steps are cancelled after commit: a child run is locked only
-    after its parent is released, keeping the lock order.
+    waiting steps, a ``ctx.map`` set's unfinished children included, are
+    cancelled after commit: a child run is locked only after its parent is
+    released, keeping the lock order.
     """
-    children = []
+    children, batches = [], []
     for step in steps:
         if step["job_id"] and step["state"] in (
             StepState.READY,
@@ -129,8 +146,19 @@ def stop_steps(db: str, steps: Iterable[Mapping[str, Any]]) -> None:
             job_cancel(step["job_id"], db=db)
         if step["state"] == StepState.WAITING and step["child_run_id"]:
             children.append(step["child_run_id"])
-    if children:
-        transaction.on_commit(lambda: [workflow_run_cancel(c, db=db) for c in children], using=db)
+        if step["state"] == StepState.WAITING and step.get("map_batch"):
+            batches.append(step["map_batch"])
+    if children or batches:
+        transaction.on_commit(lambda: cancel_children(db, children, batches), using=db)
+
+
+def cancel_children(db: str, children: Sequence[int], batches: Sequence[str]) -> None:
+    """Cancel child runs, and the unfinished children of ``ctx.map`` sets, one by one."""
+    for batch in batches:
+        live = WorkflowRun.objects.using(db).filter(map_batch=batch, state__in=list(RUN_ACTIVE))
+        children = [*children, *live.order_by("map_index").values_list("id", flat=True)]
+    for child in children:
+        workflow_run_cancel(child, db=db)
 
 
 def workflow_run_cancel(run_id: int, *, db: str | None = None) -> bool:
@@ -157,8 +185,10 @@ def workflow_run_cancel(run_id: int, *, db: str | None = None) -> bool:
             state=RunState.CANCELLED, finished_at=Now()
         )
         stop_steps(db, live)
-        if run["parent_task_id"]:
-            child_cancelled(db, run_id, run["parent_task_id"])
+        batch = run["map_batch"]
+        failed = run["parent_task_id"] and child_cancelled(db, run_id, run["parent_task_id"], batch)
+        if failed and batch:  # the map's step failed: its other children's work is moot
+            transaction.on_commit(lambda: cancel_children(db, [], [batch]), using=db)
     return True
 
 
@@ -177,7 +207,7 @@ def workflow_run_unpark(run_id: int, *, build_job: StepJobBuilder, db: str | Non
             .values_list("id", "generation")
         )
         WorkflowTask.objects.using(db).filter(id__in=[i for i, _ in failed]).update(
-            failures=0, child_run_id=None
+            failures=0, child_run_id=None, **NO_MAP
         )
         WorkflowRun.objects.using(db).filter(id=run_id).update(state=RunState.RUNNING)
         run = {**run, "state": RunState.RUNNING}
@@ -207,6 +237,7 @@ def workflow_run_reopen(
     """
     db = db_or_default(db)
     with write_transaction(db):
+        lock_map_parents(db, run_id)  # a map child locks its parent first
         # The compare-and-set is this transition's opening: its UPDATE takes
         # the run's row lock, which ``lock_run`` then holds and reads.
         won = (
@@ -262,5 +293,6 @@ def _restart_steps(db: str, steps: Sequence[Mapping[str, Any]], generation: int)
         started_at=None,
         finished_at=None,
         updated_at=Now(),
+        **NO_MAP,
     )
     stop_steps(db, steps)

@@ -47,6 +47,7 @@ from .common import (
     enqueue_steps,
     locked_run,
 )
+from .stepjobs import routes_of, step_job
 
 #: The wait fields cleared when a wait ends.
 NO_WAIT: dict[str, Any] = {"wait_event_name": None, "wait_event_key": None, "wait_until": None}
@@ -162,8 +163,7 @@ def _insert_timer(
     db: str, run: RunRow, step_id: int, generation: int, until: Any, build_job: StepJobBuilder
 ) -> int:
     """The deferred job that ends the wait at ``until`` (database clock)."""
-    job = build_job(step_id, generation, run["queue_name"])
-    job.namespace = run.get("namespace", "")
+    job = step_job(build_job, run, step_id, generation, routes_of(db, [step_id])[step_id])
     job.run_after = until
     jobs_insert([job], db=db)
     return job.pk
@@ -221,7 +221,7 @@ def wake_waiting_steps(db: str, event: Event, build_job: StepJobBuilder) -> int:
     rows = list(
         waiting.order_by("id")
         .select_for_update(of=("self",))
-        .values("id", "generation", "run_id", "job_id")
+        .values("id", "generation", "run_id", "job_id", "queue_name", "priority")
     )
     if not rows:
         return 0
@@ -230,9 +230,16 @@ def wake_waiting_steps(db: str, event: Event, build_job: StepJobBuilder) -> int:
         .filter(id__in={r["run_id"] for r in rows})
         .values_list("id", "queue_name")
     )
-    jobs = [build_job(r["id"], r["generation"], queues[r["run_id"]]) for r in rows]
-    for job in jobs:
-        job.namespace = event.namespace
+    jobs = [
+        step_job(
+            build_job,
+            {"queue_name": queues[r["run_id"]], "namespace": event.namespace},
+            r["id"],
+            r["generation"],
+            (r["queue_name"], r["priority"]),
+        )
+        for r in rows
+    ]
     jobs_insert(jobs, db=db)
     entry = event_entry(event)
     for row, job in zip(rows, jobs, strict=True):

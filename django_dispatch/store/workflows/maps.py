@@ -1,0 +1,125 @@
+"""``ctx.map``: a step that waits for one child run per input.
+
+The start (``workflow_step_map``) is one transaction under the step's claim:
+the step goes ``running -> waiting`` with a fresh *set* id (``map_batch``)
+and its counters, and every child run is inserted, each with the set id and
+its input's position (``map_index``). The first ``max_parallel`` children
+(all of them, without a bound) get the jobs of their first steps; the others
+are *held*: inserted as running, their steps pending with no job, so no
+worker can take them.
+
+The rest happens in the children's own transactions (``common``): a child's
+success counts it on the step (``map_done``) and admits the next held child
+(``map_started``), so at most ``max_parallel`` children are ever runnable at
+once, across the cluster, whatever the number of workers; the last child's
+success gathers the outputs in input order and moves the parent run on. A
+cancelled child fails the step, parks the run, and cancels the set's other
+unfinished children. A step reset by a replay, a retry or a skip, or a
+cancelled run, cancels its set's unfinished children; the finished ones stay,
+as the history of that attempt, and a replayed step starts a fresh set.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import secrets
+from collections.abc import Sequence
+from typing import Any
+
+from django.db.models.functions import Now
+
+from ...core.workflow_states import RunState, StepState
+from ...models import WorkflowRun, WorkflowTask
+from .common import RunSpec, StepJobBuilder, advance, claim_fence, db_or_default, locked_run
+from .runs import step_rows
+from .stepjobs import enqueue_steps
+
+#: Rows per INSERT when a set is inserted (SQLite allows 32,766 parameters).
+MAP_INSERT_BATCH = 500
+
+
+def workflow_step_map(
+    step_id: int,
+    claim_id: str,
+    child: RunSpec,
+    inputs: Sequence[Any],
+    max_parallel: int | None,
+    *,
+    build_job: StepJobBuilder,
+    db: str | None = None,
+) -> bool:
+    """running -> waiting for one child run of ``child`` per input (its ``input``
+    unused); with no input, running -> succeeded with ``[]``. False: claim lost.
+
+    The step and its children commit together, so an attempt that lost its
+    claim starts no child, and one attempt never starts two sets.
+    """
+    db = db_or_default(db)
+    with locked_run(db, step_id=step_id) as run:
+        if run is None:
+            return False
+        fence = claim_fence(db, step_id, claim_id)
+        if not inputs:
+            if not fence.update(
+                state=StepState.SUCCEEDED,
+                output=[],
+                claim_id=None,
+                finished_at=Now(),
+                updated_at=Now(),
+            ):
+                return False
+            advance(db, run, build_job)
+            return True
+        batch = secrets.token_hex(16)
+        started = len(inputs) if max_parallel is None else min(max_parallel, len(inputs))
+        if not fence.update(
+            state=StepState.WAITING,
+            claim_id=None,
+            map_batch=batch,
+            map_total=len(inputs),
+            map_started=started,
+            map_done=0,
+            map_max_parallel=max_parallel,
+            heartbeat_at=Now(),
+            updated_at=Now(),
+        ):
+            return False
+        child = dataclasses.replace(child, namespace=run["namespace"])  # the parent's
+        _insert_set(db, child, inputs, (run["id"], step_id), batch, started, build_job)
+    return True
+
+
+def _insert_set(
+    db: str,
+    spec: RunSpec,
+    inputs: Sequence[Any],
+    parent: tuple[int, int],
+    batch: str,
+    started: int,
+    build_job: StepJobBuilder,
+) -> None:
+    """Insert the set's runs and steps in bulk; the first ``started`` runs get jobs."""
+    runs = WorkflowRun.objects.using(db).bulk_create(
+        [
+            WorkflowRun(
+                namespace=spec.namespace,
+                name=spec.name,
+                state=RunState.RUNNING,
+                input=value,
+                queue_name=spec.queue_name,
+                call_context=spec.call_context,
+                parent_run_id=parent[0],
+                parent_task_id=parent[1],
+                map_batch=batch,
+                map_index=index,
+            )
+            for index, value in enumerate(inputs)
+        ],
+        batch_size=MAP_INSERT_BATCH,
+    )
+    rows = [row for run in runs for row in step_rows(run, spec)]
+    rows = WorkflowTask.objects.using(db).bulk_create(rows, batch_size=MAP_INSERT_BATCH)
+    first = [row for row in rows[: started * len(spec.steps)] if not row.depends_on]
+    routes = {row.pk: (row.queue_name, row.priority) for row in first}
+    queue = {"queue_name": spec.queue_name, "namespace": spec.namespace}
+    enqueue_steps(db, queue, [(r.pk, r.generation) for r in first], build_job, routes=routes)

@@ -1,0 +1,311 @@
+"""``ctx.map`` (a step waiting for one child run per input) and routed steps.
+
+In-process tests drive the worker path with ``drain``; the ones marked slow
+start real ``rundispatch`` processes and count executions in SideEffect rows.
+"""
+
+from __future__ import annotations
+
+import signal
+import time
+from datetime import datetime
+
+import pytest
+from django.test import override_settings
+
+from django_dispatch.core.workflow_states import RunState, StepState
+from django_dispatch.models import Job, WorkflowRun, WorkflowTask
+from django_dispatch.states import JobState
+from django_dispatch.testing import drain
+from django_dispatch.workflows import (
+    Workflow,
+    WorkflowDefinitionError,
+    cancel_run,
+    replay_run,
+    retry_run,
+    skip_step,
+)
+from django_dispatch.workflows.testing import drain_workflows
+from tests.conftest import wait_until
+from tests.testapp import map_workflows as mw
+from tests.testapp.models import SideEffect
+
+pytestmark_db = pytest.mark.django_db(transaction=True)
+
+
+def fan(key: str, count: int, **extra: object) -> WorkflowRun:
+    return mw.fan.start({"key": key, "count": count, **extra})
+
+
+def spread(run: WorkflowRun) -> WorkflowTask:
+    return WorkflowTask.objects.get(run=run, name="spread")
+
+
+def kids(run: WorkflowRun) -> list[WorkflowRun]:
+    return list(WorkflowRun.objects.filter(parent_run=run).order_by("id"))
+
+
+def runnable_kids(run: WorkflowRun) -> int:
+    """Children whose first step has a job: admitted, not held."""
+    return WorkflowTask.objects.filter(run__parent_run=run, job_id__isnull=False).count()
+
+
+def executions(key: str) -> dict[int, int]:
+    notes = SideEffect.objects.filter(key=key, note__startswith="item:")
+    counts: dict[int, int] = {}
+    for note in notes.values_list("note", flat=True):
+        n = int(note.split(":")[1])
+        counts[n] = counts.get(n, 0) + 1
+    return counts
+
+
+def most_at_once(key: str) -> int:
+    """The most child executions that overlapped in time (their own clocks, one host)."""
+    spans = SideEffect.objects.filter(key=key, note__startswith="item:")
+    points: list[tuple[datetime, int]] = []
+    for start, end in spans.values_list("started_at", "finished_at"):
+        assert start is not None and end is not None
+        points += [(start, 1), (end, -1)]
+    running = peak = 0
+    for _, delta in sorted(points, key=lambda p: (p[0], p[1])):  # an end before a start
+        running += delta
+        peak = max(peak, running)
+    return peak
+
+
+# --- definitions: routing -------------------------------------------------------------
+
+
+def test_step_routing_is_checked_at_definition_time():
+    wf = Workflow("tests.routing_errors")
+    with pytest.raises(WorkflowDefinitionError, match="priority must be a whole number from -100"):
+        wf.add_step(mw.light, name="too_high", priority=101)
+    with pytest.raises(WorkflowDefinitionError, match="queue_name must be a non-empty string"):
+        wf.add_step(mw.light, name="empty", queue_name="")
+    with (
+        override_settings(TASKS={"default": {"BACKEND": "x", "QUEUES": ["default", "heavy"]}}),
+        pytest.raises(WorkflowDefinitionError, match=r"queue 'gpu' is not one of the queues"),
+    ):
+        wf.add_step(mw.light, name="gpu", queue_name="gpu")
+    assert wf.steps == ()  # nothing half-registered
+    with override_settings(TASKS={"default": {"BACKEND": "x", "QUEUES": ["default", "heavy"]}}):
+        step = wf.add_step(mw.light, name="ok", queue_name="heavy", priority=-3)
+    assert (step.queue_name, step.priority) == ("heavy", -3)
+
+
+@pytestmark_db
+def test_a_routed_steps_job_goes_to_its_queue_at_its_priority():
+    run = mw.routed.start({"key": "route"})
+    drain(queues=["default"])
+    heavy = WorkflowTask.objects.get(run=run, name="heavy")
+    assert heavy.state == StepState.READY  # a default-queue worker does not take it
+    job = Job.objects.get(pk=heavy.job_id)
+    assert (job.queue_name, job.priority) == ("heavy", 5)
+    light = WorkflowTask.objects.get(run=run, name="light")
+    assert Job.objects.get(pk=light.job_id).queue_name == "default"
+    drain(queues=["heavy"])
+    run.refresh_from_db()
+    assert run.state == RunState.SUCCEEDED
+
+
+# --- ctx.map in process -----------------------------------------------------------------
+
+
+@pytestmark_db
+def test_a_map_gathers_its_childrens_outputs_in_input_order():
+    run = fan("order", 7)
+    drain_workflows(concurrency=3)
+    run.refresh_from_db()
+    assert run.state == RunState.SUCCEEDED
+    assert run.output == {"doubled": [0, 2, 4, 6, 8, 10, 12]}
+    step = spread(run)
+    assert (step.map_total, step.map_done, step.map_started) == (7, 7, 7)
+    children = kids(run)
+    assert sorted(c.map_index for c in children) == list(range(7))
+    assert {c.parent_task_id for c in children} == {step.pk}
+    assert executions("order") == {n: 1 for n in range(7)}
+
+
+@pytestmark_db
+def test_a_map_over_an_empty_list_succeeds_with_an_empty_list():
+    run = run_to_end(fan("empty", 0))
+    assert run.state == RunState.SUCCEEDED and run.output == {"doubled": []}
+    assert kids(run) == []
+
+
+def run_to_end(run: WorkflowRun) -> WorkflowRun:
+    drain_workflows()
+    run.refresh_from_db()
+    return run
+
+
+@pytestmark_db
+def test_max_parallel_holds_the_other_children_until_a_slot_frees():
+    run = fan("held", 5, max_parallel=2)
+    drain(max_jobs=1)  # the spread step: 5 children, 2 runnable
+    step = spread(run)
+    assert (step.state, step.map_total, step.map_started, step.map_done) == (
+        StepState.WAITING,
+        5,
+        2,
+        0,
+    )
+    assert len(kids(run)) == 5 and runnable_kids(run) == 2
+    drain(max_jobs=1)  # one child done: the third is admitted
+    step.refresh_from_db()
+    assert (step.map_started, step.map_done) == (3, 1) and runnable_kids(run) == 3
+    run = run_to_end(run)
+    assert run.output == {"doubled": [0, 2, 4, 6, 8]}
+
+
+@pytestmark_db
+def test_too_many_inputs_fail_the_step_without_retry_and_start_nothing():
+    with override_settings(DISPATCH={"MAP_MAX_ITEMS": 3}):
+        run = run_to_end(fan("big", 4))
+    step = spread(run)
+    assert run.state == RunState.STUCK and step.state == StepState.FAILED
+    assert step.errors[-1]["exception_class_path"].endswith("InvalidMap")
+    assert "got 4 inputs; DISPATCH['MAP_MAX_ITEMS'] allows at most 3" in step.errors[-1]["message"]
+    assert step.attempts == 1 and kids(run) == []
+
+
+@pytestmark_db
+def test_a_map_not_returned_fails_the_step_with_what_to_write():
+    run = run_to_end(mw.forgetful.start({}))
+    step = WorkflowTask.objects.get(run=run, name="forgets")
+    assert run.state == RunState.STUCK
+    assert "called ctx.map() but did not return its result" in step.errors[-1]["message"]
+    assert kids(run) == []
+
+
+@pytestmark_db
+def test_a_cancelled_child_fails_the_step_parks_the_run_and_cancels_its_siblings():
+    run = fan("cancel-kid", 4, max_parallel=2)
+    drain(max_jobs=1)
+    first = kids(run)[0]
+    assert cancel_run(first.pk)
+    run.refresh_from_db()
+    step = spread(run)
+    assert run.state == RunState.STUCK and step.state == StepState.FAILED
+    assert step.errors[-1]["exception_class_path"].endswith("ChildRunCancelled")
+    assert {c.state for c in kids(run)} == {RunState.CANCELLED}
+    assert drain() == 0  # their jobs were cancelled
+    assert executions("cancel-kid") == {}
+    # A retry starts a fresh set; the cancelled one stays as that attempt's history.
+    assert retry_run(run.pk)
+    run = run_to_end(run)
+    assert run.state == RunState.SUCCEEDED and run.output == {"doubled": [0, 2, 4, 6]}
+    states = [c.state for c in kids(run)]
+    assert states == [RunState.CANCELLED] * 4 + [RunState.SUCCEEDED] * 4
+    assert executions("cancel-kid") == {n: 1 for n in range(4)}
+
+
+@pytestmark_db
+def test_cancelling_the_run_cancels_every_unfinished_child():
+    run = fan("cancel-run", 5, max_parallel=2)
+    drain(max_jobs=2)  # spread, then one child
+    assert cancel_run(run.pk)
+    states = [c.state for c in kids(run)]
+    assert states == [RunState.SUCCEEDED] + [RunState.CANCELLED] * 4
+    assert drain() == 0
+    assert executions("cancel-run") == {0: 1}
+
+
+@pytestmark_db
+def test_skipping_a_waiting_map_step_cancels_its_children():
+    run = fan("skip", 3)
+    drain(max_jobs=1)
+    assert skip_step(run.pk, "spread")
+    assert {c.state for c in kids(run)} == {RunState.CANCELLED}
+    run = run_to_end(run)
+    assert run.state == RunState.SUCCEEDED and run.output == {"doubled": None}
+
+
+@pytestmark_db
+def test_replaying_the_map_step_starts_a_fresh_set_and_keeps_the_old_one():
+    run = run_to_end(fan("replay", 3))
+    old = {c.pk for c in kids(run)}
+    assert replay_run(run.pk, "spread")
+    run = run_to_end(run)
+    assert run.state == RunState.SUCCEEDED and run.output == {"doubled": [0, 2, 4]}
+    children = kids(run)
+    assert len(children) == 6 and {c.state for c in children} == {RunState.SUCCEEDED}
+    assert {c.map_batch for c in children if c.pk in old} != {spread(run).map_batch}
+    assert executions("replay") == {0: 2, 1: 2, 2: 2}
+
+
+@pytestmark_db
+def test_a_replayed_child_is_not_counted_twice():
+    run = fan("recount", 3, max_parallel=1)
+    drain(max_jobs=2)  # spread, child 0
+    first = kids(run)[0]
+    assert first.state == RunState.SUCCEEDED
+    assert replay_run(first.pk, "double")
+    # Child 1 (admitted by child 0) runs, then child 0 again: counted twice, the
+    # set would look complete there and gather child 2's missing output.
+    run = run_to_end(run)
+    assert run.output == {"doubled": [0, 2, 4]}
+    assert spread(run).map_done == 3
+
+
+# --- real worker processes ----------------------------------------------------------------
+
+
+@pytest.mark.slow
+@pytestmark_db
+def test_a_map_of_150_over_two_workers_runs_each_child_once_and_gathers_in_order(start_worker):
+    run = fan("many", 150)
+    workers = [start_worker("--concurrency", "4") for _ in range(2)]
+    wait_until(
+        lambda: WorkflowRun.objects.get(pk=run.pk).state == RunState.SUCCEEDED,
+        timeout=120,
+        what="the map's run finished",
+    )
+    for worker in workers:
+        worker.signal(signal.SIGTERM)
+        assert worker.wait() == 0, worker.output()
+    run.refresh_from_db()
+    assert run.output == {"doubled": [2 * n for n in range(150)]}
+    assert executions("many") == {n: 1 for n in range(150)}
+    pids = set(SideEffect.objects.filter(key="many").values_list("worker_pid", flat=True))
+    assert pids <= {w.pid for w in workers} | {0}
+    assert SideEffect.objects.filter(key="many", note="total").count() == 1
+
+
+@pytest.mark.slow
+@pytestmark_db
+def test_max_parallel_holds_across_workers(start_worker):
+    run = fan("parallel", 12, max_parallel=3, sleep=0.3)
+    workers = [start_worker("--concurrency", "4") for _ in range(2)]
+    wait_until(
+        lambda: WorkflowRun.objects.get(pk=run.pk).state == RunState.SUCCEEDED,
+        timeout=120,
+        what="the map's run finished",
+    )
+    for worker in workers:
+        worker.signal(signal.SIGTERM)
+        assert worker.wait() == 0, worker.output()
+    assert executions("parallel") == {n: 1 for n in range(12)}
+    assert most_at_once("parallel") == 3  # never 4; and the bound was reached
+
+
+@pytest.mark.slow
+@pytestmark_db
+def test_a_step_routed_to_heavy_runs_only_on_a_worker_serving_heavy(start_worker):
+    runs = [mw.routed.start({"key": f"routed-{i}"}) for i in range(6)]
+    default = start_worker("--queues", "default", "--concurrency", "2")
+    heavy_jobs = Job.objects.filter(queue_name="heavy")
+    wait_until(lambda: heavy_jobs.count() == 6, what="light steps done, heavy ones queued")
+    time.sleep(1.0)  # ten polls of the default worker, which must leave them alone
+    assert set(heavy_jobs.values_list("state", flat=True)) == {JobState.PENDING}
+    heavy = start_worker("--queues", "heavy", "--concurrency", "2")
+    wait_until(
+        lambda: all(WorkflowRun.objects.get(pk=r.pk).state == RunState.SUCCEEDED for r in runs),
+        what="routed runs finished",
+    )
+    for worker in (default, heavy):
+        worker.signal(signal.SIGTERM)
+        assert worker.wait() == 0, worker.output()
+    notes = SideEffect.objects.filter(key__startswith="routed-")
+    assert set(notes.filter(note="light").values_list("worker_pid", flat=True)) == {default.pid}
+    assert set(notes.filter(note="heavy").values_list("worker_pid", flat=True)) == {heavy.pid}

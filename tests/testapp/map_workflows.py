@@ -1,0 +1,72 @@
+"""Workflows of tests/runtime/test_workflow_maps.py: ``ctx.map`` and routed steps.
+
+Every execution of a child's step writes one SideEffect row (no unique key),
+with the time it started and ended, so that a test counts executions and
+measures how many overlapped.
+"""
+
+import os
+import time
+from datetime import UTC, datetime
+
+from django_dispatch.workflows import Workflow
+
+from .models import SideEffect
+
+# --- ctx.map --------------------------------------------------------------------
+
+item = Workflow("tests.map_item")
+
+
+@item.step()
+def double(ctx):
+    row = SideEffect.objects.create(
+        key=ctx.input["key"],
+        note=f"item:{ctx.input['n']}",
+        worker_pid=os.getpid(),
+        started_at=datetime.now(UTC),
+    )
+    time.sleep(ctx.input.get("sleep", 0))
+    SideEffect.objects.filter(pk=row.pk).update(finished_at=datetime.now(UTC))
+    return ctx.input["n"] * 2
+
+
+fan = Workflow("tests.map_fan")
+
+
+@fan.step()
+def spread(ctx):
+    count, key = ctx.input["count"], ctx.input["key"]
+    inputs = [{"key": key, "n": n, "sleep": ctx.input.get("sleep", 0)} for n in range(count)]
+    return ctx.map(item, inputs, max_parallel=ctx.input.get("max_parallel"))
+
+
+@fan.step()
+def total(ctx):
+    SideEffect.objects.create(key=ctx.input["key"], note="total")
+    return {"doubled": ctx.outputs["spread"]}
+
+
+forgetful = Workflow("tests.map_forgetful")
+
+
+@forgetful.step()
+def forgets(ctx):
+    ctx.map(item, [{"key": "x", "n": 1}])
+    return "oops"
+
+
+# --- routing --------------------------------------------------------------------
+
+routed = Workflow("tests.routed")
+
+
+@routed.step()
+def light(ctx):
+    SideEffect.objects.create(key=ctx.input["key"], note="light", worker_pid=os.getpid())
+
+
+@routed.step(queue_name="heavy", priority=5)
+def heavy(ctx):
+    SideEffect.objects.create(key=ctx.input["key"], note="heavy", worker_pid=os.getpid())
+    return os.getpid()
