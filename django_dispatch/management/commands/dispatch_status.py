@@ -1,5 +1,11 @@
-"""``manage.py dispatch_status``: workers, leader, queue depths, oldest waiting job."""
+"""``manage.py dispatch_status``: workers, leader, queue depths, oldest waiting job.
 
+``--json`` prints the same snapshot as one JSON document for scripts; its
+schema is documented in docs/operating.md and versioned by ``SCHEMA``.
+"""
+
+import json
+from datetime import datetime
 from typing import Any
 
 from django.core.management.base import BaseCommand, CommandParser
@@ -7,9 +13,72 @@ from django.core.management.base import BaseCommand, CommandParser
 from ... import store
 from ...conf import get_settings
 from ...core import resources
-from ...queries.status import snapshot
+from ...queries.status import Status, snapshot
 from ...store.resources import unplaceable
 from ..backend_option import add_backend_argument, backend_namespace
+
+#: The version of the ``--json`` document: raised when a field changes meaning or
+#: goes away (adding a field does not raise it).
+SCHEMA = 1
+
+
+def _when(value: datetime | None) -> str | None:
+    return value.isoformat() if value is not None else None
+
+
+def as_json(status: Status, *, backend: str, namespace: str, unplaced: list) -> dict[str, Any]:
+    """The ``--json`` document: every number of the text report, typed (seconds as
+    floats, instants as ISO 8601 UTC strings from the database's clock)."""
+    return {
+        "schema": SCHEMA,
+        "backend": backend,
+        "namespace": namespace,
+        "now": _when(status.now),
+        "leader": None
+        if status.leader is None
+        else {"worker_id": status.leader[0], "lease_valid": status.leader[1]},
+        "workers": [
+            {
+                "id": w.id,
+                "hostname": w.hostname,
+                "pid": w.pid,
+                "queues": list(w.queues),
+                "concurrency": w.concurrency,
+                "running_jobs": w.running_jobs,
+                "last_seen_at": _when(w.last_seen_at),
+                "seen_seconds_ago": round((status.now - w.last_seen_at).total_seconds(), 3),
+                "capacity": w.capacity or None,
+                "locality": w.locality or None,
+            }
+            for w in status.workers
+        ],
+        "queues": [
+            {
+                "name": q.name,
+                "pending": q.pending,
+                "blocked": q.blocked,
+                "running": q.running,
+                "oldest_waiting_seconds": None
+                if q.oldest_due is None
+                else round(q.oldest_due.total_seconds(), 3),
+                "paused": q.paused,
+            }
+            for q in status.queues
+        ],
+        "unplaceable": [{"needs": dict(needs), "jobs": count} for needs, count in unplaced],
+        "dead_letters_unreplayed": status.dead_letters_unreplayed,
+        "cron": [
+            {
+                "name": e.name,
+                "schedule": e.schedule,
+                "timezone": e.timezone,
+                "enabled": e.enabled,
+                "last_run_at": _when(e.last_run_at),
+                "next_run_at": _when(e.next_run_at),
+            }
+            for e in status.cron
+        ],
+    }
 
 
 class Command(BaseCommand):
@@ -17,11 +86,26 @@ class Command(BaseCommand):
 
     def add_arguments(self, parser: CommandParser) -> None:
         add_backend_argument(parser, "to report on")
+        parser.add_argument(
+            "--json",
+            action="store_true",
+            help="Print one JSON document (schema in docs/operating.md) instead of text.",
+        )
 
     def handle(self, *args: Any, **options: Any) -> None:
         namespace = backend_namespace(options["backend"])
         status = snapshot(namespace)
         live = get_settings().LEASE_SECONDS
+        unplaced = unplaceable(store.db_alias(), namespace, live_within=live)
+        if options["json"]:
+            document = as_json(
+                status, backend=options["backend"], namespace=namespace, unplaced=unplaced
+            )
+            self.stdout.write(json.dumps(document, indent=2))
+            return
+        self.report(status, namespace, unplaced)
+
+    def report(self, status: Status, namespace: str, unplaced: list) -> None:
         out = self.stdout.write
         if namespace:
             out(f"Namespace: {namespace}")
@@ -49,7 +133,7 @@ class Command(BaseCommand):
                 f"  {q.name}: pending={q.pending} blocked={q.blocked} running={q.running} "
                 f"oldest_waiting={age}" + (" PAUSED" if q.paused else "")
             )
-        for needs, count in unplaceable(store.db_alias(), namespace, live_within=live):
+        for needs, count in unplaced:
             self.stderr.write(  # a warning, not an error (workers come and go)
                 f"WARNING: {count} pending job(s) need {resources.key_of(needs)}, which no "
                 "live worker's capacity can hold: start one with rundispatch --capacity."
