@@ -34,6 +34,7 @@ test: $(STAMP)
 	scripts/ensure-chromium
 	scripts/with-postgres $(MAKE) --no-print-directory test-postgres test-pgbouncer
 	$(MAKE) --no-print-directory test-chaos CHAOS_ROUNDS=1
+	$(MAKE) --no-print-directory check-rules test-prometheus
 	$(MAKE) --no-print-directory test-sqlite
 	$(MAKE) --no-print-directory test-matrix
 	$(MAKE) --no-print-directory docs package-check
@@ -78,6 +79,21 @@ CHAOS_ROUNDS ?= 3
 test-chaos: $(STAMP)
 	scripts/ensure-postgres
 	DISPATCH_TEST_DB=chaos CHAOS_ROUNDS=$(CHAOS_ROUNDS) $(PY) -m pytest tests/chaos $(PYTEST_ARGS)
+
+## check-rules: contrib/prometheus/alerts.yml is valid (promtool check rules) and its
+## unit tests pass (promtool test rules contrib/prometheus/alerts_test.yml)
+## test-prometheus: the tier marked `prometheus` (tests/prometheus/): a real Prometheus
+## scrapes real workers and the metrics view, runs the dashboard's queries and the
+## alerts; Debian's prometheus is installed when missing (scripts/ensure-prometheus)
+.PHONY: check-rules test-prometheus
+check-rules:
+	scripts/ensure-prometheus
+	promtool check rules contrib/prometheus/alerts.yml
+	promtool test rules contrib/prometheus/alerts_test.yml
+
+test-prometheus: $(STAMP)
+	scripts/ensure-prometheus
+	scripts/with-postgres env DISPATCH_TEST_DB=prometheus $(PY) -m pytest tests/prometheus $(PYTEST_ARGS)
 
 test-sqlite: $(STAMP)
 	DISPATCH_TEST_DB=sqlite $(PY) -m pytest $(PYTEST_ARGS)
