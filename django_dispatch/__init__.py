@@ -30,11 +30,12 @@ __all__ = [
     "replay",
     "resume_queue",
     "retry_now",
+    "schedules",
     "task",
 ]
 
 if TYPE_CHECKING:
-    from . import dead_letters, jobs
+    from . import dead_letters, jobs, schedules
     from .compat import task_with_options as task
     from .flow import pause_queue, paused_queues, resume_queue
     from .services import cancel, replay, retry_now

@@ -190,8 +190,15 @@ def slots_to_fire(
     policy: str = SKIP,
     cap: int = 100,
     grace: timedelta = timedelta(0),
+    first: datetime | None = None,
 ) -> tuple[list[datetime], datetime]:
     """Return ``(slots to enqueue now, next_run_at)`` for one entry.
+
+    ``first``: an instant the entry was told to fire at first, whatever its
+    schedule (``schedules.set_enabled(..., next_run_at=)``; stored as a
+    ``next_run_at`` without a watermark). Once ``now`` reaches it, it is the
+    one slot fired, whatever the policy; before, nothing fires and it is the
+    next run. Then the entry follows its schedule from there.
 
     ``last_slot`` is the entry's watermark: every slot at or before it is settled, whether it
     fired or the policy skipped it. ``None`` means a new entry, which fires nothing for the past
@@ -217,6 +224,11 @@ def slots_to_fire(
     schedule = _compile(expression, timezone)
     now = _aware_utc(now, "now")
     last = None if last_slot is None else _aware_utc(last_slot, "last_slot")
+    if first is not None and last is None:
+        first = _aware_utc(first, "first")
+        if now < first:
+            return [], first
+        return [first], _next(schedule, now)
 
     next_run_at = _next(schedule, now if last is None else max(now, last))
     if last is None or now <= last:

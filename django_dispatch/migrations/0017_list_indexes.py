@@ -1,4 +1,5 @@
-"""The indexes of ``jobs.list/count`` and ``dead_letters.list/count``.
+"""The indexes of ``jobs.list/count`` and ``dead_letters.list/count``; cron
+entries made in code (``schedules.save``) get their own origin, ``code``.
 
 Each leads with the namespace and ends with the id, so a page of one
 namespace's jobs of a state, a queue or a task (newest first, keyset on the
@@ -11,7 +12,7 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
-    dependencies = [("django_dispatch", "0015_promotion_order")]
+    dependencies = [("django_dispatch", "0018_map_and_step_routing")]
 
     operations: list[migrations.operations.base.Operation] = [
         migrations.AddIndex(
@@ -52,6 +53,19 @@ class Migration(migrations.Migration):
                 models.F("task_path"),
                 models.F("id"),
                 name="dispatch_dl_list_task",
+            ),
+        ),
+        migrations.AlterField(
+            model_name="cronentry",
+            name="source",
+            field=models.CharField(
+                choices=[
+                    ("settings", "DISPATCH['CRON'] setting"),
+                    ("admin", "Admin"),
+                    ("code", "Code (schedules.save)"),
+                ],
+                default="admin",
+                max_length=10,
             ),
         ),
     ]

@@ -1,4 +1,4 @@
-"""Cron entries: periodic jobs, declared in settings or created in the admin.
+"""Cron entries: periodic jobs, declared in settings, made in code or created in the admin.
 
 The scheduler claims a due entry with ``SELECT … FOR UPDATE SKIP LOCKED``,
 enqueues its job(s) and advances ``last_slot``/``next_run_at`` in the same
@@ -22,6 +22,8 @@ class CronEntry(models.Model):
     class Source(models.TextChoices):
         SETTINGS = "settings", "DISPATCH['CRON'] setting"
         ADMIN = "admin", "Admin"
+        #: ``schedules.save``: the settings sync never touches these.
+        CODE = "code", "Code (schedules.save)"
 
     namespace = namespace_field()
     #: Unique per namespace (``dispatch_cron_name``).

@@ -129,6 +129,9 @@ def _fire(entry: CronEntry, now: datetime, grace: timedelta, db: str) -> list[Ta
             now=now,
             policy=entry.misfire_policy,
             grace=grace,
+            # A next run without a watermark: a first fire set from code
+            # (``schedules.set_enabled(..., next_run_at=)``), due at that instant.
+            first=entry.next_run_at if entry.last_slot is None else None,
         )
         with transaction.atomic(using=db):
             for slot in slots:

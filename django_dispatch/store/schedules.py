@@ -73,6 +73,9 @@ def cron_sync_from_settings(
             CronEntry.objects.using(db).create(namespace=namespace, name=name, **values)
             created += 1
             continue
+        if entry.source == CronEntry.Source.CODE:
+            _skip_code_entry(name)
+            continue
         schedule_changed = (entry.schedule, entry.timezone) != (
             values["schedule"],
             values["timezone"],
@@ -91,6 +94,75 @@ def cron_sync_from_settings(
         .update(enabled=False, updated_at=Now())
     )
     return created, updated, disabled
+
+
+def _skip_code_entry(name: str) -> None:
+    """``schedules.save`` refuses names the settings define, so this is a name
+    added to the settings after code made it: the code keeps it."""
+    logger.error(
+        "DISPATCH['CRON'][%r] was skipped: an entry of that name was made in code "
+        "(schedules.save) and the settings never change those. Rename one of them, "
+        "or delete the code's with schedules.delete(%r).",
+        name,
+        name,
+    )
+
+
+def cron_entry_save(
+    namespace: str, name: str, values: Mapping[str, Any], *, db: str | None = None
+) -> CronEntry:
+    """Insert or update entry ``name`` of ``namespace`` as made in code; return it.
+
+    Call inside ``transaction.atomic()``. As the settings sync does, a new
+    schedule or time zone, or an entry enabled again, starts afresh from now
+    (no slot of the old schedule fires); otherwise the watermark stays.
+    """
+    db = db or db_alias()
+    take_sqlite_write_lock(db)
+    values = {**values, "source": CronEntry.Source.CODE}
+    rows = CronEntry.objects.using(db).filter(namespace=namespace, name=name)
+    entry = rows.select_for_update().first()
+    if entry is None:
+        return CronEntry.objects.using(db).create(namespace=namespace, name=name, **values)
+    restart = (entry.schedule, entry.timezone) != (values["schedule"], values["timezone"])
+    if restart or (values["enabled"] and not entry.enabled):
+        values.update(next_run_at=None, last_slot=None)
+    rows.update(updated_at=Now(), **values)
+    return rows.get()
+
+
+def cron_entry_delete_named(namespace: str, name: str, *, db: str | None = None) -> bool:
+    """Delete entry ``name`` of ``namespace``; False when there is none."""
+    deleted, _ = (
+        CronEntry.objects.using(db or db_alias()).filter(namespace=namespace, name=name).delete()
+    )
+    return deleted > 0
+
+
+def cron_entry_set_enabled_named(
+    namespace: str,
+    name: str,
+    enabled: bool,
+    *,
+    next_run_at: datetime | None = None,
+    db: str | None = None,
+) -> bool:
+    """Enable or disable entry ``name``; True when this call changed it.
+
+    Enabling recomputes its next run from now, unless ``next_run_at`` is
+    given: then it fires first at that instant (a next run without a
+    watermark, see ``core.cron.slots_to_fire``), then on its schedule.
+    """
+    rows = CronEntry.objects.using(db or db_alias()).filter(namespace=namespace, name=name)
+    if next_run_at is not None:
+        return (
+            rows.update(enabled=True, next_run_at=next_run_at, last_slot=None, updated_at=Now())
+            == 1
+        )
+    changes: dict[str, Any] = {"enabled": enabled, "updated_at": Now()}
+    if enabled:
+        changes.update(next_run_at=None, last_slot=None)
+    return rows.exclude(enabled=enabled).update(**changes) == 1
 
 
 def _due(db: str, namespace: str):
