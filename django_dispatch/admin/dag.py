@@ -3,21 +3,29 @@
 Reading ``depends_on`` lists in a table does not show where a run is stuck
 or what a failure holds back; a picture does. Steps are laid out in layers
 (a step one layer right of its deepest dependency), edges follow ``after``,
-a step that started a child run links to it, and a waiting step says what it
-waits for (the child run, or the event it expects). Colours come from the
-admin's CSS variables (``styles.html``), so both themes read well. One query
+a step that started a child run links to it, a ``ctx.map`` step shows how
+many of its children are done and links to their list, and a waiting step
+says what it waits for (the child run, or the event it expects). Colours
+come from the admin's CSS variables (``styles.html``), so both themes read
+well. One query
 for the steps; the layout is computed here, no JavaScript.
 """
 
 from __future__ import annotations
 
 from typing import Any
+from urllib.parse import urlencode
 
+from django.urls import reverse
 from django.utils.html import escape
 from django.utils.safestring import SafeString, mark_safe
 
 from ..models import WorkflowRun
 from .common import change_url
+from .workflow_steps import map_progress
+
+#: A ``ctx.map`` step's set and its counters (see ``WorkflowTask``).
+MAP_FIELDS = ["map_batch", "map_total", "map_done", "map_started", "map_max_parallel"]
 
 NODE_W, NODE_H = 150, 44
 GAP_X, GAP_Y = 50, 16
@@ -54,6 +62,8 @@ def layers(steps: list[dict[str, Any]]) -> dict[str, int]:
 def waits_for(step: dict[str, Any]) -> str:
     if step["state"] != "waiting":
         return ""
+    if step.get("map_batch"):
+        return f"map: {step['map_done']}/{step['map_total']} done"
     if step.get("child_run_id"):
         return f"child run #{step['child_run_id']}"
     if step.get("wait_event_name"):
@@ -64,10 +74,17 @@ def waits_for(step: dict[str, Any]) -> str:
     return "waiting"
 
 
+def map_summary(step: dict[str, Any]) -> str:
+    """A finished ``ctx.map`` step's count of children ("" for other steps)."""
+    if not step.get("map_batch"):
+        return ""
+    return f"{step['state']} · map {step['map_done']}/{step['map_total']}"
+
+
 def dag_svg(run: WorkflowRun) -> SafeString:
     """The run's steps as an SVG graph (empty run: a line saying so)."""
     fields = ["name", "state", "depends_on", "child_run_id", "attempts", "sequence"]
-    optional = ["wait_event_name", "wait_event_key", "wait_until"]
+    optional = ["wait_event_name", "wait_event_key", "wait_until", *MAP_FIELDS]
     model_fields = {f.name for f in run.steps.model._meta.get_fields()}
     fields += [f for f in optional if f in model_fields]
     steps = list(run.steps.order_by("sequence").values(*fields))
@@ -100,10 +117,17 @@ def dag_svg(run: WorkflowRun) -> SafeString:
     for step in steps:
         x, y = pos[step["name"]]
         kind = NODE_CLASS.get(step["state"], "pending")
-        detail = waits_for(step) or f"{step['state']} · {step['attempts']} attempt(s)"
+        detail = (
+            waits_for(step)
+            or map_summary(step)
+            or f"{step['state']} · {step['attempts']} attempt(s)"
+        )
         title = f"{step['name']}: {step['state']}" + (
             f", waits for {waits_for(step)}" if waits_for(step) else ""
         )
+        if step.get("map_batch"):
+            kind += " map"
+            title += f"; {map_progress(step)}: click for the list of its child runs"
         label = step["name"] if len(step["name"]) <= 20 else step["name"][:19] + "…"
         node = (
             f'<g class="node {kind}" data-step="{escape(step["name"])}">'
@@ -112,8 +136,13 @@ def dag_svg(run: WorkflowRun) -> SafeString:
             f'<text x="{x + 8}" y="{y + 18}" font-weight="600">{escape(label)}</text>'
             f'<text x="{x + 8}" y="{y + 34}">{escape(detail[:26])}</text></g>'
         )
-        if step["child_run_id"]:
+        url = ""
+        if step.get("map_batch"):  # a ctx.map set: the list of its child runs
+            query = urlencode({"map_batch": step["map_batch"]})
+            url = f"{reverse('admin:django_dispatch_workflowrun_changelist')}?{query}"
+        elif step["child_run_id"]:
             url = change_url(WorkflowRun, step["child_run_id"])
+        if url:
             node = f'<a href="{escape(url)}">{node}</a>'
         nodes.append(node)
     # Every piece above is numbers or escaped text.

@@ -7,11 +7,15 @@ fields serve both the steps' own pages and the run page's inline
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
+from urllib.parse import urlencode
 
 from django.contrib import admin
-from django.db.models import QuerySet
+from django.db.models import Q, QuerySet
 from django.http import HttpRequest
+from django.urls import reverse
+from django.utils.html import format_html
 
 from ..compat import admin_action
 from ..core.workflow_states import StepState
@@ -36,6 +40,8 @@ def waiting_for(step: WorkflowTask) -> str:
     """What a waiting step waits for, and until when ("" when it is not waiting)."""
     if step.state != StepState.WAITING:
         return ""
+    if step.map_batch:
+        return map_progress(step)
     if step.child_run_id and not step.wait_event_name and not step.wait_until:
         return f"child run #{step.child_run_id}"
     if step.wait_event_name:
@@ -46,6 +52,24 @@ def waiting_for(step: WorkflowTask) -> str:
     if step.wait_until:
         what += f" until {step.wait_until:%Y-%m-%d %H:%M:%S %Z}"
     return what
+
+
+def map_progress(step: WorkflowTask | Mapping[str, Any]) -> str:
+    """A ``ctx.map`` step's set: "37/150 child runs done" (and its bound, its held ones)."""
+    get = step.get if isinstance(step, Mapping) else lambda f: getattr(step, f)
+    total, done, started = get("map_total") or 0, get("map_done") or 0, get("map_started") or 0
+    text = f"{done}/{total} child runs done"
+    if get("map_max_parallel"):
+        text += f", at most {get('map_max_parallel')} at once ({total - started} held)"
+    return text
+
+
+def route(step: WorkflowTask) -> str:
+    """Where the step's jobs go, when its definition routes them ("" when not)."""
+    parts = [f"queue {step.queue_name}"] if step.queue_name else []
+    if step.priority is not None:
+        parts.append(f"priority {step.priority}")
+    return ", ".join(parts)
 
 
 class WaitingFilter(admin.SimpleListFilter):
@@ -72,7 +96,9 @@ class WaitingFilter(admin.SimpleListFilter):
             return waiting.filter(wait_event_name__isnull=True, wait_until__isnull=False)
         if value == "child":
             return waiting.filter(
-                child_run__isnull=False, wait_event_name__isnull=True, wait_until__isnull=True
+                Q(child_run__isnull=False) | Q(map_batch__isnull=False),
+                wait_event_name__isnull=True,
+                wait_until__isnull=True,
             )
         return waiting
 
@@ -104,7 +130,15 @@ class StepDisplays:
 
     @admin.display(description="Child run")
     def child_link(self, step: WorkflowTask) -> str:
+        if step.map_batch:  # a ctx.map set: the list of its runs, by position
+            url = reverse("admin:django_dispatch_workflowrun_changelist")
+            query = urlencode({"map_batch": step.map_batch})
+            return format_html('<a href="{}?{}">{}</a>', url, query, map_progress(step))
         return link(WorkflowRun, step.child_run_id)
+
+    @admin.display(description="Route (queue, priority)")
+    def route_display(self, step: WorkflowTask) -> str:
+        return route(step) or "the run's queue"
 
     output_display = rendered_field("output", "Output")
     checkpoint_display = rendered_field("checkpoint", "Checkpoint")
@@ -125,7 +159,7 @@ class StepInline(StepDisplays, ReadOnlyRows, admin.StackedInline):
     fields = [
         ("name", "state", "attempts_display"),
         ("depends_on", "job_link", "child_link"),
-        ("started_at", "finished_at", "ready_at"),
+        ("route_display", "started_at", "finished_at", "ready_at"),
         "output_display",
         "checkpoint_display",
         "errors_display",
@@ -137,6 +171,7 @@ class StepInline(StepDisplays, ReadOnlyRows, admin.StackedInline):
         "depends_on",
         "job_link",
         "child_link",
+        "route_display",
         "started_at",
         "finished_at",
         "ready_at",
@@ -185,7 +220,7 @@ class WorkflowTaskAdmin(StepDisplays, OperatorActions, BigTable):
         ("run_link", "name", "sequence", "state"),
         ("handler_path", "depends_on"),
         ("attempts", "failures", "max_attempts", "backoff", "timeout"),
-        ("generation", "job_link", "child_link"),
+        ("generation", "job_link", "child_link", "route_display"),
         ("ready_at", "started_at", "heartbeat_at", "finished_at"),
         ("waiting_display", "wait_event_name", "wait_event_key", "wait_until"),
         "waits_display",
@@ -200,6 +235,7 @@ class WorkflowTaskAdmin(StepDisplays, OperatorActions, BigTable):
         "run_link",
         "job_link",
         "child_link",
+        "route_display",
         "output_display",
         "checkpoint_display",
         "errors_display",

@@ -13,6 +13,7 @@ from typing import Any
 from django.contrib import admin
 from django.db.models import OuterRef, QuerySet, Subquery
 from django.http import HttpRequest
+from django.urls import reverse
 from django.utils.html import format_html, format_html_join
 from django.utils.text import Truncator
 
@@ -33,7 +34,10 @@ from .common import (
 from .dag import dag_field
 from .workflow_actions import RUN_NOT_FITTING, OperatorActions, apply_each, skip_current_step
 from .workflow_replay import ReplayFromStep
-from .workflow_steps import RunWaitingFilter, StepInline, last_error, waiting_for
+from .workflow_steps import RunWaitingFilter, StepInline, last_error, route, waiting_for
+
+#: Child runs linked one by one on a run's page; the rest through the list.
+CHILDREN_SHOWN = 20
 
 
 def _current_step() -> Subquery:
@@ -111,12 +115,27 @@ class WorkflowRunAdmin(OperatorActions, BigTable, ReplayFromStep):
 
     @admin.display(description="Child runs")
     def children_links(self, run: WorkflowRun) -> str:
-        rows = run.children.order_by("id").values_list("id", "name", "state")
+        """The first children, then a link to the list of all (a map may have 10,000)."""
+        rows = list(
+            run.children.order_by("id").values_list("id", "name", "state")[: CHILDREN_SHOWN + 1]
+        )
         links = format_html_join(
             ", ",
             "{} ({})",
-            ((link(WorkflowRun, i, f"#{i} {name}"), state) for i, name, state in rows),
+            (
+                (link(WorkflowRun, i, f"#{i} {name}"), state)
+                for i, name, state in rows[:CHILDREN_SHOWN]
+            ),
         )
+        if len(rows) > CHILDREN_SHOWN:
+            url = reverse("admin:django_dispatch_workflowrun_changelist")
+            links = format_html(
+                '{}, … <a href="{}?parent_run__id__exact={}">all {} child runs</a>',
+                links,
+                url,
+                run.pk,
+                run.children.count(),
+            )
         return links or "-"
 
     @admin.display(description="Steps")
@@ -124,7 +143,7 @@ class WorkflowRunAdmin(OperatorActions, BigTable, ReplayFromStep):
         """One line per step: what an operator scans first (details below)."""
         rows = format_html_join(
             "",
-            "<tr><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td></tr>",
+            "<tr><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td></tr>",
             (
                 (
                     s.name,
@@ -133,6 +152,7 @@ class WorkflowRunAdmin(OperatorActions, BigTable, ReplayFromStep):
                     else s.get_state_display(),
                     f"{s.attempts} ({s.failures} failed, max {s.max_attempts})",
                     ", ".join(s.depends_on) or "-",
+                    route(s) or "-",
                     Truncator(last_error(s.errors)).chars(120) or "-",
                 )
                 for s in run.steps.order_by("sequence")
@@ -140,7 +160,7 @@ class WorkflowRunAdmin(OperatorActions, BigTable, ReplayFromStep):
         )
         return format_html(
             '<table class="dispatch-steps"><thead><tr><th>Step</th><th>State</th>'
-            "<th>Attempts</th><th>After</th><th>Last error</th></tr></thead>"
+            "<th>Attempts</th><th>After</th><th>Route</th><th>Last error</th></tr></thead>"
             "<tbody>{}</tbody></table>",
             rows,
         )

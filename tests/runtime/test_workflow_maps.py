@@ -309,3 +309,43 @@ def test_a_step_routed_to_heavy_runs_only_on_a_worker_serving_heavy(start_worker
     notes = SideEffect.objects.filter(key__startswith="routed-")
     assert set(notes.filter(note="light").values_list("worker_pid", flat=True)) == {default.pid}
     assert set(notes.filter(note="heavy").values_list("worker_pid", flat=True)) == {heavy.pid}
+
+
+# --- admin ------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def wf_admin(admin_client):
+    import django_dispatch.admin.workflows  # noqa: F401  (registers the ModelAdmins)
+
+    return admin_client
+
+
+@pytestmark_db
+def test_admin_shows_the_map_node_with_done_of_total_and_links_to_its_children(wf_admin):
+    run = fan("admin-map", 25, max_parallel=4)
+    drain(max_jobs=3)  # spread, then two children
+    step = spread(run)
+    page = wf_admin.get(f"/admin/django_dispatch/workflowrun/{run.pk}/change/")
+    assert page.status_code == 200
+    text = page.content.decode()
+    assert "map: 2/25 done" in text  # the DAG's node
+    assert "2/25 child runs done, at most 4 at once (19 held)" in text
+    assert f"?map_batch={step.map_batch}" in text
+    assert "all 25 child runs</a>" in text  # 20 linked, then the list
+    listing = wf_admin.get(f"/admin/django_dispatch/workflowrun/?map_batch={step.map_batch}")
+    assert listing.status_code == 200
+    assert listing.content.decode().count("tests.map_item") >= 25
+    step_page = wf_admin.get(f"/admin/django_dispatch/workflowtask/{step.pk}/change/")
+    assert "2/25 child runs done" in step_page.content.decode()
+
+
+@pytestmark_db
+def test_admin_shows_a_steps_route(wf_admin):
+    run = mw.routed.start({"key": "admin-route"})
+    drain(queues=["default"])
+    text = wf_admin.get(f"/admin/django_dispatch/workflowrun/{run.pk}/change/").content.decode()
+    assert "queue heavy, priority 5" in text
+    heavy = WorkflowTask.objects.get(run=run, name="heavy")
+    page = wf_admin.get(f"/admin/django_dispatch/workflowtask/{heavy.pk}/change/")
+    assert "queue heavy, priority 5" in page.content.decode()
