@@ -14,7 +14,8 @@ Phases (the first command-line argument):
     enqueue rate.
 ``drain``
     only the drain rate, of a backlog the driver prepares (``prepare_backlog``),
-    for the claim-flatness and partition checks.
+    for the claim-flatness and partition checks; with ``--backlog realistic``,
+    of ``--jobs`` realistic jobs (below).
 ``rss``
     the workers' resident memory after 1,000 jobs and after ``--jobs`` jobs.
 
@@ -50,6 +51,7 @@ from pathlib import Path
 
 import proc
 import psycopg
+import pyspy
 
 POLL_SECONDS = 0.05
 STOP_TIMEOUT = 20.0
@@ -267,6 +269,7 @@ def measure_drain(driver: Driver, conn, count: int, logdir: Path) -> dict:
     postmaster = proc.parent(conn.info.backend_pid)
     workers = Workers(driver, args.workers, args.concurrency, logdir)
     first: tuple[float, int, tuple] | None = None  # time, jobs left, CPU counters
+    profiler = pyspy.from_env()  # profile_worker.py: py-spy over the steady part
 
     def cpu() -> tuple[float, float, float, float]:
         """Workers', PostgreSQL's, this process's and the whole machine's CPU seconds."""
@@ -279,10 +282,14 @@ def measure_drain(driver: Driver, conn, count: int, logdir: Path) -> dict:
         for done_at, left in poll_unfinished(conn, driver, workers, 0):
             if first is None and 0 < left < count:
                 first = (done_at, left, cpu())
+                if profiler:
+                    profiler.attach([p.pid for p in workers.procs])
             sessions = max(sessions, conn.execute(SESSIONS_SQL).fetchone()[0])
         last = cpu()
         peak = workers.peak_rss_mb()
     finally:
+        if profiler:
+            profiler.stop()
         workers.stop()
     result = {
         "drain_per_s": count / (done_at - workers.started),
@@ -293,6 +300,7 @@ def measure_drain(driver: Driver, conn, count: int, logdir: Path) -> dict:
         at, left, before = first
         w, pg, me, machine = (b - a for a, b in zip(before, last, strict=True))
         result["steady_drain_per_s"] = left / (done_at - at)
+        result["steady_jobs"] = left  # the jobs the CPU counters (and a profile) span
         result["worker_cpu_ms_per_job"] = 1000 * w / left
         result["pg_cpu_ms_per_job"] = 1000 * pg / left
         # CPU that neither this benchmark nor its server used: other work competing.
@@ -439,6 +447,9 @@ def run_phase(driver: Driver, logdir: Path) -> dict:
     args = driver.args
     driver.setup()
     with psycopg.connect(args.db, autocommit=True) as conn:
+        if args.phase == "drain" and args.backlog == "realistic":
+            conn.execute(ORDER_TABLE_SQL)
+            return _drain_realistic(driver, conn, args.jobs, logdir)
         if args.phase == "drain":
             return measure_drain(driver, conn, driver.prepare_backlog(), logdir)
         if args.phase == "bulk_scale":
@@ -465,6 +476,9 @@ def main(driver_class: type[Driver]) -> None:
     parser.add_argument("--realistic-jobs", type=int, default=0)
     parser.add_argument("--sleep-ms", type=float, default=0.0, help="drain phase: async jobs "
                         "that await asyncio.sleep(MS / 1000) instead of no-ops")  # fmt: skip
+    parser.add_argument("--backlog", choices=["noop", "realistic"], default="noop",
+                        help="drain phase: no-op jobs, or --jobs realistic jobs (each row "
+                        "checked afterwards)")  # fmt: skip
     parser.add_argument("--worker-db", default="", help="the workers' database URL, if not --db "
                         "(e.g. through PgBouncer)")  # fmt: skip
     driver_class.add_arguments(parser)
