@@ -103,14 +103,23 @@ def test_every_dashboard_query_returns_data_from_workers_under_load(
     assert not any(prom.query(q) for _, q in other)
 
     # One worker of one process and one of two: three processes, 4 + 2x2 slots.
-    assert value(prom, "max without (instance, job) (dispatch_workers)") == 3
-    assert value(prom, "max without (instance, job) (dispatch_slots)") == 8
-    assert value(prom, "sum(dispatch_worker_slots)") == 8
+    for expr, expected in [
+        ("max without (instance, job) (dispatch_workers)", 3),
+        ("max without (instance, job) (dispatch_slots)", 8),
+        ("sum(dispatch_worker_slots)", 8),
+    ]:
+        wait_for(lambda e=expr, n=expected: value(prom, e) == n, f"{expr} == {expected}")
     fail_always = "tests.testapp.tasks.fail_always"
     dead = wait_for(lambda: prom.alerts("DispatchDeadLetters"), "the dead-letter alert")
     assert [(a["task"], a["queue"], a["dispatch_alias"]) for a in dead] == [
         (fail_always, "default", ALIAS)
     ]
+    # fail_always raises every time, fail_twice two attempts in three; add never.
+    failing = wait_for(
+        lambda: len(alerts := prom.alerts("DispatchFailureRateHigh")) == 2 and alerts,
+        "the failure-rate alert for both failing tasks",
+    )
+    assert sorted(a["task"].rsplit(".", 1)[1] for a in failing) == ["fail_always", "fail_twice"]
     for name in ("DispatchQueueNoLiveWorker", "DispatchNoLeader", "DispatchQueueOldestJobTooOld"):
         assert prom.alerts(name) == [] and prom.alerts(name, "pending") == [], name
     for worker in workers:
