@@ -1,6 +1,6 @@
 from django.contrib import admin
 
-from .models import Delivery
+from .models import Contact, Delivery
 
 
 @admin.register(Delivery)
@@ -8,3 +8,11 @@ class DeliveryAdmin(admin.ModelAdmin):
     list_display = ["id", "task", "job_id", "attempt", "detail", "created_at"]
     list_filter = ["task"]
     search_fields = ["job_id", "detail"]
+
+
+@admin.register(Contact)
+class ContactAdmin(admin.ModelAdmin):
+    """Rows imported by the ``import_upload`` workflow (``shop.imports``)."""
+
+    list_display = ["email", "name", "imported_at"]
+    search_fields = ["email", "name"]

@@ -18,3 +18,17 @@ class Delivery(models.Model):
 
     def __str__(self) -> str:
         return f"{self.task}: {self.detail}"
+
+
+class Contact(models.Model):
+    """A row of an uploaded contact list, imported by the ``import_upload`` workflow."""
+
+    email = models.EmailField(unique=True)
+    name = models.CharField(max_length=200)
+    imported_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        ordering = ["email"]
+
+    def __str__(self) -> str:
+        return f"{self.name} <{self.email}>"
