@@ -36,7 +36,7 @@ __all__ = [
 
 if TYPE_CHECKING:
     from . import dead_letters, jobs, schedules
-    from .compat import task_with_options as task
+    from ._typing import task
     from .flow import pause_queue, paused_queues, resume_queue
     from .services import cancel, replay, retry_now
     from .tasks.enqueue import enqueue_many

@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import inspect
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Concatenate, Literal, overload
 
 import django
 from django.core.exceptions import ImproperlyConfigured
@@ -140,6 +140,48 @@ TASK_DECORATOR_TAKES_OPTIONS: bool = any(
 )
 
 
+# The overloads of django-stubs' ``task``, with the backend's options: a user's
+# ``@django_dispatch.task(...)`` function is a ``Task[P, R]`` under ``mypy --strict``.
+@overload
+def task_with_options[**P, R](
+    function: Callable[Concatenate[TaskContext, P], R],
+    *,
+    priority: int = ...,
+    queue_name: str = ...,
+    backend: str = ...,
+    takes_context: Literal[True],
+    **options: Any,
+) -> Task[P, R]: ...
+@overload
+def task_with_options[**P, R](
+    function: Callable[P, R],
+    *,
+    priority: int = ...,
+    queue_name: str = ...,
+    backend: str = ...,
+    takes_context: Literal[False] = False,
+    **options: Any,
+) -> Task[P, R]: ...
+@overload
+def task_with_options[**P, R](
+    function: None = None,
+    *,
+    priority: int = ...,
+    queue_name: str = ...,
+    backend: str = ...,
+    takes_context: Literal[True],
+    **options: Any,
+) -> Callable[[Callable[Concatenate[TaskContext, P], R]], Task[P, R]]: ...
+@overload
+def task_with_options[**P, R](
+    function: None = None,
+    *,
+    priority: int = ...,
+    queue_name: str = ...,
+    backend: str = ...,
+    takes_context: Literal[False] = False,
+    **options: Any,
+) -> Callable[[Callable[P, R]], Task[P, R]]: ...
 def task_with_options(
     function: Callable[..., Any] | None = None,
     *,

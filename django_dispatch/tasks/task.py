@@ -13,11 +13,11 @@ import inspect
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, fields, replace
 from datetime import datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from django.utils.module_loading import import_string
 
-from ..compat import InvalidTask, Task
+from ..compat import InvalidTask, Task, TaskResult
 from ..core.resources import AUTO, FrozenNeeds, check_locality, check_needs
 from ..core.retry import Backoff
 from ..exceptions import InvalidTaskArguments, UnknownTask
@@ -26,8 +26,12 @@ from .options import check_concurrency
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
-class DispatchTask(Task):
+class DispatchTask[**P, R](Task):
     """A ``django.tasks.Task`` with django_dispatch's options.
+
+    Generic like django-stubs' ``Task[P, R]`` (the function's parameters and
+    return type), so that a user's ``enqueue()`` calls and results type-check
+    under ``mypy --strict``, ``using()`` with our options included.
 
     ``max_attempts``, ``backoff`` and ``timeout`` follow Django's open
     proposals for retries (django/new-features #142) and timeouts (#144);
@@ -55,6 +59,15 @@ class DispatchTask(Task):
     resources: Mapping[str, int] | str | None = None
     locality: str | None = None
 
+    if TYPE_CHECKING:  # typed as django-stubs types Task's; Django's code runs
+
+        def enqueue(self, *args: P.args, **kwargs: P.kwargs) -> TaskResult[P, R]: ...
+        async def aenqueue(self, *args: P.args, **kwargs: P.kwargs) -> TaskResult[P, R]: ...
+        def get_result(self, result_id: str) -> TaskResult[P, R]: ...
+        async def aget_result(self, result_id: str) -> TaskResult[P, R]: ...
+        def call(self, *args: P.args, **kwargs: P.kwargs) -> R: ...
+        async def acall(self, *args: P.args, **kwargs: P.kwargs) -> R: ...
+
     def __post_init__(self) -> None:
         if type(self.resources) is dict:  # hashable, so the task keeps its enqueue plan
             object.__setattr__(self, "resources", FrozenNeeds(self.resources))
@@ -73,7 +86,7 @@ class DispatchTask(Task):
         unique_for: float | None = None,
         resources: Mapping[str, int] | str | None = None,
         locality: str | None = None,
-    ) -> DispatchTask:
+    ) -> DispatchTask[P, R]:
         """A copy of this task with per-enqueue options changed."""
         changes: dict[str, Any] = {
             "priority": priority,

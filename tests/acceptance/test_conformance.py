@@ -297,6 +297,15 @@ def test_options_are_validated_alike(backends, name):
     _, ours = attempt(lambda: ours_task.using(**changes).enqueue(1))
     if theirs is None:
         assert ours is None, ours
+    elif name == "a queue not in QUEUES":
+        # Refused alike, with a message that names the task, the alias and the
+        # queues it accepts instead of Django's "Queue 'nope' is not valid for backend."
+        assert type(ours) is type(theirs) is InvalidTask
+        assert str(ours).startswith(
+            f"Task {echo.module_path} uses queue 'nope', which "
+            f"TASKS['dispatch_queues']['QUEUES'] does not list (it accepts {sorted(QUEUES)})."
+        )
+        assert not Job.objects.exists()
     else:
         assert type(ours) is type(theirs) is InvalidTask
         assert str(ours) == str(theirs)
