@@ -23,6 +23,8 @@ from .runtime.options import WorkerOptions
 from .runtime.worker import Worker
 from .tasks.registry import backend_for, namespace_for
 
+__all__ = ["assert_enqueued", "drain"]
+
 
 def drain(
     queues: Sequence[str] = (),
