@@ -26,7 +26,7 @@ from django.db.models.functions import Cast, Now
 
 from ..core.states import JobState
 from ..models import Job
-from .base import db_alias, job_sql
+from .base import db_alias, hot_cursor, job_sql
 from .partitions import lock_partitions, partitions_promote, try_lock_partitions
 from .types import Lease
 from .usage import (
@@ -171,7 +171,7 @@ def _finish_many_pg(
         params.append(usage_rows_json(usage.values()))
     else:
         sql = job_sql(connection, _FINISH_MANY_SQL)
-    with connection.cursor() as cursor:
+    with hot_cursor(connection) as cursor:
         cursor.execute(sql, params)
         return dict(cursor.fetchall())
 

@@ -11,9 +11,9 @@ from django.utils import timezone
 
 from django_dispatch import cancel, store
 from django_dispatch.compat import TASKS_LOGGER, TaskResultStatus, task_finished, task_started
-from django_dispatch.tasks.results import signal_is_silent
 from django_dispatch.models import Job, Worker
 from django_dispatch.states import JobState
+from django_dispatch.tasks.results import signal_is_silent
 from django_dispatch.testing import assert_enqueued, drain
 from tests.conftest import wait_until
 from tests.testapp import tasks

@@ -64,7 +64,9 @@ def test_the_row_carries_limit_and_key():
         None,
         None,
     )
-    [many] = enqueue_many(flow_tasks.capped.using(concurrency_key="k"), [(("m",), {})])
+    [many] = enqueue_many(
+        flow_tasks.capped.using(concurrency_key="k"), [(("m",), {})], return_results=True
+    )
     assert Job.objects.get(pk=many.id).concurrency_key == "k"
 
 
@@ -296,10 +298,14 @@ def test_a_claim_reads_no_capped_backlog():
     )
     for i in range(10):
         tasks.add.enqueue(i, i)
-    from django.test.utils import CaptureQueriesContext
+    queries = []
+
+    def capture(execute, sql, params, many, context):
+        queries.append((sql, params))  # as the store wrote them, before any binding
+        return execute(sql, params, many, context)
 
     with transaction.atomic():
-        with CaptureQueriesContext(connection) as queries:
+        with connection.execute_wrapper(capture):
             claimed = claim(limit=20)
         assert len(claimed) == 10
         transaction.set_rollback(True)
@@ -307,11 +313,10 @@ def test_a_claim_reads_no_capped_backlog():
     worst = 0
     with transaction.atomic():
         with connection.cursor() as cursor:
-            for q in queries:
-                sql = q["sql"]
+            for sql, params in queries:
                 if not sql.lstrip().upper().startswith(("SELECT", "WITH", "UPDATE")):
                     continue
-                cursor.execute("EXPLAIN (ANALYZE, FORMAT JSON) " + sql)
+                cursor.execute("EXPLAIN (ANALYZE, FORMAT JSON) " + sql, params)
                 plan = cursor.fetchone()[0]
                 plan = plan if isinstance(plan, list) else __import__("json").loads(plan)
                 worst = max(worst, _rows_read(plan[0]["Plan"]))

@@ -16,7 +16,7 @@ from typing import Any
 from django.db import connections
 
 from ...compat import TASK_MAX_PRIORITY
-from ..base import db_alias, job_sql, namespace_literal
+from ..base import db_alias, hot_cursor, job_sql, namespace_literal
 from ..flow import PAUSED_FILTER_SQL
 from ..gates.limits import LIMITED_FILTER_SQL
 from ..leasing import lease_set_sql
@@ -172,7 +172,7 @@ def claim_pg(
         "paused": list(paused),
         "limited": list(limited),
     }
-    with connections[db].cursor() as cursor:
+    with hot_cursor(connections[db]) as cursor:
         cursor.execute(sql, params)
         records = cursor.fetchall()
     leased: list[dict[str, Any]] = []
