@@ -30,7 +30,9 @@ jobs (fewer where a probe drain says they would take more than
 ``REALISTIC_BUDGET_SECONDS``) that each INSERT a row into ``bench_order`` and UPDATE it (two
 statements in autocommit, through the ORM for Django systems, through a
 connection of the worker's own for the others), checked afterwards: every
-row present and updated, or the measurement fails.
+row present and updated, or the measurement fails. A driver may drain other
+bodies of the same job after it (``Driver.realistic_variants``: PgQueuer's
+job written with Django's ORM).
 
 Worker processes are started fresh for each measurement and stopped with
 SIGTERM afterwards; completion is observed by polling the database.
@@ -107,8 +109,19 @@ class Driver:
         return False
 
     def enqueue_realistic_bulk(self, count: int) -> None:
-        """Enqueue ``count`` realistic jobs (``realistic(seq)`` for seq in 0..count-1)."""
+        """Enqueue ``count`` realistic jobs (``realistic(seq)`` for seq in 0..count-1),
+        with the body ``realistic_body`` names ("": the driver's own)."""
         raise NotImplementedError
+
+    #: The realistic job's body being measured: "" (the driver's own), or one of
+    #: ``realistic_variants()``.
+    realistic_body = ""
+
+    def realistic_variants(self) -> list[str]:
+        """Other bodies of the realistic job this configuration drains too, each after
+        the driver's own; variant V's results are ``V_realistic_*`` (e.g. "orm":
+        PgQueuer's job written with Django's ORM)."""
+        return []
 
     def enqueue_sleep_bulk(self, count: int) -> None:
         """Enqueue ``count`` async jobs that await ``asyncio.sleep`` (``$BENCH_SLEEP_MS``)."""
@@ -439,6 +452,13 @@ def standard(driver: Driver, conn, logdir: Path) -> dict:
     result.update(measure_drain(driver, conn, args.jobs, logdir))
     result.update(measure_idle_and_latency(driver, conn, logdir))
     result.update(measure_realistic(driver, conn, logdir))
+    for variant in driver.realistic_variants():
+        driver.realistic_body = variant
+        try:
+            drained = measure_realistic(driver, conn, logdir)
+        finally:
+            driver.realistic_body = ""
+        result.update({f"{variant}_{k}": v for k, v in drained.items()})
     result["bulk_per_s"] = measure_bulk(driver, args.bulk_jobs)  # last: its jobs stay queued
     return result
 

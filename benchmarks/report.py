@@ -40,6 +40,15 @@ CONFIG_NOTES = {
     "pgqueuer [psycopg]": "batch_size=C/2, max_concurrent_tasks=C; workers on a psycopg "
     "AsyncConnection, plain asyncio",
     "pgqueuer [defaults, psycopg]": "QueueManager.run() defaults; psycopg, plain asyncio",
+    "pgqueuer [asyncpg+uvloop, ORM job]": "the realistic job only, as a Django site on PgQueuer "
+    "writes it: the same two ORM statements as the Django systems' task "
+    "(bench.orders.place_order) through asgiref's sync_to_async(thread_sensitive=False) on C "
+    "threads, each with its own connection, in workers that set Django up (CONN_MAX_AGE=600); "
+    "otherwise the [asyncpg+uvloop] row's configuration",
+    "pgqueuer [defaults, asyncpg+uvloop, ORM job]": "the realistic job only, the same ORM body "
+    "through sync_to_async(place_order) as Django documents it (thread_sensitive=True: one "
+    "thread and one connection per process); otherwise the [defaults, asyncpg+uvloop] row's "
+    "configuration",
     "procrastinate": "sync tasks in threads, concurrency=C",
     "procrastinate [async]": "async tasks on the event loop, concurrency=C",
     "procrastinate [defaults]": "sync tasks, concurrency=1 (its default)",
@@ -70,10 +79,25 @@ def configurations_note() -> str:
     )
 
 
+#: The row suffix, and the result prefix, of a realistic job written with Django's ORM
+#: by a system that has its own body too (``Driver.realistic_variants``).
+ORM_JOB, ORM_PREFIX = "ORM job", "orm_"
+
+
+def orm_row(row: str) -> str:
+    """``pgqueuer [asyncpg+uvloop]`` -> ``pgqueuer [asyncpg+uvloop, ORM job]``."""
+    return f"{row[:-1]}, {ORM_JOB}]" if row.endswith("]") else f"{row} [{ORM_JOB}]"
+
+
 def flatten(system: str, result: dict) -> dict[str, dict]:
-    """One table row per system; the raw baseline gives two."""
+    """One table row per system; the raw baseline gives two, and a system that also
+    drained the realistic job written with the ORM gives an ORM job row."""
     if system != "raw":
-        return {system: result}
+        orm = {k: v for k, v in result.items() if k.startswith(ORM_PREFIX + "realistic")}
+        own = {k: v for k, v in result.items() if k not in orm}
+        if not orm:
+            return {system: own}
+        return {system: own, orm_row(system): {k[len(ORM_PREFIX) :]: v for k, v in orm.items()}}
     return {
         RAW_1: {
             **result["batch1"],
@@ -128,13 +152,26 @@ def ratios_table(rows: dict[str, dict]) -> str:
     return "\n".join(lines)
 
 
-def _fastest_peer(rows: dict[str, dict], key: str) -> tuple[float | None, str]:
+def _fastest_peer(rows: dict[str, dict], key: str, among=None) -> tuple[float | None, str]:
+    """The best value of ``key`` over the peers' rows (those ``among`` accepts)."""
     found = [
         (values[key], row)
         for row, values in rows.items()
-        if base_system(row) in PEERS and values.get(key) is not None
+        if base_system(row) in PEERS
+        and (among is None or among(row))
+        and values.get(key) is not None
     ]
     return max(found) if found else (None, "")
+
+
+def runs_orm_body(row: str) -> bool:
+    """Whether a peer's realistic job is the Django systems' ORM body: django-tasks-db
+    runs their very task; PgQueuer's ORM job rows call it through sync_to_async."""
+    return base_system(row) == "django-tasks-db" or row.endswith(f", {ORM_JOB}]")
+
+
+def is_pgqueuer(row: str) -> bool:
+    return base_system(row) == "pgqueuer"
 
 
 #: The async check's rows (``run.Bench.async_sleep_rows``) that the targets compare.
@@ -168,51 +205,70 @@ def _async_ratios(check: dict, key: str) -> dict[str, tuple[float | None, str]]:
     return out
 
 
+#: The async check's target: our asyncio row over PgQueuer's better row.
+ASYNC_PGQ_TARGET = 1.0
+
+
 def targets(rows: dict[str, dict], extras: dict[str, dict]) -> list[tuple[str, str, bool | None]]:
-    """The issue's targets: (target, measured value as text, met or None if not measured)."""
+    """The targets: (target, measured value as text, met or None if not measured).
+
+    First the speed issue's "done when" (each peer at its better row), then the
+    earlier issues' targets, still reported; last a reference line without a target.
+    """
     me = rows.get(DISPATCH, {})
     flat, part, rss, scale = (extras.get(k, {}) for k in ("flatness", "partitions", "rss", "scale"))
-    steady = "steady_drain_per_s"
+    steady, real = "steady_drain_per_s", "realistic_drain_per_s"
     asleep = extras.get("async_sleep", {})
     async_pgq, async_pgq_row = _async_ratios(asleep, "drain_per_s")["pgqueuer"]
-    drain_peer, drain_name = _fastest_peer(rows, "drain_per_s")
+    pgq, pgq_name = _fastest_peer(rows, "drain_per_s", is_pgqueuer)
+    pgq_steady, pgq_steady_name = _fastest_peer(rows, steady, is_pgqueuer)
+    orm, orm_name = _fastest_peer(rows, real, runs_orm_body)
+    orm_steady, orm_steady_name = _fastest_peer(rows, "realistic_" + steady, runs_orm_body)
+    any_real, any_real_name = _fastest_peer(rows, real)
     bulk_peer, bulk_name = _fastest_peer(rows, "bulk_per_s")
-    # (target, value, how to show it, the test it must pass)
+    # (target, value, how to show it, the test it must pass; None: no target)
     specs = [
-        ("drain >= 2x the fastest peer", ratio(me.get("drain_per_s"), drain_peer),
-         "{:.2f}x " + drain_name, lambda v: v >= 2),
-        ("(the same, steady state)", ratio(me.get(steady), _fastest_peer(rows, steady)[0]),
-         "{:.2f}x " + _fastest_peer(rows, steady)[1], lambda v: v >= 2),
-        ("realistic job drain >= 1.5x the fastest peer",
-         ratio(me.get("realistic_drain_per_s"), _fastest_peer(rows, "realistic_drain_per_s")[0]),
-         "{:.2f}x " + _fastest_peer(rows, "realistic_drain_per_s")[1], lambda v: v >= 1.5),
-        ("async sleep jobs >= 1.5x PgQueuer's better row", async_pgq, "{:.2f}x " + async_pgq_row,
-         lambda v: v >= 1.5),
+        ("no-op drain >= 1.0x PgQueuer at its best (beyond: 2x)", ratio(me.get("drain_per_s"),
+         pgq), "{:.2f}x " + pgq_name, lambda v: v >= 1),
+        ("(the same, steady state)", ratio(me.get(steady), pgq_steady),
+         "{:.2f}x " + pgq_steady_name, lambda v: v >= 1),
+        ("worker CPU per job <= 0.07 ms", me.get("worker_cpu_ms_per_job"), "{:.3f} ms",
+         lambda v: v <= 0.07),
+        ("PostgreSQL CPU per job <= 0.09 ms", me.get("pg_cpu_ms_per_job"), "{:.3f} ms",
+         lambda v: v <= 0.09),
+        ("async sleep jobs >= 1.0x PgQueuer's better row", async_pgq, "{:.2f}x " + async_pgq_row,
+         lambda v: v >= ASYNC_PGQ_TARGET),
         ("(the same, steady state)", _async_ratios(asleep, steady)["pgqueuer"][0], "{:.2f}x",
-         lambda v: v >= 1.5),
-        ("async sleep jobs >= 10x our thread executor",
-         _async_ratios(asleep, "drain_per_s")["threads"][0], "{:.1f}x", lambda v: v >= 10),
-        ("drain >= 25% of raw, 100 jobs/txn", ratio(me.get("drain_per_s"),
-         rows.get(RAW_100, {}).get("drain_per_s")), "{:.0%}", lambda v: v >= 0.25),
-        ("bulk enqueue >= the fastest peer's bulk", ratio(me.get("bulk_per_s"), bulk_peer),
-         "{:.2f}x " + bulk_name, lambda v: v >= 1),
-        ("enqueue time <= 1.2x a bare ORM create()", ratio(me.get("orm_create_per_s"),
-         me.get("paired_enqueue_per_s")), "{:.2f}x", lambda v: v <= 1.2),
+         lambda v: v >= ASYNC_PGQ_TARGET),
+        ("realistic ORM job >= 1.0x the fastest peer running the same ORM job body",
+         ratio(me.get(real), orm), "{:.2f}x " + orm_name, lambda v: v >= 1),
+        ("(the same, steady state)", ratio(me.get("realistic_" + steady), orm_steady),
+         "{:.2f}x " + orm_steady_name, lambda v: v >= 1),
         ("enqueue->start p50 < 5 ms", me.get("latency_p50_ms"), "{:.1f} ms", lambda v: v < 5),
         ("enqueue->start p99 < 50 ms", me.get("latency_p99_ms"), "{:.1f} ms", lambda v: v < 50),
-        ("idle worker CPU < 1%", me.get("idle_cpu_pct"), "{:.2f}%", lambda v: v < 1),
         ("claim flat within 20% with 1M finished jobs", ratio(flat.get("full", {}).get(steady),
          flat.get("empty", {}).get(steady)), "{:.0%} of empty", lambda v: v >= 0.8),
-        ("partitioned drain >= 50% of unkeyed", ratio(part.get("keyed", {}).get(steady),
-         part.get("unkeyed", {}).get(steady)), "{:.0%}", lambda v: v >= 0.5),
         ("drain atop 1M pending >= 80% of atop 10k", ratio(scale.get("deep", {}).get(steady),
          scale.get("shallow", {}).get(steady)), "{:.0%}", lambda v: v >= 0.8),
+        ("partitioned drain >= 50% of unkeyed", ratio(part.get("keyed", {}).get(steady),
+         part.get("unkeyed", {}).get(steady)), "{:.0%}", lambda v: v >= 0.5),
         ("RSS after 100k jobs within 10% of after 1k", ratio(rss.get("rss_after_all_mb"),
          rss.get("rss_after_1k_mb")), "{:.2f}x", lambda v: v <= 1.1),
+        ("earlier: async sleep jobs >= 10x our thread executor",
+         _async_ratios(asleep, "drain_per_s")["threads"][0], "{:.1f}x", lambda v: v >= 10),
+        ("earlier: drain >= 25% of raw, 100 jobs/txn", ratio(me.get("drain_per_s"),
+         rows.get(RAW_100, {}).get("drain_per_s")), "{:.0%}", lambda v: v >= 0.25),
+        ("earlier: bulk enqueue >= the fastest peer's bulk", ratio(me.get("bulk_per_s"),
+         bulk_peer), "{:.2f}x " + bulk_name, lambda v: v >= 1),
+        ("earlier: enqueue time <= 1.2x a bare ORM create()", ratio(me.get("orm_create_per_s"),
+         me.get("paired_enqueue_per_s")), "{:.2f}x", lambda v: v <= 1.2),
+        ("earlier: idle worker CPU < 1%", me.get("idle_cpu_pct"), "{:.2f}%", lambda v: v < 1),
+        ("no target: realistic job vs the fastest peer with any body (its own SQL too)",
+         ratio(me.get(real), any_real), "{:.2f}x " + any_real_name, None),
     ]  # fmt: skip
     return [
         (target, fmt(value, spec) if value is not None else "not measured",
-         test(value) if value is not None else None)
+         test(value) if value is not None and test else None)
         for target, value, spec, test in specs
     ]  # fmt: skip
 
@@ -307,7 +363,8 @@ def async_sleep_section(check: dict) -> str:
     lines += ["", f"{ASYNC_OURS} ÷ each (drain/s; steady drain/s):", ""]
     drain, steady = (_async_ratios(check, k) for k in ("drain_per_s", "steady_drain_per_s"))
     for label, (value, row) in drain.items():
-        target = {"pgqueuer": " (target >= 1.5x)", "threads": " (target >= 10x)"}.get(label, "")
+        goals = {"pgqueuer": f" (target >= {ASYNC_PGQ_TARGET:.1f}x)", "threads": " (target >= 10x)"}
+        target = goals.get(label, "")
         better = f", its better row: {row}" if row and label != "threads" else ""
         lines.append(
             f"- {row if label == 'threads' else label}{better}: {fmt(value, '{:.2f}x')}; "

@@ -260,7 +260,9 @@ class Bench:
                 except RuntimeError as e:
                     failures[name] = str(e)
                     log(f"{name} FAILED; left out of the results:\n{e}")
-                    for row in report.flatten(name, {"batch1": {}, "batch100": {}}):
+                    rows = [*report.flatten(name, {"batch1": {}, "batch100": {}}),
+                            report.orm_row(name)]  # fmt: skip
+                    for row in rows:
                         runs.pop(row, None)  # a system is reported whole or not at all
                     continue
                 for row, values in report.flatten(name, result).items():

@@ -24,8 +24,9 @@ PEERS: dict[str, list[str]] = {
     "django-tasks-db": ["django-tasks-db==0.13.0", "Django=={django}", "psycopg[binary]>=3.2"],
     "procrastinate": ["procrastinate==3.10.0", "psycopg[binary,pool]>=3.2"],
     # asyncpg: the driver PgQueuer documents and ``pgq run`` tries first (the
-    # async check runs it so; see drivers/pgqueuer.py).
-    "pgqueuer": ["pgqueuer==1.6.0", "psycopg[binary]>=3.2", "asyncpg==0.30.0"],
+    # async check runs it so; see drivers/pgqueuer.py). Django: its ORM job rows,
+    # the realistic job as a Django site on PgQueuer writes it.
+    "pgqueuer": ["pgqueuer==1.6.0", "psycopg[binary]>=3.2", "asyncpg==0.30.0", "Django=={django}"],
     # Chancy needs PostgreSQL 14+ (the harness's server is 15).
     "chancy": ["chancy==0.26.0", "psycopg[binary,pool]>=3.2"],
 }

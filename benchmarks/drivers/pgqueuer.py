@@ -28,6 +28,27 @@ simply its row count.
 The async check (``--sleep-ms``) runs ``defaults, asyncpg+uvloop`` and
 ``asyncpg+uvloop`` with C = the async slots per process (200:
 ``batch_size=100, max_concurrent_tasks=200``).
+
+The realistic job runs twice in the asyncpg + uvloop configurations
+(``ORM_JOB``). First with its own body, two statements on the worker's asyncpg
+connections: PgQueuer at its fastest. Then as a Django site on PgQueuer
+writes it, giving the ``ORM job`` rows of the report: the same body as
+django_dispatch's and django-tasks-db's task (``bench.orders.place_order``,
+two ORM statements), called through ``asgiref.sync.sync_to_async`` in worker
+processes that set Django up on the benchmark's database
+(``benchproject.settings_pgqueuer``: the same ``DATABASES`` and
+``CONN_MAX_AGE``):
+
+- ``defaults, asyncpg+uvloop``: ``sync_to_async(place_order)`` as Django's
+  documentation shows it (``thread_sensitive=True``): every ORM call of a
+  process on one thread and one connection;
+- ``asyncpg+uvloop`` (C slots): ``thread_sensitive=False`` on a pool of C
+  threads, each with its own connection, as django_dispatch's C job threads
+  have.
+
+The psycopg configurations do not run it: their queue loop waits up to a
+second inside ``notifies()``, which already holds their own realistic rows
+far below the asyncpg ones, whatever the job body.
 """
 
 from __future__ import annotations
@@ -38,6 +59,7 @@ import signal
 import sys
 import time
 from collections.abc import Awaitable, Callable
+from concurrent.futures import ThreadPoolExecutor
 
 import asyncpg
 import psycopg
@@ -62,6 +84,10 @@ async def connect_queries(db_url: str, pgq_run: bool) -> tuple[Queries, Callable
     return Queries(PsycopgDriver(pconn)), pconn.close
 
 
+#: The configurations that also drain the realistic job written with Django's ORM,
+#: and whether their ``sync_to_async`` is thread-sensitive (see the docstring).
+ORM_JOB = {"defaults, asyncpg+uvloop": True, "asyncpg+uvloop": False}
+
 #: The realistic job's statements in asyncpg's placeholder style.
 ASYNCPG_INSERT_SQL = ORDER_INSERT_SQL.replace("%s", "$1")
 ASYNCPG_UPDATE_SQL = ORDER_UPDATE_SQL.replace("%s", "$1")
@@ -84,6 +110,8 @@ class PgQueuerDriver(Driver):
         self.defaults = self.config.startswith("defaults")
         #: The worker as `pgq run` runs it: asyncpg and uvloop.
         self.pgq_run = "asyncpg" in self.config
+        #: A worker process of the ORM job (``realistic_variants``).
+        self.orm = getattr(args, "realistic_body", "") == "orm"
 
     def setup(self) -> None:
         self.loop = asyncio.new_event_loop()
@@ -106,12 +134,21 @@ class PgQueuerDriver(Driver):
         )
         return True
 
+    @classmethod
+    def add_arguments(cls, parser) -> None:
+        # The worker's realistic job: its own asyncpg/psycopg body, or "orm".
+        parser.add_argument("--realistic-body", choices=["", "orm"], default="")
+
+    def realistic_variants(self) -> list[str]:
+        return ["orm"] if self.config in ORM_JOB else []
+
     def enqueue_realistic_bulk(self, count: int) -> None:
+        entrypoint = "realistic_orm" if self.realistic_body == "orm" else "realistic"
         for start in range(0, count, 10_000):
             seqs = range(start, min(count, start + 10_000))
             self.loop.run_until_complete(
                 self.queries.enqueue(
-                    ["realistic"] * len(seqs), [str(s).encode() for s in seqs], [0] * len(seqs)
+                    [entrypoint] * len(seqs), [str(s).encode() for s in seqs], [0] * len(seqs)
                 )
             )
 
@@ -125,9 +162,15 @@ class PgQueuerDriver(Driver):
     def worker_argv(self, concurrency: int) -> list[str]:
         return [sys.executable, "-m", "drivers.pgqueuer", "worker", "--concurrency",
                 str(concurrency), "--sleep-ms", repr(self.args.sleep_ms),
-                *self.config_argv()]  # fmt: skip
+                "--realistic-body", self.realistic_body, *self.config_argv()]  # fmt: skip
 
     def run_worker(self) -> None:
+        # Only the workers of the ORM job set Django up: the others stay as
+        # light as PgQueuer without Django (start-up, RSS).
+        if self.orm:
+            from drivers import django_setup
+
+            django_setup.configure(self.db, "benchproject.settings_pgqueuer")
         if self.pgq_run:
             uvloop.run(self._worker())
         else:
@@ -157,11 +200,13 @@ class PgQueuerDriver(Driver):
         # The realistic job's own connections (of the worker's driver), C of
         # them (no cap: 10), handed out one per running job, as a pool would;
         # none for the async check's sleep jobs (its C of 200 would exceed the
-        # server's sessions).
+        # server's sessions), nor for the ORM job (Django's connections instead).
         pool: asyncio.Queue = asyncio.Queue()
         size = 10 if self.defaults else max(2, self.args.concurrency)
-        for _ in range(0 if self.args.sleep_ms else size):
+        for _ in range(0 if self.args.sleep_ms or self.orm else size):
             pool.put_nowait(await (asyncpg.connect(self.db) if self.pgq_run else connect(self.db)))
+        if self.orm:
+            self._orm_entrypoint(manager)
 
         @manager.entrypoint("realistic")
         async def realistic(job) -> None:
@@ -188,6 +233,23 @@ class PgQueuerDriver(Driver):
         while not pool.empty():
             await pool.get_nowait().close()
         await close()
+
+    def _orm_entrypoint(self, manager: QueueManager) -> None:
+        """The realistic job as a Django site on PgQueuer writes it (see the docstring)."""
+        from asgiref.sync import sync_to_async
+        from bench.orders import place_order
+
+        thread_sensitive = ORM_JOB[self.config]
+        if not thread_sensitive:  # C threads, each with its own Django connection
+            concurrency = max(2, self.args.concurrency)
+            asyncio.get_running_loop().set_default_executor(
+                ThreadPoolExecutor(concurrency, thread_name_prefix="orm")
+            )
+        body = sync_to_async(place_order, thread_sensitive=thread_sensitive)
+
+        @manager.entrypoint("realistic_orm")
+        async def realistic_orm(job) -> None:
+            await body(int(job.payload.decode()))
 
     def close(self) -> None:
         if hasattr(self, "sync_conn"):
