@@ -25,6 +25,7 @@ callers skip it too: no span is made and no context is stored.
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
@@ -43,23 +44,34 @@ _trace: Any = None  # the opentelemetry.trace module, once imported
 _active = False
 
 
+#: How long a "no tracer provider yet" answer serves: asking OpenTelemetry reads
+#: an environment variable and builds its proxy, a few microseconds per job of
+#: a worker, for an answer that changes once in a process's life, if ever.
+RECHECK_SECONDS = 1.0
+_checked_at = float("-inf")
+
+
 def active() -> bool:
     """Whether the application set a tracer provider (an SDK), so spans are recorded.
 
     Until it does, OpenTelemetry's API hands out no-op spans: making one
     and injecting its empty context would cost an enqueue tens of
     microseconds for nothing, so callers skip both (call only when
-    ``AVAILABLE``). Checked per call: the provider may be set after import.
+    ``AVAILABLE``). A provider set after import is seen within
+    ``RECHECK_SECONDS``; once set, it stays (OpenTelemetry allows setting it once).
     """
-    global _trace, _active
+    global _trace, _active, _checked_at
     if _active:
         return True
+    now = time.monotonic()
+    if now - _checked_at < RECHECK_SECONDS:
+        return False
+    _checked_at = now
     if _trace is None:
         from opentelemetry import trace
 
         _trace = trace
     provider = _trace.get_tracer_provider()
-    # A provider, once set, stays: OpenTelemetry allows setting it once.
     _active = not isinstance(provider, _trace.ProxyTracerProvider | _trace.NoOpTracerProvider)
     return _active
 
