@@ -43,6 +43,7 @@ RUN_FIELDS = (
     "generation",
     "queue_name",
     "parent_task_id",
+    "parent_run_id",
     "namespace",
     "map_batch",
 )
@@ -114,47 +115,52 @@ def write_transaction(db: str) -> Iterator[None]:
         yield
 
 
-def run_id_of(db: str, step_id: int) -> int | None:
-    return (
-        WorkflowTask.objects.using(db).filter(id=step_id).values_list("run_id", flat=True).first()
-    )
-
-
 def lock_run(db: str, *, run_id: int | None = None, step_id: int | None = None) -> RunRow | None:
     """Lock (and touch) a run row for this transaction, given it or one of its steps.
 
     Returns the run's ``RUN_FIELDS``, or None when there is no such run (or step).
     """
+    link = None
     if run_id is None and step_id is not None:
-        run_id = run_id_of(db, step_id)
+        steps = WorkflowTask.objects.using(db).filter(id=step_id)
+        row = steps.values_list("run_id", "run__parent_run_id", "run__map_batch").first()
+        if row is None:
+            return None
+        run_id, link = row[0], (row[1], row[2])
     if not run_id:
         return None
-    lock_map_parents(db, run_id)
+    lock_map_parents(db, run_id, link)
     if not WorkflowRun.objects.using(db).filter(id=run_id).update(updated_at=Now()):
         return None
     return WorkflowRun.objects.using(db).filter(id=run_id).values(*RUN_FIELDS).first()
 
 
-def lock_map_parents(db: str, run_id: int) -> None:
+def lock_map_parents(
+    db: str, run_id: int, link: tuple[int | None, str | None] | None = None
+) -> None:
     """Lock, top down, the runs above ``run_id`` that a map child locks first.
 
     A map child's success moves its parent's step, and may admit a held
     sibling (its steps get jobs), so the parent run is locked before any of
     its map children, by every transaction that touches one: two siblings'
     transactions then queue on the parent instead of each holding what the
-    other wants. Up a chain of maps, the top run first. A run that is no
-    map child costs one read of its own row.
+    other wants. Up a chain of maps, the top run first. ``link`` is the
+    run's (parent_run_id, map_batch) when the caller read it already;
+    otherwise a run that is no map child costs one read of its own row.
     """
     chain = []
-    current: int | None = run_id
-    while current is not None:
-        row = WorkflowRun.objects.using(db).filter(id=current)
-        parent, batch = row.values_list("parent_run_id", "map_batch").first() or (None, None)
-        current = parent if batch is not None else None
-        if current is not None:
-            chain.append(current)
+    parent, batch = link if link is not None else _map_link(db, run_id)
+    while parent is not None and batch is not None:
+        chain.append(parent)
+        parent, batch = _map_link(db, parent)
     for parent_id in reversed(chain):
         WorkflowRun.objects.using(db).filter(id=parent_id).update(updated_at=Now())
+
+
+def _map_link(db: str, run_id: int) -> tuple[int | None, str | None]:
+    """(parent_run_id, map_batch) of a run: a map child has both."""
+    row = WorkflowRun.objects.using(db).filter(id=run_id)
+    return row.values_list("parent_run_id", "map_batch").first() or (None, None)
 
 
 @contextmanager
@@ -291,7 +297,8 @@ def _map_child_succeeded(db: str, child: RunRow, build_job: StepJobBuilder) -> N
     runs = WorkflowRun.objects.using(db)
     if not runs.filter(id=child["id"], map_counted=False).update(map_counted=True):
         return  # replayed after it was counted: its new output is gathered all the same
-    parent = lock_run(db, step_id=child["parent_task_id"])
+    # Locked already: a map child's transaction locks its parent run first.
+    parent = runs.filter(id=child["parent_run_id"]).values(*RUN_FIELDS).first()
     if parent is None:
         return
     waiting = map_waiting(db, child["parent_task_id"], child["map_batch"])
