@@ -11,11 +11,13 @@ import time
 from datetime import datetime
 
 import pytest
+from django.db import connection
 from django.test import override_settings
 
 from django_dispatch.core.workflow_states import RunState, StepState
 from django_dispatch.models import Job, WorkflowRun, WorkflowTask
 from django_dispatch.states import JobState
+from django_dispatch.store.workflows.runs import cancel_held
 from django_dispatch.testing import drain
 from django_dispatch.workflows import (
     Workflow,
@@ -198,6 +200,20 @@ def test_a_cancelled_child_fails_the_step_parks_the_run_and_cancels_its_siblings
     states = [c.state for c in kids(run)]
     assert states == [RunState.CANCELLED] * 4 + [RunState.SUCCEEDED] * 4
     assert executions("cancel-kid") == {n: 1 for n in range(4)}
+
+
+@pytestmark_db
+def test_held_children_are_cancelled_together_the_admitted_ones_one_by_one():
+    run = fan("held-cancel", 6, max_parallel=2)
+    drain(max_jobs=1)
+    step = spread(run)
+    assert cancel_held(connection.alias, step.map_batch) == 4
+    states = [c.state for c in kids(run)]
+    assert states == [RunState.RUNNING] * 2 + [RunState.CANCELLED] * 4
+    held = WorkflowTask.objects.filter(run__parent_run=run, run__state=RunState.CANCELLED)
+    assert {s.state for s in held} == {StepState.CANCELLED}
+    assert cancel_held(connection.alias, step.map_batch) == 0  # the admitted two are not held
+    assert spread(run).state == StepState.WAITING  # no child was cancelled one by one
 
 
 @pytestmark_db

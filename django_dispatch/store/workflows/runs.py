@@ -6,7 +6,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from django.db import IntegrityError, transaction
-from django.db.models import F
+from django.db.models import Exists, F, OuterRef
 from django.db.models.functions import Now
 
 from ...core.workflow_states import (
@@ -153,12 +153,49 @@ def stop_steps(db: str, steps: Iterable[Mapping[str, Any]]) -> None:
 
 
 def cancel_children(db: str, children: Sequence[int], batches: Sequence[str]) -> None:
-    """Cancel child runs, and the unfinished children of ``ctx.map`` sets, one by one."""
+    """Cancel child runs, and the unfinished children of ``ctx.map`` sets.
+
+    A set's held children (never admitted: no step has had a job) are
+    cancelled together in one transaction; the others one by one, each with
+    its own jobs, claims and children.
+    """
     for batch in batches:
+        cancel_held(db, batch)
         live = WorkflowRun.objects.using(db).filter(map_batch=batch, state__in=list(RUN_ACTIVE))
         children = [*children, *live.order_by("map_index").values_list("id", flat=True)]
     for child in children:
         workflow_run_cancel(child, db=db)
+
+
+def cancel_held(db: str, batch: str) -> int:
+    """running -> cancelled for the held children of a ``ctx.map`` set; return how many.
+
+    Under the parent run's lock, which the admission of a held child also
+    holds: a child is either admitted (its first steps have jobs) and left
+    to ``workflow_run_cancel``, or still held and cancelled here, steps and
+    all, with nothing else to stop. For a set its step no longer waits for
+    (failed, reset, run cancelled): the step is not told.
+    """
+    runs = WorkflowRun.objects.using(db)
+    with write_transaction(db):
+        parent_id = runs.filter(map_batch=batch).values_list("parent_run_id", flat=True).first()
+        if parent_id is None or lock_run(db, run_id=parent_id) is None:
+            return 0
+        has_job = WorkflowTask.objects.using(db).filter(run_id=OuterRef("pk"), job_id__isnull=False)
+        held = runs.filter(map_batch=batch, state=RunState.RUNNING).exclude(Exists(has_job))
+        ids = list(held.values_list("id", flat=True))
+        if not ids:
+            return 0
+        steps = WorkflowTask.objects.using(db).filter(state__in=list(STEP_LIVE))
+        for chunk in range(0, len(ids), 500):  # SQLite's bound on parameters
+            part = ids[chunk : chunk + 500]
+            steps.filter(run_id__in=part).update(
+                state=StepState.CANCELLED, finished_at=Now(), updated_at=Now()
+            )
+            runs.filter(id__in=part, state=RunState.RUNNING).update(
+                state=RunState.CANCELLED, finished_at=Now(), updated_at=Now()
+            )
+    return len(ids)
 
 
 def workflow_run_cancel(run_id: int, *, db: str | None = None) -> bool:
