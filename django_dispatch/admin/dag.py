@@ -113,44 +113,42 @@ def dag_svg(run: WorkflowRun) -> SafeString:
                 f'<path class="edge" d="M{sx},{sy} C{mid},{sy} {mid},{ey} {ex},{ey}"/>'
                 f'<polygon class="arrow" points="{ex},{ey - 4} {ex + 6},{ey} {ex},{ey + 4}"/>'
             )
-    nodes = []
-    for step in steps:
-        x, y = pos[step["name"]]
-        kind = NODE_CLASS.get(step["state"], "pending")
-        detail = (
-            waits_for(step)
-            or map_summary(step)
-            or f"{step['state']} · {step['attempts']} attempt(s)"
-        )
-        title = f"{step['name']}: {step['state']}" + (
-            f", waits for {waits_for(step)}" if waits_for(step) else ""
-        )
-        if step.get("map_batch"):
-            kind += " map"
-            title += f"; {map_progress(step)}: click for the list of its child runs"
-        label = step["name"] if len(step["name"]) <= 20 else step["name"][:19] + "…"
-        node = (
-            f'<g class="node {kind}" data-step="{escape(step["name"])}">'
-            f"<title>{escape(title)}</title>"
-            f'<rect x="{x}" y="{y}" width="{NODE_W}" height="{NODE_H}" rx="5"/>'
-            f'<text x="{x + 8}" y="{y + 18}" font-weight="600">{escape(label)}</text>'
-            f'<text x="{x + 8}" y="{y + 34}">{escape(detail[:26])}</text></g>'
-        )
-        url = ""
-        if step.get("map_batch"):  # a ctx.map set: the list of its child runs
-            query = urlencode({"map_batch": step["map_batch"]})
-            url = f"{reverse('admin:django_dispatch_workflowrun_changelist')}?{query}"
-        elif step["child_run_id"]:
-            url = change_url(WorkflowRun, step["child_run_id"])
-        if url:
-            node = f'<a href="{escape(url)}">{node}</a>'
-        nodes.append(node)
+    nodes = [node_svg(step, *pos[step["name"]]) for step in steps]
     # Every piece above is numbers or escaped text.
     return mark_safe(
         f'<div class="dispatch-dag"><svg viewBox="0 0 {width} {height}" width="{width}" '
         f'height="{height}" role="img" aria-label="Steps of run #{run.pk}">'
         f"{''.join(edges)}{''.join(nodes)}</svg></div>"
     )
+
+
+def node_svg(step: dict[str, Any], x: int, y: int) -> str:
+    """One step's node at (x, y): its name, what it is at, a link to its child run(s)."""
+    kind = NODE_CLASS.get(step["state"], "pending")
+    detail = (
+        waits_for(step) or map_summary(step) or f"{step['state']} · {step['attempts']} attempt(s)"
+    )
+    title = f"{step['name']}: {step['state']}" + (
+        f", waits for {waits_for(step)}" if waits_for(step) else ""
+    )
+    if step.get("map_batch"):
+        kind += " map"
+        title += f"; {map_progress(step)}: click for the list of its child runs"
+    label = step["name"] if len(step["name"]) <= 20 else step["name"][:19] + "…"
+    node = (
+        f'<g class="node {kind}" data-step="{escape(step["name"])}">'
+        f"<title>{escape(title)}</title>"
+        f'<rect x="{x}" y="{y}" width="{NODE_W}" height="{NODE_H}" rx="5"/>'
+        f'<text x="{x + 8}" y="{y + 18}" font-weight="600">{escape(label)}</text>'
+        f'<text x="{x + 8}" y="{y + 34}">{escape(detail[:26])}</text></g>'
+    )
+    url = ""
+    if step.get("map_batch"):  # a ctx.map set: the list of its child runs
+        query = urlencode({"map_batch": step["map_batch"]})
+        url = f"{reverse('admin:django_dispatch_workflowrun_changelist')}?{query}"
+    elif step["child_run_id"]:
+        url = change_url(WorkflowRun, step["child_run_id"])
+    return f'<a href="{escape(url)}">{node}</a>' if url else node
 
 
 def dag_field(model_admin: Any, run: WorkflowRun) -> SafeString:
