@@ -44,6 +44,7 @@ from .leadership import leadership_acquire, leadership_holder, leadership_releas
 from .leases import (
     job_ack_cancelled,
     job_fail_if_leased,
+    job_final_checkpoint_if_cancelled,
     job_finish_if_leased,
     job_progress_if_leased,
     job_release_if_leased,
@@ -90,6 +91,7 @@ __all__ = [
     "job_cancel",
     "job_claimed_if_leased",
     "job_fail_if_leased",
+    "job_final_checkpoint_if_cancelled",
     "job_finish_if_leased",
     "job_insert_idempotent",
     "job_interrupt_if_leased",

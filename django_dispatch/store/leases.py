@@ -134,6 +134,32 @@ def job_progress_if_leased(
     )
 
 
+def job_final_checkpoint_if_cancelled(
+    lease: Lease, checkpoint: Any, *, db: str | None = None
+) -> bool:
+    """Keep ``checkpoint`` as the last word of a job cancelled while this worker ran it.
+
+    Work done between the last ``progress()`` and the cancel would otherwise
+    be lost: the task is told at its next ``progress()``, whose value is
+    saved here. Fenced like every write (worker, epoch), and only while the
+    worker still holds the cancelled job (``job_ack_cancelled`` not yet run):
+    a job reclaimed by another worker, or already let go, takes nothing.
+    """
+    db = db or db_alias()
+    return (
+        Job.objects.using(db)
+        .filter(
+            id=lease.job_id,
+            state=JobState.CANCELLED,
+            worker_id=lease.worker_id,
+            lease_epoch=lease.epoch,
+            lease_expires_at__isnull=False,
+        )
+        .update(checkpoint=checkpoint)
+        == 1
+    )
+
+
 def job_release_if_leased(
     lease: Lease,
     *,

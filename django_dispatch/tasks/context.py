@@ -35,6 +35,9 @@ class DispatchTaskContext(TaskContext):  # type: ignore[misc]
     #: Artifact names this claim saved: a second save of one is ``ArtifactExists``;
     #: a first one takes over a link an earlier claim of the same attempt number made.
     saved_artifacts: set[str] = field(default_factory=set)
+    #: Whether the final checkpoint of a cancelled attempt was tried: it is
+    #: saved once, by the first ``progress()`` that finds the job cancelled.
+    final_tried: bool = False
 
     @property
     def checkpoint(self) -> Any:
@@ -54,18 +57,26 @@ class DispatchTaskContext(TaskContext):  # type: ignore[misc]
 
         Raises ``JobCancelled`` once the job is cancelled or this worker no
         longer holds it: stop work then; whatever the task returns afterwards
-        is discarded. Raises ``InvalidTaskArguments``, saving nothing, when
+        is discarded. On a job cancelled while it runs, the first such call
+        still saves ``value`` as the job's final checkpoint (fenced by the
+        lease, once), so the work done since the last ``progress()`` is on
+        record. Raises ``InvalidTaskArguments``, saving nothing, when
         ``value`` is not JSON or its JSON is over
         ``DISPATCH["MAX_CHECKPOINT_BYTES"]``. From async tasks use
         ``await context.aprogress(value)``.
         """
-        if self.cancel_event.is_set():
+        if self.cancel_event.is_set() and self.final_tried:
             raise JobCancelled(self._gone())
         value = to_json(value, "A checkpoint", "MAX_CHECKPOINT_BYTES")
-        if not store.job_progress_if_leased(self.lease, value, lease_seconds=self.lease_seconds):
+        if not self.cancel_event.is_set():
+            if store.job_progress_if_leased(self.lease, value, lease_seconds=self.lease_seconds):
+                object.__setattr__(self, "saved_checkpoint", value)
+                return
             self.cancel_event.set()
-            raise JobCancelled(self._gone())
-        object.__setattr__(self, "saved_checkpoint", value)
+        object.__setattr__(self, "final_tried", True)
+        if store.job_final_checkpoint_if_cancelled(self.lease, value):
+            object.__setattr__(self, "saved_checkpoint", value)
+        raise JobCancelled(self._gone())
 
     async def aprogress(self, value: Any) -> None:
         await sync_to_async(self.progress, thread_sensitive=True)(value)

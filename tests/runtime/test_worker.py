@@ -1,6 +1,7 @@
 """The worker's behaviour, in-process through testing.drain (the real path:
 claim, job threads with their own connections, fenced completion)."""
 
+import signal
 import threading
 import time
 from datetime import timedelta
@@ -180,8 +181,8 @@ def test_a_success_nobody_observes_sends_no_signal_and_one_observed_does(caplog)
     """The worker skips the signals (and the TaskResult) only when they are silent."""
     backend_class = type(tasks.add.get_backend())
     caplog.set_level("WARNING", logger=TASKS_LOGGER)  # Django's log receivers drop INFO
-    for signal in (task_started, task_finished):
-        assert signal_is_silent(signal, backend_class)
+    for sent in (task_started, task_finished):
+        assert signal_is_silent(sent, backend_class)
 
     finished = []
 
@@ -345,11 +346,33 @@ def test_cancelled_while_running_discards_result_and_keeps_checkpoint():
     canceller.join()
     job = Job.objects.get(pk=enqueued.id)
     assert job.state == JobState.CANCELLED and job.return_value is None
-    # The cancel lands once 3 items are written: at the latest the third's
-    # progress() saw it (checkpoint 2, one item past it), or a later one did.
-    assert job.checkpoint is not None and 2 <= job.checkpoint < 1000
-    done = SideEffect.objects.filter(key="cancel-me").count()
-    assert done == job.checkpoint or done == job.checkpoint + 1  # stopped at progress()
+    # The cancel lands once 3 items are written; the progress() that found it
+    # saved its item as the final checkpoint, so every item done is on record.
+    assert job.checkpoint is not None and 3 <= job.checkpoint < 1000
+    assert SideEffect.objects.filter(key="cancel-me").count() == job.checkpoint
+
+
+def test_a_real_worker_keeps_a_cancelled_jobs_final_checkpoint(start_worker):
+    """Cancelled while it runs in a real worker: the value its last progress() was given is kept."""
+    enqueued = tasks.count_to.enqueue("final-word", 100_000, 0.02)
+    worker = start_worker("--concurrency", "2")
+    wait_until(lambda: SideEffect.objects.filter(key="final-word").count() >= 5, timeout=30)
+    cancel(enqueued.id)
+    wait_until(
+        lambda: Job.objects.filter(pk=enqueued.id, lease_expires_at__isnull=True).exists(),
+        timeout=30,
+    )  # the worker let go of it: the task stopped
+    worker.signal(signal.SIGTERM)
+    assert worker.wait() == 0, worker.output()
+    job = Job.objects.get(pk=enqueued.id)
+    assert job.state == JobState.CANCELLED
+    done = SideEffect.objects.filter(key="final-word").count()
+    assert done >= 5 and job.checkpoint == done  # the item after the last plain progress() too
+    # A lost lease saves nothing: the fence holds for the final checkpoint as for any write.
+    assert not store.job_final_checkpoint_if_cancelled(
+        store.Lease(job_id=job.id, worker_id=job.worker_id, epoch=job.lease_epoch + 1), 0
+    )
+    assert Job.objects.get(pk=enqueued.id).checkpoint == done
 
 
 def test_store_retry_now_drains_waiting_retries():
