@@ -226,10 +226,17 @@ def advance(db: str, run: RunRow, build_job: StepJobBuilder) -> None:
     runs = WorkflowRun.objects.using(db).filter(id=run["id"])
     if steps and len(done) == len(steps):
         output = steps[-1]["output"]
-        runs.update(state=RunState.SUCCEEDED, output=output, finished_at=Now())
+        succeeded = {"state": RunState.SUCCEEDED, "output": output, "finished_at": Now()}
         if run["parent_task_id"] and run.get("map_batch"):
-            _map_child_succeeded(db, run, build_job)
-        elif run["parent_task_id"]:
+            # Only its first success counts a map child: a child replayed after
+            # that is gathered with its new output, never counted twice.
+            if runs.filter(map_counted=False).update(**succeeded, map_counted=True):
+                _map_child_succeeded(db, run, build_job)
+            else:
+                runs.update(**succeeded)
+            return
+        runs.update(**succeeded)
+        if run["parent_task_id"]:
             _child_succeeded(db, run["id"], run["parent_task_id"], output, build_job)
     elif run["state"] == RunState.STUCK and not any(s["state"] == StepState.FAILED for s in steps):
         runs.update(state=RunState.RUNNING)
@@ -286,8 +293,9 @@ def map_waiting(db: str, step_id: int, batch: str) -> QuerySet[WorkflowTask]:
 
 
 def _map_child_succeeded(db: str, child: RunRow, build_job: StepJobBuilder) -> None:
-    """A ``ctx.map`` child succeeded (it and its parent run locked): count it on the
-    waiting step, then admit the next held child, or, the last one, gather.
+    """A ``ctx.map`` child succeeded for the first time (it and its parent run
+    locked): count it on the waiting step, then admit the next held child, or,
+    the last one, gather.
 
     The count and the admission read and write the step row and at most one
     sibling, by its position (a unique index): the same cost for the 10th
@@ -295,12 +303,6 @@ def _map_child_succeeded(db: str, child: RunRow, build_job: StepJobBuilder) -> N
     set, once, to gather the outputs in input order.
     """
     runs = WorkflowRun.objects.using(db)
-    if not runs.filter(id=child["id"], map_counted=False).update(map_counted=True):
-        return  # replayed after it was counted: its new output is gathered all the same
-    # Locked already: a map child's transaction locks its parent run first.
-    parent = runs.filter(id=child["parent_run_id"]).values(*RUN_FIELDS).first()
-    if parent is None:
-        return
     waiting = map_waiting(db, child["parent_task_id"], child["map_batch"])
     if not waiting.update(map_done=F("map_done") + 1, heartbeat_at=Now(), updated_at=Now()):
         return  # the step no longer waits for this set (failed, skipped, replayed)
@@ -310,6 +312,8 @@ def _map_child_succeeded(db: str, child: RunRow, build_job: StepJobBuilder) -> N
         in_order = runs.filter(map_batch=child["map_batch"]).order_by("map_index")
         outputs = list(in_order.values_list("output", flat=True))
         waiting.update(state=StepState.SUCCEEDED, output=outputs, finished_at=Now())
+        # Locked already: a map child's transaction locks its parent run first.
+        parent = runs.filter(id=child["parent_run_id"]).values(*RUN_FIELDS).get()
         advance(db, parent, build_job)
     elif started < total:
         _admit(db, child["map_batch"], started, build_job)

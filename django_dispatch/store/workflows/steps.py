@@ -135,14 +135,16 @@ def _claimed_step(db: str, step_id: int, claim_id: str) -> ClaimedStep | None:
         .values("name", "input", "queue_name", "call_context")
         .get(id=step["run_id"])
     )
-    others = WorkflowTask.objects.using(db).filter(run_id=step["run_id"])
-    graph = {s["name"]: s for s in others.values("name", "depends_on", "state", "output")}
-    deps = {name: s["depends_on"] for name, s in graph.items()}
-    outputs = {
-        name: graph[name]["output"]
-        for name in ancestors(deps, step["name"])
-        if graph[name]["state"] in STEP_DONE
-    }
+    outputs: dict[str, Any] = {}
+    if step["depends_on"]:  # a first step (every one-step child of a map) has no ancestor
+        others = WorkflowTask.objects.using(db).filter(run_id=step["run_id"])
+        graph = {s["name"]: s for s in others.values("name", "depends_on", "state", "output")}
+        deps = {name: s["depends_on"] for name, s in graph.items()}
+        outputs = {
+            name: graph[name]["output"]
+            for name in ancestors(deps, step["name"])
+            if graph[name]["state"] in STEP_DONE
+        }
     return ClaimedStep(
         step_id=step_id,
         claim_id=claim_id,
