@@ -30,6 +30,7 @@ __all__ = [
     "replay",
     "resume_queue",
     "retry_now",
+    "run_now",
     "schedules",
     "task",
 ]
@@ -38,6 +39,7 @@ if TYPE_CHECKING:
     from . import dead_letters, jobs, schedules
     from ._typing import task
     from .flow import pause_queue, paused_queues, resume_queue
+    from .runtime.run_now import run_now
     from .services import cancel, replay, retry_now
     from .tasks.enqueue import enqueue_many
 
@@ -47,6 +49,11 @@ def __getattr__(name: str) -> Any:
         import importlib
 
         return importlib.import_module(f"{__name__}.{name}")
+    if name == "run_now":
+        # Imported on first use: only run_now needs the worker machinery.
+        from .runtime.run_now import run_now
+
+        return run_now
     if name == "enqueue_many":
         from .tasks.enqueue import enqueue_many
 

@@ -93,10 +93,17 @@ def run_next_step(run_id: int) -> list[int]:
     )
     if claimed is None:
         return []
+    run_claimed(claimed, settings)
+    return [claimed.id]
+
+
+def run_claimed(claimed: store.ClaimedJob, settings: DispatchSettings) -> None:
+    """Run a job claimed by id for this process (its lease's worker id) as a
+    one-job worker; return once its outcome is committed."""
     worker = _InlineWorker(
         claimed,
         WorkerOptions(
-            worker_id=worker_id,
+            worker_id=claimed.lease.worker_id,
             namespace=claimed.lease.namespace,
             queues=[claimed.row["queue_name"]],
             concurrency=1,
@@ -107,4 +114,3 @@ def run_next_step(run_id: int) -> list[int]:
         settings,
     )
     worker.run()
-    return [claimed.id]
