@@ -7,12 +7,14 @@ definition and its enqueue are honoured.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field, fields
 from typing import Any
 
 from django.conf import settings
 from django.core.signals import setting_changed
 from django.dispatch import receiver
+from django.utils.module_loading import import_string
 
 # Re-exported: the checks and the store read them from here.
 from .core.queue_limits import QUEUE_LIMIT_KEYS as QUEUE_LIMIT_KEYS
@@ -117,6 +119,10 @@ class DispatchSettings:
     RESOURCE_STARVATION_SECONDS: float = 60.0
     #: The STORAGES alias that ``context.save_artifact`` writes to.
     ARTIFACT_STORAGE: str = "default"
+    #: Dotted path to a function ``(text) -> text`` applied to every stored and
+    #: logged error message and traceback (e.g. to keep personal data out of
+    #: them); "" for none.
+    ERROR_REDACTOR: str = ""
     #: Seconds after which an ephemeral artifact with no link (its attempt lost
     #: its lease or crashed before linking) is soft-deleted. Longer than any write.
     ARTIFACT_ORPHAN_SECONDS: float = DAY
@@ -164,15 +170,17 @@ class DispatchSettings:
                 continue
             if f.name in ("JOB_RETENTION", "CRON"):
                 problems += self._validate_mapping(f.name, value)
-            elif f.name == "ARTIFACT_STORAGE":  # a STORAGES alias: checked by checks.artifacts
-                if not isinstance(value, str):
-                    problems.append(f"DISPATCH['{f.name}'] must be a string, got {value!r}.")
             elif f.name == "USAGE":
                 if value not in USAGE_MODES:
                     problems.append(
                         f"DISPATCH['USAGE'] must be one of {', '.join(map(repr, USAGE_MODES))}, "
                         f"got {value!r}."
                     )
+            elif f.name == "ERROR_REDACTOR":
+                problems += _redactor_problems(value)
+            elif f.name == "ARTIFACT_STORAGE":  # a STORAGES alias: checked by checks.artifacts
+                if not isinstance(value, str):
+                    problems.append(f"DISPATCH['{f.name}'] must be a string, got {value!r}.")
             elif f.type in (bool, "bool"):
                 if not isinstance(value, bool):
                     problems.append(f"DISPATCH['{f.name}'] must be True or False, got {value!r}.")
@@ -226,11 +234,11 @@ CRON_ENTRY_KEYS = (
     "enabled",
     "backend",  # the TASKS alias whose namespace the entry lives in (default "default")
 )
+#: ``DISPATCH["USAGE"]``'s values: which attempts get a usage record.
+USAGE_MODES = ("all", "failures", "off")
 #: The size limits, read through ``size_limit()`` (cached) on hot paths.
 SIZE_LIMITS = ("MAX_ARGS_BYTES", "MAX_RESULT_BYTES", "MAX_CHECKPOINT_BYTES", "MAX_ERROR_BYTES")
 _WHOLE_NUMBERS = {"MAX_WORKER_LOST", "CONCURRENCY", "PURGE_BATCH", "MAP_MAX_ITEMS", *SIZE_LIMITS}
-#: ``DISPATCH["USAGE"]``'s values: which attempts get a usage record.
-USAGE_MODES = ("all", "failures", "off")
 _OTHER_KEYS: set[str] = set()
 
 
@@ -270,8 +278,53 @@ def size_limit(name: str) -> int:
     return limits[name]
 
 
-_usage_mode: str | None = None
+def _redactor_problems(path: Any) -> list[str]:
+    if not isinstance(path, str):
+        return [f"DISPATCH['ERROR_REDACTOR'] must be a dotted path (a string), got {path!r}."]
+    if not path:
+        return []
+    try:
+        redactor = import_string(path)
+    except ImportError as e:
+        return [
+            f"DISPATCH['ERROR_REDACTOR'] is {path!r}, which cannot be imported ({e}). Give the "
+            "dotted path of a function that takes a text and returns it redacted."
+        ]
+    if not callable(redactor):
+        return [f"DISPATCH['ERROR_REDACTOR'] is {path!r}, which is not callable."]
+    return []
 
+
+_redactor: tuple[int, Callable[[str], str] | None] | None = None
+
+
+def _raising(error: Exception) -> Callable[[str], str]:
+    def redactor(text: str) -> str:
+        raise error
+
+    return redactor
+
+
+def error_redactor() -> Callable[[str], str] | None:
+    """``DISPATCH["ERROR_REDACTOR"]`` imported, None when unset; read once per
+    settings change. One that cannot be imported gives a function that raises,
+    so that ``core.failures.redacted`` stores its placeholder rather than the
+    text (the system checks report the setting)."""
+    global _redactor
+    current = generation("DISPATCH")
+    if _redactor is None or _redactor[0] != current:
+        path = get_settings().ERROR_REDACTOR
+        function: Callable[[str], str] | None = None
+        if path:
+            try:
+                function = import_string(path)
+            except ImportError as e:
+                function = _raising(e)
+        _redactor = (current, function)
+    return _redactor[1]
+
+
+_usage_mode: str | None = None
 
 
 def usage_mode() -> str:
@@ -287,6 +340,7 @@ def usage_recorded(outcome: str) -> bool:
     """Whether an attempt ending as ``outcome`` (a ``JobUsage.outcome``) gets a record."""
     mode = usage_mode()
     return mode == "all" or (mode == "failures" and outcome != "succeeded")
+
 
 # --- queue-level limits: DISPATCH["QUEUES"] ----------------------------------------
 
@@ -341,5 +395,5 @@ def _settings_changed(*, setting: str, **kwargs: Any) -> None:
     _generations[setting] += 1
     if setting == "DISPATCH":
         _size_limits = None
-        _queue_limits = None
         _usage_mode = None
+        _queue_limits = None

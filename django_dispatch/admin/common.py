@@ -248,12 +248,13 @@ def render_errors(errors: Iterable[dict[str, Any]], *, first: int = 1) -> SafeSt
     """
     rendered = format_html_join(
         "",
-        '<div class="dispatch-error"><p><strong>Attempt {}: {}</strong>{}</p>'
+        '<div class="dispatch-error"><p><strong>Attempt {}: {}</strong>{}{}</p>'
         '<pre class="dispatch-traceback">{}</pre></div>',
         (
             (
                 number,
                 error.get("exception_class_path", "?"),
+                _code_html(error),
                 format_html(" — {}", error["message"]) if error.get("message") else "",
                 error.get("traceback", "").rstrip() or "(no traceback)",
             )
@@ -261,6 +262,14 @@ def render_errors(errors: Iterable[dict[str, Any]], *, first: int = 1) -> SafeSt
         ),
     )
     return rendered or format_html("<p>{}</p>", "No errors.")
+
+
+def _code_html(error: dict[str, Any]) -> str:
+    """The failure's code when it says more than its class (``core.failures.error_code``)."""
+    code = error.get("code")
+    if not code or code == error.get("exception_class_path"):
+        return ""
+    return format_html(' <code class="dispatch-error-code">[{}]</code>', code)
 
 
 def change_url(model: type[Model], pk: Any) -> str:

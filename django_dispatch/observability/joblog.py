@@ -35,9 +35,12 @@ from __future__ import annotations
 
 import logging
 import os
+import traceback
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
+from ..conf import error_redactor
+from ..core.failures import error_code, redacted
 from ..store import WORKER_LOST_PATH
 from . import metrics
 
@@ -194,21 +197,17 @@ def _log(
     cls = error_class(exception)
     fields = row_fields(row, worker_id)
     fields["dispatch_outcome"] = outcome
+    redactor = error_redactor()
+    text = redacted(str(exception), redactor) if exception is not None else ""
     if exception is not None:
         fields["dispatch_error_class"] = cls
-        fields["dispatch_error"] = str(exception)
+        fields["dispatch_error_code"] = error_code(exception)
+        fields["dispatch_error"] = text
     what = f"job {row['id']} ({row['task_path']}, queue {row['queue_name']})"
     attempt = f"attempt {row['attempts']}/{row['max_attempts']}"
-    error = f"{cls}: {exception}" if exception is not None else ""
+    error = f"{cls}: {text}" if exception is not None else ""
     if outcome == "failed":
-        exc_info = (
-            (type(exception), exception, exception.__traceback__)
-            if exception is not None and exception.__traceback__ is not None
-            else None
-        )
-        logger.error(
-            "%s failed for good on %s: %s", what, attempt, error, exc_info=exc_info, extra=fields
-        )
+        _log_failed(what, attempt, error, exception, redactor, fields)
         return
     if outcome == "retried":
         retry = f"retrying in {retry_in:.3g} s" if retry_in is not None else "retrying"
@@ -234,3 +233,24 @@ def _log(
         message = f"{attempt}: {outcome} {error}"
     level = logging.WARNING if outcome in _WARNING else logging.ERROR
     logger.log(level, "%s %s", what, message, extra=fields)
+
+
+def _log_failed(
+    what: str,
+    attempt: str,
+    error: str,
+    exception: BaseException | None,
+    redactor: Any,
+    fields: dict[str, Any],
+) -> None:
+    """A failure for good, with its traceback: redacted text when a redactor is set
+    (the logging module would format the raw one from ``exc_info``)."""
+    exc_info = None
+    if exception is not None and exception.__traceback__ is not None:
+        if redactor is None:
+            exc_info = (type(exception), exception, exception.__traceback__)
+        else:
+            error += "\n" + redacted("".join(traceback.format_exception(exception)), redactor)
+    logger.error(
+        "%s failed for good on %s: %s", what, attempt, error, exc_info=exc_info, extra=fields
+    )

@@ -16,6 +16,7 @@ from collections.abc import Callable
 from django.db import connections
 
 from ..compat import task_finished
+from ..conf import error_redactor
 from ..observability import joblog
 from ..store import ClaimedJob
 from ..tasks.results import send_robust, signal_sender
@@ -136,7 +137,8 @@ def signal_finished(outcome: Outcome) -> None:
     except Exception:  # its backend alias is gone from TASKS: the outcome is written anyway
         logger.exception("job %s: task_finished not sent (no backend to send it)", result.id)
         return
-    if outcome.exception is None:
+    if outcome.exception is None or error_redactor() is not None:
+        # With a redactor, no raw traceback for receivers (Django's own logs it).
         send_robust(task_finished, sender, result)
         return
     # Sent from inside an except block, so that Django's own log receiver

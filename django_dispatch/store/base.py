@@ -262,16 +262,21 @@ def take_sqlite_write_lock(db: str) -> None:
         Job.objects.using(db).filter(pk=0).update(lease_epoch=0)
 
 
-def error_entry(exception_class_path: str, message: str, traceback: str) -> dict[str, str]:
+def error_entry(
+    exception_class_path: str, message: str, traceback: str, code: str | None = None
+) -> dict[str, str]:
     """The JSON shape of one attempt's error, as stored in ``Job.errors``.
 
-    The message and the traceback are each cut to ``DISPATCH["MAX_ERROR_BYTES"]``
-    (start and end kept; see ``core.limits.truncate_error_text``): an error is
-    never refused, however big, since refusing it would lose the failure.
+    ``code`` (``core.failures.error_code``; the class path when not given)
+    is what to group failures by. The message and the traceback are each cut
+    to ``DISPATCH["MAX_ERROR_BYTES"]`` (start and end kept; see
+    ``core.limits.truncate_error_text``): an error is never refused, however
+    big, since refusing it would lose the failure.
     """
     limit = size_limit("MAX_ERROR_BYTES")
     return {
         "exception_class_path": exception_class_path,
+        "code": code or exception_class_path,
         "message": truncate_error_text(message, limit),
         "traceback": truncate_error_text(traceback, limit),
     }

@@ -28,7 +28,8 @@ from ..compat import (
     task_finished,
     task_started,
 )
-from ..conf import generation
+from ..conf import error_redactor, generation
+from ..core.failures import error_code, redacted
 from ..core.states import JobState, to_status
 from ..models import Job
 from ..store import error_entry
@@ -40,12 +41,15 @@ CANCELLED_ERROR_PATH = "django_dispatch.exceptions.JobCancelled"
 
 
 def error_of(exception: BaseException) -> dict[str, str]:
-    """One attempt's ``exception`` as stored in ``Job.errors`` (and a workflow step's)."""
+    """One attempt's ``exception`` as stored in ``Job.errors`` (and a workflow step's):
+    its code, and its message and traceback through ``DISPATCH["ERROR_REDACTOR"]``."""
     cls = type(exception)
+    redactor = error_redactor()
     return error_entry(
         f"{cls.__module__}.{cls.__qualname__}",
-        str(exception),
-        "".join(traceback.format_exception(exception)),
+        redacted(str(exception), redactor),
+        redacted("".join(traceback.format_exception(exception)), redactor),
+        code=error_code(exception),
     )
 
 

@@ -89,7 +89,7 @@ class Command(BaseCommand):
         parser.add_argument(
             "--json",
             action="store_true",
-            help="Print one JSON document (schema in docs/operating.md) instead of text.",
+            help="Print one JSON document (its schema is in the operating guide) instead of text.",
         )
 
     def handle(self, *args: Any, **options: Any) -> None:
