@@ -190,5 +190,11 @@ class Maintenance:
             metrics.WORKER.heartbeat(busy=0, slots=0)
             metrics.publish_cluster(False, interval=1.0, live_within=1.0, db=self.db)
         if self.leader:
-            store.leadership_release(self.worker_id, db=self.db, namespace=self.namespace)
+            if store.leadership_release(self.worker_id, db=self.db, namespace=self.namespace):
+                logger.info(
+                    "worker %s stepped down as leader%s (clean stop): the next worker's tick "
+                    "takes over",
+                    self.worker_id,
+                    f" of namespace {self.namespace!r}" if self.namespace else "",
+                )
             self.leader = False

@@ -62,11 +62,21 @@ def leadership_acquire(
 
 def leadership_release(
     holder: str, *, name: str = LEADER, db: str | None = None, namespace: str = ""
-) -> None:
-    """Give the lease up (clean shutdown), so another worker takes over at once."""
-    Leadership.objects.using(db or db_alias()).filter(
-        name=lease_key(name, namespace), holder=holder
-    ).update(expires_at=Now())
+) -> bool:
+    """Give the lease up (clean shutdown), so another worker takes over at once.
+
+    The row goes: a lease left to expire is what a crashed or frozen leader
+    leaves behind, and operators read "(lease expired)" as that; after a
+    clean stop there is simply no leader until the next worker's tick.
+    Only ``holder``'s own lease is deleted: one taken over meanwhile stays.
+    Returns whether it held it.
+    """
+    deleted, _ = (
+        Leadership.objects.using(db or db_alias())
+        .filter(name=lease_key(name, namespace), holder=holder)
+        .delete()
+    )
+    return deleted > 0
 
 
 def leadership_holder(

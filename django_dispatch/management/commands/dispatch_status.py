@@ -110,10 +110,13 @@ class Command(BaseCommand):
         if namespace:
             out(f"Namespace: {namespace}")
         if status.leader is None:
-            out("Leader: none yet")
+            out("Leader: none (none elected yet, or the last one stopped cleanly)")
         else:
             holder, valid = status.leader
-            out(f"Leader: {holder}" + ("" if valid else " (lease expired)"))
+            out(
+                f"Leader: {holder}"
+                + ("" if valid else " (lease expired: it stopped renewing without a clean stop)")
+            )
         out(f"Workers ({len(status.workers)}):")
         for w in status.workers:
             seen = (status.now - w.last_seen_at).total_seconds()
