@@ -237,12 +237,38 @@ class Job(models.Model):
                 name="dispatch_job_queue_next",
                 condition=Q(flow_queue__isnull=False, state__in=WAITING_STATES),
             ),
-            # jobs.list/count (``queries.lists``): one namespace's jobs of a
-            # state, a queue or a task, newest first, so a page (keyset on
-            # the id) reads only its own entries however long the history.
-            models.Index("namespace", "state", "id", name="dispatch_job_list_state"),
-            models.Index("namespace", "queue_name", "id", name="dispatch_job_list_queue"),
-            models.Index("namespace", "task_path", "id", name="dispatch_job_list_task"),
+            # jobs.list/count (``queries.lists``): one namespace's finished
+            # jobs of a state, a queue or a task, newest first, so a page
+            # (keyset on the id) of the history reads only its own entries.
+            # Partial on finished states: no query of the claim or of the
+            # limits (all on live jobs) can pick them, and a job enters each
+            # once, when it finishes. Live jobs are listed through
+            # ``dispatch_job_list_live``, a scan the claim's queries never
+            # prefer to their own narrower indexes.
+            models.Index(
+                "namespace",
+                "state",
+                "id",
+                name="dispatch_job_list_state",
+                condition=Q(state__in=FINISHED_STATES),
+            ),
+            models.Index(
+                "namespace",
+                "queue_name",
+                "id",
+                name="dispatch_job_list_queue",
+                condition=Q(state__in=FINISHED_STATES),
+            ),
+            models.Index(
+                "namespace",
+                "task_path",
+                "id",
+                name="dispatch_job_list_task",
+                condition=Q(state__in=FINISHED_STATES),
+            ),
+            models.Index(
+                "namespace", "id", name="dispatch_job_list_live", condition=Q(state__in=LIVE_STATES)
+            ),
             # Retention: finished jobs by state and age. Partial on terminal
             # states, so it never competes with the claim index.
             models.Index(

@@ -8,14 +8,14 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from typing import Any
+from typing import Any, Literal, overload
 
 from ..compat import InvalidTask, Task, TaskResult, task_enqueued
 from ..core.encoding import JSON_DECODER, check_storable_json, dumps
 from ..observability import metrics
 from ..store.types import CallChunk
 from .registry import DispatchBackendBase
-from .results import enqueued_signal_is_silent, ready_results, send_robust
+from .results import enqueued_signal_is_silent, ready_result, ready_results, send_robust
 from .values import to_json
 
 #: Calls per INSERT statement (and per JSON document) in ``enqueue_many``.
@@ -24,16 +24,30 @@ ENQUEUE_CHUNK = 10_000
 ENQUEUE_CHUNK_CHARS = 32 * 1024 * 1024
 
 
+Calls = Iterable[tuple[Sequence[Any], Mapping[str, Any]]]
+
+
+@overload
 def enqueue_many(
-    task: Task, calls: Iterable[tuple[Sequence[Any], Mapping[str, Any]]]
-) -> list[TaskResult]:
+    task: Task, calls: Calls, *, return_results: Literal[False] = False
+) -> list[str]: ...
+@overload
+def enqueue_many(
+    task: Task, calls: Calls, *, return_results: Literal[True]
+) -> list[TaskResult]: ...
+def enqueue_many(
+    task: Task, calls: Calls, *, return_results: bool = False
+) -> list[str] | list[TaskResult]:
     """Enqueue many calls of one task in one INSERT (chunked when very large).
 
     Every call is validated before anything is written: one bad call rejects
     the whole batch with an error naming its index (the first bad one, as if
     the calls were checked one by one). Runs in the caller's transaction, all
-    or nothing. Returns TaskResults in input order, equal to what
-    ``get_result`` returns for them.
+    or nothing. Returns the new jobs' ids (``TaskResult.id``) in input
+    order; with ``return_results=True``, their TaskResults, equal to what
+    ``get_result`` returns for them. The ids cost a few dozen bytes a job,
+    a TaskResult several hundred (with its own copy of the arguments): a
+    million-row batch keeps no TaskResult unless asked to.
 
     The task is validated once, not once per call; the calls are JSON-encoded
     and decoded a chunk at a time (one C-speed pass each), which validates
@@ -81,13 +95,19 @@ def enqueue_many(
     ids, enqueued_ats = plan.insert_many(chunks)
     if metrics.AVAILABLE:
         metrics.enqueued(plan.spec.task_path, plan.spec.queue_name, len(ids))
-    results = ready_results(
-        task, ids, enqueued_ats, (v for chunk in chunks for v in chunk.values), backend.alias
-    )
-    if not enqueued_signal_is_silent(backend):
-        for result in results:
+    values = (v for chunk in chunks for v in chunk.values)
+    signal = not enqueued_signal_is_silent(backend)
+    if return_results:
+        results = ready_results(task, ids, enqueued_ats, values, backend.alias)
+        if signal:
+            for result in results:
+                send_robust(task_enqueued, backend, result)
+        return results
+    if signal:  # one TaskResult at a time, each gone once its receivers return
+        for job_id, enqueued_at, (args, kwargs) in zip(ids, enqueued_ats, values, strict=True):
+            result = ready_result(task, job_id, enqueued_at, args, kwargs, backend.alias)
             send_robust(task_enqueued, backend, result)
-    return results
+    return [str(job_id) for job_id in ids]
 
 
 @contextmanager

@@ -215,7 +215,7 @@ def test_plain_task_without_options_uses_backend_defaults():
 
 
 def test_enqueue_many_returns_results_in_input_order():
-    results = enqueue_many(tasks.add, [((i, i), {}) for i in range(10)])
+    results = enqueue_many(tasks.add, [((i, i), {}) for i in range(10)], return_results=True)
     assert [r.args for r in results] == [[i, i] for i in range(10)]
     ids = [int(r.id) for r in results]
     assert ids == sorted(ids)

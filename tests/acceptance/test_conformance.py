@@ -164,7 +164,9 @@ def test_bad_arguments_raise_what_django_raises_and_write_nothing(backends, name
     _, ours = attempt(lambda: echo.enqueue(*args, **kwargs))
     assert_catches_alike(ours, theirs)
     assert isinstance(ours, InvalidTaskArguments)
-    _, ours_many = attempt(lambda: enqueue_many(echo, [((1,), {}), (args, kwargs)]))
+    _, ours_many = attempt(
+        lambda: enqueue_many(echo, [((1,), {}), (args, kwargs)], return_results=True)
+    )
     assert_catches_alike(ours_many, theirs)
     assert "call #1" in str(ours_many)
     assert not Job.objects.exists()
@@ -172,7 +174,7 @@ def test_bad_arguments_raise_what_django_raises_and_write_nothing(backends, name
 
 @pytest.mark.django_db
 def test_enqueue_many_normalizes_like_enqueue(backends):
-    results = enqueue_many(echo, list(GOOD_CALLS.values()))
+    results = enqueue_many(echo, list(GOOD_CALLS.values()), return_results=True)
     for result, (name, (args, kwargs)) in zip(results, GOOD_CALLS.items(), strict=True):
         theirs = django_task(echo).enqueue(*args, **kwargs)
         assert (result.args, result.kwargs) == (theirs.args, theirs.kwargs), name

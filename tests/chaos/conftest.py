@@ -196,8 +196,7 @@ class Chaos:
         calls = [
             ((f"{prefix}-{i}", round(self.rng.uniform(*seconds), 3)), {}) for i in range(count)
         ]
-        results = retry_db(lambda: enqueue_many(task, calls))
-        return [int(result.id) for result in results]
+        return [int(job_id) for job_id in retry_db(lambda: enqueue_many(task, calls))]
 
     @staticmethod
     def wait(condition: Callable[[], object], timeout: float, what: str) -> Any:

@@ -173,7 +173,7 @@ def test_jobs_claimed_ahead_of_a_long_job_go_back_to_an_idle_worker(start_worker
     run two after two on the first worker."""
     first = start_worker("--concurrency", "2")
     # Enough no-ops to forget a start-up stall (see Slots.ran).
-    warm = enqueue_many(tasks.noop, [((), {}) for _ in range(600)])
+    warm = enqueue_many(tasks.noop, [((), {}) for _ in range(600)], return_results=True)
     warm_ids = [int(w.id) for w in warm]
     wait_until(
         lambda: Job.objects.filter(pk__in=warm_ids, state=JobState.SUCCEEDED).count() == 600,
@@ -181,7 +181,9 @@ def test_jobs_claimed_ahead_of_a_long_job_go_back_to_an_idle_worker(start_worker
     )
     # Long enough for the second worker's start-up: the first takes its two
     # given-back jobs itself once its own two end.
-    long = enqueue_many(tasks.sleep_then_record, [((f"long-{i}", 4.0), {}) for i in range(4)])
+    long = enqueue_many(
+        tasks.sleep_then_record, [((f"long-{i}", 4.0), {}) for i in range(4)], return_results=True
+    )
     wait_until(lambda: SideEffect.objects.filter(note="start").count() >= 2, what="two starts")
     second = start_worker("--concurrency", "2")
     wait_until(

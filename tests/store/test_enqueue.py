@@ -100,7 +100,9 @@ def small_chunks(monkeypatch):
 
 def test_enqueue_many_round_trips_thousands_of_awkward_calls(small_chunks):
     count = 2500
-    results = enqueue_many(tasks.noop, [((), {"value": _value(i)}) for i in range(count)])
+    results = enqueue_many(
+        tasks.noop, [((), {"value": _value(i)}) for i in range(count)], return_results=True
+    )
     assert len(results) == count == Job.objects.count()
     ids = [int(r.id) for r in results]
     assert ids == sorted(ids) and len(set(ids)) == count
@@ -116,14 +118,16 @@ def test_enqueue_many_round_trips_thousands_of_awkward_calls(small_chunks):
 
 def test_enqueue_many_positional_args_round_trip():
     calls = [((_value(i), i), {}) for i in range(300)]
-    results = enqueue_many(tasks.add, calls)
+    results = enqueue_many(tasks.add, calls, return_results=True)
     assert [r.args for r in results] == [[_expected(i), i] for i in range(300)]
     assert [tasks.add.get_result(r.id) for r in results] == results
 
 
 def test_enqueue_many_splits_chunks_whose_json_is_too_long(monkeypatch):
     monkeypatch.setattr(enqueue, "ENQUEUE_CHUNK_CHARS", 1000)
-    results = enqueue_many(tasks.echo, [(("x" * 100 + str(i),), {}) for i in range(57)])
+    results = enqueue_many(
+        tasks.echo, [(("x" * 100 + str(i),), {}) for i in range(57)], return_results=True
+    )
     assert [r.args for r in results] == [["x" * 100 + str(i)] for i in range(57)]
     assert [tasks.echo.get_result(r.id) for r in results] == results
 
@@ -147,7 +151,7 @@ def test_enqueue_many_accepts_any_iterables():
         yield [3], {"b": 4}
         yield (), iter([("a", 5), ("b", 6)])
 
-    results = enqueue_many(tasks.add, gen())
+    results = enqueue_many(tasks.add, gen(), return_results=True)
     assert [(r.args, r.kwargs) for r in results] == [
         ([1, 2], {}),
         ([3], {"b": 4}),
@@ -177,7 +181,7 @@ def test_columns_are_stored_as_by_the_orm(index):
     args: list[Any] = [1] if task in (tasks.echo, tasks.fail_twice) else [1, 2]
     reference = _orm_job(task, args, {})
     single = task.enqueue(*args)
-    (bulk,) = enqueue_many(task, [(args, {})])
+    (bulk,) = enqueue_many(task, [(args, {})], return_results=True)
     expected = _stored(reference.pk)
     assert _stored(single.id) == expected
     assert _stored(bulk.id) == expected
@@ -194,7 +198,7 @@ def test_columns_are_stored_as_by_the_orm(index):
 
 
 def test_bulk_rows_of_one_statement_share_their_enqueue_time():
-    results = enqueue_many(tasks.add, [((i, i), {}) for i in range(20)])
+    results = enqueue_many(tasks.add, [((i, i), {}) for i in range(20)], return_results=True)
     assert len({r.enqueued_at for r in results}) == 1
     assert {row["enqueued_at"] for row in Job.objects.values("enqueued_at")} == {
         results[0].enqueued_at
@@ -383,7 +387,7 @@ def test_enqueue_many_sends_task_enqueued_per_job_to_receivers():
     try:
         backend = task_backends["default"]
         assert not enqueued_signal_is_silent(backend)
-        results = enqueue_many(tasks.add, [((i, i), {}) for i in range(25)])
+        results = enqueue_many(tasks.add, [((i, i), {}) for i in range(25)], return_results=True)
     finally:
         task_enqueued.disconnect(receiver)
     assert received == results
@@ -395,7 +399,7 @@ def test_enqueue_many_logs_each_job_when_django_tasks_logs_debug(caplog):
     assert enqueued_signal_is_silent(backend)
     with caplog.at_level(logging.DEBUG, logger=TASKS_LOGGER):
         assert not enqueued_signal_is_silent(backend)
-        results = enqueue_many(tasks.add, [((i, i), {}) for i in range(4)])
+        results = enqueue_many(tasks.add, [((i, i), {}) for i in range(4)], return_results=True)
     logged = [r.getMessage() for r in caplog.records if r.name == TASKS_LOGGER]
     assert logged == [
         f"Task id={r.id} path=tests.testapp.tasks.add enqueued backend=default" for r in results

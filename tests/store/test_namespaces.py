@@ -83,7 +83,9 @@ def test_each_claim_takes_only_its_namespace_jobs():
 
 
 def test_enqueue_many_writes_its_backend_namespace():
-    results = enqueue_many(tasks.add.using(backend="b"), [((i, i), {}) for i in range(5)])
+    results = enqueue_many(
+        tasks.add.using(backend="b"), [((i, i), {}) for i in range(5)], return_results=True
+    )
     assert {ns_of(r) for r in results} == {"b"}
     assert claim("a") == []
     assert len(claim("b")) == 5

@@ -154,7 +154,9 @@ def _make_keys(prefix: str, count: int) -> list[Key]:
     for n in range(count):
         name = f"{prefix}-{n}"
         results = enqueue_many(
-            tasks.add.using(partition_key=name), [((i, i), {}) for i in range(JOBS_PER_KEY)]
+            tasks.add.using(partition_key=name),
+            [((i, i), {}) for i in range(JOBS_PER_KEY)],
+            return_results=True,
         )
         keys.append(Key(name, [int(r.id) for r in results]))
     return keys
@@ -348,7 +350,9 @@ def test_a_head_finishing_while_the_next_jobs_cancel_is_uncommitted_promotes_the
     key's lock on PostgreSQL, the write lock on SQLite) and then promote the
     third job; before the key lock it waited on the second job's row instead,
     found it cancelled and promoted nothing."""
-    results = enqueue_many(tasks.add.using(partition_key="D"), [((i, i), {}) for i in range(3)])
+    results = enqueue_many(
+        tasks.add.using(partition_key="D"), [((i, i), {}) for i in range(3)], return_results=True
+    )
     ids = [int(r.id) for r in results]
     (head,) = claim()
     assert Job.objects.get(pk=ids[2]).state == JobState.BLOCKED

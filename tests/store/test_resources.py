@@ -97,7 +97,7 @@ def test_needs_and_locality_are_stored_with_the_job():
     assert row.resource_shape == shape_of({"memory_mb": 600})
     zero = tasks.add.using(resources={"gpu": 0}).enqueue(1, 2)  # a need of 0 is none
     assert Job.objects.get(pk=zero.id).resource_shape is None
-    many = enqueue_many(rt.big, [(("a",), {}), (("b",), {})])
+    many = enqueue_many(rt.big, [(("a",), {}), (("b",), {})], return_results=True)
     stored = Job.objects.filter(id__in=[r.id for r in many]).values_list("resources", flat=True)
     assert list(stored) == [{"memory_mb": 600}] * 2
     assert Job.objects.filter(resource_shape=row.resource_shape).count() == 3

@@ -26,7 +26,8 @@ class Command(BaseCommand):
         ]
 
         # Many calls of one task in a single INSERT.
-        for result in enqueue_many(tasks.send_welcome, [([user_id], {}) for user_id in (2, 3, 4)]):
+        calls = [([user_id], {}) for user_id in (2, 3, 4)]
+        for result in enqueue_many(tasks.send_welcome, calls, return_results=True):
             results.append(("enqueue_many", result))
 
         # Orders partitioned by customer: one customer's orders run one at a
