@@ -13,10 +13,13 @@ from datetime import datetime
 import pytest
 from django.db import connection
 from django.test import override_settings
+from django.test.utils import CaptureQueriesContext
 
 from django_dispatch.core.workflow_states import RunState, StepState
 from django_dispatch.models import Job, WorkflowRun, WorkflowTask
 from django_dispatch.states import JobState
+from django_dispatch.store import workflows as wf_store
+from django_dispatch.store.maintenance import job_cancel
 from django_dispatch.store.workflows.runs import cancel_held
 from django_dispatch.testing import drain
 from django_dispatch.workflows import (
@@ -27,6 +30,7 @@ from django_dispatch.workflows import (
     retry_run,
     skip_step,
 )
+from django_dispatch.workflows.engine import build_step_job
 from django_dispatch.workflows.testing import drain_workflows
 from tests.conftest import wait_until
 from tests.testapp import map_workflows as mw
@@ -200,6 +204,30 @@ def test_a_cancelled_child_fails_the_step_parks_the_run_and_cancels_its_siblings
     states = [c.state for c in kids(run)]
     assert states == [RunState.CANCELLED] * 4 + [RunState.SUCCEEDED] * 4
     assert executions("cancel-kid") == {n: 1 for n in range(4)}
+
+
+def fan_in_statements(count: int) -> int:
+    """Statements of one child's success (counted, and admitting a held sibling)."""
+    run = fan(f"flat-{count}", count, max_parallel=5)
+    drain(max_jobs=1)  # the spread step: the set is inserted
+    child = WorkflowTask.objects.filter(run__parent_run=run, job_id__isnull=False).first()
+    assert child is not None
+    claimed = wf_store.workflow_step_claim(child.pk, child.generation, child.job_id)
+    assert claimed is not None
+    with CaptureQueriesContext(connection) as statements:
+        assert wf_store.workflow_step_succeed(
+            claimed.step_id, claimed.claim_id, 0, build_job=build_step_job
+        )
+    assert spread(run).map_done == 1 and runnable_kids(run) == 6  # counted, one admitted
+    # Out of the next call's way: the children's jobs, and this child's own
+    # (its step was claimed and finished here, not by running the job).
+    assert cancel_run(run.pk) and job_cancel(child.job_id)
+    return len(statements)
+
+
+@pytestmark_db
+def test_a_childs_fan_in_costs_the_same_at_1000_children_as_at_10():
+    assert fan_in_statements(10) == fan_in_statements(1000)
 
 
 @pytestmark_db
