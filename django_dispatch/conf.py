@@ -81,6 +81,7 @@ class DispatchSettings:
     EVENT_LEASE_SECONDS: float = 30.0
     #: Seconds an acked event is kept before the leader purges it.
     EVENT_RETENTION: float = 7 * DAY
+    EVENT_UNACKED_RETENTION: float | None = 30 * DAY  # the same, unacked; None: forever
     #: Seconds a finished (succeeded or cancelled) workflow run and its steps
     #: are kept after it finished; the leader purges them in batches.
     WORKFLOW_RETENTION: float = 30 * DAY
@@ -166,8 +167,8 @@ class DispatchSettings:
             value = getattr(self, f.name)
             if f.name in ("CAPACITY", "LOCALITY"):  # checked below
                 continue
-            if f.name == "QUEUES":  # checked by checks.check_queue_limits
-                continue
+            if f.name == "QUEUES" or (value is None and f.name == "EVENT_UNACKED_RETENTION"):
+                continue  # QUEUES: checks.check_queue_limits; None: keep forever
             if f.name in ("JOB_RETENTION", "CRON"):
                 problems += self._validate_mapping(f.name, value)
             elif f.name == "USAGE":

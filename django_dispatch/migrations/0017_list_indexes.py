@@ -1,5 +1,6 @@
 """The indexes of ``jobs.list/count`` and ``dead_letters.list/count``; cron
-entries made in code (``schedules.save``) get their own origin, ``code``.
+entries made in code (``schedules.save``) get their own origin, ``code``; events
+nobody acked are purged oldest first (``EVENT_UNACKED_RETENTION``).
 
 Each leads with the namespace and ends with the id, so a page of one
 namespace's finished jobs of a state, a queue or a task (newest first,
@@ -80,6 +81,15 @@ class Migration(migrations.Migration):
                 ],
                 default="admin",
                 max_length=10,
+            ),
+        ),
+        migrations.AddIndex(
+            model_name="event",
+            index=models.Index(
+                models.F("namespace"),
+                models.F("published_at"),
+                condition=models.Q(("acked_at__isnull", True)),
+                name="dispatch_event_unacked_age",
             ),
         ),
     ]

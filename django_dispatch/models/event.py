@@ -57,6 +57,13 @@ class Event(models.Model):
             ),
             # a workflow wait's look-back: events of (name, key) published since its run began.
             models.Index("namespace", "name", "key", "published_at", name="dispatch_event_key"),
+            # the retention purge of events nobody acked, oldest first.
+            models.Index(
+                "namespace",
+                "published_at",
+                name="dispatch_event_unacked_age",
+                condition=Q(acked_at__isnull=True),
+            ),
             # the retention purge.
             models.Index(
                 "namespace",

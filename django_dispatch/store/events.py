@@ -30,10 +30,11 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from django.db import connections, transaction
-from django.db.models import F, Q
+from django.db.models import Exists, F, OuterRef, Q
 from django.db.models.functions import Now
 
-from ..models import Event
+from ..core.workflow_states import RunState, StepState
+from ..models import Event, WorkflowTask
 from .base import NOTIFY_CHANNEL, db_alias, delete_in_batches, now_plus, take_sqlite_write_lock
 
 #: The first key of the event-name locks (two-key ``pg_advisory_xact_lock``).
@@ -147,9 +148,48 @@ def events_purge(
     """Delete ``namespace``'s events acked more than ``retention`` seconds ago.
 
     Bounded batches (each a short statement) until none is left or
-    ``max_seconds`` pass; unacked events are never purged (someone may still
-    subscribe). Returns how many were deleted.
+    ``max_seconds`` pass; unacked events are ``events_purge_unacked``'s.
+    Returns how many were deleted.
     """
     db = db or db_alias()
     old = Event.objects.using(db).filter(namespace=namespace, acked_at__lt=now_plus(-retention))
     return delete_in_batches(old, "acked_at", batch=batch, max_seconds=max_seconds)
+
+
+def events_purge_unacked(
+    retention: float,
+    *,
+    batch: int,
+    max_seconds: float,
+    namespace: str = "",
+    db: str | None = None,
+) -> int:
+    """Delete ``namespace``'s events nobody acked, published more than
+    ``retention`` seconds ago, except those a waiting workflow step could
+    still receive; return how many were deleted.
+
+    A step waiting on an event's name (and its key, when the wait names one)
+    in a run that is still running and began no later than the event may
+    take it at one of its next waits: a wait looks back over every event of
+    its name published since its run began. Such an event stays until no
+    such step waits. A run that waits for a name only later is not known
+    here: its look-back finds only what the retention kept.
+
+    Reads only workflow tables' rows (models); writes only events. Bounded
+    batches, oldest first, as ``events_purge``.
+    """
+    db = db or db_alias()
+    waiting = WorkflowTask.objects.using(db).filter(
+        Q(wait_event_key__isnull=True) | Q(wait_event_key=OuterRef("key")),
+        namespace=namespace,
+        state=StepState.WAITING,
+        wait_event_name=OuterRef("name"),
+        run__state=RunState.RUNNING,
+        run__created_at__lte=OuterRef("published_at"),
+    )
+    old = (
+        Event.objects.using(db)
+        .filter(namespace=namespace, acked_at__isnull=True, published_at__lt=now_plus(-retention))
+        .exclude(Exists(waiting))
+    )
+    return delete_in_batches(old, "published_at", batch=batch, max_seconds=max_seconds)

@@ -67,7 +67,6 @@ __all__ = [
 _SERVICES = {
     "cancel_run",
     "children",
-    "oldest_runnable_age",
     "replay_run",
     "retry_run",
     "run_now",
@@ -75,13 +74,13 @@ _SERVICES = {
 }
 
 if TYPE_CHECKING:
+    from ..queries.ages import oldest_runnable_age
     from ..queries.lists import runs_count as count_runs
     from ..queries.lists import runs_list as list_runs
     from .context import StartChild, StartMap, StepContext
     from .services import (
         cancel_run,
         children,
-        oldest_runnable_age,
         replay_run,
         retry_run,
         run_now,
@@ -94,6 +93,10 @@ def __getattr__(name: str) -> Any:
         from ..queries import lists
 
         return getattr(lists, {"list_runs": "runs_list", "count_runs": "runs_count"}[name])
+    if name == "oldest_runnable_age":  # per namespace (queries.ages)
+        from ..queries.ages import oldest_runnable_age
+
+        return oldest_runnable_age
     if name in _SERVICES:
         from . import services
 
