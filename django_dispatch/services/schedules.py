@@ -29,7 +29,7 @@ from ..store.schedules import (
     cron_entry_save,
     cron_entry_set_enabled_named,
 )
-from ..tasks.registry import namespace_for
+from ..tasks.registry import DispatchBackendBase, namespace_for
 from ..tasks.task import check_arguments
 
 __all__ = ["delete", "get", "list_entries", "save", "set_enabled"]
@@ -57,6 +57,7 @@ def save(
     namespace = namespace_for(backend)
     _check_name(name, namespace)
     the_task = _task(task)
+    _check_queue(the_task)
     args, kwargs = _arguments(the_task, args, kwargs)
     _check_schedule(schedule, timezone)
     if not isinstance(enabled, bool):
@@ -181,6 +182,19 @@ def _task(task: Any) -> Task:
             "decorated with @task."
         )
     return found
+
+
+def _check_queue(task: Task) -> None:
+    """The scheduler enqueues through the task's own backend: its queue must be one
+    that backend accepts, or every slot would fail to enqueue."""
+    backend = task.get_backend()
+    problem = (
+        backend.queue_problem(task.module_path, task.queue_name)
+        if isinstance(backend, DispatchBackendBase)
+        else f"it uses {type(backend).__name__}, not a DispatchBackend"
+    )
+    if problem is not None:
+        raise ValueError(f"task {task.module_path} cannot be scheduled: {problem}")
 
 
 def _arguments(task: Task, args: Any, kwargs: Any) -> tuple[list[Any], dict[str, Any]]:

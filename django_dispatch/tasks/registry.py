@@ -76,6 +76,7 @@ class DispatchBackendBase(BaseTaskBackend):
             listed = _InListedQueue(task, next(iter(self.queues)))
             super().validate_task(cast(Task, listed))
         else:
+            _UNLISTED_QUEUES.pop((self.alias, task.module_path), None)  # redefined since
             super().validate_task(task)
         validate_options(task)
 

@@ -136,3 +136,32 @@ def test_set_enabled_with_next_run_at_fires_first_at_that_instant_then_on_the_sc
         0,
     )
     assert scheduler.tick() == 0 and Job.objects.count() == 1  # then the schedule: 03:00
+
+
+def test_a_task_whose_queue_its_backend_refuses_cannot_be_scheduled(settings):
+    settings.TASKS = {"default": {**settings.TASKS["default"], "QUEUES": ["default"]}}
+    with pytest.raises(ValueError) as caught:
+        schedules.save("mail", schedule="* * * * *", task=tasks.echo, args=["x"])
+    assert str(caught.value).startswith(
+        "task tests.testapp.tasks.echo cannot be scheduled: Task tests.testapp.tasks.echo "
+        "uses queue 'emails', which TASKS['default']['QUEUES'] does not list"
+    )
+    assert not CronEntry.objects.exists()
+
+
+def test_the_admin_shows_where_each_entry_comes_from(admin_client):
+    schedules.save("from-code", schedule="* * * * *", task=ADD, args=[1, 2])
+    CronEntry.objects.create(name="from-admin", schedule="* * * * *", timezone="UTC", task_path=ADD)
+    with override_settings(DISPATCH={"CRON": {"from-settings": MINUTELY}}):
+        scheduler.sync_from_settings()
+    page = admin_client.get("/admin/django_dispatch/cronentry/").content.decode()
+    for name, origin in [
+        ("from-code", "Code (schedules.save)"),
+        ("from-admin", "Admin"),
+        ("from-settings", "DISPATCH[&#x27;CRON&#x27;] setting"),
+    ]:
+        row = page[page.index(f">{name}<") :].split("</tr>", 1)[0]
+        assert origin in row, (name, row)
+    filtered = admin_client.get("/admin/django_dispatch/cronentry/?source__exact=code")
+    assert "from-code" in filtered.content.decode()
+    assert "from-admin" not in filtered.content.decode()
