@@ -21,7 +21,7 @@ from django_dispatch.runtime import flow_cache
 from django_dispatch.testing import drain
 from tests.conftest import postgres_only, wait_until
 from tests.database_work import assert_flat_beside, database_work
-from tests.store.helpers import claim_as_worker
+from tests.store.helpers import claim_as_worker, most_rows_read, statements
 from tests.testapp import flow_tasks, tasks
 from tests.testapp.models import SideEffect
 
@@ -298,39 +298,13 @@ def test_a_claim_reads_no_capped_backlog():
     )
     for i in range(10):
         tasks.add.enqueue(i, i)
-    queries = []
-
-    def capture(execute, sql, params, many, context):
-        queries.append((sql, params))  # as the store wrote them, before any binding
-        return execute(sql, params, many, context)
-
     with transaction.atomic():
-        with connection.execute_wrapper(capture):
+        with statements(connection) as seen:
             claimed = claim(limit=20)
         assert len(claimed) == 10
         transaction.set_rollback(True)
-    # Re-run each statement under EXPLAIN ANALYZE: rows read from the job table.
-    worst = 0
-    with transaction.atomic():
-        with connection.cursor() as cursor:
-            for sql, params in queries:
-                if not sql.lstrip().upper().startswith(("SELECT", "WITH", "UPDATE")):
-                    continue
-                cursor.execute("EXPLAIN (ANALYZE, FORMAT JSON) " + sql, params)
-                plan = cursor.fetchone()[0]
-                plan = plan if isinstance(plan, list) else __import__("json").loads(plan)
-                worst = max(worst, _rows_read(plan[0]["Plan"]))
-        transaction.set_rollback(True)
+    worst, _ = most_rows_read(connection, seen)
     assert worst < 2000, f"a claim statement read {worst} rows"
-
-
-def _rows_read(node) -> int:
-    """Rows produced by scans of the job table anywhere in a plan (times loops)."""
-    own = 0
-    if node.get("Relation Name") == Job._meta.db_table:
-        own = int(node.get("Actual Rows", 0) * node.get("Actual Loops", 1))
-        own += int(node.get("Rows Removed by Filter", 0) * node.get("Actual Loops", 1))
-    return own + sum(_rows_read(child) for child in node.get("Plans", []))
 
 
 # --- real workers ----------------------------------------------------------------------

@@ -7,7 +7,6 @@ as room frees; limits are read from settings at claim time."""
 from __future__ import annotations
 
 import itertools
-import json
 import time
 from collections import Counter
 
@@ -24,7 +23,7 @@ from django_dispatch.models import ConcurrencyWait, Job, QueueWindow, Worker
 from django_dispatch.runtime import flow_cache
 from django_dispatch.testing import drain
 from tests.conftest import postgres_only, wait_until
-from tests.store.helpers import claim_as_worker
+from tests.store.helpers import claim_as_worker, most_rows_read, statements
 from tests.testapp import flow_tasks, tasks
 from tests.testapp.models import SideEffect
 
@@ -229,7 +228,6 @@ def test_with_limits_elsewhere_a_plain_claim_pays_no_gate():
 def test_a_claim_reads_no_backlog_of_a_capped_queue():
     """100,000 jobs set aside by a capped queue and 10 runnable elsewhere: no
     statement of the claim reads the backlog (EXPLAIN ANALYZE of each)."""
-    from tests.store.test_flow_concurrency import _rows_read
 
     with connection.cursor() as cursor:
         table = Job._meta.db_table
@@ -251,24 +249,11 @@ def test_a_claim_reads_no_backlog_of_a_capped_queue():
         tasks.add.enqueue(i, i)
     with limited(CAPPED):
         with transaction.atomic():
-            with CaptureQueriesContext(connection) as queries:
+            with statements(connection) as seen:
                 claimed = claim(limit=20)
             assert len(claimed) == 10
             transaction.set_rollback(True)
-        worst, where = 0, ""
-        with transaction.atomic():
-            with connection.cursor() as cursor:
-                for q in queries:
-                    sql = q["sql"]
-                    if not sql.lstrip().upper().startswith(("SELECT", "WITH", "UPDATE")):
-                        continue
-                    cursor.execute("EXPLAIN (ANALYZE, FORMAT JSON) " + sql)
-                    plan = cursor.fetchone()[0]
-                    plan = plan if isinstance(plan, list) else json.loads(plan)
-                    read = _rows_read(plan[0]["Plan"])
-                    if read > worst:
-                        worst, where = read, sql
-            transaction.set_rollback(True)
+        worst, where = most_rows_read(connection, seen)
     assert worst < 2000, f"a claim statement read {worst} rows: {where}"
     assert Job.objects.filter(state=JobState.BLOCKED).count() == 99997
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable, Sequence
+from functools import lru_cache
 from typing import Any
 
 from django.db import connections
@@ -109,6 +110,7 @@ _JSON_FIELDS = (
 _EMPTY_JSON: dict[str, Callable[[], Any]] = {"[]": list, "{}": dict}
 
 
+@lru_cache(maxsize=256)
 def claim_sql(
     *,
     queues: bool,
@@ -122,7 +124,9 @@ def claim_sql(
     for database ``db`` (default: the job table's) and ``namespace`` (a literal:
     ``namespace_literal``). ``limited``: some queues have ``DISPATCH["QUEUES"]``
     limits, and the statement leases none of their rows (the limits gate,
-    ``gates.limits.ConcurrencyGate``, admits them)."""
+    ``gates.limits.ConcurrencyGate``, admits them). Built once per set of
+    arguments: every claim asks, and formatting the text was 1% of a worker's
+    CPU in a drain of short jobs."""
     connection = connections[db or db_alias()]
     filters = ""
     if queues:
