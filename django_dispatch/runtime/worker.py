@@ -36,7 +36,7 @@ from django.db import connections
 from .. import store
 from ..conf import DispatchSettings, get_settings
 from ..observability import joblog
-from . import completer, recycling, scheduler, timeouts
+from . import completer, recycling, scheduler, takeover, timeouts
 from .asyncjobs import AsyncJobs
 from .heartbeat import Heartbeat
 from .jobthreads import JobRunner, JobThreads
@@ -184,6 +184,7 @@ class Worker:
 
     def run(self) -> int:
         opts, cfg = self.options, self.settings
+        takeover.take_id(opts, self.registration, cfg)  # before the try: a refusal leaves its row
         runner = JobRunner(
             self.slots,
             self.overseer,

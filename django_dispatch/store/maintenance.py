@@ -55,6 +55,7 @@ def jobs_rescue_expired(
     db: str | None = None,
     report: Callable[[Mapping[str, Any], bool], None] | None = None,
     namespace: str = "",
+    held_by: str | None = None,
 ) -> tuple[list[int], list[int]]:
     """Return ``namespace``'s jobs whose lease expired to the queue; fail the crash-loopers.
 
@@ -71,14 +72,20 @@ def jobs_rescue_expired(
     returned to the queue or failed (the row has ``id``, ``task_path``,
     ``queue_name``, ``attempts`` and the lost ``worker_id``), instead of
     the log lines written here without it.
+
+    ``held_by``: instead of the expired leases, those of worker ``held_by``,
+    expired or not: a worker restarted under the id of a dead incarnation
+    takes back its jobs at once (``runtime.takeover``). The caller has made
+    sure that incarnation is gone; the rescue is otherwise the same, so its
+    attempts are recorded as lost exactly as at their expiry.
     """
     db = db or db_alias()
     with transaction.atomic(using=db):
         take_sqlite_write_lock(db)
-        rows = _take_expired(db, namespace, limit)
+        rows = _take_expired(db, namespace, limit, held_by)
         if rows is None:
             return [], []
-        rescued = _rescue_rows(db, rows, max_worker_lost)
+        rescued = _rescue_rows(db, rows, max_worker_lost, held_by is not None)
         # Each lost attempt's usage record, with the rescue's outcome, in the
         # rescue's transaction: it commits with the rescue or not at all.
         if usage_recorded("worker_lost"):
@@ -94,8 +101,11 @@ def jobs_rescue_expired(
     return requeued, failed
 
 
-def _take_expired(db: str, namespace: str, limit: int) -> list[dict[str, Any]] | None:
-    """Lock the keys, then the rows, of up to ``limit`` expired jobs; None if none expired.
+def _take_expired(
+    db: str, namespace: str, limit: int, held_by: str | None = None
+) -> list[dict[str, Any]] | None:
+    """Lock the keys, then the rows, of up to ``limit`` expired jobs (with ``held_by``:
+    of the jobs that worker holds); None if there are none.
 
     Every row taken here frees its key or goes back to the queue, so their
     keys are locked first (see ``partitions``): read them without locking
@@ -109,8 +119,11 @@ def _take_expired(db: str, namespace: str, limit: int) -> list[dict[str, Any]] |
     expired = Job.objects.using(db).filter(
         Q(state=JobState.RUNNING) | Q(state=JobState.CANCELLED, lease_expires_at__isnull=False),
         namespace=namespace,
-        lease_expires_at__lt=Now(),
     )
+    if held_by is None:
+        expired = expired.filter(lease_expires_at__lt=Now())
+    else:
+        expired = expired.filter(worker_id=held_by)
     seen = list(expired.order_by("lease_expires_at").values_list("id", "partition_key")[:limit])
     if not seen:
         return None
@@ -124,7 +137,7 @@ def _take_expired(db: str, namespace: str, limit: int) -> list[dict[str, Any]] |
 
 
 def _rescue_rows(
-    db: str, rows: Sequence[Mapping[str, Any]], max_worker_lost: int
+    db: str, rows: Sequence[Mapping[str, Any]], max_worker_lost: int, taken_back: bool = False
 ) -> list[tuple[Mapping[str, Any], bool]]:
     """Release or rescue each locked row; return (row, failed) for the rescued ones.
 
@@ -137,7 +150,7 @@ def _rescue_rows(
         jobs = Job.objects.using(db).filter(id=row["id"], state=row["state"])
         if row["state"] == JobState.CANCELLED:
             jobs.update(lease_expires_at=None)
-        elif _rescue(jobs, row, max_worker_lost):
+        elif _rescue(jobs, row, max_worker_lost, taken_back):
             dead_letter_insert(db, row["id"])
             rescued.append((row, True))
         else:
@@ -163,12 +176,22 @@ def _report_rescued(
             logger.error("job %s: failed after losing %s workers", entry["id"], max_worker_lost)
 
 
-def _rescue(jobs: Any, row: Mapping[str, Any], max_worker_lost: int) -> bool:
-    """Record a lost attempt on one expired running job; True if it failed for good."""
+def _rescue(
+    jobs: Any, row: Mapping[str, Any], max_worker_lost: int, taken_back: bool = False
+) -> bool:
+    """Record a lost attempt on one expired (or taken back) running job; True if it
+    failed for good."""
     lost = row["worker_lost_count"] + 1
+    why = (
+        f"worker {row['worker_id']} was restarted under its id; its previous incarnation, "
+        "which ran this job, is gone"
+        if taken_back
+        else f"worker {row['worker_id']} stopped renewing its lease "
+        f"(expired {row['lease_expires_at']})"
+    )
     error = error_entry(
         WORKER_LOST_PATH,
-        f"worker {row['worker_id']} stopped renewing its lease (expired {row['lease_expires_at']})",
+        why,
         f"{WORKER_LOST_PATH}: worker {row['worker_id']} was lost while running this job "
         f"({lost} of at most {max_worker_lost} lost workers)\n",
     )

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
-from django.db import IntegrityError
+from django.db import IntegrityError, transaction
 from django.db.models.functions import Now
 
 from ..models import Worker
@@ -120,3 +121,63 @@ def workers_delete_stale(
         .delete()
     )
     return deleted
+
+
+@dataclass(frozen=True, slots=True)
+class Incarnation:
+    """What the worker row of an id says about the process registered under it."""
+
+    hostname: str
+    pid: int
+    namespace: str
+    #: Seconds since its last heartbeat, on the database clock.
+    seen_ago: float
+
+
+def worker_incarnation(worker_id: str, *, db: str | None = None) -> Incarnation | None:
+    """The process registered under ``worker_id``, or None when no row has that id."""
+    row = (
+        Worker.objects.using(db or db_alias())
+        .filter(id=worker_id)
+        .annotate(db_now=Now())
+        .values("hostname", "pid", "namespace", "last_seen_at", "db_now")
+        .first()
+    )
+    if row is None:
+        return None
+    seen_ago = max(0.0, (row["db_now"] - row["last_seen_at"]).total_seconds())
+    return Incarnation(row["hostname"], row["pid"], row["namespace"], seen_ago)
+
+
+def worker_take_id(
+    worker_id: str,
+    previous: Incarnation | None,
+    *,
+    hostname: str,
+    pid: int,
+    queues: Sequence[str],
+    concurrency: int,
+    db: str | None = None,
+    namespace: str = "",
+    capacity: dict[str, int] | None = None,
+    locality: str | None = None,
+) -> bool:
+    """Register this process under ``worker_id`` if the row still is ``previous``.
+
+    A compare-and-set on the row's host and pid (None: no row at all), so
+    of two processes starting under one id at once only one takes it; the
+    other gets False, reads the row again and finds the winner alive.
+    """
+    db = db or db_alias()
+    fields = _fields(hostname, pid, queues, concurrency, running_jobs=0, namespace=namespace)
+    fields.update(capacity=capacity or None, locality=locality or None)
+    workers = Worker.objects.using(db)
+    if previous is None:
+        try:
+            with transaction.atomic(using=db):
+                workers.create(id=worker_id, **fields)
+        except IntegrityError:  # registered meanwhile
+            return False
+        return True
+    row = workers.filter(id=worker_id, hostname=previous.hostname, pid=previous.pid)
+    return row.update(started_at=Now(), last_seen_at=Now(), **fields) == 1

@@ -1,0 +1,155 @@
+"""A worker started under the id of a dead incarnation takes that incarnation's jobs back.
+
+``rundispatch --worker-id ID`` gives a worker a stable identity (a host name,
+a StatefulSet pod, a systemd instance). When the process under that id dies
+(SIGKILL, the OOM killer, a crash) its jobs stay ``running`` under its
+lease until the lease expires, and only then does the leader's reclaim
+return them: a restart would wait out a whole lease for its own jobs.
+Instead, before it claims anything, a worker looks at the row registered
+under its id:
+
+- no row: nothing to take back (a clean stop deregisters and hands its jobs
+  back; a row deleted as stale belongs to leases long since reclaimed);
+- its own process (same host and pid: the process replaced itself, or an
+  earlier worker object of this process): nothing to take back;
+- a *dead* incarnation, i.e. same host and its pid is gone (or a zombie), or
+  a heartbeat older than ``STALE_HEARTBEATS`` heartbeat intervals: the
+  worker takes the id over, then takes back every job still held under it,
+  through the reclaim's own store path (``jobs_rescue_expired(held_by=)``):
+  each attempt is recorded as lost (a ``WorkerLost`` error, epoch bumped,
+  ``worker_lost_count``, the usage record 'worker_lost'), and the job goes
+  back to the queue, or fails for good after ``MAX_WORKER_LOST`` losses;
+- a *live* one: the worker refuses to start (``WorkerIdInUse``): two
+  processes under one id would each look like the holder of the other's jobs.
+
+Taking the id is a compare-and-set on the row (``worker_take_id``), so of
+two processes started under one id at once, one wins and the other finds it
+alive. An incarnation judged dead by its heartbeat alone (another host)
+that was only frozen is fenced out by the epoch bump, as after a reclaim.
+A recycled worker (``predecessor``) is the same process going on under its
+id; ``recycling.settle`` settles its jobs instead.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+from collections.abc import Mapping
+from typing import Any
+
+from django.core.management import CommandError
+
+from .. import store
+from ..conf import DispatchSettings
+from ..observability import joblog
+from ..store.workers import Incarnation, worker_incarnation, worker_take_id
+from .options import WorkerOptions
+
+logger = logging.getLogger("django_dispatch.worker")
+
+#: An incarnation whose heartbeat is older than this many heartbeat intervals
+#: is dead. ``LEASE_SECONDS`` is at least three intervals (``conf``), so this
+#: is never later than the lease's own expiry.
+STALE_HEARTBEATS = 3
+#: Tries of the compare-and-set before giving up to a process that keeps
+#: taking the id at the same moment.
+TAKE_ATTEMPTS = 3
+
+
+class WorkerIdInUse(CommandError):
+    """A live worker holds the id this one was started under (a ``CommandError``:
+    ``rundispatch`` prints it and exits 1, without a traceback)."""
+
+
+def take_id(
+    options: WorkerOptions, registration: Mapping[str, Any], settings: DispatchSettings
+) -> int:
+    """Register this process under ``options.worker_id``; return how many jobs of a
+    dead incarnation it took back. Raises ``WorkerIdInUse`` while a live one holds it."""
+    if options.predecessor is not None:
+        return 0
+    worker_id, db = options.worker_id, registration["db"]
+    stale = STALE_HEARTBEATS * settings.HEARTBEAT_INTERVAL
+    for _ in range(TAKE_ATTEMPTS):
+        previous = worker_incarnation(worker_id, db=db)
+        if previous is not None and not _ours(previous) and not _dead(previous, stale):
+            raise WorkerIdInUse(_in_use(worker_id, previous, stale))
+        if worker_take_id(worker_id, previous, **registration):
+            break
+    else:
+        raise WorkerIdInUse(
+            f"--worker-id {worker_id!r}: another process kept registering under this id "
+            "while this one started. Start one worker per id."
+        )
+    if previous is None or _ours(previous):
+        return 0
+    return _take_back(worker_id, previous, settings, db)
+
+
+def _take_back(worker_id: str, previous: Incarnation, settings: DispatchSettings, db: str) -> int:
+    """Rescue every job still held under the id, as the reclaim rescues expired ones."""
+    max_lost = settings.MAX_WORKER_LOST
+
+    def report(row: Mapping[str, Any], failed: bool) -> None:
+        joblog.worker_lost(row, failed=failed, max_worker_lost=max_lost, by=worker_id)
+
+    taken = 0
+    while True:
+        requeued, failed = store.jobs_rescue_expired(
+            max_worker_lost=max_lost,
+            db=db,
+            report=report,
+            namespace=previous.namespace,
+            held_by=worker_id,
+        )
+        if not requeued and not failed:
+            break
+        taken += len(requeued) + len(failed)
+    logger.log(
+        logging.WARNING if taken else logging.INFO,
+        "worker %s: its previous incarnation (pid %s on %s) is gone; took back %s running "
+        "jobs at once",
+        worker_id,
+        previous.pid,
+        previous.hostname,
+        taken,
+        extra=joblog.worker_fields(worker_id),
+    )
+    return taken
+
+
+def _ours(previous: Incarnation) -> bool:
+    return previous.hostname == socket.gethostname() and previous.pid == os.getpid()
+
+
+def _dead(previous: Incarnation, stale: float) -> bool:
+    if previous.seen_ago > stale:
+        return True
+    return previous.hostname == socket.gethostname() and not _pid_alive(previous.pid)
+
+
+def _pid_alive(pid: int) -> bool:
+    """Whether a process ``pid`` runs on this host (a zombie does not: it has exited)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's process: it exists
+        return True
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            return stat.read().rpartition(")")[2].split()[0] != "Z"
+    except (OSError, IndexError):  # no /proc (macOS): trust kill()
+        return True
+
+
+def _in_use(worker_id: str, previous: Incarnation, stale: float) -> str:
+    return (
+        f"--worker-id {worker_id!r} is in use: a live worker runs under it (pid "
+        f"{previous.pid} on host {previous.hostname}, heartbeat {previous.seen_ago:.1f} s ago). "
+        "Two processes must not share a worker id: each would look like the holder of the "
+        "other's jobs. Stop that worker first, or give this one another --worker-id. (A "
+        "worker counts as gone once its process has exited, on the same host, or once its "
+        f"heartbeat is older than {stale:g} s.)"
+    )
