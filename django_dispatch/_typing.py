@@ -26,6 +26,7 @@ def task[**P, R](
     priority: int = ...,
     queue_name: str = ...,
     backend: str = ...,
+    atomic: bool = ...,
     takes_context: Literal[True],
     **options: Any,
 ) -> DispatchTask[P, R]: ...
@@ -36,6 +37,7 @@ def task[**P, R](
     priority: int = ...,
     queue_name: str = ...,
     backend: str = ...,
+    atomic: bool = ...,
     takes_context: Literal[False] = False,
     **options: Any,
 ) -> DispatchTask[P, R]: ...
@@ -46,6 +48,7 @@ def task[**P, R](
     priority: int = ...,
     queue_name: str = ...,
     backend: str = ...,
+    atomic: bool = ...,
     takes_context: Literal[True],
     **options: Any,
 ) -> Callable[[Callable[Concatenate[TaskContext, P], R]], DispatchTask[P, R]]: ...
@@ -56,6 +59,7 @@ def task[**P, R](
     priority: int = ...,
     queue_name: str = ...,
     backend: str = ...,
+    atomic: bool = ...,
     takes_context: Literal[False] = False,
     **options: Any,
 ) -> Callable[[Callable[P, R]], DispatchTask[P, R]]: ...

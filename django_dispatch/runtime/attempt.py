@@ -126,12 +126,16 @@ def prepare(claimed: ClaimedJob, running: RunningJob) -> Outcome | Prepared:
     args, kwargs = list(row["args"]), dict(row["kwargs"])
     if task.takes_context:
         assert result is not None
+        atomic = getattr(task, "atomic", False)
         context = DispatchTaskContext(
             task_result=result,
             lease=claimed.lease,
             lease_seconds=running.lease_seconds,
             cancel_event=running.cancel_event,
-            saved_checkpoint=row["checkpoint"],
+            # An atomic attempt saves no checkpoint, and resumes from none:
+            # its retry starts over, since the body rolled back.
+            saved_checkpoint=None if atomic else row["checkpoint"],
+            atomic=atomic,
         )
         args.insert(0, context)
     return Prepared(

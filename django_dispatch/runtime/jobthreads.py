@@ -2,7 +2,8 @@
 
 ``JobRunner`` is what a job thread does with one claimed job: make sure its
 connection works (``connections``), run one attempt (``attempt``, which the
-pure ``executor`` classifies), hand the outcome to the completer (a success
+pure ``executor`` classifies; ``atomic`` for an atomic task, whose success
+commits with its body), hand the outcome to the completer (a success
 joins the next wave, anything else is written at once), and free its slot
 (``slots``). ``JobThreads`` is the pool of long-lived threads, each keeping
 its database connection from one job to the next.
@@ -20,7 +21,7 @@ from inspect import iscoroutinefunction
 from django.db import DatabaseError, InterfaceError, connections
 
 from ..observability import joblog, tracing
-from . import attempt, completer, executor, metering, timeouts
+from . import atomic, attempt, completer, executor, metering, timeouts
 from .connections import ThreadConnections, database_went_away
 from .executor import Outcome
 from .running import RunningJob
@@ -59,6 +60,9 @@ class JobRunner:
             else:
                 outcome = self._attempt(running)
             self.ran(running, meter)
+            if running.persisted:  # an atomic success: committed with its body, or lost
+                atomic.report(running, outcome)
+                return
             handed_over = self.completer.hand_over(running, outcome, meter)
             if handed_over:
                 meter = None  # the reporter drops it, once the wave wrote the usage record
@@ -166,7 +170,13 @@ class JobRunner:
     def _attempt(self, running: RunningJob) -> Outcome:
         """Run the task once; the outcome, as its timeout or a hand-back changed it."""
         self.overseer.started(running)
-        outcome = attempt.execute(running.claimed, running)
+        if getattr(running.task, "atomic", False):
+            outcome = atomic.execute(running.claimed, running, self.db)
+            if running.persisted:  # written with the body: what the timeout says comes too late
+                self.overseer.returned(running)
+                return outcome
+        else:
+            outcome = attempt.execute(running.claimed, running)
         return self.finish_attempt(running, outcome)
 
     def finish_attempt(self, running: RunningJob, outcome: Outcome) -> Outcome:

@@ -134,6 +134,16 @@ def job_progress_if_leased(
     )
 
 
+def job_is_leased(lease: Lease, *, db: str | None = None) -> bool:
+    """Whether this claim still holds the job: a plain read, no lock, no write.
+
+    What an atomic task's ``progress()`` asks, inside the task's transaction:
+    a write or a ``FOR UPDATE`` there would hold the job's row until the body
+    commits, blocking the heartbeat's renewals and the reclaim.
+    """
+    return _leased(lease, db or db_alias()).exists()
+
+
 def job_final_checkpoint_if_cancelled(
     lease: Lease, checkpoint: Any, *, db: str | None = None
 ) -> bool:

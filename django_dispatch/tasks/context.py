@@ -9,11 +9,12 @@ from typing import Any
 from asgiref.sync import sync_to_async
 
 from .. import store
-from ..compat import TaskContext
+from ..compat import InvalidTask, TaskContext
 from ..exceptions import ArtifactExists, JobCancelled
 from ..models.artifact import Artifact, OwnerKind
 from ..store import artifacts as artifact_store
 from ..store.artifacts import LinkSpec
+from ..store.leases import job_is_leased
 from . import artifact_files
 from .values import to_json
 
@@ -38,6 +39,9 @@ class DispatchTaskContext(TaskContext):  # type: ignore[misc]
     #: Whether the final checkpoint of a cancelled attempt was tried: it is
     #: saved once, by the first ``progress()`` that finds the job cancelled.
     final_tried: bool = False
+    #: An ``atomic=True`` task: its body runs in the transaction that writes
+    #: its success, which must not write or lock the job's row before then.
+    atomic: bool = False
 
     @property
     def checkpoint(self) -> Any:
@@ -63,11 +67,16 @@ class DispatchTaskContext(TaskContext):  # type: ignore[misc]
         record. Raises ``InvalidTaskArguments``, saving nothing, when
         ``value`` is not JSON or its JSON is over
         ``DISPATCH["MAX_CHECKPOINT_BYTES"]``. From async tasks use
-        ``await context.aprogress(value)``.
+        ``await context.aprogress(value)``. In an ``atomic=True`` task it
+        saves nothing (see ``_still_held``): it only raises ``JobCancelled``
+        once this worker no longer holds the job.
         """
         if self.cancel_event.is_set() and self.final_tried:
             raise JobCancelled(self._gone())
         value = to_json(value, "A checkpoint", "MAX_CHECKPOINT_BYTES")
+        if self.atomic:
+            self._still_held()
+            return
         if not self.cancel_event.is_set():
             if store.job_progress_if_leased(self.lease, value, lease_seconds=self.lease_seconds):
                 object.__setattr__(self, "saved_checkpoint", value)
@@ -77,6 +86,20 @@ class DispatchTaskContext(TaskContext):  # type: ignore[misc]
         if store.job_final_checkpoint_if_cancelled(self.lease, value):
             object.__setattr__(self, "saved_checkpoint", value)
         raise JobCancelled(self._gone())
+
+    def _still_held(self) -> None:
+        """``progress()`` of an atomic task: only ask whether this worker still holds the job.
+
+        Saving the checkpoint would write the job's row inside the task's
+        transaction, locking it until the body commits: the heartbeat's
+        renewals would wait, and a frozen body would keep the job from the
+        reclaim. A plain read locks nothing; a checkpoint would be of no use
+        anyway, since a retry starts over with the body rolled back.
+        """
+        if self.cancel_event.is_set() or not job_is_leased(self.lease):
+            self.cancel_event.set()
+            object.__setattr__(self, "final_tried", True)
+            raise JobCancelled(self._gone())
 
     async def aprogress(self, value: Any) -> None:
         await sync_to_async(self.progress, thread_sensitive=True)(value)
@@ -102,6 +125,14 @@ class DispatchTaskContext(TaskContext):  # type: ignore[misc]
         (a bad name, non-bytes content, a negative expiry, an unknown
         storage alias) raises before anything is written. See docs/artifacts.md.
         """
+        if self.atomic:
+            raise InvalidTask(
+                f"save_artifact() cannot be used in an atomic task (job {self.lease.job_id}): "
+                "linking the artifact locks the job's row until the task's transaction "
+                "commits, which would keep the heartbeat and the reclaim waiting. Return "
+                "what the artifact needs, or enqueue a follow-up job that saves it (it "
+                "exists only if this task's writes commit)."
+            )
         if self.cancel_event.is_set():
             raise JobCancelled(self._gone())
         if name in self.saved_artifacts:

@@ -58,6 +58,10 @@ class DispatchTask[**P, R](Task):
     #: Resource needs: {name: whole number}, or "auto" (from usage history).
     resources: Mapping[str, int] | str | None = None
     locality: str | None = None
+    #: Run the body in one transaction on the jobs' database, committed with
+    #: the job's success under its lease (docs/tasks.md, "Exactly-once
+    #: database effects"). Sync functions only.
+    atomic: bool = False
 
     if TYPE_CHECKING:  # typed as django-stubs types Task's; Django's code runs
 
@@ -147,6 +151,7 @@ def validate_options(task: Task) -> None:
             "backoff must be a function (exception, task_result) -> seconds or None, "
             f"got {task.backoff!r}."
         )
+    _check_atomic(task)
     if task.resources != AUTO:
         check_needs(task.resources)  # InvalidTask saying what is wrong
     check_locality(task.locality)
@@ -160,6 +165,20 @@ def validate_options(task: Task) -> None:
                 f"{name} must be a non-empty string of at most {KEY_MAX_LENGTH} "
                 f"characters, got {value!r}."
             )
+
+
+def _check_atomic(task: DispatchTask[Any, Any]) -> None:
+    if not isinstance(task.atomic, bool):
+        raise InvalidTask(f"atomic must be True or False, got {task.atomic!r}.")
+    if task.atomic and inspect.iscoroutinefunction(task.func):
+        # The body would run on an event loop whose queries go through another
+        # thread's connection: not the transaction the success is written in.
+        raise InvalidTask(
+            f"{task.module_path} is an async def with atomic=True: atomic tasks must be "
+            "plain (sync) functions, because their writes and the job's success commit "
+            "in one transaction on the job thread's connection. Make it a def, or drop "
+            "atomic=True."
+        )
 
 
 def task_for_row(row: Mapping[str, Any]) -> Task:

@@ -1,0 +1,91 @@
+"""Atomic tasks for tests/runtime/test_atomic.py: their writes are counted ``SideEffect`` rows.
+
+Inside an atomic body nothing is visible to others before the commit, so a
+body tells the test where it is through files (``signal``), never rows.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+
+from django_dispatch import task
+from django_dispatch.exceptions import JobCancelled
+
+from .models import SideEffect
+from .tasks import noop, quick_backoff
+
+
+def _row(key: str, note: str = "atomic") -> SideEffect:
+    return SideEffect.objects.create(key=key, note=note, worker_pid=os.getpid())
+
+
+def _wait_for(path: str, max_seconds: float = 30) -> None:
+    deadline = time.monotonic() + max_seconds
+    while not Path(path).exists() and time.monotonic() < deadline:
+        time.sleep(0.02)
+
+
+@task(atomic=True, takes_context=True, max_attempts=3, backoff=quick_backoff)
+def write_then_fail(context, key: str, succeed_on: int = 0):
+    """Writes a row, then raises unless this is attempt ``succeed_on``."""
+    _row(key, note=f"attempt-{context.task_result.attempts}")
+    if context.task_result.attempts != succeed_on:
+        raise RuntimeError(f"attempt {context.task_result.attempts} fails")
+    return key
+
+
+@task(atomic=True)
+def write_rows(key: str, rows: int = 2):
+    for _ in range(rows):
+        _row(key)
+    return key
+
+
+@task(atomic=True)
+def write_and_wait(key: str, signal: str, release: str, write_first: bool = True):
+    """Writes (or not yet), tells the test it is waiting (``signal``), waits for ``release``."""
+    if write_first:
+        _row(key, note="before")
+    Path(signal).touch()
+    _wait_for(release)
+    _row(key, note="after")
+    return key
+
+
+@task(atomic=True)
+def write_and_enqueue(key: str, fail: bool = False):
+    """The transactional outbox: a row and a follow-up job, both or neither."""
+    _row(key)
+    noop.enqueue(key)
+    if fail:
+        raise RuntimeError("the outbox rolls back with the row")
+    return key
+
+
+@task(atomic=True, takes_context=True)
+def progress_until_cancelled(context, key: str, signal: str, write_first: bool = True):
+    """Writes, reports progress until the job is gone; the checkpoint it saw goes to a file."""
+    Path(signal).with_suffix(".checkpoint").write_text(repr(context.checkpoint))
+    if write_first:
+        _row(key)
+    step = 0
+    deadline = time.monotonic() + 30
+    try:
+        while time.monotonic() < deadline:
+            step += 1
+            context.progress(step)
+            Path(signal).touch()
+            time.sleep(0.02)
+    except JobCancelled:
+        Path(signal).with_suffix(".cancelled").touch()
+        raise
+    return key
+
+
+@task(atomic=True, takes_context=True, max_attempts=1)
+def save_an_artifact(context, key: str):
+    _row(key)
+    context.save_artifact("report.txt", b"hello")
+    return key
