@@ -1,6 +1,6 @@
 from django.contrib import admin
 
-from .models import Contact, Delivery
+from .models import Contact, Delivery, Payment
 
 
 @admin.register(Delivery)
@@ -16,3 +16,11 @@ class ContactAdmin(admin.ModelAdmin):
 
     list_display = ["email", "name", "imported_at"]
     search_fields = ["email", "name"]
+
+
+@admin.register(Payment)
+class PaymentAdmin(admin.ModelAdmin):
+    """Rows of the atomic ``record_payment`` job: one per job, however often it retried."""
+
+    list_display = ["id", "order_id", "amount_cents", "job_id", "created_at"]
+    search_fields = ["job_id"]

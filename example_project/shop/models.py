@@ -32,3 +32,22 @@ class Contact(models.Model):
 
     def __str__(self) -> str:
         return f"{self.name} <{self.email}>"
+
+
+class Payment(models.Model):
+    """A payment recorded by the atomic ``record_payment`` job.
+
+    No unique key on purpose: ``@task(atomic=True)`` is what keeps it at one
+    row per job, since the row commits with the job's success or not at all.
+    """
+
+    order_id = models.IntegerField()
+    amount_cents = models.PositiveIntegerField()
+    job_id = models.CharField(max_length=50)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["id"]
+
+    def __str__(self) -> str:
+        return f"order {self.order_id}: {self.amount_cents} cents (job {self.job_id})"

@@ -13,7 +13,7 @@ from django.db import transaction
 
 from django_dispatch import task
 
-from .models import Delivery
+from .models import Delivery, Payment
 
 
 def retry_immediately(exception, task_result):
@@ -71,6 +71,26 @@ def charge_card(context, order_id, amount_cents):
     if attempt == 1:
         raise ConnectionError("payment gateway timed out (simulated; the job will retry)")
     return {"order_id": order_id, "charged_cents": amount_cents, "attempt": attempt}
+
+
+@task(atomic=True, max_attempts=3, backoff=retry_immediately, takes_context=True)
+def record_payment(context, order_id, amount_cents, email):
+    """Exactly-once database effects: the payment row, the receipt's job and this
+    job's success commit in one transaction, or not at all.
+
+    The first attempt fails after writing (a busy ledger, simulated): its
+    payment row and its receipt job roll back with it, and the retry records
+    the payment once. The e-mail is sent by the follow-up job, which exists
+    only if the payment committed (the transactional outbox): sending it from
+    here would send it again on every retry.
+    """
+    Payment.objects.create(
+        order_id=order_id, amount_cents=amount_cents, job_id=context.task_result.id
+    )
+    send_receipt.enqueue(order_id, email)
+    if context.attempt == 1:
+        raise ConnectionError("the ledger is busy (simulated; the payment rolls back, retries)")
+    return {"order_id": order_id, "paid_cents": amount_cents, "attempt": context.attempt}
 
 
 @task

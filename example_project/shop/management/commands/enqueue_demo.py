@@ -18,6 +18,7 @@ class Command(BaseCommand):
             ("plain task", tasks.send_welcome.enqueue(1)),
             ("priority 10, queue 'emails'", tasks.send_receipt.enqueue(1001, "ada@example.com")),
             ("fails once, then retries", tasks.charge_card.enqueue(1001, amount_cents=4200)),
+            ("atomic: paid once", tasks.record_payment.enqueue(1001, 4200, "ada@example.com")),
             ("async def task", tasks.fetch_exchange_rate.enqueue("USD")),
             ("checkpoints, resumes", tasks.rebuild_search_index.enqueue(5)),
             ("within its timeout", tasks.generate_report.enqueue(0.1)),
