@@ -37,6 +37,9 @@ HOST = socket.gethostname()
 #: A lease long enough that only the takeover, never the lease's expiry, can
 #: return the job within the test's time.
 LONG_LEASE = {"LEASE_SECONDS": 60.0, "HEARTBEAT_INTERVAL": 0.3}
+#: Heartbeats far enough apart (stale after 6 s) that a live worker slowed down
+#: by a busy test machine is never judged dead by its heartbeat.
+SLOW_BEATS = {"LEASE_SECONDS": 60.0, "HEARTBEAT_INTERVAL": 2.0}
 
 
 def gone_pid() -> int:
@@ -170,9 +173,9 @@ def test_a_worker_restarted_under_its_id_takes_its_job_back_within_seconds(
 
 @pytest.mark.slow
 def test_a_second_worker_under_a_live_worker_id_refuses_to_start(start_worker):
-    first = start_worker("--worker-id", "dup")
+    first = start_worker("--worker-id", "dup", overrides=SLOW_BEATS)
     wait_until(lambda: Worker.objects.filter(id="dup").exists(), timeout=60, what="the first")
-    second = start_worker("--worker-id", "dup")
+    second = start_worker("--worker-id", "dup", overrides=SLOW_BEATS)
     assert second.wait(60) == 1
     output = second.output()
     assert "--worker-id 'dup' is in use" in output and f"pid {first.pid}" in output
@@ -188,3 +191,36 @@ def test_a_second_worker_under_a_live_worker_id_refuses_to_start(start_worker):
     assert first.popen.poll() is None
     first.signal(signal.SIGTERM)
     assert first.wait() == 0
+
+
+@pytest.mark.slow
+def test_a_supervised_child_restarted_after_a_crash_takes_its_jobs_back(
+    start_worker, tmp_path: Path
+):
+    """A ``--processes`` child keeps its id (``ID.index``) across the supervisor's
+    restart, so the restarted child takes back what the crashed one held."""
+    go = tmp_path / "go"
+    supervisor = start_worker("--processes", "2", "--worker-id", "pool", overrides=LONG_LEASE)
+    result = tasks.wait_for_file.enqueue("child", str(go), 120)
+    wait_until(lambda: _job_started("child"), timeout=60, what="a child to start the job")
+    held = Job.objects.get(pk=int(result.id))
+    assert held.worker_id in ("pool.0", "pool.1")
+    crashed = Worker.objects.get(id=held.worker_id).pid
+    os.kill(crashed, signal.SIGKILL)  # the supervisor reaps it and starts another
+    wait_until(
+        lambda: Job.objects.filter(pk=held.pk, lease_epoch__gt=held.lease_epoch).exists(),
+        timeout=30,
+        what="the restarted child to take the job back",
+    )
+    go.touch()
+    wait_until(
+        lambda: Job.objects.get(pk=held.pk).state == JobState.SUCCEEDED,
+        timeout=30,
+        what="the job to finish",
+    )
+    job = Job.objects.get(pk=held.pk)
+    assert (job.attempts, job.worker_lost_count) == (2, 1)
+    assert "restarted under its id" in job.errors[-1]["message"]
+    assert crashed not in Worker.objects.values_list("pid", flat=True)
+    supervisor.signal(signal.SIGTERM)
+    supervisor.wait()
