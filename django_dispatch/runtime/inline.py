@@ -1,16 +1,17 @@
-"""``run_now``'s worker: one step job of one run, claimed by id and run in the caller's process.
+"""``run_now``'s worker: one job claimed by id and run in the caller's process.
 
-The caller becomes a worker for the length of one job: it claims the run's
-next runnable step job by id (``store.workflows.workflow_run_claim_step``, a
-worker's lease in every respect), registers a short-lived worker row named
-``run_now:<host>:<pid>:<random>``, and runs the job through the worker's own
-machinery (``Worker``: the job thread and ``JobRunner``, the executor, the
-completer's fenced writes, the heartbeat renewing the lease, the overseer's
-timeouts), then deregisters. So retries, dead letters, the workflow's
-advancement, durable waits, usage records and timeouts behave as on a
-worker; the step's code runs on a job thread of the caller's process while
-the calling thread keeps the lease alive, and the call returns once the
-outcome is committed.
+The caller becomes a worker for the length of one job: it claims the job by
+id (a run's next runnable step job, ``store.workflows.workflow_run_claim_step``,
+for ``workflows.run_now``; the job named, ``store.claim_by_id``, for
+``django_dispatch.run_now``: a worker's lease in every respect), registers a
+short-lived worker row named ``run_now:<host>:<pid>:<random>``, and runs the
+job through the worker's own machinery (``Worker``: the job thread and
+``JobRunner``, the executor, the completer's fenced writes, the heartbeat
+renewing the lease, the overseer's timeouts), then deregisters. So retries,
+dead letters, the workflow's advancement, durable waits, usage records and
+timeouts behave as on a worker; the job's code runs on a job thread of the
+caller's process while the calling thread keeps the lease alive, and the call
+returns once the outcome is committed.
 
 Differences from ``rundispatch``, each because the process is the caller's:
 no LISTEN connection, no leadership, reclaim, purge or cron (those must not
