@@ -33,6 +33,9 @@ INFO_COLUMNS = [("realistic_jobs", "realistic jobs", "{:,.0f}")]
 #: What each row's configuration is (the drivers' ``CONFIGS``, for the report).
 CONFIG_NOTES = {
     "dispatch": "rundispatch --processes W --concurrency C (LISTEN on)",
+    "dispatch [prepared]": "the same with DATABASES OPTIONS['prepare_threshold'] = 5: psycopg "
+    "prepares the claim and a wave's finish, bound on the server (direct connections; not "
+    "behind PgBouncer in transaction mode); not counted in the targets",
     "pgqueuer [asyncpg+uvloop]": "batch_size=C/2, max_concurrent_tasks=C; workers on asyncpg "
     "and uvloop, as `pgq run` runs them (bulk enqueues on asyncpg too)",
     "pgqueuer [defaults, asyncpg+uvloop]": "QueueManager.run() defaults: batch_size=10, no cap "

@@ -55,6 +55,11 @@ SYSTEMS = {  # name -> driver module
 #: (as ``pgq run`` runs them, first: the way PgQueuer documents) or psycopg
 #: on plain asyncio, each slot-matched and at its defaults.
 PEER_CONFIGS = {
+    # Ours at Django's defaults (no prepared statements), and with psycopg's
+    # prepared statements on, as a site on direct connections may run it:
+    # asyncpg, under PgQueuer, prepares every statement. The targets count
+    # the defaults row only.
+    "dispatch": ["matched", "prepared"],
     "django-tasks-db": ["matched", "defaults"],
     "procrastinate": ["matched", "async", "defaults"],
     "pgqueuer": ["asyncpg+uvloop", "defaults, asyncpg+uvloop", "psycopg", "defaults, psycopg"],

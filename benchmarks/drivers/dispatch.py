@@ -9,6 +9,7 @@ check's asyncio executor (``--async-concurrency``, #20).
 
 from __future__ import annotations
 
+import os
 import sys
 import time
 
@@ -49,6 +50,10 @@ UNFINISHED_SQL = (
 
 class DispatchDriver(Driver):
     unfinished_sql = UNFINISHED_SQL.format(after=0)
+    CONFIGS = {
+        "matched": "W processes x C jobs in flight, Django's database defaults",
+        "prepared": "the same, with psycopg's prepared statements on (prepare_threshold=5)",
+    }
 
     @classmethod
     def add_arguments(cls, parser) -> None:
@@ -69,6 +74,8 @@ class DispatchDriver(Driver):
         parser.add_argument("--async-concurrency", type=int, default=0)
 
     def setup(self) -> None:
+        if self.config == "prepared":  # read by benchproject.settings, here and in the workers
+            os.environ["BENCH_PREPARE"] = "1"
         django_setup.setup(self.db, "benchproject.settings")
         from bench import tasks
 

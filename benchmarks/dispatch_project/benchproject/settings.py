@@ -37,6 +37,11 @@ TASKS = {
 }
 DISPATCH: dict = {}
 
+if os.environ.get("BENCH_PREPARE"):
+    # psycopg prepares a statement after 5 runs; only server-bound ones (the
+    # worker's claim and finish), since Django's own cursor binds on the client.
+    DATABASES["default"].setdefault("OPTIONS", {})["prepare_threshold"] = 5
+
 if os.environ.get("BENCH_POOLER"):
     # Behind PgBouncer in transaction mode, configured as docs/deployment.md says.
     DISPATCH["LISTEN"] = False
