@@ -10,6 +10,8 @@ import os
 import time
 from pathlib import Path
 
+from django.utils import timezone
+
 from django_dispatch import task
 from django_dispatch.exceptions import JobCancelled
 
@@ -89,3 +91,26 @@ def save_an_artifact(context, key: str):
     _row(key)
     context.save_artifact("report.txt", b"hello")
     return key
+
+
+def _effect(context, key: str, seconds: float) -> dict[str, object]:
+    """One ``note="effect"`` row per execution, with no unique key: what exactly-once counts."""
+    row = SideEffect.objects.create(
+        key=key, job_id=context.task_result.id, worker_pid=os.getpid(), note="effect"
+    )
+    time.sleep(seconds)
+    # A last write, so that a fault during the work reaches the task's own code.
+    SideEffect.objects.filter(pk=row.pk).update(finished_at=timezone.now())
+    return {"key": key}
+
+
+@task(atomic=True, takes_context=True)
+def effect_atomic(context, key: str, seconds: float = 0.05):
+    """The chaos suite's atomic load: its effect commits with its success, once."""
+    return _effect(context, key, seconds)
+
+
+@task(takes_context=True)
+def effect_plain(context, key: str, seconds: float = 0.05):
+    """``effect_atomic`` without ``atomic=True``: at least once, so faults duplicate it."""
+    return _effect(context, key, seconds)

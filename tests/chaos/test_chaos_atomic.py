@@ -1,0 +1,130 @@
+"""Exactly-once database effects under faults: ``@task(atomic=True)`` against its plain twin.
+
+Each execution of the load's task inserts one ``note="effect"`` row with no
+unique key (``atomic_tasks._effect``), so every execution that committed is
+counted. The atomic task must end with exactly one row per job under random
+SIGKILLs, a worker frozen past its lease and then woken, and a PostgreSQL
+crash; the same task without ``atomic=True``, under the same faults, must
+show duplicates, or the scenario proved nothing.
+"""
+
+from __future__ import annotations
+
+import signal
+import time
+from collections import Counter
+
+import pytest
+
+from django_dispatch.core.states import JobState
+from django_dispatch.models import Job
+from tests.chaos.conftest import ROUNDS, SEED, Chaos, retry_db
+from tests.testapp import atomic_tasks
+from tests.testapp.models import SideEffect
+
+pytestmark = [pytest.mark.chaos, pytest.mark.slow, pytest.mark.django_db(transaction=True)]
+
+#: The test settings' lease (tests/settings.py): faults are timed against it.
+LEASE = 2.0
+
+TASKS = [
+    pytest.param(atomic_tasks.effect_atomic, id="atomic"),
+    pytest.param(atomic_tasks.effect_plain, id="plain"),
+]
+
+
+def _effects(ids: list[int]) -> Counter[int]:
+    rows = retry_db(
+        lambda: list(
+            SideEffect.objects.filter(job_id__in=[str(i) for i in ids], note="effect").values_list(
+                "job_id", flat=True
+            )
+        )
+    )
+    return Counter(int(job_id) for job_id in rows)
+
+
+def _check(chaos: Chaos, ids: list[int], task, name: str, started: float) -> None:
+    """Every job succeeded; atomic: one effect each; plain: some job has more."""
+    states = Counter(
+        retry_db(lambda: list(Job.objects.filter(pk__in=ids).values_list("state", flat=True)))
+    )
+    assert states == {JobState.SUCCEEDED: len(ids)}, states
+    counts = _effects(ids)
+    duplicates = sum(n - 1 for n in counts.values() if n > 1)
+    if task is atomic_tasks.effect_atomic:
+        wrong = {job_id: counts[job_id] for job_id in ids if counts[job_id] != 1}
+        assert not wrong, (
+            f"jobs without exactly one effect (job: rows): {dict(list(wrong.items())[:20])}"
+        )
+    else:
+        assert not [job_id for job_id in ids if not counts[job_id]]
+        assert duplicates > 0, "the plain twin shows no duplicate: the faults tested nothing"
+    print(
+        f"chaos {name} ({task.name}, seed {SEED}): {len(ids)} jobs, {duplicates} duplicate "
+        f"effects in {time.monotonic() - started:.1f} s"
+    )
+
+
+def _freeze_past_the_lease(chaos: Chaos, victim) -> None:
+    """SIGSTOP the victim with jobs running (bodies open), let others run them, SIGCONT."""
+
+    def victim_jobs() -> list[int]:
+        return list(
+            Job.objects.filter(
+                state=JobState.RUNNING, worker_id__contains=f":{victim.pid}:"
+            ).values_list("id", flat=True)
+        )
+
+    chaos.wait(lambda: len(victim_jobs()) >= 2, 30, "the victim to run jobs")
+    victim.signal(signal.SIGSTOP)
+    chaos.killed_pids.add(victim.pid)
+    held = victim_jobs()
+    try:
+        # The frozen bodies hold their transactions open: the reclaim must not wait for them.
+        chaos.wait(
+            lambda: Job.objects.filter(pk__in=held, state=JobState.SUCCEEDED).count() == len(held),
+            LEASE * 6,
+            "the frozen worker's jobs to succeed elsewhere",
+        )
+    finally:
+        victim.signal(signal.SIGCONT)
+    time.sleep(LEASE)  # the woken worker finishes its bodies: fenced out, rolled back
+
+
+@pytest.mark.parametrize("task", TASKS)
+def test_one_effect_per_job_under_sigkills_and_a_frozen_worker(chaos: Chaos, task):
+    started = time.monotonic()
+    chaos.start_workers(3)
+    ids = chaos.enqueue(150 * ROUNDS, "kill", seconds=(0.05, 0.15), task=task)
+    for round_ in range(2 * ROUNDS):
+        chaos.wait_progress(ids, (round_ + 1) * len(ids) // (2 * ROUNDS + 2))
+        chaos.kill(chaos.rng.choice(chaos.workers))
+        chaos.start_worker()
+    chaos.wait_finished(ids)
+    for round_ in range(ROUNDS):
+        # A short backlog per round, so that the frozen worker's jobs, once
+        # reclaimed, are not queued behind many others.
+        ids += chaos.enqueue(48, f"freeze-{round_}", seconds=(0.3, 0.6), task=task)
+        _freeze_past_the_lease(chaos, chaos.workers[0])
+    chaos.wait_finished(ids)
+    lost = retry_db(
+        lambda: sum(Job.objects.filter(pk__in=ids).values_list("worker_lost_count", flat=True))
+    )
+    assert lost > 0, "no fault hit a running job: the scenario tested nothing"
+    _check(chaos, ids, task, "sigkills and a frozen worker", started)
+    chaos.stop_workers()
+
+
+@pytest.mark.parametrize("task", TASKS)
+def test_one_effect_per_job_when_postgres_crashes_under_load(chaos: Chaos, task):
+    started = time.monotonic()
+    chaos.start_workers(3)
+    ids = chaos.enqueue(200 * ROUNDS, "crash", seconds=(0.05, 0.15), task=task)
+    for round_ in range(ROUNDS):
+        chaos.wait_progress(ids, (round_ + 1) * len(ids) // (ROUNDS + 2))
+        chaos.crash_postgres(down_for=1.0)
+    chaos.wait_finished(ids)
+    chaos.assert_fault_seen()
+    _check(chaos, ids, task, "postgres crash under load", started)
+    chaos.stop_workers()
