@@ -11,7 +11,6 @@ from datetime import timedelta
 import pytest
 from django.core.management import CommandError, call_command
 from django.db import connection
-from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
 from django_dispatch import enqueue_many, store
@@ -23,6 +22,7 @@ from django_dispatch.store.types import Placement
 from django_dispatch.testing import drain
 from tests.conftest import wait_until
 from tests.database_work import assert_flat_beside, database_work
+from tests.store.helpers import statements
 from tests.testapp import resource_tasks as rt
 from tests.testapp import tasks
 from tests.testapp.models import SideEffect
@@ -227,15 +227,14 @@ def test_the_claim_reads_no_unfit_job_in_a_big_backlog():
     small = rt.big.using(resources={"memory_mb": 10}).enqueue("small")
     plain = tasks.add.enqueue(1, 1)
     for placement in (mem(1000), mem(1000, gpu=1), None):
-        with CaptureQueriesContext(connection) as queries:
+        with statements(connection) as seen:
             taken = claim(placement, limit=2)
         assert {c.id for c in taken} <= {int(small.id), int(plain.id)} and taken
-        for query in queries.captured_queries:
-            sql = query["sql"]
+        for sql, params in seen:
             if not sql.lstrip().upper().startswith(("SELECT", "WITH")):
                 continue
             with connection.cursor() as cursor:
-                cursor.execute("EXPLAIN (ANALYZE, FORMAT JSON) " + sql)
+                cursor.execute("EXPLAIN (ANALYZE, FORMAT JSON) " + sql, params)
                 plan = cursor.fetchone()[0]
             assert _most_rows(plan[0]["Plan"]) < 100, sql
         for job in taken:
@@ -266,12 +265,12 @@ def test_the_pick_takes_priorities_in_the_order_the_walk_yields_them():
     with connection.cursor() as cursor:
         cursor.execute("ANALYZE django_dispatch_job")
     worker = Placement(capacity={"memory_mb": 1000}, locality="eu")
-    with CaptureQueriesContext(connection) as queries:
+    with statements(connection) as seen:
         taken = claim(worker, limit=8)
     assert len(taken) == 8 and {c.row["priority"] for c in taken} == {4}
-    [pick] = [q["sql"] for q in queries.captured_queries if "RECURSIVE priorities" in q["sql"]]
+    [(pick, params)] = [(sql, p) for sql, p in seen if "RECURSIVE priorities" in sql]
     with connection.cursor() as cursor:
-        cursor.execute("EXPLAIN (FORMAT JSON) " + pick)
+        cursor.execute("EXPLAIN (FORMAT JSON) " + pick, params)
         plan = cursor.fetchone()[0]
     walks = [
         path
