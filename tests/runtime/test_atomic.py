@@ -16,7 +16,7 @@ from django.db import transaction
 from django.db.models import F
 from django.utils import timezone
 
-from django_dispatch import store, task
+from django_dispatch import run_now, store, task
 from django_dispatch.compat import InvalidTask
 from django_dispatch.models import Artifact, DeadLetter, Job, JobUsage
 from django_dispatch.services.jobs import cancel
@@ -187,3 +187,13 @@ def test_progress_in_an_atomic_task_saves_nothing_and_raises_once_cancelled(star
     row = job(result)
     assert (row.state, row.checkpoint) == (JobState.CANCELLED, {"from": "an earlier version"})
     assert notes("progress") == []
+
+
+def test_run_now_runs_an_atomic_task_on_the_same_path():
+    failing = atomic_tasks.write_then_fail.enqueue("now-failing")
+    assert run_now(failing.id) is True
+    assert job(failing).state == JobState.PENDING  # waiting for its retry, nothing kept
+    assert notes("now-failing") == []
+    paid = atomic_tasks.write_rows.enqueue("now-paid", rows=1)
+    assert run_now(paid.id) is True
+    assert (job(paid).state, notes("now-paid")) == (JobState.SUCCEEDED, ["atomic"])
