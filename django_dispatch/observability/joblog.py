@@ -39,7 +39,7 @@ import traceback
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
-from ..conf import error_redactor
+from ..conf.redaction import error_redactor
 from ..core.failures import error_code, redacted
 from ..store import WORKER_LOST_PATH
 from . import metrics

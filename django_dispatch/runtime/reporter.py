@@ -16,7 +16,7 @@ from collections.abc import Callable
 from django.db import connections
 
 from ..compat import task_finished
-from ..conf import error_redactor
+from ..conf.redaction import error_redactor
 from ..observability import joblog
 from ..store import ClaimedJob
 from ..tasks.results import send_robust, signal_sender

@@ -28,7 +28,8 @@ from ..compat import (
     task_finished,
     task_started,
 )
-from ..conf import error_redactor, generation
+from ..conf import generation
+from ..conf.redaction import error_redactor
 from ..core.failures import error_code, redacted
 from ..core.states import JobState, to_status
 from ..models import Job

@@ -7,23 +7,21 @@ definition and its enqueue are honoured.
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass, field, fields
 from typing import Any
 
 from django.conf import settings
 from django.core.signals import setting_changed
 from django.dispatch import receiver
-from django.utils.module_loading import import_string
 
 # Re-exported: the checks and the store read them from here.
-from .core.queue_limits import QUEUE_LIMIT_KEYS as QUEUE_LIMIT_KEYS
-from .core.queue_limits import QueueLimit as QueueLimit
-from .core.queue_limits import queue_limit_problems as queue_limit_problems
-from .core.rates import parse_rate
-from .core.resources import check_capacity
-from .core.suggest import closest as closest
-from .core.suggest import did_you_mean as did_you_mean
+from ..core.queue_limits import QUEUE_LIMIT_KEYS as QUEUE_LIMIT_KEYS
+from ..core.queue_limits import QueueLimit as QueueLimit
+from ..core.queue_limits import queue_limit_problems as queue_limit_problems
+from ..core.rates import parse_rate
+from ..core.resources import check_capacity
+from ..core.suggest import closest as closest
+from ..core.suggest import did_you_mean as did_you_mean
 
 DAY = 86400.0
 KIB = 1024
@@ -178,7 +176,9 @@ class DispatchSettings:
                         f"got {value!r}."
                     )
             elif f.name == "ERROR_REDACTOR":
-                problems += _redactor_problems(value)
+                from .redaction import redactor_problems
+
+                problems += redactor_problems(value)
             elif f.name == "ARTIFACT_STORAGE":  # a STORAGES alias: checked by checks.artifacts
                 if not isinstance(value, str):
                     problems.append(f"DISPATCH['{f.name}'] must be a string, got {value!r}.")
@@ -277,52 +277,6 @@ def size_limit(name: str) -> int:
         values = get_settings()
         limits = _size_limits = {limit: getattr(values, limit) for limit in SIZE_LIMITS}
     return limits[name]
-
-
-def _redactor_problems(path: Any) -> list[str]:
-    if not isinstance(path, str):
-        return [f"DISPATCH['ERROR_REDACTOR'] must be a dotted path (a string), got {path!r}."]
-    if not path:
-        return []
-    try:
-        redactor = import_string(path)
-    except ImportError as e:
-        return [
-            f"DISPATCH['ERROR_REDACTOR'] is {path!r}, which cannot be imported ({e}). Give the "
-            "dotted path of a function that takes a text and returns it redacted."
-        ]
-    if not callable(redactor):
-        return [f"DISPATCH['ERROR_REDACTOR'] is {path!r}, which is not callable."]
-    return []
-
-
-_redactor: tuple[int, Callable[[str], str] | None] | None = None
-
-
-def _raising(error: Exception) -> Callable[[str], str]:
-    def redactor(text: str) -> str:
-        raise error
-
-    return redactor
-
-
-def error_redactor() -> Callable[[str], str] | None:
-    """``DISPATCH["ERROR_REDACTOR"]`` imported, None when unset; read once per
-    settings change. One that cannot be imported gives a function that raises,
-    so that ``core.failures.redacted`` stores its placeholder rather than the
-    text (the system checks report the setting)."""
-    global _redactor
-    current = generation("DISPATCH")
-    if _redactor is None or _redactor[0] != current:
-        path = get_settings().ERROR_REDACTOR
-        function: Callable[[str], str] | None = None
-        if path:
-            try:
-                function = import_string(path)
-            except ImportError as e:
-                function = _raising(e)
-        _redactor = (current, function)
-    return _redactor[1]
 
 
 _usage_mode: str | None = None
