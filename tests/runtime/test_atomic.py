@@ -197,3 +197,13 @@ def test_run_now_runs_an_atomic_task_on_the_same_path():
     paid = atomic_tasks.write_rows.enqueue("now-paid", rows=1)
     assert run_now(paid.id) is True
     assert (job(paid).state, notes("now-paid")) == (JobState.SUCCEEDED, ["atomic"])
+
+
+def test_an_atomic_task_over_its_timeout_keeps_none_of_its_writes(start_worker):
+    result = atomic_tasks.write_past_timeout.enqueue("late", write_first=ON_POSTGRES)
+    worker = start_worker("--burst", "--concurrency", "1")
+    assert worker.wait() == 0, worker.output()
+    row = job(result)
+    assert row.state == JobState.FAILED, worker.output()
+    assert row.errors[-1]["exception_class_path"] == "django_dispatch.exceptions.TaskTimeout"
+    assert notes("late") == []  # it returned normally once asked to stop: still rolled back

@@ -114,3 +114,20 @@ def effect_atomic(context, key: str, seconds: float = 0.05):
 def effect_plain(context, key: str, seconds: float = 0.05):
     """``effect_atomic`` without ``atomic=True``: at least once, so faults duplicate it."""
     return _effect(context, key, seconds)
+
+
+@task(atomic=True, takes_context=True, timeout=0.3, max_attempts=1)
+def write_past_timeout(context, key: str, write_first: bool = True):
+    """Works past its timeout until asked to stop, writes, and returns as if done.
+
+    ``write_first``: the row before the work. Not on SQLite, where that write
+    would hold the write lock the worker's control loop needs to get to its
+    timeout check.
+    """
+    if write_first:
+        _row(key, note="before")
+    deadline = time.monotonic() + 10
+    while not context.cancelled and time.monotonic() < deadline:
+        time.sleep(0.02)
+    _row(key, note="after")
+    return key
