@@ -23,9 +23,10 @@ run atomically passes its own body and its own fenced success write.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 
-from django.db import transaction
+from django.db import DatabaseError, InterfaceError, transaction
 
 from .. import store
 from ..conf import usage_recorded
@@ -34,6 +35,8 @@ from . import attempt, metering
 from .executor import Outcome
 from .reporter import report_written, signal_finished
 from .running import RunningJob
+
+logger = logging.getLogger("django_dispatch.worker")
 
 
 class _RollBack(Exception):
@@ -123,5 +126,8 @@ def report(running: RunningJob, outcome: Outcome) -> None:
         report_written(claimed, outcome, won)
     if won:
         signal_finished(outcome)
-    else:
+        return
+    try:
         store.job_ack_cancelled(claimed.lease, partition_key=claimed.row["partition_key"])
+    except (DatabaseError, InterfaceError):  # the lease's expiry lets go of it instead
+        logger.warning("job %s: could not let go of it", claimed.id, exc_info=True)

@@ -135,6 +135,8 @@ def test_a_lost_lease_mid_body_leaves_no_rows_and_no_success(start_worker, tmp_p
     worker.signal(signal.SIGTERM)  # a clean stop waits for the body to end
     assert worker.wait() == 0, worker.output()
     assert notes("lost") == []
+    lost_lines = [line for line in worker.output().splitlines() if "lost" in line]
+    assert any(f"job {result.id} " in line for line in lost_lines), worker.output()
     row = job(result)
     assert (row.state, row.return_value, row.finished_at) == (JobState.PENDING, None, None)
     assert not JobUsage.objects.filter(job_id=row.pk, outcome="succeeded").exists()
