@@ -38,6 +38,7 @@ from .reporter import (
     Reporter,
     report_released,
     report_written,
+    settle_quietly,
     signal_finished,
     signal_finished_and_close,
 )
@@ -103,7 +104,10 @@ class BatchCompleter:
         if outcome.kind != "succeeded" or reporter is None or reporter.behind():
             return False
         running.meter = meter
-        running.on_persisted = partial(reporter.put, running)
+        if outcome.task_result is None:  # no task_finished to send (attempt.prepare)
+            running.on_persisted = partial(settle_quietly, running, reporter)
+        else:
+            running.on_persisted = partial(reporter.put, running)
         return self.offer(running, outcome)
 
     def offer(self, running: RunningJob, outcome: Outcome) -> bool:

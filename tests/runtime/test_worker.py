@@ -12,7 +12,8 @@ from django.utils import timezone
 
 from django_dispatch import cancel, store
 from django_dispatch.compat import TASKS_LOGGER, TaskResultStatus, task_finished, task_started
-from django_dispatch.models import Job, Worker
+from django_dispatch.models import Job, JobUsage, Worker
+from django_dispatch.runtime import metering
 from django_dispatch.states import JobState
 from django_dispatch.tasks.results import signal_is_silent
 from django_dispatch.testing import assert_enqueued, drain
@@ -208,6 +209,18 @@ def test_a_success_nobody_observes_sends_no_signal_and_one_observed_does(caplog)
     logged = [r.getMessage() for r in caplog.records if r.name == TASKS_LOGGER]
     assert f"Task id={enqueued.id} path=tests.testapp.tasks.add state=RUNNING" in logged
     assert f"Task id={enqueued.id} path=tests.testapp.tasks.add state=SUCCESSFUL" in logged
+
+
+def test_quiet_successes_are_settled_without_leaking_their_meters(caplog):
+    """Successes nobody observes are settled on the control loop, not the reporter's
+    thread: every job still ends succeeded, with its usage record, and its meter is
+    dropped (a leak here would grow a long-lived worker without bound)."""
+    caplog.set_level("WARNING", logger=TASKS_LOGGER)
+    ids = [int(tasks.add.enqueue(i, i).id) for i in range(60)]
+    assert drain(concurrency=4) == 60
+    assert Job.objects.filter(pk__in=ids, state=JobState.SUCCEEDED).count() == 60
+    assert JobUsage.objects.filter(job_id__in=ids, outcome="succeeded").count() == 60
+    assert not metering.METERS
 
 
 def test_failing_signal_receiver_never_changes_the_outcome():
