@@ -1,4 +1,7 @@
-"""Persist jobs' outcomes: the only writer of an attempt's end, always fenced.
+"""Persist jobs' outcomes: the writer of an attempt's end, always fenced.
+
+The one exception is an atomic task's success, which must commit with the
+task's own writes: ``atomic`` writes it in the task's transaction.
 
 Successes go in waves (``BatchCompleter``): a job hands its success over
 (``hand_over``) and goes on; the completer writes the wave with one fenced
