@@ -1,6 +1,7 @@
 """Workflows: per-step routing (a step's queue and priority) and ``ctx.map``'s
 sets of child runs (the set on the waiting step, with its counters; each
-child's set and position, unique together, and whether it was counted).
+child's set and position, unique together, and whether it was counted), and
+the partial index through which the sweep finds the steps waiting for a set.
 
 Every new column is nullable or has a default: adding them rewrites no row.
 """
@@ -71,6 +72,15 @@ class Migration(migrations.Migration):
                 models.F("map_index"),
                 condition=models.Q(("map_batch__isnull", False)),
                 name="dispatch_wfrun_map_item",
+            ),
+        ),
+        migrations.AddIndex(
+            model_name="workflowtask",
+            index=models.Index(
+                models.F("namespace"),
+                models.F("map_batch"),
+                condition=models.Q(("map_batch__isnull", False), ("state", "waiting")),
+                name="dispatch_wftask_map",
             ),
         ),
     ]

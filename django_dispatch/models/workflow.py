@@ -208,6 +208,14 @@ class WorkflowTask(models.Model):
                 name="dispatch_wftask_wait_until",
                 condition=Q(state=StepState.WAITING, wait_until__isnull=False),
             ),
+            # The sweep's admission of starved maps: the steps waiting for a
+            # ctx.map set, not every waiting step.
+            models.Index(
+                "namespace",
+                "map_batch",
+                name="dispatch_wftask_map",
+                condition=Q(state=StepState.WAITING, map_batch__isnull=False),
+            ),
             # The stale-step sweep.
             models.Index(
                 "namespace",

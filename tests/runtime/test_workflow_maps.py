@@ -7,11 +7,12 @@ start real ``rundispatch`` processes and count executions in SideEffect rows.
 from __future__ import annotations
 
 import signal
+import threading
 import time
 from datetime import datetime
 
 import pytest
-from django.db import connection
+from django.db import connection, transaction
 from django.test import override_settings
 from django.test.utils import CaptureQueriesContext
 
@@ -228,6 +229,38 @@ def fan_in_statements(count: int) -> int:
 @pytestmark_db
 def test_a_childs_fan_in_costs_the_same_at_1000_children_as_at_10():
     assert fan_in_statements(10) == fan_in_statements(1000)
+
+
+@pytestmark_db
+def test_a_held_child_another_transaction_holds_is_admitted_by_the_sweep():
+    if connection.vendor != "postgresql":
+        pytest.skip("row locks: SQLite has one writer, so no other transaction holds a row")
+    run = fan("busy", 3, max_parallel=1)
+    drain(max_jobs=1)  # spread: child 0 runnable, 1 and 2 held
+    second = WorkflowRun.objects.get(parent_run=run, map_index=1)
+    holding, release = threading.Event(), threading.Event()
+
+    def hold() -> None:  # e.g. an operator's retry of a run that is not stuck
+        with transaction.atomic():
+            WorkflowRun.objects.select_for_update().get(pk=second.pk)
+            holding.set()
+            release.wait(20)
+        connection.close()
+
+    holder = threading.Thread(target=hold)
+    holder.start()
+    assert holding.wait(10)
+    try:
+        drain(max_jobs=1)  # child 0 succeeds; child 1's row is held: not waited for
+        step = spread(run)
+        assert (step.map_done, step.map_started) == (1, 1) and runnable_kids(run) == 1
+    finally:
+        release.set()
+        holder.join()
+    assert wf_store.sweep_stale_steps(60, build_job=build_step_job) == [step.pk]
+    assert runnable_kids(run) == 2
+    run = run_to_end(run)
+    assert run.state == RunState.SUCCEEDED and run.output == {"doubled": [0, 2, 4]}
 
 
 @pytestmark_db

@@ -7,9 +7,10 @@ SQLite, the database write lock). So transitions of one run are serialized,
 and locks are always taken run first, then its steps, then jobs; a child
 run's transaction may then lock its parent run, never the other way round
 (cascades down to child runs run after commit), so two transactions cannot
-deadlock on each other's runs. One exception keeps that true for ``ctx.map``:
-a map child's transactions lock its parent run *before* the child (see
-``lock_map_parents``), since a child's success may admit a sibling.
+deadlock on each other's runs. One transaction goes down: a ``ctx.map``
+child's success, holding its parent run, admits a held sibling; it takes
+the sibling's row only if no other transaction holds it (SKIP LOCKED), and
+otherwise leaves the admission to the next success (see ``_admit``).
 
 ``claim_fence`` is the other half: the step row while one exact claim still
 holds it. Every write of a step attempt matches it, so a write from a void
@@ -120,47 +121,14 @@ def lock_run(db: str, *, run_id: int | None = None, step_id: int | None = None) 
 
     Returns the run's ``RUN_FIELDS``, or None when there is no such run (or step).
     """
-    link = None
     if run_id is None and step_id is not None:
         steps = WorkflowTask.objects.using(db).filter(id=step_id)
-        row = steps.values_list("run_id", "run__parent_run_id", "run__map_batch").first()
-        if row is None:
-            return None
-        run_id, link = row[0], (row[1], row[2])
+        run_id = steps.values_list("run_id", flat=True).first()
     if not run_id:
         return None
-    lock_map_parents(db, run_id, link)
     if not WorkflowRun.objects.using(db).filter(id=run_id).update(updated_at=Now()):
         return None
     return WorkflowRun.objects.using(db).filter(id=run_id).values(*RUN_FIELDS).first()
-
-
-def lock_map_parents(
-    db: str, run_id: int, link: tuple[int | None, str | None] | None = None
-) -> None:
-    """Lock, top down, the runs above ``run_id`` that a map child locks first.
-
-    A map child's success moves its parent's step, and may admit a held
-    sibling (its steps get jobs), so the parent run is locked before any of
-    its map children, by every transaction that touches one: two siblings'
-    transactions then queue on the parent instead of each holding what the
-    other wants. Up a chain of maps, the top run first. ``link`` is the
-    run's (parent_run_id, map_batch) when the caller read it already;
-    otherwise a run that is no map child costs one read of its own row.
-    """
-    chain = []
-    parent, batch = link if link is not None else _map_link(db, run_id)
-    while parent is not None and batch is not None:
-        chain.append(parent)
-        parent, batch = _map_link(db, parent)
-    for parent_id in reversed(chain):
-        WorkflowRun.objects.using(db).filter(id=parent_id).update(updated_at=Now())
-
-
-def _map_link(db: str, run_id: int) -> tuple[int | None, str | None]:
-    """(parent_run_id, map_batch) of a run: a map child has both."""
-    row = WorkflowRun.objects.using(db).filter(id=run_id)
-    return row.values_list("parent_run_id", "map_batch").first() or (None, None)
 
 
 @contextmanager
@@ -303,6 +271,9 @@ def _map_child_succeeded(db: str, child: RunRow, build_job: StepJobBuilder) -> N
     set, once, to gather the outputs in input order.
     """
     runs = WorkflowRun.objects.using(db)
+    parent = lock_run(db, run_id=child["parent_run_id"])  # after the child: the usual order
+    if parent is None:
+        return
     waiting = map_waiting(db, child["parent_task_id"], child["map_batch"])
     if not waiting.update(map_done=F("map_done") + 1, heartbeat_at=Now(), updated_at=Now()):
         return  # the step no longer waits for this set (failed, skipped, replayed)
@@ -312,29 +283,66 @@ def _map_child_succeeded(db: str, child: RunRow, build_job: StepJobBuilder) -> N
         in_order = runs.filter(map_batch=child["map_batch"]).order_by("map_index")
         outputs = list(in_order.values_list("output", flat=True))
         waiting.update(state=StepState.SUCCEEDED, output=outputs, finished_at=Now())
-        # Locked already: a map child's transaction locks its parent run first.
-        parent = runs.filter(id=child["parent_run_id"]).values(*RUN_FIELDS).get()
         advance(db, parent, build_job)
     elif started < total:
-        _admit(db, child["map_batch"], started, build_job)
-        waiting.update(map_started=F("map_started") + 1)
+        admit_next(db, waiting, child["map_batch"], started, total, build_job)
 
 
-def _admit(db: str, batch: str, index: int, build_job: StepJobBuilder) -> None:
-    """Make the held child at ``index`` runnable: its first steps get their jobs."""
+def admit_next(
+    db: str,
+    waiting: QuerySet[WorkflowTask],
+    batch: str,
+    started: int,
+    total: int,
+    build_job: StepJobBuilder,
+) -> bool:
+    """Admit the set's next held child (parent run locked); True if one was.
+
+    Children no longer held are passed over; one another transaction holds
+    is left for the next success, or for the sweep (``admit_starved``).
+    """
+    admitted = started
+    outcome = "gone"
+    while admitted < total and outcome == "gone":
+        outcome = _admit(db, batch, admitted, build_job)
+        if outcome != "busy":
+            admitted += 1
+    if admitted != started:
+        waiting.update(map_started=admitted)
+    return outcome == "admitted"
+
+
+def _admit(db: str, batch: str, index: int, build_job: StepJobBuilder) -> str:
+    """Make the held child at ``index`` runnable: its first steps get their jobs.
+
+    Called with the parent run locked, so it takes the child's row with SKIP
+    LOCKED: a transaction holding it (an operator cancelling the child, or
+    skipping one of its steps) may be waiting for the parent, and waiting
+    for it here would close a circle. Returns ``admitted``, ``busy`` (held
+    by such a transaction: try again at the next success, or the sweep's)
+    or ``gone`` (no longer held: cancelled, or started by an operator; the
+    next one's turn).
+    """
     held = WorkflowRun.objects.using(db).filter(map_batch=batch, map_index=index)
-    run_id = held.values_list("id", flat=True).first()
-    child = lock_run(db, run_id=run_id) if run_id else None
-    if child is None or child["state"] != RunState.RUNNING:
-        return
-    steps = WorkflowTask.objects.using(db).filter(run_id=child["id"], state=StepState.PENDING)
+    row = held.select_for_update(skip_locked=True).values(*RUN_FIELDS).first()
+    if row is None:
+        return "busy" if held.exists() else "gone"
+    if row["state"] != RunState.RUNNING:
+        return "gone"
+    steps = WorkflowTask.objects.using(db).filter(
+        run_id=row["id"], state=StepState.PENDING, job_id__isnull=True
+    )
     first = [
         s
         for s in steps.values("id", "generation", "depends_on", "queue_name", "priority")
         if not s["depends_on"]
     ]
+    if not first:
+        return "gone"
+    held.update(updated_at=Now())
     routes = {s["id"]: (s["queue_name"], s["priority"]) for s in first}
-    enqueue_steps(db, child, [(s["id"], s["generation"]) for s in first], build_job, routes=routes)
+    enqueue_steps(db, row, [(s["id"], s["generation"]) for s in first], build_job, routes=routes)
+    return "admitted"
 
 
 def _waiting_for(db: str, step_id: int, child_id: int) -> QuerySet[WorkflowTask]:

@@ -27,7 +27,6 @@ from .common import (
     db_or_default,
     descendants,
     enqueue_steps,
-    lock_map_parents,
     lock_run,
     locked_run,
     write_transaction,
@@ -170,17 +169,15 @@ def cancel_children(db: str, children: Sequence[int], batches: Sequence[str]) ->
 def cancel_held(db: str, batch: str) -> int:
     """running -> cancelled for the held children of a ``ctx.map`` set; return how many.
 
-    Under the parent run's lock, which the admission of a held child also
-    holds: a child is either admitted (its first steps have jobs) and left
-    to ``workflow_run_cancel``, or still held and cancelled here, steps and
-    all, with nothing else to stop. For a set its step no longer waits for
-    (failed, reset, run cancelled): the step is not told.
+    Only for a set its step no longer waits for (failed, reset, run
+    cancelled: the step is not told), so no admission can run any more: a
+    child is either admitted (its first steps have jobs) and left to
+    ``workflow_run_cancel``, or still held and cancelled here, steps and
+    all, with nothing else to stop. The parent run is not locked: the rows
+    written are the held children's only.
     """
     runs = WorkflowRun.objects.using(db)
     with write_transaction(db):
-        parent_id = runs.filter(map_batch=batch).values_list("parent_run_id", flat=True).first()
-        if parent_id is None or lock_run(db, run_id=parent_id) is None:
-            return 0
         has_job = WorkflowTask.objects.using(db).filter(run_id=OuterRef("pk"), job_id__isnull=False)
         held = runs.filter(map_batch=batch, state=RunState.RUNNING).exclude(Exists(has_job))
         ids = list(held.values_list("id", flat=True))
@@ -274,7 +271,6 @@ def workflow_run_reopen(
     """
     db = db_or_default(db)
     with write_transaction(db):
-        lock_map_parents(db, run_id)  # a map child locks its parent first
         # The compare-and-set is this transition's opening: its UPDATE takes
         # the run's row lock, which ``lock_run`` then holds and reads.
         won = (

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from django.db.models import BooleanField, Exists, F, OuterRef
+from django.db.models import BooleanField, Exists, F, OuterRef, Q
 from django.db.models.expressions import RawSQL
 from django.db.models.functions import Now
 
@@ -17,10 +17,12 @@ from ..sql import JSONAppend
 from .common import (
     STEP_JOB_LOST_PATH,
     StepJobBuilder,
+    admit_next,
     db_or_default,
     enqueue_steps,
     error_at,
     locked_run,
+    map_waiting,
     park,
 )
 from .waits import rearm
@@ -62,10 +64,13 @@ def sweep_stale_steps(
     else would ever end the wait: the step gets a fresh timer job, due at
     once, and its ids are returned too. No attempt ran, so none is counted.
     A wait with no end (an event with no timeout, a child run) has no timer
-    and is not affected: a publish or the child ends it.
+    and is not affected: a publish or the child ends it. A ``ctx.map`` step
+    with a free slot and a held child gets one admitted (``admit_starved``),
+    and its id returned.
     """
     db = db_or_default(db)
     recovered = _recover_timers(db, namespace, build_job, limit)
+    recovered += admit_starved(db, namespace, build_job, limit)
     candidates = list(
         WorkflowTask.objects.using(db)
         .filter(
@@ -88,6 +93,46 @@ def sweep_stale_steps(
         if step["job_id"] not in live and _recover(db, step, build_job):
             recovered.append(step["id"])
     return recovered
+
+
+def admit_starved(db: str, namespace: str, build_job: StepJobBuilder, limit: int) -> list[int]:
+    """``ctx.map`` steps with a free slot and a held child: admit one each; their ids.
+
+    A success admits the next held child, unless another transaction held
+    that child's row at that moment (``common.admit_next``); with no success
+    left to come, only this sweep admits it. It reads waiting map steps
+    only, and each repair is fenced like the success's: under the parent
+    run's lock, on the step still waiting for that set.
+    """
+    starved = list(
+        WorkflowTask.objects.using(db)
+        .filter(namespace=namespace, state=StepState.WAITING, map_batch__isnull=False)
+        .filter(map_started__lt=F("map_total"))
+        .filter(
+            Q(map_max_parallel__isnull=True)
+            | Q(map_max_parallel__gt=F("map_started") - F("map_done"))
+        )
+        .values("id", "run_id", "map_batch")[:limit]
+    )
+    admitted = []
+    for step in starved:
+        batch = str(step["map_batch"])  # not null: the filter above
+        with locked_run(db, run_id=step["run_id"]) as run:
+            waiting = map_waiting(db, step["id"], batch)
+            row = waiting.values("map_started", "map_done", "map_total", "map_max_parallel")
+            counts = row.first() if run is not None else None
+            if counts is None or not _has_slot(counts):
+                continue
+            total = counts["map_total"] or 0  # set with the set; checked by _has_slot
+            if admit_next(db, waiting, batch, counts["map_started"], total, build_job):
+                admitted.append(step["id"])
+    return admitted
+
+
+def _has_slot(counts: Mapping[str, Any]) -> bool:
+    bound = counts["map_max_parallel"]
+    running = counts["map_started"] - counts["map_done"]
+    return counts["map_started"] < counts["map_total"] and (bound is None or running < bound)
 
 
 def _recover(db: str, step: Mapping[str, Any], build_job: StepJobBuilder) -> bool:
