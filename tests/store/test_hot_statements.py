@@ -9,6 +9,8 @@ parameters (a generic plan is chosen after five runs).
 
 from __future__ import annotations
 
+from datetime import UTC, datetime, timedelta
+
 import pytest
 from django.db import connection, transaction
 
@@ -72,3 +74,18 @@ def test_nothing_is_prepared_by_default():
         tasks.add.enqueue(i, i)
     assert len(_drain_in_waves(12, per_wave=2)) == 12
     assert _prepared() == []
+
+
+def test_hot_statements_load_timestamps_as_django_does():
+    """The claim's timestamps come through psycopg's own loader (with the session in
+    UTC): the same aware values, in timezone.utc, as Django's cursor gives."""
+    enqueued = tasks.add.using(run_after=datetime.now(UTC) - timedelta(seconds=5)).enqueue(1, 1)
+    (claimed,) = store.jobs_claim(worker_id="w-tz", queues=(), limit=1, lease_seconds=30)
+    job = Job.objects.get(pk=enqueued.id)
+    for name in ("enqueued_at", "run_after", "deferred_until"):
+        assert claimed.row[name] == getattr(job, name), name
+        assert claimed.row[name].tzinfo is UTC, name
+    assert claimed.claimed_at.tzinfo is UTC
+    with connection.cursor() as cursor:  # Django's own cursors keep Django's loader
+        cursor.execute("SELECT now()")
+        assert cursor.fetchone()[0].tzinfo is UTC
