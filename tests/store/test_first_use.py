@@ -9,6 +9,7 @@ share this test process's app registry).
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 import textwrap
@@ -101,7 +102,9 @@ class FreshConfig(AppConfig):
 """
 
 
-def _fresh_site(tmp_path: Path, *, installed: bool, queues: list[str]) -> dict[str, str]:
+def _fresh_site(
+    tmp_path: Path, *, installed: bool, queues: list[str], logging: str = ""
+) -> dict[str, str]:
     app = tmp_path / "fresh_app"
     app.mkdir()
     (app / "__init__.py").write_text("")
@@ -120,6 +123,7 @@ def _fresh_site(tmp_path: Path, *, installed: bool, queues: list[str]) -> dict[s
             TASKS = {{"default": {{"BACKEND": "django_dispatch.backend.DispatchBackend",
                                    "QUEUES": {queues!r}}}}}
         """)
+        + logging
     )
     return {
         **os.environ,
@@ -194,3 +198,65 @@ def test_an_unlisted_queue_given_with_using_is_refused_at_enqueue(settings):
         m.id == "django_dispatch.E005" and "tests.testapp.tasks.add" in m.msg
         for m in task_backends["default"].check()
     )
+
+
+# --- the worker's own lines at INFO ----------------------------------------------------------
+
+
+def _install_md_logging() -> str:
+    """The LOGGING block docs/install.md gives under "Run a worker"."""
+    text = (ROOT / "docs" / "install.md").read_text()
+    section = text[text.index("## Run a worker") :]
+    start = section.index("LOGGING = {")
+    return section[start : section.index("```", start)]
+
+
+@pytest.mark.slow
+def test_the_worker_prints_its_start_line_with_the_logging_install_md_gives(tmp_path):
+    silent = _fresh_site(tmp_path, installed=True, queues=[])
+    (tmp_path / "fresh_app" / "tasks.py").write_text(FRESH_TASKS.replace('"sms"', '"default"'))
+    assert _run(silent, "-m", "django", "migrate", "-v0").returncode == 0
+    burst = ("-m", "django", "rundispatch", "--burst", "--concurrency", "1")
+    quiet = _run(silent, *burst)
+    assert quiet.returncode == 0, quiet.stderr
+    assert "started: queues=all concurrency=1" not in quiet.stderr  # Django's default logging
+    (tmp_path / "fresh_settings.py").write_text(
+        (tmp_path / "fresh_settings.py").read_text() + "\n" + _install_md_logging()
+    )
+    told = _run(silent, *burst)
+    assert told.returncode == 0, told.stderr
+    assert "started: queues=all concurrency=1" in told.stderr
+
+
+# --- what the docs must answer ---------------------------------------------------------------
+
+
+@pytest.mark.slow  # runs ruff
+def test_testing_md_examples_import_every_name_they_use(tmp_path):
+    """A user pastes testing.md's examples: each must name only what it imports
+    (the first one used ``User`` without importing it)."""
+    text = (ROOT / "docs" / "testing.md").read_text()
+    blocks = re.findall(r"^```python\n(.*?)^```", text, flags=re.S | re.M)
+    assert blocks
+    for n, block in enumerate(blocks):
+        (tmp_path / f"block_{n}.py").write_text(block)
+    ruff = Path(sys.executable).parent / "ruff"
+    checked = subprocess.run(
+        [str(ruff), "check", "--isolated", "--select", "F821", str(tmp_path)],
+        capture_output=True,
+        text=True,
+    )
+    assert checked.returncode == 0, checked.stdout
+
+
+@pytest.mark.parametrize(
+    ("page", "needle"),
+    [
+        ("tasks.md", "### Reading progress from outside (a progress bar)"),
+        ("reference.md", 'run.steps.order_by("sequence")'),
+        ("install.md", "pip builds the package inside the checkout"),
+        ("install.md", '"django_dispatch": {"handlers": ["console"], "level": "INFO"}'),
+    ],
+)
+def test_the_docs_answer_what_a_new_user_looked_for(page, needle):
+    assert needle in (ROOT / "docs" / page).read_text()
