@@ -22,6 +22,7 @@ from django_dispatch.states import JobState
 from django_dispatch.store import workflows as wf_store
 from django_dispatch.store.maintenance import job_cancel
 from django_dispatch.store.workflows.runs import cancel_held
+from django_dispatch.store.workflows.stepjobs import _link_jobs, _stretches
 from django_dispatch.testing import drain
 from django_dispatch.workflows import (
     Workflow,
@@ -116,6 +117,31 @@ def test_a_routed_steps_job_goes_to_its_queue_at_its_priority():
 
 
 # --- ctx.map in process -----------------------------------------------------------------
+
+
+def test_stretches_of_consecutive_ids_are_found():
+    pairs = [(10, 50), (11, 51), (12, 52), (14, 54), (15, 56), (13, 53)]
+    assert _stretches(pairs) == [(10, 14, 40), (15, 15, 41)]
+    assert _stretches([]) == []
+
+
+@pytestmark_db
+@pytest.mark.parametrize("spread_out", [False, True])
+def test_steps_get_their_job_ids_in_a_stretch_or_by_case(spread_out):
+    run = fan("link", 12, max_parallel=1)
+    drain(max_jobs=1)
+    held = list(
+        WorkflowTask.objects.filter(run__parent_run=run, job_id__isnull=True).values_list(
+            "id", flat=True
+        )
+    )
+    assert len(held) == 11
+    step = 7 if spread_out else 1  # 7: eleven stretches of one, more than MAX_STRETCHES
+    pairs = [(step_id, 1000 + step * i) for i, step_id in enumerate(held)]
+    _link_jobs(connection.alias, pairs, {"state": StepState.READY})
+    linked = WorkflowTask.objects.filter(id__in=held)
+    assert sorted(linked.values_list("id", "job_id")) == sorted(pairs)
+    assert set(linked.values_list("state", flat=True)) == {StepState.READY}
 
 
 @pytestmark_db

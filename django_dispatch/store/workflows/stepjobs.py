@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
+from django.db.models import F
 from django.db.models.functions import Now
 
 from ...core.workflow_states import StepState
@@ -24,9 +25,10 @@ RunRow = Mapping[str, Any]
 #: A step's route: (queue_name, priority), either None for the run's default.
 Route = tuple[str | None, int | None]
 
-#: What ``enqueue_steps`` writes on a step it makes ready.
-READY_FIELDS = ("state", "job_id", "claim_id", "ready_at", "heartbeat_at", "finished_at",
-                "updated_at")  # fmt: skip
+#: More stretches of consecutive ids than this: the steps' job ids go by CASE.
+MAX_STRETCHES = 8
+#: Steps per statement when their job ids go by CASE.
+LINK_BATCH = 500
 
 
 def routes_of(db: str, step_ids: Sequence[int]) -> dict[int, Route]:
@@ -70,23 +72,48 @@ def enqueue_steps(
         for job in jobs:
             job.run_after = now_plus(delay)  # type: ignore[assignment]
     jobs_insert(jobs, db=db)
-    ready = [
-        WorkflowTask(
-            id=step_id,
-            state=StepState.READY,
-            job_id=job.pk,
-            claim_id=None,
-            ready_at=ready_at,
-            heartbeat_at=Now(),
-            finished_at=None,
-            updated_at=Now(),
-        )
-        for (step_id, _), job in zip(items, jobs, strict=True)
-    ]
-    if len(ready) == 1:  # the common case: one plain UPDATE, no CASE
-        step = ready[0]
-        WorkflowTask.objects.using(db).filter(id=step.id).update(
-            **{f: getattr(step, f) for f in READY_FIELDS}
-        )
-    else:
-        WorkflowTask.objects.using(db).bulk_update(ready, READY_FIELDS, batch_size=500)
+    ready = {
+        "state": StepState.READY,
+        "claim_id": None,
+        "ready_at": ready_at,
+        "heartbeat_at": Now(),
+        "finished_at": None,
+        "updated_at": Now(),
+    }
+    pairs = [(step_id, job.pk) for (step_id, _), job in zip(items, jobs, strict=True)]
+    _link_jobs(db, pairs, ready)
+
+
+def _link_jobs(db: str, pairs: Sequence[tuple[int, int]], ready: dict[str, Any]) -> None:
+    """Write ``ready`` and each step's job id, in few statements however many steps.
+
+    Steps and jobs inserted together (a map's set) mostly have consecutive
+    ids on both sides: each such stretch is one UPDATE (``job_id = id +
+    offset`` over an id range). Ids interleaved with other inserts fall back
+    to one UPDATE for the common fields and a CASE for the job ids, per 500.
+    """
+    steps = WorkflowTask.objects.using(db)
+    stretches = _stretches(pairs)
+    if len(stretches) <= MAX_STRETCHES:
+        for first, last, offset in stretches:
+            steps.filter(id__gte=first, id__lte=last).update(job_id=F("id") + offset, **ready)
+        return
+    for start in range(0, len(pairs), LINK_BATCH):
+        chunk = pairs[start : start + LINK_BATCH]
+        steps.filter(id__in=[step_id for step_id, _ in chunk]).update(**ready)
+        linked = [WorkflowTask(id=step_id, job_id=job_id) for step_id, job_id in chunk]
+        steps.bulk_update(linked, ["job_id"])
+
+
+def _stretches(pairs: Sequence[tuple[int, int]]) -> list[tuple[int, int, int]]:
+    """(first step id, last step id, job id - step id) of each run of pairs whose
+    step ids and job ids both go up by one."""
+    found: list[tuple[int, int, int]] = []
+    for step_id, job_id in sorted(pairs):
+        if found:
+            first, last, offset = found[-1]
+            if step_id == last + 1 and job_id - step_id == offset:
+                found[-1] = (first, step_id, offset)
+                continue
+        found.append((step_id, step_id, job_id - step_id))
+    return found
