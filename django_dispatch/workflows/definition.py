@@ -130,7 +130,7 @@ def _check_route(name: str, queue_name: Any, priority: Any) -> None:
     backend whose task runs every step; an empty list allows any), and the
     priority within the range of ``django.tasks``. Settings are read only
     when configured: a module defining workflows may be imported without
-    them, and the start of a run checks the queue again.
+    them (building a step's job then checks the queue, as any enqueue does).
     """
     if queue_name is not None:
         if not isinstance(queue_name, str) or not queue_name or len(queue_name) > QUEUE_MAX_LENGTH:
