@@ -173,6 +173,14 @@ def run_to_end(run: WorkflowRun) -> WorkflowRun:
 
 
 @pytestmark_db
+def test_a_map_of_maps_gathers_each_level_in_order():
+    run = run_to_end(mw.outer.start({"key": "nested", "counts": [2, 0, 3]}))
+    assert run.state == RunState.SUCCEEDED
+    assert run.output == [{"doubled": [0, 2]}, {"doubled": []}, {"doubled": [0, 2, 4]}]
+    assert executions("nested") == {0: 2, 1: 2, 2: 1}
+
+
+@pytestmark_db
 def test_max_parallel_holds_the_other_children_until_a_slot_frees():
     run = fan("held", 5, max_parallel=2)
     drain(max_jobs=1)  # the spread step: 5 children, 2 runnable

@@ -70,3 +70,12 @@ def light(ctx):
 def heavy(ctx):
     SideEffect.objects.create(key=ctx.input["key"], note="heavy", worker_pid=os.getpid())
     return os.getpid()
+
+
+outer = Workflow("tests.map_outer")
+
+
+@outer.step()
+def fans(ctx):
+    key = ctx.input["key"]
+    return ctx.map(fan, [{"key": key, "count": n} for n in ctx.input["counts"]], max_parallel=1)
