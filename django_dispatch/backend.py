@@ -24,6 +24,7 @@ from .conf import did_you_mean
 from .core.docs_links import docs_url
 from .models import Job
 from .observability import metrics, tracing
+from .tasks import call_context
 from .tasks.plan import EnqueuePlan
 from .tasks.registry import DispatchBackendBase
 from .tasks.results import result_from_job, send_robust
@@ -52,20 +53,25 @@ class DispatchBackend(DispatchBackendBase):
         plan = self.enqueue_plan(task)
         if tracing.AVAILABLE and tracing.active():  # a producer span, its context on the job
             with tracing.producer(plan.spec.task_path, plan.spec.queue_name) as producer:
-                result = self._enqueue(plan, args, kwargs, producer.context)
+                result = self._enqueue(task, plan, args, kwargs, producer.context)
                 producer.enqueued(result.id)
                 return result
-        return self._enqueue(plan, args, kwargs, None)
+        return self._enqueue(task, plan, args, kwargs, None)
 
     def _enqueue(
         self,
+        task: Task,
         plan: EnqueuePlan,
         args: Sequence[Any],
         kwargs: Mapping[str, Any],
         trace_context: str | None,
     ) -> TaskResult:
         result, inserted = plan.insert_one(
-            args, kwargs, alias=self.alias, trace_context=trace_context
+            args,
+            kwargs,
+            alias=self.alias,
+            trace_context=trace_context,
+            call_context=call_context.for_call(task),
         )
         if inserted:
             if metrics.AVAILABLE:

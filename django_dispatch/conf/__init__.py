@@ -122,6 +122,9 @@ class DispatchSettings:
     #: logged error message and traceback (e.g. to keep personal data out of
     #: them); "" for none.
     ERROR_REDACTOR: str = ""
+    #: Dotted path to a function ``() -> dict | None`` giving the call context
+    #: of an enqueue that sets none (``task.using(call_context=)``); "": none.
+    CALL_CONTEXT: str = ""
     #: Seconds after which an ephemeral artifact with no link (its attempt lost
     #: its lease or crashed before linking) is soft-deleted. Longer than any write.
     ARTIFACT_ORPHAN_SECONDS: float = DAY
@@ -175,10 +178,10 @@ class DispatchSettings:
                         f"DISPATCH['USAGE'] must be one of {', '.join(map(repr, USAGE_MODES))}, "
                         f"got {value!r}."
                     )
-            elif f.name == "ERROR_REDACTOR":
-                from .redaction import redactor_problems
+            elif f.name in ("ERROR_REDACTOR", "CALL_CONTEXT"):
+                from .imported import path_problems
 
-                problems += redactor_problems(value)
+                problems += path_problems(f.name, value, _PATHS_TO[f.name])
             elif f.name == "ARTIFACT_STORAGE":  # a STORAGES alias: checked by checks.artifacts
                 if not isinstance(value, str):
                     problems.append(f"DISPATCH['{f.name}'] must be a string, got {value!r}.")
@@ -239,6 +242,11 @@ CRON_ENTRY_KEYS = (
 USAGE_MODES = ("all", "failures", "off")
 #: The size limits, read through ``size_limit()`` (cached) on hot paths.
 SIZE_LIMITS = ("MAX_ARGS_BYTES", "MAX_RESULT_BYTES", "MAX_CHECKPOINT_BYTES", "MAX_ERROR_BYTES")
+#: The settings naming a function: what that function is, for their error messages.
+_PATHS_TO = {
+    "ERROR_REDACTOR": "a function that takes a text and returns it redacted",
+    "CALL_CONTEXT": "a function that takes no argument and returns a dict or None",
+}
 _WHOLE_NUMBERS = {"MAX_WORKER_LOST", "CONCURRENCY", "PURGE_BATCH", "MAP_MAX_ITEMS", *SIZE_LIMITS}
 _OTHER_KEYS: set[str] = set()
 

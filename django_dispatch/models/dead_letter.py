@@ -34,6 +34,9 @@ class DeadLetter(models.Model):
     #: Every attempt's error: exception_class_path, message, traceback.
     errors = models.JSONField(default=list)
     worker_ids = models.JSONField(default=list)
+    #: The failed job's ``call_context``, kept for its replay: retention may
+    #: delete the job before the dead letter.
+    call_context = models.JSONField(null=True, blank=True)
     error_class = models.CharField(max_length=255, help_text="The last attempt's exception.")
     error_message = models.TextField(blank=True)
     enqueued_at = models.DateTimeField(help_text="When the failed job was first enqueued.")

@@ -118,6 +118,10 @@ class Job(models.Model):
     #: headers), so each attempt's span continues the enqueuer's trace. NULL
     #: without OpenTelemetry, or outside any trace (see observability.tracing).
     trace_context = models.JSONField(null=True, blank=True)
+    #: Who or what enqueued the job (a JSON object: ``task.using(call_context=)``
+    #: or ``DISPATCH["CALL_CONTEXT"]``'s default), read by the task as
+    #: ``context.call_context``; NULL for none. Copied to a replay's job.
+    call_context = models.JSONField(null=True, blank=True)
 
     #: What the job needs of a worker's capacity (``@task(resources=...)``):
     #: {name: whole number}, or NULL for none. ``resource_shape`` is a

@@ -136,6 +136,7 @@ def prepare(claimed: ClaimedJob, running: RunningJob) -> Outcome | Prepared:
             # its retry starts over, since the body rolled back.
             saved_checkpoint=None if atomic else row["checkpoint"],
             atomic=atomic,
+            call_context=row.get("call_context"),
         )
         args.insert(0, context)
     return Prepared(

@@ -15,7 +15,7 @@ from ..models import CronEntry, DeadLetter
 from ..store.dead_letters import purge_past_retention
 from ..tasks.registry import DispatchBackendBase
 from ..tasks.results import result_from_job
-from ..tasks.task import task_for_row
+from ..tasks.task import DispatchTask, task_for_row
 from ..tasks.values import to_json
 
 
@@ -56,11 +56,13 @@ def replay(
 ) -> TaskResult:
     """Enqueue a fresh job for a dead letter; return its TaskResult.
 
-    The new job has the same task, queue, priority and partition key, and the
-    original arguments unless corrected ones are given (validated against the
-    task's current signature). It starts with fresh attempt counters. The
-    claim is one compare-and-set in the same transaction as the insert: of
-    two concurrent replays exactly one wins and the other raises
+    The new job has the same task, queue, priority, partition key and call
+    context, and the original arguments unless corrected ones are given
+    (validated against the task's current signature). A job that had no call
+    context gets ``DISPATCH["CALL_CONTEXT"]``'s, as any enqueue does. It
+    starts with fresh attempt counters. The claim is one compare-and-set in
+    the same transaction as the insert: of two concurrent replays exactly one
+    wins and the other raises
     ``AlreadyReplayed``; if the insert fails, the claim is rolled back and the
     entry can be replayed later. The dead letter records who replayed it,
     when, with which arguments, and the new job's id.
@@ -72,6 +74,8 @@ def replay(
     new_args = list(dead_letter.args if args is None else args)
     new_kwargs = dict(dead_letter.kwargs if kwargs is None else kwargs)
     task = _dead_letter_task(dead_letter)
+    if dead_letter.call_context is not None and isinstance(task, DispatchTask):
+        task = task.using(call_context=dead_letter.call_context)  # a replay carries it
     with transaction.atomic(using=db):
         if not store.dead_letter_claim_replay(
             dead_letter_id,

@@ -38,6 +38,7 @@ def dead_letter_insert(db: str, job_id: int) -> DeadLetter:
         partition_key=job.partition_key,
         errors=job.errors,
         worker_ids=job.worker_ids,
+        call_context=job.call_context,
         error_class=last.get("exception_class_path", ""),
         error_message=last.get("message", ""),
         enqueued_at=job.enqueued_at,

@@ -145,19 +145,23 @@ _CONSTANTS = "{pending}"
 _TABLE = "{job}"
 
 
-def _insert_one_sql(deferred: bool, traced: bool = False) -> str:
+def _insert_one_sql(deferred: bool, traced: bool = False, contextual: bool = False) -> str:
     run_after = (", run_after", ", %s") if deferred else ("", "")
     trace = (", trace_context", ", %s::jsonb") if traced else ("", "")
+    context = (", call_context", ", %s::jsonb") if contextual else ("", "")
     return (
-        f"INSERT INTO {_TABLE} ({_COLUMNS}{run_after[0]}{trace[0]}) "
+        f"INSERT INTO {_TABLE} ({_COLUMNS}{run_after[0]}{trace[0]}{context[0]}) "
         f"VALUES (%s, %s, %s, %s, %s, %s::jsonb, %s::jsonb, {_CONSTANTS}, %s, %s, %s, "
-        f"0, %s, 0, 0, '[]', '[]'{run_after[1]}{trace[1]}) "
+        f"0, %s, 0, 0, '[]', '[]'{run_after[1]}{trace[1]}{context[1]}) "
         "RETURNING id, enqueued_at"
     )
 
 
-def _insert_many_sql(deferred: bool) -> str:
+def _insert_many_sql(deferred: bool, contextual: bool = False) -> str:
     run_after = (", run_after", ", %s") if deferred else ("", "")
+    # The batch's one call context: a parameter after run_after's (if any),
+    # before the calls' JSON.
+    context = (", call_context", ", %s::jsonb") if contextual else ("", "")
     # One row per element of the JSON array of [args, kwargs] pairs, inserted
     # in input order (ORDER BY ordinality), so the identity column hands out
     # ascending ids in input order: sorting the ids back gives input order.
@@ -165,9 +169,9 @@ def _insert_many_sql(deferred: bool) -> str:
     # enqueued_at and run_after: min() is every row's value.
     return (
         "WITH inserted AS ("
-        f"INSERT INTO {_TABLE} ({_COLUMNS}{run_after[0]}) "
+        f"INSERT INTO {_TABLE} ({_COLUMNS}{run_after[0]}{context[0]}) "
         f"SELECT %s, %s, %s, %s, %s, c -> 0, c -> 1, {_CONSTANTS}, %s, %s, %s, "
-        f"0, %s, 0, 0, '[]', '[]'{run_after[1]} "
+        f"0, %s, 0, 0, '[]', '[]'{run_after[1]}{context[1]} "
         "FROM jsonb_array_elements(%s::jsonb) WITH ORDINALITY AS calls (c, n) "
         "ORDER BY n "
         "RETURNING id, enqueued_at"
@@ -175,13 +179,24 @@ def _insert_many_sql(deferred: bool) -> str:
     )
 
 
-#: By (deferred, traced): a traced enqueue stores its OpenTelemetry context too.
+#: By (deferred, traced, contextual): a traced enqueue stores its OpenTelemetry
+#: context too, one with a call context that context; a plain enqueue neither
+#: (the column is left out of its statement, not set to NULL).
 _INSERT_ONE = {
-    (deferred, traced): _insert_one_sql(deferred, traced)
+    (deferred, traced, contextual): _insert_one_sql(deferred, traced, contextual)
     for deferred in (False, True)
     for traced in (False, True)
+    for contextual in (False, True)
 }
-_INSERT_MANY = {deferred: _insert_many_sql(deferred) for deferred in (False, True)}
+#: By (deferred, contextual).
+_INSERT_MANY = {
+    (deferred, contextual): _insert_many_sql(deferred, contextual)
+    for deferred in (False, True)
+    for contextual in (False, True)
+}
+
+#: A call context on its way into a row: (its JSON text, its value).
+CallContext = tuple[str, Any]
 
 
 def _spec_params(spec: JobSpec) -> list[Any]:
@@ -209,12 +224,14 @@ def job_insert_call(
     *,
     db: str,
     trace_context: str | None = None,
+    call_context: CallContext | None = None,
 ) -> tuple[int, datetime]:
     """Insert one pending job of ``spec``; return its (id, enqueued_at).
 
     ``args``/``kwargs`` are the JSON values, ``args_json``/``kwargs_json``
     their text; ``trace_context`` the JSON text of the enqueue's
-    OpenTelemetry context, if any (``Job.trace_context``). On PostgreSQL
+    OpenTelemetry context, if any (``Job.trace_context``); ``call_context``
+    the enqueue's call context, if any (``Job.call_context``). On PostgreSQL
     this is one INSERT whose SQL is built once at import, the JSON text
     cast to jsonb. Why not ``save()``: measured on a
     local PostgreSQL, the ORM's per-insert work (preparing 24 fields,
@@ -226,7 +243,7 @@ def job_insert_call(
     """
     connection = connections[db]
     if connection.vendor != "postgresql" or spec.resources or spec.locality:
-        job = spec.new_job(args, kwargs)
+        job = spec.new_job(args, kwargs, call_context)
         if trace_context is not None:
             job.trace_context = json.loads(trace_context)
         jobs_insert([job], db=db)
@@ -236,16 +253,25 @@ def job_insert_call(
     traced = trace_context is not None
     if traced:
         params.append(trace_context)
+    if call_context is not None:
+        params.append(call_context[0])
+    sql = _INSERT_ONE[deferred, traced, call_context is not None]
     with connection.cursor() as cursor:
-        cursor.execute(job_sql(connection, _INSERT_ONE[deferred, traced]), params)
+        cursor.execute(job_sql(connection, sql), params)
         job_id, enqueued_at = cursor.fetchone()
     return job_id, enqueued_at
 
 
 def jobs_insert_calls(
-    spec: JobSpec, chunks: Sequence[CallChunk], *, db: str
+    spec: JobSpec,
+    chunks: Sequence[CallChunk],
+    *,
+    db: str,
+    call_context: CallContext | None = None,
 ) -> tuple[list[int], list[datetime]]:
     """Insert one pending job of ``spec`` per call; return (ids, enqueued_ats) in call order.
+
+    ``call_context``: the batch's one call context, stored on every job.
 
     All or nothing: the chunks go in under one ``atomic()`` (no savepoint
     when the caller already has a transaction).
@@ -261,14 +287,20 @@ def jobs_insert_calls(
     ids: list[int] = []
     enqueued: list[datetime] = []
     if connection.vendor != "postgresql" or spec.resources or spec.locality:
-        jobs = [spec.new_job(args, kwargs) for chunk in chunks for args, kwargs in chunk.values]
+        jobs = [
+            spec.new_job(args, kwargs, call_context)
+            for chunk in chunks
+            for args, kwargs in chunk.values
+        ]
         with transaction.atomic(using=db, savepoint=False):
             jobs_insert(jobs, db=db)
         return [job.pk for job in jobs], [job.enqueued_at for job in jobs]
     deferred = spec.deferred_until is not None
     head = _spec_params(spec)
     tail = _spec_tail(spec, connection)
-    sql = job_sql(connection, _INSERT_MANY[deferred])
+    if call_context is not None:
+        tail.append(call_context[0])
+    sql = job_sql(connection, _INSERT_MANY[deferred, call_context is not None])
     with transaction.atomic(using=db, savepoint=False), connection.cursor() as cursor:
         for chunk in chunks:
             cursor.execute(sql, [*head, *tail, chunk.text])

@@ -132,7 +132,11 @@ PAUSED_FILTER_SQL = " AND NOT (queue_name = ANY(%(paused)s))"
 
 
 def jobs_insert_limited(
-    spec: JobSpec, chunks: Sequence[CallChunk], *, db: str
+    spec: JobSpec,
+    chunks: Sequence[CallChunk],
+    *,
+    db: str,
+    call_context: tuple[str, Any] | None = None,
 ) -> tuple[list[int], list[Any]]:
     """``enqueue_many``'s insert for a task with a concurrency limit: through the ORM.
 
@@ -140,7 +144,11 @@ def jobs_insert_limited(
     keeping limited jobs off it leaves the plain hot path exactly as it was.
     All or nothing, like that function.
     """
-    jobs = [spec.new_job(args, kwargs) for chunk in chunks for args, kwargs in chunk.values]
+    jobs = [
+        spec.new_job(args, kwargs, call_context)
+        for chunk in chunks
+        for args, kwargs in chunk.values
+    ]
     with transaction.atomic(using=db, savepoint=False):
         jobs_insert(jobs, db=db)
     return [job.pk for job in jobs], [job.enqueued_at for job in jobs]

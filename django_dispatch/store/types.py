@@ -8,6 +8,7 @@ Plain dataclasses, no queries: the runtime builds the ones it passes in
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -68,6 +69,7 @@ CLAIM_FIELDS = (
     "enqueued_at",
     "started_at",
     "trace_context",
+    "call_context",
     "resources",
     "concurrency_key",  # concurrency and rate limits (the limits gate)
     "concurrency_limit",
@@ -130,8 +132,8 @@ class JobSpec:
         fields: dict[str, Field[Any, Any]] = {f.name: f for f in Job._meta.concrete_fields}
         return cls(**{name: fields[name].get_prep_value(v) for name, v in values.items()})
 
-    def new_job(self, args: Any, kwargs: Any) -> Job:
-        """An unsaved pending Job of this spec."""
+    def new_job(self, args: Any, kwargs: Any, call_context: tuple[str, Any] | None = None) -> Job:
+        """An unsaved pending Job of this spec; ``call_context``: (JSON text, value) or None."""
         job = Job(
             namespace=self.namespace,
             task_path=self.task_path,
@@ -147,6 +149,8 @@ class JobSpec:
         )
         if self.deferred_until is not None:
             job.run_after = self.deferred_until
+        if call_context is not None:  # a copy: the batch's jobs must not share one dict
+            job.call_context = json.loads(call_context[0])
         if self.partition_yield:
             job.partition_yield = True
         if self.concurrency_key is not None:  # a flow-limited job

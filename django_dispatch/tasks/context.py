@@ -42,6 +42,8 @@ class DispatchTaskContext(TaskContext):  # type: ignore[misc]
     #: An ``atomic=True`` task: its body runs in the transaction that writes
     #: its success, which must not write or lock the job's row before then.
     atomic: bool = False
+    #: Who or what enqueued the job (``Job.call_context``): a dict, or None.
+    call_context: dict[str, Any] | None = None
 
     @property
     def checkpoint(self) -> Any:

@@ -18,6 +18,7 @@ from ..compat import InvalidTask, Task, TaskResult, task_enqueued
 from ..core.encoding import JSON_DECODER, check_storable_json, dumps
 from ..observability import metrics
 from ..store.types import CallChunk
+from . import call_context
 from .registry import DispatchBackendBase
 from .results import enqueued_signal_is_silent, ready_result, ready_results, send_robust
 from .values import to_json
@@ -128,6 +129,7 @@ def _insert_chunks(
     inserted = _Inserted()
     index = 0
     check = plan.check
+    context = call_context.for_call(task)  # once for the batch, before anything is written
     chunks = _encode(pairs)
     with transaction.atomic(using=store.db_alias()):
         while True:
@@ -144,7 +146,7 @@ def _insert_chunks(
                 except InvalidTask as e:
                     raise type(e)(f"call #{index}: {e}") from e
                 index += 1
-            chunk_ids, enqueued_ats = plan.insert_many([chunk])
+            chunk_ids, enqueued_ats = plan.insert_many([chunk], context)
             inserted.ids += map(str, chunk_ids)
             if keep:
                 inserted.kept.append((chunk_ids, enqueued_ats, chunk.values))

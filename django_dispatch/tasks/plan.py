@@ -23,6 +23,7 @@ from ..observability.tracing import stored_context
 from ..store.enqueue import job_insert_call, jobs_insert_calls
 from ..store.flow import jobs_insert_limited
 from ..store.types import CallChunk, JobSpec
+from .call_context import CallContext
 from .results import ready_result, result_from_job
 from .task import check_arguments
 
@@ -82,6 +83,7 @@ class EnqueuePlan:
         *,
         alias: str,
         trace_context: str | None,
+        call_context: CallContext | None = None,
     ) -> tuple[TaskResult, bool]:
         """Validate one call and insert its job in the caller's transaction.
 
@@ -101,9 +103,10 @@ class EnqueuePlan:
                 kwargs_text,
                 db=db,
                 trace_context=trace_context,
+                call_context=call_context,
             )
             return ready_result(self.task, job_id, enqueued_at, json_args, json_kwargs, alias), True
-        job = self.spec.new_job(json_args, json_kwargs)
+        job = self.spec.new_job(json_args, json_kwargs, call_context)
         if trace_context is not None:
             job.trace_context = stored_context(trace_context)
         unique_for = getattr(self.task, "unique_for", None)
@@ -112,15 +115,20 @@ class EnqueuePlan:
             return result_from_job(job), False
         return result_from_job(job, task=self.task), True
 
-    def insert_many(self, chunks: list[CallChunk]) -> tuple[list[int], list[Any]]:
+    def insert_many(
+        self, chunks: list[CallChunk], call_context: CallContext | None = None
+    ) -> tuple[list[int], list[Any]]:
         """Insert the encoded calls' jobs (``enqueue_many``); the same choice as ``insert_one``.
+
+        ``call_context``: the batch's one call context, stored on every job.
 
         ``enqueue_many`` refuses idempotency keys, so the choice left is the
         plain raw INSERT or the gated ORM insert of limited jobs.
         """
+        db = store.db_alias()
         if self.plain:
-            return jobs_insert_calls(self.spec, chunks, db=store.db_alias())
-        return jobs_insert_limited(self.spec, chunks, db=store.db_alias())
+            return jobs_insert_calls(self.spec, chunks, db=db, call_context=call_context)
+        return jobs_insert_limited(self.spec, chunks, db=db, call_context=call_context)
 
 
 def no_retry_when_too_large(

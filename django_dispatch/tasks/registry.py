@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Mapping, Sequence
+from dataclasses import replace
 from typing import Any, cast
 
 from django.apps import apps
@@ -142,6 +143,9 @@ class DispatchBackendBase(BaseTaskBackend):
             raise InvalidTask(problem)
         self.validate_task(task)
         cacheable = cacheable and not is_auto(task)  # its needs follow its history
+        if getattr(task, "call_context", None) is not None:
+            # The plan is shared by every call of the task: it keeps no call's context.
+            task = replace(task, call_context=None)  # type: ignore[call-arg]
         plan = EnqueuePlan(
             task=task,
             spec=place(

@@ -11,7 +11,7 @@ from __future__ import annotations
 import functools
 import inspect
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, fields, replace
+from dataclasses import dataclass, field, fields, replace
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
@@ -22,6 +22,7 @@ from ..core.resources import AUTO, FrozenNeeds, check_locality, check_needs
 from ..core.retry import Backoff
 from ..exceptions import InvalidTaskArguments, UnknownTask
 from ..models.job import KEY_MAX_LENGTH
+from .call_context import checked as call_context_checked
 from .options import check_concurrency
 
 
@@ -62,6 +63,10 @@ class DispatchTask[**P, R](Task):
     #: the job's success under its lease (docs/tasks.md, "Exactly-once
     #: database effects"). Sync functions only.
     atomic: bool = False
+    #: Who or what enqueues (a JSON object, stored as ``Job.call_context``);
+    #: set per call with ``using(call_context=)``. Not compared nor hashed:
+    #: tasks that differ only by it share one enqueue plan.
+    call_context: Mapping[str, Any] | None = field(default=None, compare=False)
 
     if TYPE_CHECKING:  # typed as django-stubs types Task's; Django's code runs
 
@@ -90,8 +95,15 @@ class DispatchTask[**P, R](Task):
         unique_for: float | None = None,
         resources: Mapping[str, int] | str | None = None,
         locality: str | None = None,
+        call_context: Mapping[str, Any] | None = None,
     ) -> DispatchTask[P, R]:
-        """A copy of this task with per-enqueue options changed."""
+        """A copy of this task with per-enqueue options changed.
+
+        ``call_context``: a dict stored on the job (``Job.call_context``,
+        ``context.call_context``), instead of ``DISPATCH["CALL_CONTEXT"]``'s.
+        """
+        if call_context is not None:  # InvalidTaskArguments naming it, before anything
+            call_context = call_context_checked(call_context)[1]
         changes: dict[str, Any] = {
             "priority": priority,
             "queue_name": queue_name,
@@ -103,6 +115,7 @@ class DispatchTask[**P, R](Task):
             "unique_for": unique_for,
             "resources": resources,
             "locality": locality,
+            "call_context": call_context,
         }
         return _replace(self, validate=True, **{k: v for k, v in changes.items() if v is not None})
 

@@ -102,6 +102,7 @@ _JSON_FIELDS = (
     "errors",
     "worker_ids",
     "trace_context",
+    "call_context",
     "resources",
 )
 #: The JSON texts most claimed rows carry (no arguments, no errors yet), built
