@@ -10,10 +10,12 @@ under its id:
 
 - no row: nothing to take back (a clean stop deregisters and hands its jobs
   back; a row deleted as stale belongs to leases long since reclaimed);
-- its own process (same host and pid: the process replaced itself, or an
-  earlier worker object of this process): nothing to take back;
-- a *dead* incarnation, i.e. same host and its pid is gone (or a zombie), or
-  a heartbeat older than ``STALE_HEARTBEATS`` heartbeat intervals: the
+- its own process (an earlier worker object of this very process registered
+  it): nothing to take back;
+- a *dead* incarnation, i.e. same host and its pid is gone, a zombie, or now
+  another process (this one, or one younger than the registration: a
+  restarted container reuses pids, ``rundispatch`` often pid 1 again), or a
+  heartbeat older than ``STALE_HEARTBEATS`` heartbeat intervals: the
   worker takes the id over, then takes back every job still held under it,
   through the reclaim's own store path (``jobs_rescue_expired(held_by=)``):
   each attempt is recorded as lost (a ``WorkerLost`` error, epoch bumped,
@@ -52,6 +54,14 @@ logger = logging.getLogger("django_dispatch.worker")
 #: is dead. ``LEASE_SECONDS`` is at least three intervals (``conf``), so this
 #: is never later than the lease's own expiry.
 STALE_HEARTBEATS = 3
+#: A process at the registered pid that started this much later than the
+#: registration (two durations, each on one clock: the host's since its boot,
+#: the database's since the registration) is another process.
+PID_REUSE_MARGIN = 2.0
+#: The worker ids this process registered (``take_id``): its own, whatever
+#: its pid says. Same host and pid alone cannot tell: a container restarted
+#: under its old hostname runs ``rundispatch`` as the same pid again.
+_REGISTERED: set[str] = set()
 #: Tries of the compare-and-set before giving up to a process that keeps
 #: taking the id at the same moment.
 TAKE_ATTEMPTS = 3
@@ -73,16 +83,18 @@ def take_id(
     stale = STALE_HEARTBEATS * settings.HEARTBEAT_INTERVAL
     for _ in range(TAKE_ATTEMPTS):
         previous = worker_incarnation(worker_id, db=db)
-        if previous is not None and not _ours(previous) and not _dead(previous, stale):
+        ours = previous is not None and _ours(worker_id, previous)
+        if previous is not None and not ours and not _dead(previous, stale):
             raise WorkerIdInUse(_in_use(worker_id, previous, stale))
         if worker_take_id(worker_id, previous, **registration):
+            _REGISTERED.add(worker_id)
             break
     else:
         raise WorkerIdInUse(
             f"--worker-id {worker_id!r}: another process kept registering under this id "
             "while this one started. Start one worker per id."
         )
-    if previous is None or _ours(previous):
+    if previous is None or ours:
         return 0
     return _take_back(worker_id, previous, settings, db)
 
@@ -119,14 +131,38 @@ def _take_back(worker_id: str, previous: Incarnation, settings: DispatchSettings
     return taken
 
 
-def _ours(previous: Incarnation) -> bool:
-    return previous.hostname == socket.gethostname() and previous.pid == os.getpid()
+def _ours(worker_id: str, previous: Incarnation) -> bool:
+    return (
+        worker_id in _REGISTERED
+        and previous.hostname == socket.gethostname()
+        and previous.pid == os.getpid()
+    )
 
 
 def _dead(previous: Incarnation, stale: float) -> bool:
     if previous.seen_ago > stale:
         return True
-    return previous.hostname == socket.gethostname() and not _pid_alive(previous.pid)
+    if previous.hostname != socket.gethostname():
+        return False  # another host's process: only its heartbeat tells
+    if previous.pid == os.getpid():  # not ours (``_ours``): that process is gone
+        return True
+    if not _pid_alive(previous.pid):
+        return True
+    younger = _process_age(previous.pid)
+    return younger is not None and younger + PID_REUSE_MARGIN < previous.age
+
+
+def _process_age(pid: int) -> float | None:
+    """Seconds since process ``pid`` started (from /proc: its start since boot,
+    and the uptime, both on this host's clock); None where /proc cannot tell."""
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            started = int(stat.read().rpartition(")")[2].split()[19])
+        with open("/proc/uptime") as uptime:
+            up = float(uptime.read().split()[0])
+    except (OSError, IndexError, ValueError):
+        return None
+    return up - started / os.sysconf("SC_CLK_TCK")
 
 
 def _pid_alive(pid: int) -> bool:

@@ -132,6 +132,9 @@ class Incarnation:
     namespace: str
     #: Seconds since its last heartbeat, on the database clock.
     seen_ago: float
+    #: Seconds since it registered, on the database clock: a process found at
+    #: its pid that is younger than this is another process (a pid reused).
+    age: float = 0.0
 
 
 def worker_incarnation(worker_id: str, *, db: str | None = None) -> Incarnation | None:
@@ -140,13 +143,14 @@ def worker_incarnation(worker_id: str, *, db: str | None = None) -> Incarnation 
         Worker.objects.using(db or db_alias())
         .filter(id=worker_id)
         .annotate(db_now=Now())
-        .values("hostname", "pid", "namespace", "last_seen_at", "db_now")
+        .values("hostname", "pid", "namespace", "last_seen_at", "started_at", "db_now")
         .first()
     )
     if row is None:
         return None
     seen_ago = max(0.0, (row["db_now"] - row["last_seen_at"]).total_seconds())
-    return Incarnation(row["hostname"], row["pid"], row["namespace"], seen_ago)
+    age = max(0.0, (row["db_now"] - row["started_at"]).total_seconds())
+    return Incarnation(row["hostname"], row["pid"], row["namespace"], seen_ago, age)
 
 
 def worker_take_id(

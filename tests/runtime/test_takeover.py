@@ -124,6 +124,31 @@ def test_no_row_or_this_process_own_row_takes_nothing():
     assert Job.objects.get(pk=job.pk).state == JobState.RUNNING
 
 
+def test_a_container_restarted_as_the_same_pid_takes_its_predecessors_jobs():
+    """A pod restarted under its hostname runs rundispatch as the same pid (often 1):
+    a row with this host and pid that this process did not register is a dead one's."""
+    incarnation("pod-1", pid=os.getpid())
+    job = held_job("pod-1")
+    assert start("pod-1") == 1
+    assert Job.objects.get(pk=job.pk).state == JobState.PENDING
+    assert start("pod-1") == 0  # now it is this process's own row
+
+
+def test_a_pid_now_held_by_a_younger_process_is_a_dead_incarnation():
+    """--processes children in a restarted container: the old child's pid may be some
+    live process of the new container, started after the row was registered."""
+    younger = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        incarnation("sup.0", pid=younger.pid)
+        Worker.objects.filter(id="sup.0").update(started_at=timezone.now() - timedelta(seconds=60))
+        job = held_job("sup.0")
+        assert start("sup.0") == 1
+        assert Job.objects.get(pk=job.pk).state == JobState.PENDING
+    finally:
+        younger.kill()
+        younger.wait()
+
+
 def _job_started(key: str) -> list[int]:
     return list(
         SideEffect.objects.filter(key=key, note="start").values_list("worker_pid", flat=True)
