@@ -51,7 +51,9 @@ class Heartbeat:
         for job_id in lost:
             with self.slots.lock:
                 running = self.slots.running.get(job_id)
-            if running is not None and not running.cancel_event.is_set():
+            # A written outcome (an atomic success committed with its body, its
+            # report still running) is not lost: its row simply is not running.
+            if running is not None and not running.persisted and not running.cancel_event.is_set():
                 logger.info(
                     "job %s: cancelled or lost; asking it to stop",
                     job_id,

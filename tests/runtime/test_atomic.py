@@ -8,6 +8,7 @@ and the test acts on the database and the process from outside.
 from __future__ import annotations
 
 import signal
+import time
 from datetime import timedelta
 from pathlib import Path
 
@@ -17,7 +18,7 @@ from django.db.models import F
 from django.utils import timezone
 
 from django_dispatch import run_now, store, task
-from django_dispatch.compat import InvalidTask
+from django_dispatch.compat import InvalidTask, task_finished
 from django_dispatch.models import Artifact, DeadLetter, Job, JobUsage
 from django_dispatch.services.jobs import cancel
 from django_dispatch.states import JobState
@@ -209,3 +210,22 @@ def test_an_atomic_task_over_its_timeout_keeps_none_of_its_writes(start_worker):
     assert row.state == JobState.FAILED, worker.output()
     assert row.errors[-1]["exception_class_path"] == "django_dispatch.exceptions.TaskTimeout"
     assert notes("late") == []  # it returned normally once asked to stop: still rolled back
+
+
+def test_an_atomic_success_is_not_taken_for_lost_while_its_report_runs(caplog):
+    """The job's row is succeeded while task_finished receivers (user code, on the job
+    thread) still run: the heartbeat must not report it 'cancelled or lost'."""
+
+    def slow_receiver(sender, task_result, **kwargs):
+        time.sleep(1.0)  # over three heartbeats of the test settings (0.3 s)
+
+    task_finished.connect(slow_receiver)
+    try:
+        with caplog.at_level("INFO", logger="django_dispatch"):
+            enqueued = atomic_tasks.write_rows.enqueue("reported")
+            assert drain() == 1
+    finally:
+        task_finished.disconnect(slow_receiver)
+    assert Job.objects.get(pk=enqueued.id).state == JobState.SUCCEEDED
+    stops = [r.getMessage() for r in caplog.records if "asking it to stop" in r.getMessage()]
+    assert stops == []
