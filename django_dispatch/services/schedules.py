@@ -101,7 +101,9 @@ def set_enabled(
     (False for an unknown name or one already so).
 
     Enabling schedules it from now on: slots missed while disabled do not
-    fire. With ``next_run_at`` (an aware datetime; ``enabled`` must be True),
+    fire. A name ``DISPATCH["CRON"]`` defines is refused (``ValueError``): the
+    next worker start would undo the change; pause those from the admin or
+    in the settings. With ``next_run_at`` (an aware datetime; ``enabled`` must be True),
     it fires first at that instant, once, then on its schedule.
     """
     namespace = namespace_for(backend)
@@ -109,6 +111,7 @@ def set_enabled(
         raise TypeError(f"name must be a non-empty string, got {name!r}.")
     if not isinstance(enabled, bool):
         raise TypeError(f"enabled must be True or False, got {enabled!r}.")
+    _check_name(name, namespace, action="enable" if enabled else "disable")
     if next_run_at is not None:
         if not isinstance(next_run_at, datetime) or dj_timezone.is_naive(next_run_at):
             raise TypeError(

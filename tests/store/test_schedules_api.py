@@ -64,6 +64,9 @@ def test_the_settings_sync_never_touches_code_entries_and_names_it_owns_are_refu
             schedules.save("theirs", schedule="* * * * *", task=ADD, args=[1, 2])
         with pytest.raises(ValueError, match="next worker start would undo a delete"):
             schedules.delete("theirs")
+        with pytest.raises(ValueError, match="next worker start would undo a disable"):
+            schedules.set_enabled("theirs", False)
+        assert schedules.get("theirs").enabled  # refused, nothing written
     mine = CronEntry.objects.get(name="mine")
     assert (mine.enabled, mine.schedule, mine.source) == (True, "*/5 * * * *", "code")
     # A name added to the settings after code made it: the code keeps it.
