@@ -14,6 +14,11 @@ from collections.abc import Callable
 REDACTION_FAILED = "[not stored: DISPATCH['ERROR_REDACTOR'] raised {error} on this text]"
 
 
+#: Longest ``code`` attribute kept as a failure's code; a longer one is no
+#: identifier (it is logged and stored unbounded otherwise): the class path is used.
+CODE_MAX_LENGTH = 200
+
+
 def error_code(exception: BaseException) -> str:
     """A failure's code: the exception's ``code`` attribute when it is a non-empty
     string (``ValidationError``, API clients' errors), else its class path.
@@ -22,10 +27,26 @@ def error_code(exception: BaseException) -> str:
     carries ids and values.
     """
     code = getattr(exception, "code", None)
-    if isinstance(code, str) and code:
+    if isinstance(code, str) and 0 < len(code) <= CODE_MAX_LENGTH:
         return code
     cls = type(exception)
     return f"{cls.__module__}.{cls.__qualname__}"
+
+
+def redacted_code(exception: BaseException, redactor: Callable[[str], str] | None) -> str:
+    """``error_code``, through ``redactor`` when it is the exception's own ``code``
+    (which may carry what the redactor is for); our class path needs none. A
+    redactor that fails on it gives the class path: a code is never lost."""
+    code = error_code(exception)
+    cls = type(exception)
+    path = f"{cls.__module__}.{cls.__qualname__}"
+    if redactor is None or code == path:
+        return code
+    try:
+        result = redactor(code)
+    except Exception:
+        return path
+    return result if isinstance(result, str) and result else path
 
 
 def redacted(text: str, redactor: Callable[[str], str] | None) -> str:

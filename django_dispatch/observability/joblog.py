@@ -40,7 +40,7 @@ from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from ..conf.redaction import error_redactor
-from ..core.failures import error_code, redacted
+from ..core.failures import redacted, redacted_code
 from ..store import WORKER_LOST_PATH
 from . import metrics
 
@@ -201,7 +201,7 @@ def _log(
     text = redacted(str(exception), redactor) if exception is not None else ""
     if exception is not None:
         fields["dispatch_error_class"] = cls
-        fields["dispatch_error_code"] = error_code(exception)
+        fields["dispatch_error_code"] = redacted_code(exception, redactor)
         fields["dispatch_error"] = text
     what = f"job {row['id']} ({row['task_path']}, queue {row['queue_name']})"
     attempt = f"attempt {row['attempts']}/{row['max_attempts']}"

@@ -30,7 +30,7 @@ from ..compat import (
 )
 from ..conf import generation
 from ..conf.redaction import error_redactor
-from ..core.failures import error_code, redacted
+from ..core.failures import redacted, redacted_code
 from ..core.states import JobState, to_status
 from ..models import Job
 from ..store import error_entry
@@ -50,7 +50,7 @@ def error_of(exception: BaseException) -> dict[str, str]:
         f"{cls.__module__}.{cls.__qualname__}",
         redacted(str(exception), redactor),
         redacted("".join(traceback.format_exception(exception)), redactor),
-        code=error_code(exception),
+        code=redacted_code(exception, redactor),
     )
 
 
