@@ -213,7 +213,7 @@ def _id(value: Any, name: str) -> int:
     """An id given as an int or as the digits of a ``TaskResult.id``."""
     if isinstance(value, int) and not isinstance(value, bool) and value > 0:
         return value
-    if isinstance(value, str) and value.isdigit() and int(value) > 0:
+    if isinstance(value, str) and value.isascii() and value.isdigit() and int(value) > 0:
         return int(value)
     raise ValueError(
         f"{name} must be an id: a positive whole number or its digits as a string "

@@ -84,13 +84,13 @@ def _job_id(result_id: str | int) -> int:
             f"run_now() takes a job's result id (TaskResult.id, a string of digits, or "
             f"the job's int id), got {result_id!r}."
         )
-    try:
-        job_id = int(result_id)
-    except ValueError:
+    if isinstance(result_id, str) and not (result_id.isascii() and result_id.isdigit()):
+        # int() would also take " 12", "1_2" or "١٢": none is a TaskResult.id
         raise ValueError(
             f"run_now() takes a job's result id (TaskResult.id, a string of digits), "
             f"got {result_id!r}."
-        ) from None
+        )
+    job_id = int(result_id)
     if job_id <= 0:
         raise ValueError(f"run_now(): {result_id!r} is not a job's result id (ids are positive).")
     return job_id

@@ -38,8 +38,8 @@ def leadership_acquire(
     if leases.filter(holder=holder).update(expires_at=now_plus(ttl)):
         return True  # renewed (nobody took over since)
     # Expired means ``expires_at <= now``, the complement of ``leadership_holder``'s
-    # "valid while > now": a release writes ``now``, and on SQLite's millisecond
-    # clock the next acquire often reads that same instant.
+    # "valid while > now": a lease that ends exactly now is free (on SQLite's
+    # millisecond clock an acquire often reads the instant a lease ended).
     if leases.filter(expires_at__lte=Now()).update(
         holder=holder, expires_at=now_plus(ttl), acquired_at=Now()
     ):

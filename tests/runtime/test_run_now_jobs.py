@@ -91,7 +91,7 @@ def test_bad_input_and_a_transaction_are_refused_and_nothing_runs():
     for bad in (None, True, 1.5, ["1"]):
         with pytest.raises(TypeError, match="run_now\\(\\) takes a job's result id"):
             run_now(bad)  # type: ignore[arg-type]
-    for bad in ("abc", "", "-3", "0"):
+    for bad in ("abc", "", "-3", "0", " 12", "1_2", "\u0661\u0662"):
         with pytest.raises(ValueError, match="result id"):
             run_now(bad)
     with pytest.raises(TaskResultDoesNotExist, match="no job 987654321"):
