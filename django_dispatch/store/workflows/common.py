@@ -271,8 +271,9 @@ def _map_child_succeeded(db: str, child: RunRow, build_job: StepJobBuilder) -> N
     set, once, to gather the outputs in input order.
     """
     runs = WorkflowRun.objects.using(db)
-    parent = lock_run(db, run_id=child["parent_run_id"])  # after the child: the usual order
-    if parent is None:
+    # The parent run's lock (after the child's: the usual order) serializes the
+    # counts; its fields are read only by the last child, which moves it on.
+    if not runs.filter(id=child["parent_run_id"]).update(updated_at=Now()):
         return
     waiting = map_waiting(db, child["parent_task_id"], child["map_batch"])
     if not waiting.update(map_done=F("map_done") + 1, heartbeat_at=Now(), updated_at=Now()):
@@ -283,7 +284,7 @@ def _map_child_succeeded(db: str, child: RunRow, build_job: StepJobBuilder) -> N
         in_order = runs.filter(map_batch=child["map_batch"]).order_by("map_index")
         outputs = list(in_order.values_list("output", flat=True))
         waiting.update(state=StepState.SUCCEEDED, output=outputs, finished_at=Now())
-        advance(db, parent, build_job)
+        advance(db, runs.filter(id=child["parent_run_id"]).values(*RUN_FIELDS).get(), build_job)
     elif started < total:
         admit_next(db, waiting, child["map_batch"], started, total, build_job)
 
