@@ -135,7 +135,7 @@ class DeadLetterAdmin(
                 ]
             },
         ),
-        ("Arguments", {"fields": ["args_display", "kwargs_display"]}),
+        ("Arguments", {"fields": ["args_display", "kwargs_display", "call_context_display"]}),
         ("Errors", {"fields": ["errors_display", "worker_ids_display"]}),
         (
             "Replay history",
@@ -154,6 +154,7 @@ class DeadLetterAdmin(
         "job_link",
         "args_display",
         "kwargs_display",
+        "call_context_display",
         "errors_display",
         "worker_ids_display",
         "replay_args_display",
@@ -217,6 +218,7 @@ class DeadLetterAdmin(
 
     args_display = rendered_field("args", "Args")
     kwargs_display = rendered_field("kwargs", "Kwargs")
+    call_context_display = rendered_field("call_context", "Call context (kept by a replay)")
     errors_display = rendered_field("errors", "Errors (one per failed attempt)", render_errors)
     worker_ids_display = rendered_field("worker_ids", "Worker ids")
 

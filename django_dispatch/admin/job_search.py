@@ -1,7 +1,9 @@
-"""Searching jobs by their arguments, bounded to the newest jobs.
+"""Searching jobs by their arguments or call context, bounded to the newest jobs.
 
 An operator hunting "the job for customer 42" types ``{"customer_id": 42}``
-(keyword arguments) or ``[42]`` (positional ones) in the jobs search box.
+(keyword arguments, or the call context: ``{"user": 7}`` finds the jobs
+enqueued with ``call_context={"user": 7, ...}``) or ``[42]`` (positional
+ones) in the jobs search box.
 Arguments have no index (one would slow every enqueue, for a search made
 during incidents only), so the search reads only the newest
 ``ARGS_SEARCH_WINDOW`` jobs, a range of the primary key; older jobs are
@@ -41,9 +43,13 @@ def parse_arguments_term(term: str) -> dict[str, Any] | list[Any] | None:
 
 def arguments_filter(value: dict[str, Any] | list[Any], vendor: str) -> Q:
     if vendor == "postgresql":
-        return Q(kwargs__contains=value) if isinstance(value, dict) else Q(args__contains=value)
+        if isinstance(value, dict):
+            return Q(kwargs__contains=value) | Q(call_context__contains=value)
+        return Q(args__contains=value)
     if isinstance(value, dict):
-        return Q(**{f"kwargs__{key}": item for key, item in value.items()})
+        return Q(**{f"kwargs__{key}": item for key, item in value.items()}) | Q(
+            **{f"call_context__{key}": item for key, item in value.items()}
+        )
     q = Q()
     for item in value:
         q &= Q(dispatch_args_text__contains=json.dumps(item))

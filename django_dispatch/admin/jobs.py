@@ -54,6 +54,23 @@ logger = logging.getLogger("django_dispatch.admin")
 DELETE_BATCH = 1000
 
 
+class CallContextFilter(admin.SimpleListFilter):
+    """Jobs with or without a call context; a value is found with the search box."""
+
+    title = "call context"
+    parameter_name = "call_context"
+
+    def lookups(self, request: HttpRequest, model_admin: Any) -> list[tuple[str, str]]:
+        return [("set", "Set"), ("none", "None")]
+
+    def queryset(self, request: HttpRequest, queryset: QuerySet[Job]) -> QuerySet[Job]:
+        if self.value() == "set":
+            return queryset.filter(call_context__isnull=False)
+        if self.value() == "none":
+            return queryset.filter(call_context__isnull=True)
+        return queryset
+
+
 @admin.register(Job)
 class JobAdmin(
     NamespaceColumn,
@@ -82,14 +99,16 @@ class JobAdmin(
     ]
     list_filter = [
         "state",
+        CallContextFilter,
         ("namespace", RecentValuesFilter),
         ("queue_name", RecentValuesFilter),
         ("task_path", RecentValuesFilter),
     ]
-    search_fields = ["id__exact", "task_path", "partition_key", "idempotency_key"]
+    search_fields = ["id__exact", "task_path", "partition_key", "idempotency_key", "call_context"]
     search_help_text = (
-        "Job id (exact), task path, partition key or idempotency key; or arguments as JSON: "
-        '{"customer_id": 42} (keyword) or [42] (positional), among the newest 100,000 jobs.'
+        "Job id (exact), task path, partition key, idempotency key or call context text; or "
+        'arguments or call context as JSON: {"customer_id": 42} (keyword arguments or call '
+        "context) or [42] (positional), among the newest 100,000 jobs."
     )
     change_form_template = CHANGE_FORM_TEMPLATE
     actions = ["cancel_jobs", "retry_jobs", "delete_finished_jobs"]
@@ -118,6 +137,7 @@ class JobAdmin(
             {
                 "fields": [
                     ("args_display", "kwargs_display"),
+                    "call_context_display",
                     ("checkpoint_display", "return_value_display"),
                 ]
             },
@@ -149,6 +169,7 @@ class JobAdmin(
         "worker_ids_display",
         "args_display",
         "kwargs_display",
+        "call_context_display",
         "checkpoint_display",
         "return_value_display",
         "errors_display",
@@ -215,6 +236,7 @@ class JobAdmin(
     usage_display = usage_field()
     args_display = rendered_field("args", "Args")
     kwargs_display = rendered_field("kwargs", "Kwargs")
+    call_context_display = rendered_field("call_context", "Call context (who enqueued it)")
     checkpoint_display = rendered_field("checkpoint", "Checkpoint")
     return_value_display = rendered_field("return_value", "Return value")
     errors_display = rendered_field("errors", "Errors (one per failed attempt)", render_errors)
