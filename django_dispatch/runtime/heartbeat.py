@@ -10,10 +10,12 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 from typing import Any
 
 from .. import store
 from ..observability import joblog, metrics
+from ..store.workers import WorkerIdTaken
 from .slots import Slots
 from .timeouts import Overseer
 
@@ -42,6 +44,8 @@ class Heartbeat:
         self.lease_seconds = lease_seconds
         self.db = db
         self.capacity = capacity  # slots of this process, threads and event loop
+        #: Called with why, when another process took this worker's id over.
+        self.on_taken: Callable[[str], None] | None = None
 
     def beat(self) -> None:
         """Renew every lease this worker holds; stop the jobs it lost."""
@@ -64,4 +68,16 @@ class Heartbeat:
         if metrics.WORKER is not None:
             metrics.WORKER.heartbeat(busy=len(leases), slots=self.capacity)
         # Recreates the row if the leader deleted it (after a long pause).
-        store.worker_touch(self.worker_id, running_jobs=len(leases), **self.registration)
+        try:
+            store.worker_touch(self.worker_id, running_jobs=len(leases), **self.registration)
+        except WorkerIdTaken as e:
+            # Its jobs were taken back (their epochs bumped: its writes are
+            # fenced out); going on would make two live processes of one id.
+            logger.error("%s; this process stops", e, extra=joblog.worker_fields(self.worker_id))
+            if self.on_taken is not None:
+                self.on_taken(str(e))
+
+    @property
+    def owner(self) -> dict[str, Any]:
+        """This incarnation, for deleting its row only (``store.worker_deregister``)."""
+        return {"hostname": self.registration["hostname"], "pid": self.registration["pid"]}

@@ -114,6 +114,7 @@ class Worker:
             db=self.db,
             capacity=options.concurrency + options.async_concurrency,
         )
+        self.heartbeat.on_taken = self.request_stop
         self.listener: Listener | None = None
         self.async_jobs: AsyncJobs | None = None  # --async-concurrency: made in run()
         self.signalled_at: float | None = None
@@ -242,7 +243,7 @@ class Worker:
             self.listener.stop()
             self.listener.join(timeout=2.0)
         self._guard(maintenance.resign)
-        self._guard(lambda: store.worker_deregister(opts.worker_id))
+        self._guard(lambda: store.worker_deregister(opts.worker_id, **self.heartbeat.owner))
         if self.close_connections:
             connections.close_all()
 

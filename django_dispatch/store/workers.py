@@ -57,6 +57,10 @@ def worker_touch(
 ) -> bool:
     """The heartbeat's write to the worker's row; True if the row had to be recreated.
 
+    Raises ``WorkerIdTaken`` when another incarnation registered under this
+    id meanwhile (``runtime.takeover`` judged this one dead, by its heartbeat):
+    two live processes must never share an id, so this one has to stop.
+
     The leader deletes rows not seen for ``WORKER_STALE_SECONDS``. A worker
     that was only paused that long (SIGSTOP, a suspended VM, a host frozen
     under swap) and carries on must show up again, so the heartbeat brings
@@ -65,8 +69,14 @@ def worker_touch(
     """
     db = db or db_alias()
     row = Worker.objects.using(db).filter(id=worker_id)
-    if row.update(last_seen_at=Now(), running_jobs=running_jobs):
+    if row.filter(hostname=hostname, pid=pid).update(last_seen_at=Now(), running_jobs=running_jobs):
         return False
+    taken = row.values("hostname", "pid").first()
+    if taken is not None:
+        raise WorkerIdTaken(
+            f"worker {worker_id}: its id was taken over by pid {taken['pid']} on host "
+            f"{taken['hostname']} (this process was judged dead: frozen past its heartbeats)"
+        )
     fields = _fields(
         hostname, pid, queues, concurrency, running_jobs=running_jobs, namespace=namespace
     )
@@ -107,8 +117,15 @@ def _create(worker_id: str, fields: dict[str, Any], db: str) -> None:
         workers.filter(id=worker_id).update(last_seen_at=Now(), **fields)
 
 
-def worker_deregister(worker_id: str, *, db: str | None = None) -> None:
-    Worker.objects.using(db or db_alias()).filter(id=worker_id).delete()
+def worker_deregister(
+    worker_id: str, *, db: str | None = None, hostname: str | None = None, pid: int | None = None
+) -> None:
+    """Delete the worker's row; with ``hostname`` and ``pid``, only if it is still
+    this incarnation's (one whose id was taken over leaves the new owner's row)."""
+    rows = Worker.objects.using(db or db_alias()).filter(id=worker_id)
+    if hostname is not None:
+        rows = rows.filter(hostname=hostname, pid=pid)
+    rows.delete()
 
 
 def workers_delete_stale(
@@ -121,6 +138,10 @@ def workers_delete_stale(
         .delete()
     )
     return deleted
+
+
+class WorkerIdTaken(Exception):
+    """Another process registered under this worker's id after it did."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -249,3 +249,16 @@ def test_a_supervised_child_restarted_after_a_crash_takes_its_jobs_back(
     assert crashed not in Worker.objects.values_list("pid", flat=True)
     supervisor.signal(signal.SIGTERM)
     supervisor.wait()
+
+
+def test_an_incarnation_whose_id_was_taken_over_stops_and_leaves_the_new_row(start_worker):
+    """A worker judged dead by its heartbeat (frozen) but alive after all finds, at its
+    next heartbeat, that another process holds its id: it stops rather than run on
+    as a second process of one id, and its stop does not delete the new owner's row."""
+    worker = start_worker("--concurrency", "1", "--worker-id", "woken", overrides=LONG_LEASE)
+    wait_until(lambda: Worker.objects.filter(id="woken").exists(), what="registered")
+    Worker.objects.filter(id="woken").update(hostname="new-host", pid=4242)  # taken over
+    assert worker.wait(timeout=30) == 0, worker.output()
+    assert "its id was taken over by pid 4242 on host new-host" in worker.output()
+    row = Worker.objects.get(id="woken")
+    assert (row.hostname, row.pid) == ("new-host", 4242)
