@@ -123,7 +123,7 @@ def worker_deregister(
     """Delete the worker's row; with ``hostname`` and ``pid``, only if it is still
     this incarnation's (one whose id was taken over leaves the new owner's row)."""
     rows = Worker.objects.using(db or db_alias()).filter(id=worker_id)
-    if hostname is not None:
+    if hostname is not None and pid is not None:
         rows = rows.filter(hostname=hostname, pid=pid)
     rows.delete()
 
