@@ -126,7 +126,7 @@ typecheck: $(STAMP)
 ## every django_dispatch check (flatness, partitions, scale, fleet, rss); about an hour;
 ## results in benchmarks/results/
 bench: $(STAMP)
-	$(PY) benchmarks/run.py --flatness --partitions --concurrency-limits --mixed-sizes --scale --fleet --rss --async-sleep
+	$(PY) benchmarks/run.py --flatness --partitions --concurrency-limits --mixed-sizes --scale --fleet --rss --async-sleep --atomic --map
 
 bench-quick: $(STAMP)
 	$(PY) benchmarks/run.py --quick

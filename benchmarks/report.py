@@ -220,6 +220,7 @@ def targets(rows: dict[str, dict], extras: dict[str, dict]) -> list[tuple[str, s
     """
     me = rows.get(DISPATCH, {})
     flat, part, rss, scale = (extras.get(k, {}) for k in ("flatness", "partitions", "rss", "scale"))
+    fan, anoop, areal = (extras.get(k, {}) for k in ("map", "atomic_noop", "atomic_realistic"))
     steady, real = "steady_drain_per_s", "realistic_drain_per_s"
     asleep = extras.get("async_sleep", {})
     async_pgq, async_pgq_row = _async_ratios(asleep, "drain_per_s")["pgqueuer"]
@@ -255,6 +256,22 @@ def targets(rows: dict[str, dict], extras: dict[str, dict]) -> list[tuple[str, s
          scale.get("shallow", {}).get(steady)), "{:.0%}", lambda v: v >= 0.8),
         ("partitioned drain >= 50% of unkeyed", ratio(part.get("keyed", {}).get(steady),
          part.get("unkeyed", {}).get(steady)), "{:.0%}", lambda v: v >= 0.5),
+        ("ctx.map over 10,000 inputs >= 50% of the drain/s of as many plain jobs "
+         "(from start until the run succeeds)", ratio(fan.get("map", {}).get("drain_per_s"),
+         fan.get("plain", {}).get("drain_per_s")), "{:.0%}", lambda v: v >= 0.5),
+        ("no target: the same, steady state (leaves out the map step creating the children)",
+         ratio(fan.get("map", {}).get(steady), fan.get("plain", {}).get(steady)), "{:.0%}",
+         None),
+        ("realistic job with atomic=True >= 1.0x the same job without", ratio(
+         areal.get("atomic", {}).get("drain_per_s"), areal.get("plain", {}).get("drain_per_s")),
+         "{:.2f}x", lambda v: v >= 1),
+        ("(the same, steady state)", ratio(areal.get("atomic", {}).get(steady),
+         areal.get("plain", {}).get(steady)), "{:.2f}x", lambda v: v >= 1),
+        ("atomic no-op jobs >= 50% of plain ones", ratio(anoop.get("atomic", {}).get(
+         "drain_per_s"), anoop.get("plain", {}).get("drain_per_s")), "{:.0%}",
+         lambda v: v >= 0.5),
+        ("(the same, steady state)", ratio(anoop.get("atomic", {}).get(steady),
+         anoop.get("plain", {}).get(steady)), "{:.0%}", lambda v: v >= 0.5),
         ("RSS after 100k jobs within 10% of after 1k", ratio(rss.get("rss_after_all_mb"),
          rss.get("rss_after_1k_mb")), "{:.2f}x", lambda v: v <= 1.1),
         ("earlier: async sleep jobs >= 10x our thread executor",
@@ -293,6 +310,9 @@ def extras_section(extras: dict[str, dict]) -> str:
         "concurrency": ("unkeyed", "capped", "keys with concurrency_limit=2"),
         "mixed_sizes": ("plain", "mixed", "resource needs and --capacity"),
         "scale": ("shallow", "deep", "pending backlog"),
+        "map": ("plain", "map", "child runs of one ctx.map"),
+        "atomic_noop": ("plain", "atomic", "@task(atomic=True)"),
+        "atomic_realistic": ("plain", "atomic", "@task(atomic=True)"),
     }
     for name, (a, b, what) in labels.items():
         if name not in extras:
@@ -331,7 +351,8 @@ def extras_section(extras: dict[str, dict]) -> str:
             f"after 1,000 jobs, {fmt(e.get('rss_after_all_mb'), '{:.1f}')} MB after "
             f"{fmt(e.get('rss_jobs'))} jobs (largest worker process)"
         )
-    return "\n".join(parts) if parts else "(none run: add --flatness, --partitions, --scale, --rss)"
+    none = "(none run: add --flatness, --partitions, --scale, --rss, --atomic, --map)"
+    return "\n".join(parts) if parts else none
 
 
 #: The async check's columns: (key, title, format).

@@ -151,6 +151,18 @@ def parse_args() -> argparse.Namespace:
         help="async slots per process: rundispatch --async-concurrency, and the peers' "
         "slot-matched async rows",
     )
+    p.add_argument(
+        "--atomic",
+        action="store_true",
+        help="dispatch: --jobs no-op jobs, then --realistic-jobs realistic jobs, each "
+        "without vs with @task(atomic=True) (#31)",
+    )
+    p.add_argument(
+        "--map",
+        action="store_true",
+        help="dispatch: --jobs plain no-op jobs vs one workflow run whose step maps a no-op "
+        "child workflow over --jobs inputs, until that run succeeds (#31)",
+    )
     p.add_argument("--rss", action="store_true", help="dispatch: RSS after 1k vs after all")
     p.add_argument("--rss-jobs", type=int, default=100_000)
     p.add_argument("--checks-only", action="store_true", help="only the checks above, not the "
@@ -423,6 +435,15 @@ class Bench:
                 f"{args.jobs:,} jobs, no needs vs mixed sizes (20/500 MB) on --capacity workers",
                 ("plain", []), ("mixed", ["--mixed-sizes"]),
             )  # fmt: skip
+        if args.atomic:
+            out.update(self.atomic())
+        if args.map:
+            out["map"] = self.drain_pair(
+                f"{args.jobs:,} plain no-op jobs vs one workflow run whose step maps a no-op "
+                f"child workflow over {args.jobs:,} inputs, from the workers' start until "
+                "the run succeeds",
+                ("plain", []), ("map", ["--map"]),
+            )  # fmt: skip
         if args.async_sleep:
             out["async_sleep"] = self.async_sleep()
         if args.rss:
@@ -431,6 +452,25 @@ class Bench:
             out["rss"]["description"] = (
                 f"{args.workers} workers x {args.concurrency} draining {args.rss_jobs:,} jobs"
             )
+        return out
+
+    def atomic(self) -> dict[str, dict]:
+        """``@task(atomic=True)`` against the same job without it: no-op jobs, which
+        measure what the one transaction around the body costs, and the realistic
+        job, whose INSERT, UPDATE and success then commit once instead of three times.
+        Each pair alternates plain and atomic runs on fresh databases."""
+        args, out = self.args, {}
+        out["atomic_noop"] = self.drain_pair(
+            f"{args.jobs:,} no-op jobs, plain vs @task(atomic=True)",
+            ("plain", []), ("atomic", ["--atomic"]),
+        )  # fmt: skip
+        if args.realistic_jobs:
+            n, realistic = args.realistic_jobs, ["--backlog", "realistic"]
+            out["atomic_realistic"] = self.drain_pair(
+                f"{n:,} realistic jobs (an ORM INSERT and UPDATE each), plain vs "
+                "@task(atomic=True)",
+                ("plain", realistic), ("atomic", [*realistic, "--atomic"]), jobs=n,
+            )  # fmt: skip
         return out
 
     def fleet(self) -> dict:

@@ -4,7 +4,10 @@ Extra measurements: the bare-ORM baseline (``Row.objects.create()`` of a row
 as wide as a job, interleaved with enqueues), and the ``drain`` phase's
 backlog options for the claim flatness check (``--prefill-finished``), the
 partition check (``--partition-keys``) and the others below; the async
-check's asyncio executor (``--async-concurrency``, #20).
+check's asyncio executor (``--async-concurrency``, #20); the atomic check's
+``@task(atomic=True)`` twins of the no-op and realistic jobs (``--atomic``),
+and the map check's one workflow run mapping a no-op child over ``--jobs``
+inputs (``--map``).
 """
 
 from __future__ import annotations
@@ -47,6 +50,15 @@ UNFINISHED_SQL = (
     "WHERE id > {after} AND state IN ('pending', 'blocked', 'running')"
 )
 
+#: The map check: of ``items`` children, those not succeeded yet, plus one while
+#: the parent run has not succeeded (its fan-in done, its output gathered). So the
+#: drain ends when the parent run succeeds, and counts down one per child.
+MAP_UNFINISHED_SQL = (
+    "SELECT {items} - count(*) FILTER (WHERE parent_run_id IS NOT NULL AND state = 'succeeded')"
+    " + count(*) FILTER (WHERE parent_run_id IS NULL AND state <> 'succeeded')"
+    " FROM django_dispatch_workflowrun"
+)
+
 
 class DispatchDriver(Driver):
     unfinished_sql = UNFINISHED_SQL.format(after=0)
@@ -72,6 +84,13 @@ class DispatchDriver(Driver):
         # #20: slots for async def jobs on one event loop per process
         # (rundispatch --async-concurrency); 0: each takes a job thread.
         parser.add_argument("--async-concurrency", type=int, default=0)
+        # #31: the no-op and the realistic backlogs as @task(atomic=True) twins
+        # (bench.atomic_tasks): the body and the job's success in one transaction.
+        parser.add_argument("--atomic", action="store_true")
+        # #31: instead of --jobs no-op jobs, one workflow run whose step maps a
+        # no-op child workflow over --jobs inputs (bench.workflows), started
+        # before the workers are; the drain ends when that run has succeeded.
+        parser.add_argument("--map", action="store_true")
 
     def setup(self) -> None:
         if self.config == "prepared":  # read by benchproject.settings, here and in the workers
@@ -96,9 +115,12 @@ class DispatchDriver(Driver):
     def enqueue_realistic_bulk(self, count: int) -> None:
         from django_dispatch import enqueue_many
 
+        realistic = self.tasks.realistic
+        if self.args.atomic:
+            from bench.atomic_tasks import realistic_atomic as realistic
         for start in range(0, count, CHUNK):
             seqs = range(start, min(count, start + CHUNK))
-            enqueue_many(self.tasks.realistic, [((seq,), {}) for seq in seqs])
+            enqueue_many(realistic, [((seq,), {}) for seq in seqs])
 
     def enqueue_sleep_bulk(self, count: int) -> None:
         from django_dispatch import enqueue_many
@@ -150,6 +172,8 @@ class DispatchDriver(Driver):
 
         if self.args.sleep_ms:
             return super().prepare_backlog()
+        if self.args.map:
+            return self.prepare_map()
         if self.args.prefill_finished:
             with connection.cursor() as cursor:
                 cursor.execute(PREFILL_SQL, [self.args.prefill_finished])
@@ -194,9 +218,21 @@ class DispatchDriver(Driver):
                 enqueue_many(small, [((), {})] * (count - 1))
                 enqueue_many(big, [((), {})])
         else:
+            noop = self.tasks.noop
+            if self.args.atomic:
+                from bench.atomic_tasks import noop_atomic as noop
             for start in range(0, jobs, CHUNK):
-                enqueue_many(self.tasks.noop, [((), {})] * min(CHUNK, jobs - start))
+                enqueue_many(noop, [((), {})] * min(CHUNK, jobs - start))
         return jobs
+
+    def prepare_map(self) -> int:
+        """Start the run that maps a no-op child over ``--jobs`` inputs; its first step's
+        job is the whole backlog, so creating the children is part of the timed drain."""
+        from bench.workflows import fan_out
+
+        fan_out.start({"items": self.args.jobs})
+        self.unfinished_sql = MAP_UNFINISHED_SQL.format(items=self.args.jobs)
+        return self.args.jobs
 
     def bulk_scale(self) -> dict:
         """One ``enqueue_many`` call of ``--jobs`` rows: its rate and the memory it took."""
