@@ -10,6 +10,7 @@ from .database import SUPPORTED_VENDORS, check_migrations_applied, unapplied_mig
 from .namespaces import check_abandoned_namespaces, check_namespaces, namespace_problem
 from .queues import check_queue_limits
 from .settings import check_dispatch_settings
+from .workflows import check_step_routes
 
 __all__ = [
     "SUPPORTED_VENDORS",
@@ -19,6 +20,7 @@ __all__ = [
     "check_migrations_applied",
     "check_namespaces",
     "check_queue_limits",
+    "check_step_routes",
     "namespace_problem",
     "unapplied_migrations",
 ]

@@ -126,25 +126,19 @@ def _check_options(name: str, max_attempts: Any, backoff: Any, timeout: Any) -> 
 def _check_route(name: str, queue_name: Any, priority: Any) -> None:
     """A step's queue and priority, checked as Django checks a task's.
 
-    The queue must be one that ``TASKS["default"]["QUEUES"]`` allows (the
-    backend whose task runs every step; an empty list allows any), and the
-    priority within the range of ``django.tasks``. Settings are read only
-    when configured: a module defining workflows may be imported without
-    them (building a step's job then checks the queue, as any enqueue does).
+    Whether ``TASKS["default"]["QUEUES"]`` allows the queue is not checked
+    here: an exception at import would take down ``check`` and
+    ``runserver`` with a traceback instead of a message. The system check
+    ``django_dispatch.E006`` reports it (``checks.workflows``), and building
+    the step's job refuses it, as any enqueue refuses an unlisted queue.
     """
-    if queue_name is not None:
-        if not isinstance(queue_name, str) or not queue_name or len(queue_name) > QUEUE_MAX_LENGTH:
-            raise WorkflowDefinitionError(
-                f"step {name!r}: queue_name must be a non-empty string of at most "
-                f"{QUEUE_MAX_LENGTH} characters, got {queue_name!r}."
-            )
-        allowed = _allowed_queues()
-        if allowed and queue_name not in allowed:
-            raise WorkflowDefinitionError(
-                f"step {name!r}: queue {queue_name!r} is not one of the queues "
-                f"TASKS['default']['QUEUES'] allows ({sorted(allowed)}); add it there, or "
-                "route the step to one of them."
-            )
+    if queue_name is not None and (
+        not isinstance(queue_name, str) or not queue_name or len(queue_name) > QUEUE_MAX_LENGTH
+    ):
+        raise WorkflowDefinitionError(
+            f"step {name!r}: queue_name must be a non-empty string of at most "
+            f"{QUEUE_MAX_LENGTH} characters, got {queue_name!r}."
+        )
     if priority is not None and (
         isinstance(priority, bool)
         or not isinstance(priority, int)
@@ -156,7 +150,7 @@ def _check_route(name: str, queue_name: Any, priority: Any) -> None:
         )
 
 
-def _allowed_queues() -> set[str]:
+def allowed_queues() -> set[str]:
     """The queue names the default task backend allows (empty: any)."""
     if not settings.configured:
         return set()

@@ -36,6 +36,11 @@ def register(workflow: Workflow) -> None:
     _REGISTRY[workflow.name] = workflow
 
 
+def registered() -> list[Workflow]:
+    """Every workflow defined so far in this process (its module imported)."""
+    return list(_REGISTRY.values())
+
+
 def get_workflow(name: str) -> Workflow:
     """The workflow registered under ``name`` (its module must have been imported)."""
     try:

@@ -16,6 +16,7 @@ from django.db import connection, transaction
 from django.test import override_settings
 from django.test.utils import CaptureQueriesContext
 
+from django_dispatch.checks import check_step_routes
 from django_dispatch.core.workflow_states import RunState, StepState
 from django_dispatch.models import Job, WorkflowRun, WorkflowTask
 from django_dispatch.states import JobState
@@ -32,6 +33,7 @@ from django_dispatch.workflows import (
     retry_run,
     skip_step,
 )
+from django_dispatch.workflows import registry as workflow_registry
 from django_dispatch.workflows.engine import build_step_job
 from django_dispatch.workflows.testing import drain_workflows
 from tests.conftest import wait_until
@@ -90,15 +92,25 @@ def test_step_routing_is_checked_at_definition_time():
         wf.add_step(mw.light, name="too_high", priority=101)
     with pytest.raises(WorkflowDefinitionError, match="queue_name must be a non-empty string"):
         wf.add_step(mw.light, name="empty", queue_name="")
-    with (
-        override_settings(TASKS={"default": {"BACKEND": "x", "QUEUES": ["default", "heavy"]}}),
-        pytest.raises(WorkflowDefinitionError, match=r"queue 'gpu' is not one of the queues"),
-    ):
-        wf.add_step(mw.light, name="gpu", queue_name="gpu")
     assert wf.steps == ()  # nothing half-registered
     with override_settings(TASKS={"default": {"BACKEND": "x", "QUEUES": ["default", "heavy"]}}):
         step = wf.add_step(mw.light, name="ok", queue_name="heavy", priority=-3)
     assert (step.queue_name, step.priority) == ("heavy", -3)
+
+
+def test_a_step_routed_to_an_unlisted_queue_is_a_system_check_error_not_an_import_crash():
+    """Raised at definition, it would take down `check` and `runserver` at import."""
+    wf = Workflow("tests.routing_unlisted")
+    with override_settings(TASKS={"default": {"BACKEND": "x", "QUEUES": ["default", "heavy"]}}):
+        try:
+            wf.add_step(mw.light, name="gpu", queue_name="gpu")  # defined, not refused
+            errors = [m for m in check_step_routes() if m.id == "django_dispatch.E006"]
+        finally:
+            workflow_registry._REGISTRY.pop(wf.name)
+    assert [m.msg for m in errors] == [
+        "Workflow 'tests.routing_unlisted', step 'gpu': queue 'gpu' is not one of the queues "
+        "TASKS['default']['QUEUES'] allows (['default', 'heavy'])."
+    ]
 
 
 @pytestmark_db
@@ -206,7 +218,10 @@ def test_too_many_inputs_fail_the_step_without_retry_and_start_nothing():
     step = spread(run)
     assert run.state == RunState.STUCK and step.state == StepState.FAILED
     assert step.errors[-1]["exception_class_path"].endswith("InvalidMap")
-    assert "got 4 inputs; DISPATCH['MAP_MAX_ITEMS'] allows at most 3" in step.errors[-1]["message"]
+    assert (
+        "got more than 3 inputs; DISPATCH['MAP_MAX_ITEMS'] allows at most 3"
+        in step.errors[-1]["message"]
+    )
     assert step.attempts == 1 and kids(run) == []
 
 
