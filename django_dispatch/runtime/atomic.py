@@ -17,8 +17,9 @@ UPDATE: the heartbeat renews the lease, and a leader reclaims an expired one
 (``SKIP LOCKED``), while a body runs or hangs. ``progress()`` inside an
 atomic task therefore saves no checkpoint (``tasks.context``).
 
-``in_transaction`` is the shape of it, with no job in it: a workflow step
-run atomically passes its own body and its own fenced success write.
+``in_transaction`` is the shape of it, with no job in it (a body and a
+fenced success write), meant for atomic workflow steps, which are not built
+yet.
 """
 
 from __future__ import annotations

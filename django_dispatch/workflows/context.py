@@ -7,6 +7,7 @@ import time
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
+from itertools import islice
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any
 
@@ -219,11 +220,11 @@ def map_inputs(inputs: Iterable[Any]) -> list[Any]:
             f"ctx.map() takes a list of inputs (one child run each), got "
             f"{type(inputs).__name__}: pass e.g. a list of rows or of ids."
         )
-    items = list(inputs)
     most = get_settings().MAP_MAX_ITEMS
+    items = list(islice(inputs, most + 1))  # a longer (or endless) iterable is not read on
     if len(items) > most:
         raise InvalidMap(
-            f"ctx.map() got {len(items):,} inputs; DISPATCH['MAP_MAX_ITEMS'] allows at most "
+            f"ctx.map() got more than {most:,} inputs; DISPATCH['MAP_MAX_ITEMS'] allows at most "
             f"{most:,}. Map over chunks (each child handles a slice), or raise the setting."
         )
     try:
