@@ -220,7 +220,7 @@ def test_quiet_successes_are_settled_without_leaking_their_meters(caplog):
     assert drain(concurrency=4) == 60
     assert Job.objects.filter(pk__in=ids, state=JobState.SUCCEEDED).count() == 60
     assert JobUsage.objects.filter(job_id__in=ids, outcome="succeeded").count() == 60
-    assert not metering.METERS
+    assert not set(ids) & set(metering.METERS)  # (other tests' abandoned jobs may linger)
 
 
 def test_failing_signal_receiver_never_changes_the_outcome():
