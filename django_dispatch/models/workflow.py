@@ -75,6 +75,11 @@ class WorkflowRun(models.Model):
         indexes = [
             models.Index("namespace", "state", "updated_at", name="dispatch_wfrun_state"),
             models.Index("name", "created_at", name="dispatch_wfrun_name"),
+            # workflows.list_runs/count_runs (``queries.lists``): one namespace's
+            # runs of a state or of a workflow, newest first, so a page (keyset
+            # on the id) reads only its own entries however many runs there are.
+            models.Index("namespace", "state", "id", name="dispatch_wfrun_list_state"),
+            models.Index("namespace", "name", "id", name="dispatch_wfrun_list_name"),
         ]
         constraints = [
             models.UniqueConstraint(

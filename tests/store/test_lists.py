@@ -218,3 +218,28 @@ def test_each_filtered_page_reads_its_list_index_on_many_rows():
     failed = jobs.list(state="failed", limit=2)
     assert len(failed) == 2 and all(j.task_path == ECHO for j in failed)
     assert jobs.count(state="failed") == len(range(0, MANY, 997))
+
+
+@postgres_only
+def test_a_page_of_runs_by_state_or_name_reads_its_list_index_on_many_runs():
+    """20,000 runs, a few stuck and a few of a rare workflow: a page of those walks
+    its index in id order, not the primary key over every run nor a sort."""
+    WorkflowRun.objects.bulk_create(
+        [
+            WorkflowRun(
+                name="rare" if n % 997 == 0 else "signup",
+                state="stuck" if n % 991 == 0 else "succeeded",
+            )
+            for n in range(MANY)
+        ],
+        batch_size=2000,
+    )
+    with connection.cursor() as cursor:
+        cursor.execute("ANALYZE django_dispatch_workflowrun")
+    for index, rows in (
+        ("dispatch_wfrun_list_state", lists._runs("stuck", None, "default")),
+        ("dispatch_wfrun_list_name", lists._runs(None, "rare", "default")),
+    ):
+        plan = rows.order_by("-id")[:100].explain()
+        assert index in plan and "Sort" not in plan and "Seq Scan" not in plan, (index, plan)
+    assert workflows.count_runs(state="stuck") == len(range(0, MANY, 991))
