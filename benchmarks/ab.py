@@ -1,0 +1,171 @@
+"""Interleaved A/B drains of django_dispatch commits and settings, on one server.
+
+``run.py`` compares systems; this compares versions of ours, quickly, with
+the noise of a shared machine in mind: every variant drains the same no-op
+backlog once per round, rounds interleave the variants (drift hits them all
+alike), and the medians are reported. From the repository root:
+
+    .venv/bin/python benchmarks/ab.py base=6d93968 head=HEAD \\
+        'prepared=HEAD:{}:{"prepare_threshold":1}' 'usage-off=HEAD:{"USAGE":"off"}'
+
+A variant is ``label=ref[:DISPATCH json[:database OPTIONS json]]``: the
+commit's tree (``git archive``, so that half-finished edits play no part) is
+imported first by the driver and the workers, the JSON merged into the
+benchmark project's ``DISPATCH`` and ``DATABASES["default"]["OPTIONS"]``.
+Each round: a fresh backlog of ``--jobs`` no-ops (``enqueue_many``), then
+``rundispatch --processes W --concurrency C --burst`` until it exits. Reported
+per variant: jobs per second of the drain and the CPU per job of the worker
+processes and of the whole PostgreSQL server, each less what the same
+variant spends on an empty queue (start-up and shutdown). The server is a
+throwaway one with PostgreSQL's default durability (``pgserver.py``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import proc
+from pgserver import PgServer
+
+BENCH_DIR = Path(__file__).resolve().parent
+REPO_DIR = BENCH_DIR.parent
+PROJECT_DIR = BENCH_DIR / "dispatch_project"
+#: Put first on the path of every process: it drops the editable install's
+#: import hook, which would otherwise import the working tree's package.
+SITECUSTOMIZE = """import sys
+sys.meta_path[:] = [f for f in sys.meta_path if "__editable__" not in repr(f)]
+"""
+SETTINGS = """import json, os
+from benchproject.settings import *  # noqa: F403
+DISPATCH = {**DISPATCH, **json.loads(os.environ["AB_DISPATCH"])}  # noqa: F405
+OPTIONS = DATABASES["default"].setdefault("OPTIONS", {})  # noqa: F405
+OPTIONS.update(json.loads(os.environ["AB_OPTIONS"]))
+"""
+BACKLOG = """
+import django
+django.setup()
+from django.core.management import call_command
+call_command("migrate", verbosity=0)
+from bench import tasks
+from django_dispatch import enqueue_many
+for start in range(0, {jobs}, 10_000):
+    enqueue_many(tasks.noop, [((), {{}})] * min(10_000, {jobs} - start))
+"""
+
+
+def parse_variant(text: str) -> tuple[str, str, str, str]:
+    label, sep, rest = text.partition("=")
+    ref, _, settings = rest.partition(":")
+    if not sep or not label or not ref:
+        raise SystemExit(f"a variant is label=ref[:DISPATCH json[:OPTIONS json]], got {text!r}")
+    decoder = json.JSONDecoder()
+    dispatch, options, at = "{}", "{}", 0
+    if settings:  # two JSON objects, a colon between them (a typo fails here, not in a worker)
+        _, at = decoder.raw_decode(settings)
+        dispatch = settings[:at]
+        if settings[at:]:
+            options = settings[at:].removeprefix(":")
+            decoder.decode(options)
+    return label, ref, dispatch, options
+
+
+def checkout(ref: str, into: Path) -> Path:
+    """The tree of commit ``ref`` (extracted once per commit)."""
+    sha = subprocess.run(
+        ["git", "-C", str(REPO_DIR), "rev-parse", "--short", f"{ref}^{{commit}}"],
+        check=True, capture_output=True, text=True,
+    ).stdout.strip()  # fmt: skip
+    tree = into / sha
+    if not tree.exists():
+        tree.mkdir()
+        archive = subprocess.run(
+            ["git", "-C", str(REPO_DIR), "archive", sha], check=True, capture_output=True
+        ).stdout
+        subprocess.run(["tar", "-x", "-C", str(tree)], input=archive, check=True)
+    return tree
+
+
+def drain(args: argparse.Namespace, env: dict[str, str], server: PgServer, jobs: int) -> tuple:
+    """One backlog of ``jobs`` drained: (seconds, worker CPU s, server CPU s)."""
+    env = {**env, "DATABASE_URL": server.create_database("ab")}
+    run = [sys.executable, "-c", BACKLOG.format(jobs=jobs)]
+    subprocess.run(run, env=env, cwd=PROJECT_DIR, check=True)
+    postmaster = int((server.data / "postmaster.pid").read_text().split()[0])
+    server_cpu = proc.cpu_seconds(postmaster, reaped=True)
+    argv = [sys.executable, "manage.py", "rundispatch", "--burst",
+            "--processes", str(args.workers), "--concurrency", str(args.concurrency)]  # fmt: skip
+    started = time.monotonic()
+    worker = subprocess.Popen(argv, env=env, cwd=PROJECT_DIR, stdout=subprocess.DEVNULL)
+    worker_cpu = 0.0
+    while worker.poll() is None:  # the children's CPU, read while they live
+        worker_cpu = max(worker_cpu, proc.cpu_seconds(worker.pid))
+        time.sleep(0.02)
+    seconds = time.monotonic() - started
+    if worker.returncode:
+        raise SystemExit(f"rundispatch exited with {worker.returncode}")
+    return seconds, worker_cpu, proc.cpu_seconds(postmaster, reaped=True) - server_cpu
+
+
+def environments(variants: list[tuple[str, str, str, str]], tmp: Path) -> dict[str, dict]:
+    """Each variant's environment: its commit's tree first on the path, its settings."""
+    hooks = tmp / "hooks"
+    hooks.mkdir()
+    (hooks / "sitecustomize.py").write_text(SITECUSTOMIZE)
+    (hooks / "ab_settings.py").write_text(SETTINGS)
+    envs = {}
+    for label, ref, dispatch, options in variants:
+        envs[label] = {
+            **os.environ,
+            "PYTHONPATH": f"{hooks}:{checkout(ref, tmp)}:{PROJECT_DIR}",
+            "AB_DISPATCH": dispatch,
+            "AB_OPTIONS": options,
+            "DJANGO_SETTINGS_MODULE": "ab_settings",
+        }
+    return envs
+
+
+def report(args: argparse.Namespace, rows: dict[str, list[tuple]], settings: dict) -> None:
+    print(
+        f"\n{args.jobs:,} no-op jobs, {args.workers} x {args.concurrency}, "
+        f"medians of {args.rounds} interleaved rounds; {settings}"
+    )
+    print("| variant | drain/s | worker CPU ms/job | PostgreSQL CPU ms/job |")
+    print("|---|---:|---:|---:|")
+    for label, values in rows.items():
+        rate, worker, pg = (statistics.median(column) for column in zip(*values, strict=True))
+        print(f"| {label} | {rate:,.0f} | {worker:.3f} | {pg:.3f} |")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("variants", nargs="+", help="label=ref[:DISPATCH json[:OPTIONS json]]")
+    parser.add_argument("--jobs", type=int, default=20_000)
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--workers", type=int, default=2)
+    parser.add_argument("--concurrency", type=int, default=8)
+    args = parser.parse_args()
+    variants = [parse_variant(v) for v in args.variants]
+    with tempfile.TemporaryDirectory(prefix="dispatch-ab-") as tmp, PgServer() as server:
+        envs = environments(variants, Path(tmp))
+        idle = {label: drain(args, env, server, 0) for label, env in envs.items()}
+        rows: dict[str, list[tuple]] = {label: [] for label in envs}
+        for round_ in range(1, args.rounds + 1):
+            for label, env in envs.items():
+                spent = drain(args, env, server, args.jobs)
+                seconds, worker, pg = (a - b for a, b in zip(spent, idle[label], strict=True))
+                rows[label].append((args.jobs / seconds, 1000 * worker / args.jobs,
+                                    1000 * pg / args.jobs))  # fmt: skip
+                print(f"round {round_} {label}: {rows[label][-1][0]:,.0f} jobs/s", flush=True)
+        report(args, rows, server.settings())
+
+
+if __name__ == "__main__":
+    main()
