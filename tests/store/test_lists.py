@@ -210,7 +210,19 @@ def test_each_filtered_page_reads_its_list_index_on_many_rows():
     ]
     assert [len(p) for p in parts.values()] == [1, 2, 2, 4]
     for index, queryset in cases:
-        plan = _plan(queryset.order_by("-id")[:100])
+        if index == "dispatch_job_list_live":
+            # No live job is in that queue: on 20,000 rows the planner may rightly
+            # prefer reading them all to an index (on millions it cannot); what
+            # is checked is that the live index serves the query when it must.
+            with connection.cursor() as cursor:
+                cursor.execute("SET enable_seqscan = off")
+            try:
+                plan = _plan(queryset.order_by("-id")[:100])
+            finally:
+                with connection.cursor() as cursor:
+                    cursor.execute("RESET enable_seqscan")
+        else:
+            plan = _plan(queryset.order_by("-id")[:100])
         assert index in plan, (index, plan)
         assert "Seq Scan" not in plan, (index, plan)
         if index not in ("dispatch_job_list_live", "Index Scan"):  # the live set, sorted
