@@ -11,7 +11,14 @@ from django.db import connection
 from django.utils import timezone
 
 from django_dispatch import cancel, store
-from django_dispatch.compat import TASKS_LOGGER, TaskResultStatus, task_finished, task_started
+from django_dispatch.compat import (
+    TASKS_LOGGER,
+    TaskResultStatus,
+    log_task_finished,
+    log_task_started,
+    task_finished,
+    task_started,
+)
 from django_dispatch.models import Job, JobUsage, Worker
 from django_dispatch.runtime import metering
 from django_dispatch.states import JobState
@@ -178,6 +185,26 @@ def test_signals_started_and_finished():
     ]
 
 
+@pytest.fixture
+def djangos_receivers_only():
+    """task_started/task_finished with Django's own log receivers only, for the test:
+    other test modules connect receivers of their own at import (chaos_tasks does)."""
+    backend_class = type(tasks.add.get_backend())
+    own = {task_started: log_task_started, task_finished: log_task_finished}
+    others = {
+        sent: [r for r in sent._live_receivers(backend_class)[0] if r is not own[sent]]
+        for sent in own
+    }
+    for sent, receivers in others.items():
+        for receiver_ in receivers:
+            sent.disconnect(receiver_)
+    yield
+    for sent, receivers in others.items():
+        for receiver_ in receivers:
+            sent.connect(receiver_)
+
+
+@pytest.mark.usefixtures("djangos_receivers_only")
 def test_a_success_nobody_observes_sends_no_signal_and_one_observed_does(caplog):
     """The worker skips the signals (and the TaskResult) only when they are silent."""
     backend_class = type(tasks.add.get_backend())
