@@ -20,7 +20,7 @@ from collections.abc import Iterable
 from typing import Any
 
 from django.db import transaction
-from django.db.models import F, Q
+from django.db.models import F, Q, QuerySet
 from django.db.models.functions import Now
 
 from ..core.states import JobState
@@ -155,19 +155,7 @@ def job_final_checkpoint_if_cancelled(
     worker still holds the cancelled job (``job_ack_cancelled`` not yet run):
     a job reclaimed by another worker, or already let go, takes nothing.
     """
-    db = db or db_alias()
-    return (
-        Job.objects.using(db)
-        .filter(
-            id=lease.job_id,
-            state=JobState.CANCELLED,
-            worker_id=lease.worker_id,
-            lease_epoch=lease.epoch,
-            lease_expires_at__isnull=False,
-        )
-        .update(checkpoint=checkpoint)
-        == 1
-    )
+    return _cancelled_still_held(lease, db or db_alias()).update(checkpoint=checkpoint) == 1
 
 
 def job_release_if_leased(
@@ -216,18 +204,7 @@ def job_ack_cancelled(
     key = partition_key or lease.partition_key
     with transaction.atomic(using=db):
         lock_partitions(db, [key])
-        acked = (
-            Job.objects.using(db)
-            .filter(
-                id=lease.job_id,
-                state=JobState.CANCELLED,
-                worker_id=lease.worker_id,
-                lease_epoch=lease.epoch,
-                lease_expires_at__isnull=False,
-            )
-            .update(lease_expires_at=None)
-            == 1
-        )
+        acked = _cancelled_still_held(lease, db).update(lease_expires_at=None) == 1
         if acked:
             partitions_promote(db, [key], lease.namespace)
     return acked
@@ -266,3 +243,16 @@ def jobs_renew_leases(
         lease_expires_at__isnull=False,
     ).update(lease_expires_at=now_plus(lease_seconds))
     return {lease.job_id for lease in leases} - still
+
+
+def _cancelled_still_held(lease: Lease, db: str) -> QuerySet[Job]:
+    """The job, if it was cancelled while ``lease`` held it and this worker has
+    not let go of it yet (its lease still set): the fence of the writes a
+    worker may still make to a job cancelled under it."""
+    return Job.objects.using(db).filter(
+        id=lease.job_id,
+        state=JobState.CANCELLED,
+        worker_id=lease.worker_id,
+        lease_epoch=lease.epoch,
+        lease_expires_at__isnull=False,
+    )
