@@ -57,7 +57,7 @@ import sys
 import tempfile
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import IO, NoReturn
+from typing import IO, Any, NoReturn
 
 from .. import store
 from ..compat import Task
@@ -210,6 +210,20 @@ def hold_stop_signals() -> None:
     place, so a stop request made during the recycle reaches it.
     """
     signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
+
+
+def stop_requested(worker: Any) -> bool:
+    """Whether ``worker`` was asked to stop; call it after ``hold_stop_signals``.
+
+    A Python function on purpose: CPython runs the handler of a signal that
+    arrived (its C-level part tripped) only where the interpreter checks,
+    such as a function's start. A SIGTERM landing while the signals were
+    being held had its handler run only once ``exec_successor`` was called,
+    after a plain read of ``signalled_at`` had found nothing: the stop was
+    lost, and the successor ran on. Entering this function runs any such
+    handler first.
+    """
+    return worker.signalled_at is not None
 
 
 def release_stop_signals() -> None:

@@ -206,7 +206,7 @@ class Launch:
         if worker.handover is not None:
             recycling.hold_stop_signals()  # from here on, a stop request waits
             worker.handover.child = index
-            worker.handover.stop = worker.signalled_at is not None
+            worker.handover.stop = recycling.stop_requested(worker)
             recycling.exec_successor(worker.handover)  # does not return
         return code
 
