@@ -461,7 +461,8 @@ def test_a_worker_paused_past_the_stale_window_registers_again(start_worker):
         sleeper.signal(signal.SIGCONT)
     wait_until(rows.exists, timeout=5, what="the resumed worker's row to come back")
     assert rows.get().pid == sleeper.pid
-    assert "recreated it" in sleeper.output()
+    # Logged just after the row's INSERT: the row can be seen before the line is.
+    wait_until(lambda: "recreated it" in sleeper.output(), timeout=5, what="the log line")
     for worker in (sleeper, sweeper):
         worker.signal(signal.SIGTERM)
         assert worker.wait(30) == 0, worker.output()
