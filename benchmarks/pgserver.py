@@ -47,8 +47,14 @@ def free_port() -> int:
 class PgServer:
     """Context manager: a running server; ``url(db)`` for a database on it."""
 
-    def __init__(self, max_connections: int = MAX_CONNECTIONS) -> None:
+    def __init__(
+        self, max_connections: int = MAX_CONNECTIONS, settings: dict[str, str] | None = None
+    ) -> None:
         self.max_connections = max_connections
+        #: More ``-c name=value`` server settings (the fleet check: pg_stat_statements,
+        #: log_lock_waits); none by default, so that the other measurements run at
+        #: the server's defaults.
+        self.extra_settings = settings or {}
         self.bin = find_bin_dir()
         self.port = free_port()
         self.tmp = Path(tempfile.mkdtemp(prefix="dispatch-bench-pg."))
@@ -73,6 +79,8 @@ class PgServer:
             f"-p {self.port} -k {self.tmp} -c listen_addresses=127.0.0.1 "
             f"-c max_connections={self.max_connections}"
         )
+        for name, value in self.extra_settings.items():
+            options += f" -c {name}={value}"
         log = str(self.tmp / "server.log")
         self._run(str(self.bin / "pg_ctl"), "-D", str(self.data), "-l", log,
                   "-w", "-t", "60", "-o", options, "start")  # fmt: skip
@@ -115,8 +123,8 @@ class PgBouncer:
     connections per database at most, however many clients connect.
     """
 
-    def __init__(self, server: PgServer, pool_size: int = 20) -> None:
-        self.server, self.pool_size = server, pool_size
+    def __init__(self, server: PgServer, pool_size: int = 20, max_client_conn: int = 2000) -> None:
+        self.server, self.pool_size, self.max_client_conn = server, pool_size, max_client_conn
         self.port = free_port()
         self.tmp = server.tmp / "pgbouncer"
 
@@ -131,7 +139,10 @@ class PgBouncer:
             f"[pgbouncer]\nlisten_addr = 127.0.0.1\nlisten_port = {self.port}\n"
             "unix_socket_dir =\nauth_type = trust\n"
             f"auth_file = {self.tmp}/userlist.txt\npool_mode = transaction\n"
-            f"max_client_conn = 2000\ndefault_pool_size = {self.pool_size}\n"
+            f"max_client_conn = {self.max_client_conn}\ndefault_pool_size = {self.pool_size}\n"
+            # The admin console (``SHOW POOLS``), for the fleet check's samples of
+            # clients waiting for a server connection.
+            "admin_users = postgres\n"
             "ignore_startup_parameters = extra_float_digits,options\n"
             f"logfile = {self.tmp}/pgbouncer.log\npidfile = {self.tmp}/pgbouncer.pid\n"
         )
@@ -154,3 +165,7 @@ class PgBouncer:
 
     def url(self, database: str) -> str:
         return f"postgres://postgres@127.0.0.1:{self.port}/{database}"
+
+    def pid(self) -> int:
+        """PgBouncer's process id (one process, one thread: its CPU is one core at most)."""
+        return int((self.tmp / "pgbouncer.pid").read_text().strip())

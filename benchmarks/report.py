@@ -324,18 +324,6 @@ def extras_section(extras: dict[str, dict]) -> str:
             f"{fmt(e[a].get('steady_drain_per_s'))} ({a}) vs "
             f"{fmt(e[b].get('steady_drain_per_s'))} ({b}, {what})"
         )
-    if "fleet" in extras:
-        e = extras["fleet"]
-        for label in ("direct", "pgbouncer"):
-            r = e.get(label, {})
-            if "failed" in r:
-                parts.append(f"- **fleet, {label}** ({e['description']}): failed: {r['failed']}")
-            elif r:
-                parts.append(
-                    f"- **fleet, {label}** ({e['description']}): drain/s "
-                    f"{fmt(r.get('drain_per_s'))}, steady {fmt(r.get('steady_drain_per_s'))}; "
-                    f"at most {fmt(r.get('server_sessions'))} server sessions"
-                )
     if "bulk_scale" in extras:
         e = extras["bulk_scale"]
         parts.append(

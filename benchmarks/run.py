@@ -34,10 +34,11 @@ from statistics import median
 BENCH_DIR = Path(__file__).resolve().parent
 sys.path.insert(0, str(BENCH_DIR))
 
+import fleet  # noqa: E402
 import proc  # noqa: E402
 import report  # noqa: E402
 import venvs  # noqa: E402
-from pgserver import PgBouncer, PgServer  # noqa: E402
+from pgserver import PgServer  # noqa: E402
 
 SYSTEMS = {  # name -> driver module
     "dispatch": "drivers.dispatch",
@@ -72,6 +73,7 @@ QUICK = {
     "jobs": 1000, "bulk_jobs": 5000, "realistic_jobs": 1000, "runs": 1, "idle_seconds": 3.0,
     "latency_seconds": 3.0, "flatness_rows": 100_000, "partition_keys": 100,
     "scale_backlog": 100_000, "rss_jobs": 10_000, "quiet_wait": 10.0, "async_sleep_jobs": 1000,
+    "fleet_sizes": "1,2,5", "fleet_jobs": 2000, "fleet_rounds": 1,
 }  # fmt: skip
 #: The async check: a row whose slots cap its rate (W x slots / sleep) gets at
 #: most this many seconds' worth of jobs, so that procrastinate at its default
@@ -121,14 +123,7 @@ def parse_args() -> argparse.Namespace:
         "--scale-backlog pending backlog; one enqueue_many of --scale-backlog rows",
     )
     p.add_argument("--scale-backlog", type=int, default=1_000_000)
-    p.add_argument(
-        "--fleet",
-        action="store_true",
-        help="dispatch: --fleet-workers processes "
-        "x C against a server with max_connections=100, directly (LISTEN on) and "
-        "through PgBouncer in transaction mode (LISTEN off)",
-    )
-    p.add_argument("--fleet-workers", type=int, default=10)
+    fleet.add_arguments(p)
     p.add_argument(
         "--mixed-sizes",
         action="store_true",
@@ -429,7 +424,8 @@ class Bench:
             log(f"scale: one enqueue_many of {deep:,} rows")
             out["bulk_scale"] = self.measure("dispatch", "bulk_scale", jobs=deep)
         if args.fleet:
-            out["fleet"] = self.fleet()
+            self.background.append(self.wait_for_quiet())
+            out["fleet"] = fleet.measure(args, self.pythons["dispatch"], log)
         if args.mixed_sizes:
             out["mixed_sizes"] = self.drain_pair(
                 f"{args.jobs:,} jobs, no needs vs mixed sizes (20/500 MB) on --capacity workers",
@@ -471,36 +467,6 @@ class Bench:
                 "@task(atomic=True)",
                 ("plain", realistic), ("atomic", [*realistic, "--atomic"]), jobs=n,
             )  # fmt: skip
-        return out
-
-    def fleet(self) -> dict:
-        """Many worker processes on a small server: directly, then through PgBouncer.
-
-        Its own server with ``max_connections=100``, as many managed databases
-        have; a direct fleet that needs more sessions than that fails, and the
-        report says so (that is the measurement).
-        """
-        args, out = self.args, {}
-        n, c = args.fleet_workers, args.concurrency
-        out["description"] = f"{n} processes x {c}, {args.jobs:,} jobs, max_connections=100"
-        with PgServer(max_connections=100) as small, PgBouncer(small, pool_size=20) as bouncer:
-            for label, via_bouncer in (("direct", False), ("pgbouncer", True)):
-                log(f"fleet: {n} x {c}, {label}")
-                db = small.create_database(f"fleet_{label}")
-                extra = ["--worker-db", bouncer.url(f"fleet_{label}")] if via_bouncer else []
-                try:
-                    fleet_args = argparse.Namespace(**{**vars(args), "workers": n})
-                    out[label] = run_driver(
-                        self.pythons["dispatch"], "dispatch", "drain", db, fleet_args, *extra,
-                        env_extra={"BENCH_POOLER": "1"} if via_bouncer else None,
-                    )  # fmt: skip
-                except RuntimeError as e:
-                    lines = [line.strip() for line in str(e).splitlines() if line.strip()]
-                    why = [line for line in lines if "too many clients" in line or "FATAL" in line]
-                    out[label] = {"failed": (why or lines or ["?"])[0][:300]}
-                    log(f"fleet, {label} FAILED:\n{e}")
-                finally:
-                    small.drop_database(f"fleet_{label}")
         return out
 
 
@@ -597,6 +563,8 @@ def render(args, info: dict, rows: dict, extras: dict, failures: dict, started: 
     ]  # fmt: skip
     if "async_sleep" in extras:
         out += ["", "## Async sleep jobs", "", report.async_sleep_section(extras["async_sleep"])]
+    if "fleet" in extras:
+        out += ["", "## Fleet", "", fleet.section(extras["fleet"])]
     if failures:
         out += ["", "## Left out", ""]
         out += [f"- **{s}**: {msg.splitlines()[-1][:300]}" for s, msg in failures.items()]
