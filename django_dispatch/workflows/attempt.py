@@ -14,6 +14,7 @@ import logging
 from typing import TYPE_CHECKING, Any
 
 from ..store import workflows as wf_store
+from .atomic import atomic_body
 from .backoff import backoff_delay, default_backoff
 from .context import StartChild, StartMap, StepContext
 from .exceptions import UnknownWorkflow, WorkflowDefinitionError
@@ -90,8 +91,16 @@ def execute_step(
     except UnknownWorkflow as e:
         outcome = StepOutcome(kind="failed", exception=e, retryable=False, counted=False)
     else:
-        outcome = run_attempt(step.func, ctx, claimed.timeout)
-    recorded = record(claimed, outcome, build_job=build_job)
+        func = step.func
+        if step.atomic:
+            ctx.atomic = True
+            func = atomic_body(
+                func, claimed.timeout, lambda out: record(claimed, out, build_job=build_job)
+            )
+        outcome = run_attempt(func, ctx, claimed.timeout)
+    recorded = outcome.recorded
+    if recorded is None:  # else written with the atomic step's own writes, or rolled back
+        recorded = record(claimed, outcome, build_job=build_job)
     return {**summary, "outcome": outcome.kind if recorded else "discarded"}
 
 

@@ -86,6 +86,9 @@ class StepContext:
     wait_calls: int = 0
     #: Monotonic time the worker stops this attempt at (its timeout), if it does.
     deadline: float | None = None
+    #: An ``atomic=True`` step: its body runs in the transaction that writes
+    #: its outcome, so ``progress()`` saves nothing and artifacts are refused.
+    atomic: bool = False
 
     def __post_init__(self) -> None:
         self.outputs = MappingProxyType(dict(self.outputs))
@@ -113,12 +116,18 @@ class StepContext:
 
         Raises ``StepLost`` (a ``JobCancelled``) once this attempt no longer
         holds the step: the run was cancelled or reopened, the step skipped,
-        swept, or timed out.
+        swept, or timed out. In an ``atomic=True`` step it only checks the
+        claim (a read): a checkpoint would roll back with the attempt's other
+        writes, and writing the step row would hold it against the next claim.
         """
         if self.cancelled:
             raise StepLost(self._gone())
         value = to_json(value, "A step checkpoint")
-        if not wf_store.workflow_step_progress(self.step_id, self.claim_id, value):
+        if self.atomic:
+            held = wf_store.workflow_step_holds(self.step_id, self.claim_id)
+        else:
+            held = wf_store.workflow_step_progress(self.step_id, self.claim_id, value)
+        if not held:
             self.stop_event.set()
             raise StepLost(self._gone())
         self.saved_checkpoint = value
@@ -131,6 +140,14 @@ class StepContext:
         and docs/artifacts.md); raises ``StepLost`` once the attempt lost its step."""
         if self.cancelled:
             raise StepLost(self._gone())
+        if self.atomic:
+            raise InvalidTask(
+                f"save_artifact() cannot be used in an atomic step ({self.step!r} of run "
+                f"{self.run_id}): linking it locks the step's row until the step's "
+                "transaction commits (the next claim of the step would wait for a frozen "
+                "attempt), and its file would outlive a rolled-back attempt. Return what it "
+                "needs, and save it in a later step."
+            )
 
         def lost() -> StepLost:
             self.stop_event.set()

@@ -70,6 +70,9 @@ class StepDef:
     #: Where the step's jobs go; None: the run's queue, the default priority.
     queue_name: str | None = None
     priority: int | None = None
+    #: The step's writes to the jobs' database, its outcome and the run's
+    #: advance commit in one transaction, under its claim (``workflows.atomic``).
+    atomic: bool = False
 
 
 def _path_of(func: Callable[..., Any], what: str) -> str:
@@ -147,6 +150,25 @@ def _check_route(name: str, queue_name: Any, priority: Any) -> None:
         raise WorkflowDefinitionError(
             f"step {name!r}: priority must be a whole number from {TASK_MIN_PRIORITY} to "
             f"{TASK_MAX_PRIORITY} (higher runs first), got {priority!r}."
+        )
+
+
+def _check_atomic(name: str, path: str, func: Callable[..., Any], atomic: Any) -> None:
+    """``atomic`` is a bool, and only for a sync function.
+
+    An async step's ORM calls run on other threads than the one holding
+    the transaction (``sync_to_async``), so its writes could not commit
+    with its outcome: refused, as ``@task(atomic=True)`` refuses async tasks.
+    """
+    if not isinstance(atomic, bool):
+        raise WorkflowDefinitionError(
+            f"step {name!r}: atomic must be True or False, got {atomic!r}."
+        )
+    if atomic and inspect.iscoroutinefunction(func):
+        raise WorkflowDefinitionError(
+            f"step {name!r}: {path} is an async def with atomic=True: atomic steps must be "
+            "plain (sync) functions, whose writes run on the thread holding the step's "
+            "transaction. Make it a def, or drop atomic=True."
         )
 
 
@@ -244,6 +266,7 @@ class Workflow:
         timeout: float | None = None,
         queue_name: str | None = None,
         priority: int | None = None,
+        atomic: bool = False,
     ) -> Callable[[F], F]:
         """Register the decorated function as the next step; return it unchanged.
 
@@ -255,6 +278,8 @@ class Workflow:
         attempt. ``queue_name`` and ``priority`` route the step's jobs (by
         default: the workflow's queue, the default priority), e.g. a heavy
         step to the workers started with ``rundispatch --queues heavy``.
+        ``atomic=True`` commits the step's writes to the jobs' database with
+        its output and the run's advance, or not at all (a sync function only).
         """
 
         def register(func: F) -> F:
@@ -267,6 +292,7 @@ class Workflow:
                 timeout=timeout,
                 queue_name=queue_name,
                 priority=priority,
+                atomic=atomic,
             )
             return func
 
@@ -283,6 +309,7 @@ class Workflow:
         timeout: float | None = None,
         queue_name: str | None = None,
         priority: int | None = None,
+        atomic: bool = False,
     ) -> StepDef:
         """``step()`` without the decorator syntax."""
         handler_path = _path_of(func, "a step function")
@@ -298,6 +325,7 @@ class Workflow:
             ) from None
         stored_backoff = _check_options(step_name, max_attempts, backoff, timeout)
         _check_route(step_name, queue_name, priority)
+        _check_atomic(step_name, handler_path, func, atomic)
         deps = self._dependencies(step_name, after)
         check_graph([(s.name, s.depends_on) for s in self._steps] + [(step_name, deps)])
         step = StepDef(
@@ -311,6 +339,7 @@ class Workflow:
             timeout=None if timeout is None else float(timeout),
             queue_name=queue_name,
             priority=priority,
+            atomic=atomic,
         )
         self._steps.append(step)
         return step

@@ -56,6 +56,10 @@ class StepOutcome:
     #: be blamed (not defined any more, output not JSON): the run parks
     #: without the attempt being counted.
     counted: bool = True
+    #: Set when the outcome was already written, with the attempt's own
+    #: writes, in one transaction (an atomic step): True if its claim held
+    #: (committed), False if not (rolled back). None: not written yet.
+    recorded: bool | None = None
 
 
 def error_of(exception: BaseException, attempt: int) -> dict[str, Any]:
@@ -91,6 +95,13 @@ def run_attempt(
         return StepOutcome(kind="failed", exception=e)  # raised by the step itself
     except BaseException as e:  # SystemExit from a step fails the attempt, not the worker
         return StepOutcome(kind="failed", exception=e)
+    if isinstance(value, StepOutcome):  # classified (and written) by an atomic step's body
+        return value
+    return classify(value, ctx, timeout)
+
+
+def classify(value: Any, ctx: StepContext, timeout: float | None) -> StepOutcome:
+    """What a step function's return value comes to (it returned, raised nothing)."""
     if ctx.over_time():
         return StepOutcome(kind="failed", exception=_overran(ctx, timeout))
     if ctx.cancelled:

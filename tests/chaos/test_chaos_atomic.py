@@ -1,11 +1,13 @@
-"""Exactly-once database effects under faults: ``@task(atomic=True)`` against its plain twin.
+"""Exactly-once database effects under faults: atomic tasks and steps against their plain twins.
 
 Each execution of the load's task inserts one ``note="effect"`` row with no
 unique key (``atomic_tasks._effect``), so every execution that committed is
 counted. The atomic task must end with exactly one row per job under random
 SIGKILLs, a worker frozen past its lease and then woken, and a PostgreSQL
 crash; the same task without ``atomic=True``, under the same faults, must
-show duplicates, or the scenario proved nothing.
+show duplicates, or the scenario proved nothing. The same holds for a
+workflow step with ``atomic=True`` (``atomic_workflows.effect_once``, one
+row per execution, keyed by its run) against the same step without it.
 """
 
 from __future__ import annotations
@@ -17,9 +19,11 @@ from collections import Counter
 import pytest
 
 from django_dispatch.core.states import JobState
-from django_dispatch.models import Job
+from django_dispatch.core.workflow_states import RUN_ACTIVE, RunState
+from django_dispatch.models import Job, WorkflowRun
+from django_dispatch.workflows.testing import RUN_STEP_PATH
 from tests.chaos.conftest import ROUNDS, SEED, Chaos, retry_db
-from tests.testapp import atomic_tasks
+from tests.testapp import atomic_tasks, atomic_workflows
 from tests.testapp.models import SideEffect
 
 pytestmark = [pytest.mark.chaos, pytest.mark.slow, pytest.mark.django_db(transaction=True)]
@@ -67,7 +71,10 @@ def _check(chaos: Chaos, ids: list[int], task, name: str, started: float) -> Non
 
 
 def _freeze_past_the_lease(chaos: Chaos, victim) -> None:
-    """SIGSTOP the victim with jobs running (bodies open), let others run them, SIGCONT."""
+    """SIGSTOP the victim with jobs running (bodies open), let others run them, SIGCONT.
+
+    A step job's body is its step's: the same freeze serves steps.
+    """
 
     def victim_jobs() -> list[int]:
         return list(
@@ -127,4 +134,106 @@ def test_one_effect_per_job_when_postgres_crashes_under_load(chaos: Chaos, task)
     chaos.wait_finished(ids)
     chaos.assert_fault_seen()
     _check(chaos, ids, task, "postgres crash under load", started)
+    chaos.stop_workers()
+
+
+# --- atomic steps ------------------------------------------------------------------
+
+STEPS = [
+    pytest.param(atomic_workflows.effect_atomic, id="atomic-step"),
+    pytest.param(atomic_workflows.effect_plain, id="plain-step"),
+]
+
+
+def _start_runs(chaos: Chaos, workflow, count: int, prefix: str, seconds) -> list[int]:
+    """``count`` runs of the one-step effect workflow; their ids."""
+    inputs = [
+        {"key": f"{prefix}-{i}", "seconds": round(chaos.rng.uniform(*seconds), 3)}
+        for i in range(count)
+    ]
+    return [retry_db(lambda value=value: workflow.start(value).pk) for value in inputs]
+
+
+def _runs_succeeded(ids: list[int]) -> int:
+    return retry_db(
+        lambda: WorkflowRun.objects.filter(pk__in=ids, state=RunState.SUCCEEDED).count()
+    )
+
+
+def _wait_runs(chaos: Chaos, ids: list[int], done: int | None = None, timeout=120.0) -> None:
+    if done is not None:
+        chaos.wait(lambda: _runs_succeeded(ids) >= done, timeout, f"{done} runs to succeed")
+        return
+    unfinished = WorkflowRun.objects.filter(pk__in=ids, state__in=list(RUN_ACTIVE))
+    try:
+        chaos.wait(lambda: not unfinished.exists(), timeout, "every run to finish")
+    except AssertionError:
+        left = retry_db(lambda: list(unfinished.values("id", "state")[:10]))
+        logs = "\n".join(w.output()[-3000:] for w in chaos.workers)
+        raise AssertionError(f"runs left unfinished: {left}\n{logs}") from None
+
+
+def _check_steps(ids: list[int], workflow, name: str, started: float) -> None:
+    """Every run succeeded; atomic: one effect each; plain: some run has more."""
+    states = Counter(
+        retry_db(
+            lambda: list(WorkflowRun.objects.filter(pk__in=ids).values_list("state", flat=True))
+        )
+    )
+    assert states == {RunState.SUCCEEDED: len(ids)}, states
+    rows = retry_db(
+        lambda: list(
+            SideEffect.objects.filter(job_id__in=[str(i) for i in ids], note="effect").values_list(
+                "job_id", flat=True
+            )
+        )
+    )
+    counts = Counter(int(run_id) for run_id in rows)
+    duplicates = sum(n - 1 for n in counts.values() if n > 1)
+    if workflow is atomic_workflows.effect_atomic:
+        wrong = {run_id: counts[run_id] for run_id in ids if counts[run_id] != 1}
+        assert not wrong, (
+            f"runs without exactly one effect (run: rows): {dict(list(wrong.items())[:20])}"
+        )
+    else:
+        assert not [run_id for run_id in ids if not counts[run_id]]
+        assert duplicates > 0, "the plain twin shows no duplicate: the faults tested nothing"
+    print(
+        f"chaos {name} ({workflow.name}, seed {SEED}): {len(ids)} runs, {duplicates} duplicate "
+        f"effects in {time.monotonic() - started:.1f} s"
+    )
+
+
+@pytest.mark.parametrize("workflow", STEPS)
+def test_one_effect_per_step_under_sigkills_and_a_frozen_worker(chaos: Chaos, workflow):
+    started = time.monotonic()
+    chaos.start_workers(3)
+    ids = _start_runs(chaos, workflow, 120 * ROUNDS, "kill", (0.05, 0.15))
+    for round_ in range(2 * ROUNDS):
+        _wait_runs(chaos, ids, (round_ + 1) * len(ids) // (2 * ROUNDS + 2))
+        chaos.kill(chaos.rng.choice(chaos.workers))
+        chaos.start_worker()
+    _wait_runs(chaos, ids)
+    for round_ in range(ROUNDS):
+        ids += _start_runs(chaos, workflow, 40, f"freeze-{round_}", (0.3, 0.6))
+        _freeze_past_the_lease(chaos, chaos.workers[0])
+    _wait_runs(chaos, ids)
+    step_jobs = Job.objects.filter(task_path=RUN_STEP_PATH)
+    lost = retry_db(lambda: sum(step_jobs.values_list("worker_lost_count", flat=True)))
+    assert lost > 0, "no fault hit a running step: the scenario tested nothing"
+    _check_steps(ids, workflow, "sigkills and a frozen worker", started)
+    chaos.stop_workers()
+
+
+@pytest.mark.parametrize("workflow", STEPS)
+def test_one_effect_per_step_when_postgres_crashes_under_load(chaos: Chaos, workflow):
+    started = time.monotonic()
+    chaos.start_workers(3)
+    ids = _start_runs(chaos, workflow, 160 * ROUNDS, "crash", (0.05, 0.15))
+    for round_ in range(ROUNDS):
+        _wait_runs(chaos, ids, (round_ + 1) * len(ids) // (ROUNDS + 2))
+        chaos.crash_postgres(down_for=1.0)
+    _wait_runs(chaos, ids)
+    chaos.assert_fault_seen()
+    _check_steps(ids, workflow, "postgres crash under load", started)
     chaos.stop_workers()

@@ -179,6 +179,16 @@ def workflow_step_progress(
     )
 
 
+def workflow_step_holds(step_id: int, claim_id: str, *, db: str | None = None) -> bool:
+    """Whether this claim still holds the step: a read, which locks nothing.
+
+    An atomic step's ``progress()``: writing the step row inside the step's
+    long transaction would keep it locked, and a re-claim of the step by the
+    job's next worker would wait for a frozen attempt.
+    """
+    return claim_fence(db_or_default(db), step_id, claim_id).exists()
+
+
 def workflow_step_succeed(
     step_id: int, claim_id: str, output: Any, *, build_job: StepJobBuilder, db: str | None = None
 ) -> bool:
