@@ -9,6 +9,7 @@ from .artifacts import check_artifact_storage
 from .database import SUPPORTED_VENDORS, check_migrations_applied, unapplied_migrations
 from .namespaces import check_abandoned_namespaces, check_namespaces, namespace_problem
 from .queues import check_queue_limits
+from .reading import check_read_database
 from .settings import check_dispatch_settings
 from .workflows import check_step_routes
 
@@ -20,6 +21,7 @@ __all__ = [
     "check_migrations_applied",
     "check_namespaces",
     "check_queue_limits",
+    "check_read_database",
     "check_step_routes",
     "namespace_problem",
     "unapplied_migrations",

@@ -137,6 +137,15 @@ class DispatchSettings:
     #: Most inputs one ``ctx.map()`` call takes: one child run each, all
     #: inserted in the step's transaction. A longer list fails the step.
     MAP_MAX_ITEMS: int = 10_000
+    #: The ``DATABASES`` alias of a streaming replica of the jobs' database, which
+    #: operators' reads use (the console, the admin's change lists, the list
+    #: functions); "" for none. A dict ``{jobs' database: its replica}`` names one
+    #: per database when TASKS aliases have databases of their own. Claims, writes
+    #: and the reads that decide a write never use it.
+    READ_DATABASE: str | dict[str, str] = ""
+    #: Seconds the READ_DATABASE replica may lag behind its primary; further behind
+    #: (or down), reads go to the primary until it catches up.
+    READ_MAX_LAG: float = 30.0
 
     @staticmethod
     def _validate_mapping(name: str, value: Any) -> list[str]:
@@ -182,6 +191,8 @@ class DispatchSettings:
                 from .imported import path_problems
 
                 problems += path_problems(f.name, value, _PATHS_TO[f.name])
+            elif f.name == "READ_DATABASE":  # the aliases: checked by checks.reading
+                problems += _read_database_problems(value)
             elif f.name == "ARTIFACT_STORAGE":  # a STORAGES alias: checked by checks.artifacts
                 if not isinstance(value, str):
                     problems.append(f"DISPATCH['{f.name}'] must be a string, got {value!r}.")
@@ -211,6 +222,19 @@ class DispatchSettings:
                 "survives two missed heartbeats. Lower the interval or raise the lease."
             )
         return problems
+
+
+def _read_database_problems(value: Any) -> list[str]:
+    if isinstance(value, str):
+        return []
+    if isinstance(value, dict) and all(
+        isinstance(k, str) and k and isinstance(v, str) and v for k, v in value.items()
+    ):
+        return []
+    return [
+        "DISPATCH['READ_DATABASE'] must be a DATABASES alias (a string; \"\" for none) or a "
+        f"dict {{jobs' database alias: replica alias}}, got {value!r}."
+    ]
 
 
 def _resource_problems(capacity: Any, locality: Any) -> list[str]:
