@@ -29,7 +29,8 @@ from django.utils.html import format_html, format_html_join
 from django.utils.safestring import SafeString
 
 from ..compat import ON_LIST_AND_PAGE
-from ..store.base import take_sqlite_write_lock
+from ..queries.reading import read_alias
+from ..store.base import db_alias, take_sqlite_write_lock
 from ..tasks.registry import backend_for
 
 #: The changelist counts at most this many matching rows (then shows "more
@@ -85,12 +86,10 @@ class RecentValuesFilter(admin.AllValuesFieldListFilter):
 
     def __init__(self, field, request, params, model, model_admin, field_path):
         super().__init__(field, request, params, model, model_admin, field_path)
-        recent = model._default_manager.order_by("-pk").values("pk")[:FILTER_SAMPLE]
+        rows = model._default_manager.using(list_database(request))
+        recent = rows.order_by("-pk").values("pk")[:FILTER_SAMPLE]
         values = set(
-            model._default_manager.filter(pk__in=recent)
-            .order_by()
-            .values_list(field.name, flat=True)
-            .distinct()
+            rows.filter(pk__in=recent).order_by().values_list(field.name, flat=True).distinct()
         )
         values.update(self.lookup_val or [])
         # A list where Django has a queryset: choices() only iterates it.
@@ -105,6 +104,13 @@ class BigTable(admin.ModelAdmin):
     The count stops at a cap (``CappedPaginator``; the template says "more
     than"), the unfiltered total is not counted a second time, and filters
     show no facet counts (one more count per choice).
+
+    A changelist shown (GET) reads from ``DISPATCH["READ_DATABASE"]``'s
+    replica when it is healthy (``queries.reading``): paging through the
+    history is the admin's heavy reading. Everything else reads the primary
+    (``store.base.db_alias()``): the change page, and above all an action's
+    POST, whose selection decides what is written and must not miss a row a
+    replica has not replayed yet.
     """
 
     list_per_page = 100
@@ -112,6 +118,19 @@ class BigTable(admin.ModelAdmin):
     show_full_result_count = False
     show_facets = admin.ShowFacets.NEVER
     change_list_template = CHANGE_LIST_TEMPLATE
+
+    def changelist_view(self, request: HttpRequest, extra_context: Any = None) -> Any:
+        if request.method in SAFE_METHODS:
+            request.dispatch_reads_replica = True  # type: ignore[attr-defined]
+        return super().changelist_view(request, extra_context)
+
+    def get_queryset(self, request: HttpRequest) -> QuerySet[Any]:
+        return super().get_queryset(request).using(list_database(request))
+
+
+def list_database(request: HttpRequest) -> str:
+    """The database a changelist request reads (see ``BigTable``)."""
+    return read_alias() if getattr(request, "dispatch_reads_replica", False) else db_alias()
 
 
 def configured_namespaces() -> set[str]:

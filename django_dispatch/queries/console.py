@@ -18,6 +18,13 @@ bounded by an index and a cap, never by the size of the table:
 A fixed number of queries per page (``tests/admin/test_admin_console.py`` counts
 them and checks PostgreSQL's plans over 1,000,000 finished jobs). Nothing
 here writes.
+
+The page reads from ``DISPATCH["READ_DATABASE"]``'s replica when it is healthy
+(``queries.reading``, chosen once per page so one page never mixes two
+databases' moments), and says where it read and how far behind that is
+(``Overview.reads``). The paused queues alone come from the primary: the
+page's pause/resume buttons change them and redirect back to the page,
+which must show the change made, not a replica's state from before it.
 """
 
 from __future__ import annotations
@@ -38,6 +45,7 @@ from ..models import CronEntry, DeadLetter, Job, Leadership, Worker
 from ..store.base import LIVE_JOBS_BY_STATE, db_alias, state_in
 from ..store.flow import queues_paused
 from ..store.leadership import LEADER, lease_key
+from .reading import ReadHealth, health
 
 #: Live jobs of one state counted per page, at most (then "more than").
 LIVE_CAP = 50_000
@@ -117,6 +125,8 @@ class Overview:
     per_minute: list[tuple[datetime, int, int]]
     #: Show the paused column and its pause/resume controls.
     pause_supported: bool = False
+    #: Where the page read (the replica or the primary) and why: lag, or a fallback.
+    reads: ReadHealth | None = None
 
     @property
     def totals(self) -> QueueRow:
@@ -135,18 +145,24 @@ def percentile(values: list[float], q: float) -> float | None:
     return ordered[max(0, math.ceil(q * len(ordered)) - 1)]
 
 
-def jobs(namespace: str) -> QuerySet[Job]:
-    return Job.objects.using(db_alias()).filter(namespace=namespace)
+def _db(db: str | None) -> str:
+    """The database a read uses: the page's choice, else the one operators' reads use now."""
+    return db or health().used
 
 
-def live_counts(namespace: str, state: str, now: datetime) -> list[Any]:
+def jobs(namespace: str, db: str | None = None) -> QuerySet[Job]:
+    return Job.objects.using(_db(db)).filter(namespace=namespace)
+
+
+def live_counts(namespace: str, state: str, now: datetime, db: str | None = None) -> list[Any]:
     """Per queue: jobs in ``state``, those due, the oldest due ``run_after``.
 
     The inner query walks the state's partial index and stops at
     ``LIVE_CAP`` rows; the outer one groups what it found.
     """
+    db = _db(db)
     capped = (
-        jobs(namespace)
+        jobs(namespace, db)
         .filter(LIVE_JOBS_BY_STATE[JobState(state)])
         .order_by()
         .values("pk")[: LIVE_CAP + 1]
@@ -154,7 +170,7 @@ def live_counts(namespace: str, state: str, now: datetime) -> list[Any]:
     due = Q(run_after__lte=now)
     keyed_due = due & Q(partition_key__isnull=False)
     return list(
-        Job.objects.using(db_alias())
+        Job.objects.using(db)
         .filter(pk__in=capped)
         .order_by()
         .values("queue_name")
@@ -171,10 +187,10 @@ def live_counts(namespace: str, state: str, now: datetime) -> list[Any]:
     )
 
 
-def finished_per_minute(namespace: str, since: datetime) -> list[Any]:
+def finished_per_minute(namespace: str, since: datetime, db: str | None = None) -> list[Any]:
     """Finished jobs per (queue, state, minute) since ``since``: the index's range only."""
     return list(
-        jobs(namespace)
+        jobs(namespace, db)
         .filter(state_in(FINISHED_STATES), state__in=FINISHED_SHOWN, finished_at__gte=since)
         .annotate(minute=TruncMinute("finished_at", tzinfo=UTC))
         .order_by()
@@ -183,10 +199,10 @@ def finished_per_minute(namespace: str, since: datetime) -> list[Any]:
     )
 
 
-def timing_sample(namespace: str, since: datetime) -> list[tuple[Any, ...]]:
+def timing_sample(namespace: str, since: datetime, db: str | None = None) -> list[tuple[Any, ...]]:
     """The newest finished jobs' (queue, enqueued, deferred, started, attempted, finished)."""
     return list(
-        jobs(namespace)
+        jobs(namespace, db)
         .filter(
             state_in(FINISHED_STATES),  # dispatch_job_finished's condition, for SQLite
             state__in=FINISHED_SHOWN,
@@ -206,7 +222,7 @@ def timing_sample(namespace: str, since: datetime) -> list[tuple[Any, ...]]:
 
 
 def paused_queues(namespace: str) -> set[str]:
-    """The namespace's paused queues."""
+    """The namespace's paused queues, read on the primary (see the module docstring)."""
     return set(queues_paused(db_alias(), namespace=namespace))
 
 
@@ -222,10 +238,10 @@ class QueueRows(dict[str, QueueRow]):
         return row
 
 
-def add_live_counts(rows: QueueRows, namespace: str, now: datetime) -> None:
+def add_live_counts(rows: QueueRows, namespace: str, now: datetime, db: str | None = None) -> None:
     """Pending, blocked and running per queue, one capped count per state."""
     for state in LIVE_JOBS_BY_STATE:  # each count walks its partial indexes
-        found = live_counts(namespace, state, now)
+        found = live_counts(namespace, state, now, db)
         if sum(r["n"] for r in found) > LIVE_CAP:
             for r in found:
                 rows[r["queue_name"]].capped = True
@@ -247,12 +263,16 @@ def window_minutes(since: datetime) -> list[datetime]:
 
 
 def add_finished(
-    rows: QueueRows, namespace: str, since: datetime, minutes: list[datetime]
+    rows: QueueRows,
+    namespace: str,
+    since: datetime,
+    minutes: list[datetime],
+    db: str | None = None,
 ) -> dict[datetime, list[int]]:
     """Finished counts per queue and per minute; returns the chart's [succeeded, failed]."""
     index = {m: i for i, m in enumerate(minutes)}
     chart = {m: [0, 0] for m in minutes}
-    for r in finished_per_minute(namespace, since):
+    for r in finished_per_minute(namespace, since, db):
         queue = rows[r["queue_name"]]
         setattr(queue, r["state"], getattr(queue, r["state"]) + r["n"])
         minute = r["minute"]
@@ -264,12 +284,12 @@ def add_finished(
     return chart
 
 
-def add_timings(rows: QueueRows, namespace: str, since: datetime) -> None:
+def add_timings(rows: QueueRows, namespace: str, since: datetime, db: str | None = None) -> None:
     """Wait and run time percentiles per queue, from the timing sample."""
     waits: dict[str, list[float]] = defaultdict(list)
     runs: dict[str, list[float]] = defaultdict(list)
     for queue_name, enqueued, deferred, started, attempted, finished in timing_sample(
-        namespace, since
+        namespace, since, db
     ):
         ready = max(enqueued, deferred) if deferred else enqueued
         waits[queue_name].append(max((started - ready).total_seconds(), 0.0))
@@ -280,10 +300,10 @@ def add_timings(rows: QueueRows, namespace: str, since: datetime) -> None:
         queue.run_p50, queue.run_p95 = percentile(runs[name], 0.5), percentile(runs[name], 0.95)
 
 
-def worker_rows(namespace: str, now: datetime) -> list[WorkerRow]:
+def worker_rows(namespace: str, now: datetime, db: str | None = None) -> list[WorkerRow]:
     """The namespace's workers, each marked live (seen lately) and leader or not."""
     settings = get_settings()
-    db = db_alias()
+    db = _db(db)
     fresh = now - timedelta(seconds=max(settings.LEASE_SECONDS, settings.HEARTBEAT_INTERVAL * 3))
     leader = (
         Leadership.objects.using(db)
@@ -297,50 +317,52 @@ def worker_rows(namespace: str, now: datetime) -> list[WorkerRow]:
     ]
 
 
-def dead_letters_unreplayed(namespace: str) -> int:
+def dead_letters_unreplayed(namespace: str, db: str | None = None) -> int:
     """Dead letters not replayed yet, counted up to one past ``DEAD_LETTER_CAP``."""
     return (
-        DeadLetter.objects.using(db_alias())
+        DeadLetter.objects.using(_db(db))
         .filter(namespace=namespace, replayed_at__isnull=True)
         .values("pk")[: DEAD_LETTER_CAP + 1]
         .count()
     )
 
 
-def next_cron(namespace: str) -> list[CronEntry]:
+def next_cron(namespace: str, db: str | None = None) -> list[CronEntry]:
     """The enabled cron entries due soonest."""
     return list(
-        CronEntry.objects.using(db_alias())
+        CronEntry.objects.using(_db(db))
         .filter(namespace=namespace, enabled=True, next_run_at__isnull=False)
         .order_by("next_run_at")[:CRON_SHOWN]
     )
 
 
-def known_namespaces(namespace: str) -> list[str]:
+def known_namespaces(namespace: str, db: str | None = None) -> list[str]:
     """Namespaces with workers, and the one shown: the page's namespace switch."""
-    served = Worker.objects.using(db_alias()).order_by().values_list("namespace", flat=True)
+    served = Worker.objects.using(_db(db)).order_by().values_list("namespace", flat=True)
     return sorted(set(served.distinct()) | {namespace})
 
 
 def overview(namespace: str = "") -> Overview:
     """Everything the overview page shows, for one namespace."""
+    reads = health()
+    db = reads.used
     now = timezone.now()
     since = now - WINDOW
     rows = QueueRows()
-    add_live_counts(rows, namespace, now)
+    add_live_counts(rows, namespace, now, db)
     minutes = window_minutes(since)
-    chart = add_finished(rows, namespace, since, minutes)
-    add_timings(rows, namespace, since)
-    workers = worker_rows(namespace, now)
+    chart = add_finished(rows, namespace, since, minutes, db)
+    add_timings(rows, namespace, since, db)
+    workers = worker_rows(namespace, now, db)
     for queue in rows.values():
         queue.served_by = sum(1 for w in workers if w.live and serves(w.worker, queue.name))
     for name in paused_queues(namespace):
         rows[name].paused = True
-    letters = dead_letters_unreplayed(namespace)
-    cron = next_cron(namespace)
+    letters = dead_letters_unreplayed(namespace, db)
+    cron = next_cron(namespace, db)
     return Overview(
         namespace=namespace,
-        namespaces=known_namespaces(namespace),
+        namespaces=known_namespaces(namespace, db),
         now=now,
         window=WINDOW,
         queues=sorted(rows.values(), key=lambda q: (not q.unserved, q.name)),
@@ -350,4 +372,5 @@ def overview(namespace: str = "") -> Overview:
         cron=cron,
         per_minute=[(m, *chart[m]) for m in minutes],  # type: ignore[misc]
         pause_supported=True,
+        reads=reads,
     )

@@ -13,6 +13,11 @@ partial on finished states (the history: millions of rows), the live ones
 through one index of live jobs (the claim's and the limits' queries, all on
 live jobs, must never find a list index more attractive than their own).
 
+The lists and counts read from ``DISPATCH["READ_DATABASE"]``'s replica when
+it is healthy (``queries.reading``): they are what operators page through.
+``dead_letter_for_job`` reads the primary: it is asked right after a job
+failed, about that one row, which a replica may not have replayed yet.
+
 Bad input raises ``ValueError`` or ``TypeError`` naming the argument and
 what it accepts; nothing here writes.
 """
@@ -21,7 +26,6 @@ from __future__ import annotations
 
 from typing import Any
 
-from django.db import router
 from django.db.models import Model, QuerySet
 
 from ..compat import Task
@@ -29,6 +33,7 @@ from ..core.states import FINISHED_STATES, LIVE_STATES, JobState
 from ..core.workflow_states import RunState
 from ..models import DeadLetter, Job, WorkflowRun
 from ..tasks.registry import namespace_for
+from .reading import read_alias
 
 __all__ = [
     "MAX_LIMIT",
@@ -141,7 +146,7 @@ def runs_count(
 
 
 def _read[M: Model](model: type[M]) -> QuerySet[M]:
-    return model._default_manager.using(router.db_for_read(model))
+    return model._default_manager.using(read_alias())
 
 
 def _job_parts(*, state: Any, queue: Any, task: Any, backend: str) -> list[QuerySet[Job]]:

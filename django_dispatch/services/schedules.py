@@ -14,7 +14,7 @@ from collections.abc import Mapping, Sequence
 from datetime import datetime
 from typing import Any
 
-from django.db import IntegrityError, router, transaction
+from django.db import IntegrityError, transaction
 from django.utils import timezone as dj_timezone
 from django.utils.module_loading import import_string
 
@@ -23,6 +23,7 @@ from ..conf import get_settings
 from ..core import cron
 from ..core.encoding import dumps
 from ..models import CronEntry
+from ..queries.reading import read_alias
 from ..store import db_alias
 from ..store.schedules import (
     cron_entry_delete_named,
@@ -137,7 +138,8 @@ def list_entries(*, backend: str = "default") -> list[CronEntry]:
 
 
 def _read() -> Any:
-    return CronEntry.objects.using(router.db_for_read(CronEntry))
+    """What ``get`` and ``list_entries`` read: an operator's view, so the read replica."""
+    return CronEntry.objects.using(read_alias())
 
 
 def _check_name(name: Any, namespace: str, *, action: str = "save") -> None:
