@@ -35,6 +35,7 @@ test: $(STAMP)
 	scripts/with-postgres $(MAKE) --no-print-directory test-postgres test-pgbouncer
 	$(MAKE) --no-print-directory test-chaos CHAOS_ROUNDS=1
 	$(MAKE) --no-print-directory check-rules test-prometheus
+	$(MAKE) --no-print-directory test-replica
 	$(MAKE) --no-print-directory test-sqlite
 	$(MAKE) --no-print-directory test-matrix
 	$(MAKE) --no-print-directory docs package-check
@@ -85,7 +86,7 @@ test-chaos: $(STAMP)
 ## test-prometheus: the tier marked `prometheus` (tests/prometheus/): a real Prometheus
 ## scrapes real workers and the metrics view, runs the dashboard's queries and the
 ## alerts; Debian's prometheus is installed when missing (scripts/ensure-prometheus)
-.PHONY: check-rules test-prometheus
+.PHONY: check-rules test-prometheus test-replica
 check-rules:
 	scripts/ensure-prometheus
 	promtool check rules contrib/prometheus/alerts.yml
@@ -94,6 +95,12 @@ check-rules:
 test-prometheus: $(STAMP)
 	scripts/ensure-prometheus
 	scripts/with-postgres env DISPATCH_TEST_DB=prometheus $(PY) -m pytest tests/prometheus $(PYTEST_ARGS)
+
+## test-replica: the tier marked `replica` (tests/replica/): the console, the admin's change
+## lists and the list functions read from a real streaming replica (scripts/with-replica:
+## pg_basebackup of the throwaway server), and from the primary when it is stopped or lags
+test-replica: $(STAMP)
+	scripts/with-postgres scripts/with-replica env DISPATCH_TEST_DB=replica $(PY) -m pytest --ds=tests.replica.settings tests/replica $(PYTEST_ARGS)
 
 test-sqlite: $(STAMP)
 	DISPATCH_TEST_DB=sqlite $(PY) -m pytest $(PYTEST_ARGS)

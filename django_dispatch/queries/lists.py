@@ -32,6 +32,7 @@ from ..compat import Task
 from ..core.states import FINISHED_STATES, LIVE_STATES, JobState
 from ..core.workflow_states import RunState
 from ..models import DeadLetter, Job, WorkflowRun
+from ..store.base import db_alias
 from ..tasks.registry import namespace_for
 from .reading import read_alias
 
@@ -115,7 +116,7 @@ def dead_letter_for_job(job_id: int | str, *, backend: str = "default") -> DeadL
     has two: the newest is returned.
     """
     pk = _id(job_id, "job_id")
-    rows = _read(DeadLetter).filter(namespace=namespace_for(backend), job_id=pk)
+    rows = DeadLetter.objects.using(db_alias()).filter(namespace=namespace_for(backend), job_id=pk)
     return rows.order_by("-id").first()
 
 
