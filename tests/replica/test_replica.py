@@ -10,6 +10,7 @@ is a hot standby besides, where any write fails).
 
 from __future__ import annotations
 
+import socket
 import time
 
 import pytest
@@ -167,3 +168,32 @@ def test_a_replica_further_behind_than_read_max_lag_sends_reads_to_the_primary(
     replica.caught_up()
     reading.forget()
     assert reading.health().state == "ok" and jobs.count() == 2
+
+
+def test_a_replica_that_never_answers_costs_a_page_the_probe_timeout_not_a_hang(
+    replica, admin_client
+):
+    """A replica host that accepts the TCP connection and then says nothing (a hung
+    server, a half-dead network path): the probe gives up at its connect timeout."""
+    silent = socket.socket()
+    silent.bind(("127.0.0.1", 0))
+    silent.listen(8)  # the kernel completes handshakes; nobody ever answers
+    settings_dict = connections["replica"].settings_dict
+    port = settings_dict["PORT"]
+    connections["replica"].close()
+    settings_dict["PORT"] = str(silent.getsockname()[1])
+    try:
+        reading.forget()
+        started = time.monotonic()
+        page = overview(admin_client)
+        took = time.monotonic() - started
+        assert 'data-reads="down"' in page and "timeout" in page.lower()
+        assert reading.PROBE_TIMEOUT <= took < reading.PROBE_TIMEOUT + 3
+        # The verdict is kept: the next pages do not wait again.
+        started = time.monotonic()
+        overview(admin_client)
+        assert jobs.count() == 0
+        assert time.monotonic() - started < 1
+    finally:
+        settings_dict["PORT"] = port
+        silent.close()
