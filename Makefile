@@ -7,7 +7,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 LINT_PATHS := django_dispatch tests example_project $(wildcard benchmarks)
 
-.PHONY: demo worker test test-fast test-fast-sqlite test-fast-postgres test-postgres test-pgbouncer test-chaos test-sqlite test-matrix docs package-check lint typecheck bench bench-quick clean
+.PHONY: demo worker test test-fast test-fast-sqlite test-fast-postgres test-postgres test-pgbouncer test-chaos test-sqlite test-matrix docs package-check lint typecheck bench bench-quick bench-fleet bench-fleet-quick clean
 
 $(STAMP): pyproject.toml
 	@$(PYTHON) -c 'import sys; assert sys.version_info >= (3, 12), "django_dispatch needs Python 3.12+; run with PYTHON=/path/to/python3.12"'
@@ -137,6 +137,14 @@ bench: $(STAMP)
 
 bench-quick: $(STAMP)
 	$(PY) benchmarks/run.py --quick
+
+## bench-fleet: the fleet curve alone (1, 2, 5, 10, 25, 50 processes x 4 slots through
+## PgBouncer, 3 rounds each, about 15 minutes); bench-fleet-quick: a smoke run of it
+bench-fleet: $(STAMP)
+	$(PY) benchmarks/run.py --systems dispatch --checks-only --fleet --tag fleet
+
+bench-fleet-quick: $(STAMP)
+	$(PY) benchmarks/run.py --systems dispatch --checks-only --fleet --quick --tag fleet-quick
 
 clean:
 	rm -rf $(VENV) .venv-django52 .venv-django60 example_project/db.sqlite3* tests/.sqlite site dist

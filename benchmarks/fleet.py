@@ -39,8 +39,8 @@ NUMBERS = [
     "claim_rows_per_call", "jobs_per_claim", "empty_claims_pct", "claim_server_ms_per_job",
     "server_ms_per_job", "lock_waits_per_sample", "lock_waits_max", "log_lock_waits",
     "server_sessions", "bouncer_waiting_max", "bouncer_waiting_mean", "bouncer_maxwait_ms",
-    "active_backends_mean", "worker_cpu_ms_per_job", "pg_cpu_ms_per_job", "bouncer_cpu_pct",
-    "other_cpu_pct",
+    "active_backends_mean", "idle_in_transaction_mean", "worker_cpu_ms_per_job",
+    "pg_cpu_ms_per_job", "bouncer_cpu_pct", "other_cpu_pct",
 ]  # fmt: skip
 
 
@@ -54,7 +54,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--fleet-sizes", default=SIZES, help="comma-separated process counts")
     p.add_argument("--fleet-slots", type=int, default=4, help="rundispatch --concurrency")
-    p.add_argument("--fleet-jobs", type=int, default=30_000, help="no-op backlog per round")
+    p.add_argument("--fleet-jobs", type=int, default=20_000, help="no-op backlog per round")
     p.add_argument("--fleet-rounds", type=int, default=3, help="drains per size (medians)")
     p.add_argument("--fleet-pool", type=int, default=20, help="PgBouncer default_pool_size")
 
@@ -99,6 +99,11 @@ def measure(args: argparse.Namespace, python: str, log: Callable[[str], None]) -
                 for k in NUMBERS
                 if any(k in r for r in result["rounds"])
             }
+            idle = result.get("idle", {})
+            result["median"]["idle_cpu_pct"] = sum(
+                idle.get(k, 0.0) for k in ("worker_cpu_pct", "pg_cpu_pct", "bouncer_cpu_pct")
+            )
+            result["median"]["idle_statements_per_s"] = idle.get("statements_per_s", 0.0)
             out["sizes"][str(n)] = result
             m = result["median"]
             log(f"  {m.get('per_s', 0):,.0f} jobs/s (mid {m.get('mid_per_s', 0):,.0f}), claim "
@@ -133,12 +138,28 @@ COLUMNS = [
     ("lock_waits_per_sample", "lock waits/sample", "{:.2f}"),
     ("log_lock_waits", "waits >100ms", "{:.0f}"),
     ("server_sessions", "server sessions", "{:.0f}"),
+    ("idle_in_transaction_mean", "idle in txn (mean)", "{:.1f}"),
     ("bouncer_waiting_max", "clients waiting (max)", "{:.0f}"),
     ("worker_cpu_ms_per_job", "worker CPU ms/job", "{:.2f}"),
     ("pg_cpu_ms_per_job", "PG CPU ms/job", "{:.2f}"),
     ("bouncer_cpu_pct", "PgBouncer CPU %", "{:.0f}"),
     ("other_cpu_pct", "other load %", "{:.0f}"),
+    ("idle_cpu_pct", "idle fleet CPU %", "{:.0f}"),
+    ("idle_statements_per_s", "idle statements/s", "{:,.0f}"),
 ]
+
+
+LEGEND = (
+    "jobs/s: from the commit to the last success. Claim p50/p99: the worker's claim "
+    "transaction (successes + claim + commit) as it sees it through PgBouncer. Jobs/claim: "
+    "jobs per non-empty claim. Claim stmt server ms: the claim statement's planning + "
+    "execution (pg_stat_statements). Lock waits/sample: backends waiting on a heavyweight "
+    "lock, sampled every 0.1 s. Waits >100ms: log_lock_waits lines. Server sessions: the "
+    "most client backends at once; idle in txn: of those, how many on average were idle in "
+    "a transaction (held by a worker between its wave's statements). Clients waiting: "
+    "PgBouncer's cl_waiting at most. Idle fleet: before the rounds, the whole fleet with "
+    "nothing to do (workers + server + PgBouncer CPU, % of one core; statements/s)."
+)
 
 
 def _fmt(value, spec: str) -> str:
@@ -148,12 +169,7 @@ def _fmt(value, spec: str) -> str:
 def section(fleet: dict) -> str:
     """The fleet curve: a row per size, then the 50-process ratio and what waited."""
     lines = [
-        fleet["description"] + ". jobs/s: from the commit to the last success; claim p50/p99: "
-        "the worker's claim transaction (successes + claim + commit) as it sees it through "
-        "PgBouncer; claim stmt server ms: the claim statement's planning + execution "
-        "(pg_stat_statements); lock waits/sample: backends waiting on a heavyweight lock, "
-        "sampled every 0.1 s; waits >100ms: log_lock_waits lines; server sessions: the most "
-        "client backends at once; clients waiting: PgBouncer's cl_waiting at most.",
+        fleet["description"] + ". " + LEGEND,
         "",
         "| processes | " + " | ".join(c[1] for c in COLUMNS) + " |",
         "|---:|" + "---:|" * len(COLUMNS),

@@ -6,7 +6,10 @@
 1. starts N ``rundispatch --concurrency C`` processes on an empty queue,
    through PgBouncer in transaction mode (LISTEN off, as docs/deployment.md
    says), and waits until every one has registered and settled, so that
-   50 Django processes starting on a small machine are not timed;
+   50 Django processes starting on a small machine are not timed; then
+   measures the idle fleet over ``IDLE_SECONDS``: its CPU (workers, server,
+   PgBouncer) and the statements it sends, which every process pays whatever
+   the load;
 2. R times: commits a backlog of J no-op jobs in one transaction and times
    the fleet draining it, from the commit to the last job's success, while a
    thread samples the server and PgBouncer every ``SAMPLE_SECONDS``;
@@ -27,8 +30,9 @@ Per round it reports:
   at most at once, with the statements that waited; and the waits longer
   than ``deadlock_timeout`` that ``log_lock_waits`` wrote to the server log;
 - server sessions: the most client backends on the database at once (the
-  pool's server connections; the harness's own two are left out), and the
-  most clients PgBouncer had waiting for one;
+  pool's server connections; the harness's own two are left out), how many
+  were on average idle in a transaction (held by a worker between the
+  statements of its wave), and the most clients PgBouncer had waiting for one;
 - CPU per job of the workers, of PostgreSQL, and PgBouncer's share of its
   one core; other load on the machine; the statements by total server time.
 """
@@ -50,13 +54,23 @@ from harness import Workers, main, percentile
 from drivers.dispatch import CHUNK, DispatchDriver
 
 SAMPLE_SECONDS = 0.1
-POLL_SECONDS = 0.05
+POLL_SECONDS = 0.1
+#: Jobs not finished yet, through the claim's and the lease's partial indexes:
+#: a count over the table (finished rows, dead versions) cost 30-50 ms a poll,
+#: the largest statement of the round.
+LEFT_SQL = (
+    "SELECT (SELECT count(*) FROM django_dispatch_job WHERE state = 'pending' "
+    "AND resource_shape IS NULL) + (SELECT count(*) FROM django_dispatch_job "
+    "WHERE state = 'running')"
+)
 #: Starting 50 Django processes on two busy cores takes a while.
 START_TIMEOUT = 600.0
 STALL_SECONDS = 60.0
 #: After every worker has registered: their first heartbeats, elections and
 #: empty claims are over before the backlog lands.
 SETTLE_SECONDS = 3.0
+#: The idle fleet's CPU is measured over this long, before the first round.
+IDLE_SECONDS = 5.0
 
 ACTIVITY_SQL = """
 SELECT pid, state, wait_event_type, wait_event, left(regexp_replace(query, '\\s+', ' ', 'g'), 70)
@@ -64,7 +78,7 @@ FROM pg_stat_activity
 WHERE datname = current_database() AND backend_type = 'client backend' AND NOT pid = ANY(%s)
 """
 STATEMENTS_SQL = """
-SELECT left(regexp_replace(query, '\\s+', ' ', 'g'), 90), calls, total_plan_time,
+SELECT regexp_replace(query, '\\s+', ' ', 'g'), calls, total_plan_time,
        total_exec_time, rows
 FROM pg_stat_statements
 WHERE dbid = (SELECT oid FROM pg_database WHERE datname = current_database())
@@ -84,6 +98,7 @@ class Sampler(threading.Thread):
         self.samples = 0
         self.sessions: list[int] = []
         self.active: list[int] = []
+        self.in_transaction: list[int] = []  # idle in transaction: waiting for their client
         self.lock_waits: list[int] = []
         self.waits: Counter[str] = Counter()  # wait events of active backends
         self.lock_queries: Counter[str] = Counter()  # what the lock waiters ran
@@ -107,6 +122,7 @@ class Sampler(threading.Thread):
         self.sessions.append(len(rows))
         active = [r for r in rows if r[1] == "active"]
         self.active.append(len(active))
+        self.in_transaction.append(sum(1 for r in rows if r[1] == "idle in transaction"))
         locked = [r for r in rows if r[2] == "Lock"]
         self.lock_waits.append(len(locked))
         for _pid, _state, kind, event, _query in active:
@@ -131,6 +147,7 @@ class Sampler(threading.Thread):
             "samples": self.samples,
             "server_sessions": max(self.sessions, default=0),
             "active_backends_mean": sum(self.active) / n,
+            "idle_in_transaction_mean": sum(self.in_transaction) / n,
             "lock_waits_per_sample": sum(self.lock_waits) / n,
             "lock_waits_max": max(self.lock_waits, default=0),
             "lock_wait_samples": sum(self.lock_waits),
@@ -164,13 +181,14 @@ class FleetDriver(DispatchDriver):
         try:
             self.wait_registered(conn, workers)
             start_seconds = time.monotonic() - started
+            idle = self.idle(conn, workers)
             for index in range(args.rounds):
                 rounds.append(self.round(conn, workers, index))
         finally:
             workers.stop()
         claim_latency(rounds, waves)
         return {"processes": args.workers, "slots": args.concurrency, "jobs": args.jobs,
-                "start_seconds": start_seconds, "rounds": rounds}  # fmt: skip
+                "start_seconds": start_seconds, "idle": idle, "rounds": rounds}  # fmt: skip
 
     def wait_registered(self, conn, workers: Workers) -> None:
         deadline = time.monotonic() + START_TIMEOUT
@@ -182,6 +200,27 @@ class FleetDriver(DispatchDriver):
                 raise RuntimeError(f"workers not all registered after {START_TIMEOUT:.0f} s")
             time.sleep(0.5)
         time.sleep(SETTLE_SECONDS)
+
+    def idle(self, conn, workers: Workers) -> dict:
+        """The fleet with nothing to do: its CPU and its statements over ``IDLE_SECONDS``.
+
+        What every process does whatever the load (polls, duties), which a
+        fleet pays N times: on a small machine it is CPU the jobs do not get.
+        """
+        conn.execute("SELECT pg_stat_statements_reset()")
+        postmaster = proc.parent(conn.info.backend_pid)
+        before = _cpu(workers, postmaster, self.args.bouncer_pid)
+        time.sleep(IDLE_SECONDS)
+        after = _cpu(workers, postmaster, self.args.bouncer_pid)
+        w, pg, bouncer, _machine, _me = (b - a for a, b in zip(before, after, strict=True))
+        rows = conn.execute(STATEMENTS_SQL).fetchall()
+        return {
+            "worker_cpu_pct": 100 * w / IDLE_SECONDS,
+            "pg_cpu_pct": 100 * pg / IDLE_SECONDS,
+            "bouncer_cpu_pct": 100 * bouncer / IDLE_SECONDS,
+            "statements_per_s": sum(r[1] for r in rows) / IDLE_SECONDS,
+            "top_statements": [{"query": q[:90], "calls": c} for q, c, *_ in rows[:6]],
+        }
 
     def enqueue_backlog(self) -> None:
         """``--jobs`` no-op jobs, committed at once: every worker sees all or none."""
@@ -196,12 +235,6 @@ class FleetDriver(DispatchDriver):
     def round(self, conn, workers: Workers, index: int) -> dict:
         args, jobs = self.args, self.args.jobs
         conn.execute("VACUUM ANALYZE django_dispatch_job")  # each round on fresh statistics
-        top = "SELECT coalesce(max(id), 0) FROM django_dispatch_job"
-        after_id = conn.execute(top).fetchone()[0]
-        left_sql = (
-            "SELECT count(*) FROM django_dispatch_job "
-            f"WHERE id > {after_id} AND state <> 'succeeded'"
-        )
         conn.execute("SELECT pg_stat_statements_reset()")
         log_from = _size(args.server_log)
         mine = [conn.info.backend_pid, _django_pid()]  # not the fleet's sessions
@@ -214,7 +247,7 @@ class FleetDriver(DispatchDriver):
         marks: dict[float, float] = {}
         changed, last = committed, None
         while True:
-            left, now = conn.execute(left_sql).fetchone()[0], time.monotonic()
+            left, now = conn.execute(LEFT_SQL).fetchone()[0], time.monotonic()
             for share in (0.9, 0.1):
                 if left <= share * jobs and share not in marks:
                     marks[share] = now
@@ -250,7 +283,7 @@ def statements(conn, jobs: int) -> dict:
     """pg_stat_statements over the round: the claim statement, and the top statements."""
     rows = conn.execute(STATEMENTS_SQL).fetchall()
     out: dict = {"top_statements": [
-        {"query": q, "calls": c, "total_ms": round(p + e, 1), "rows": r}
+        {"query": q[:90], "calls": c, "total_ms": round(p + e, 1), "rows": r}
         for q, c, p, e, r in rows[:8]
     ]}  # fmt: skip
     claim = [r for r in rows if CLAIM_MARK in r[0]]

@@ -37,6 +37,11 @@ TASKS = {
 }
 DISPATCH: dict = {}
 
+if os.environ.get("BENCH_DISPATCH"):  # experiments: DISPATCH settings as JSON
+    import json
+
+    DISPATCH.update(json.loads(os.environ["BENCH_DISPATCH"]))
+
 if os.environ.get("BENCH_PREPARE"):
     # psycopg prepares a statement after 5 runs; only server-bound ones (the
     # worker's claim and finish), since Django's own cursor binds on the client.
