@@ -13,6 +13,7 @@ from datetime import datetime
 
 import pytest
 from django.db import connection, transaction
+from django.db.models.functions import Now
 from django.test import override_settings
 from django.test.utils import CaptureQueriesContext
 
@@ -475,3 +476,55 @@ def test_admin_shows_a_steps_route(wf_admin):
     heavy = WorkflowTask.objects.get(run=run, name="heavy")
     page = wf_admin.get(f"/admin/django_dispatch/workflowtask/{heavy.pk}/change/")
     assert "queue heavy, priority 5" in page.content.decode()
+
+
+@pytestmark_db
+def test_children_of_an_unbounded_map_succeed_while_their_parent_run_is_locked():
+    """A child's success takes no lock on its parent run: children finish side by side."""
+    if connection.vendor != "postgresql":
+        pytest.skip("row locks: SQLite has one writer, so no other transaction holds a row")
+    run = fan("side-by-side", 3)
+    drain(max_jobs=1)  # spread: three runnable children
+    holding, release = threading.Event(), threading.Event()
+
+    def hold() -> None:  # a transition of the parent run in progress, as locked_run takes it
+        with transaction.atomic():
+            WorkflowRun.objects.filter(pk=run.pk).update(updated_at=Now())
+            holding.set()
+            release.wait(20)
+        connection.close()
+
+    holder = threading.Thread(target=hold)
+    holder.start()
+    assert holding.wait(10)
+    try:
+        started = time.monotonic()
+        assert drain(max_jobs=2) == 2  # two children, not the last (whose gather waits)
+        assert time.monotonic() - started < 5, "a child's success waited for the parent's lock"
+        assert [c.state for c in kids(run)][:2] == [RunState.SUCCEEDED] * 2
+        assert spread(run).map_done == 2
+    finally:
+        release.set()
+        holder.join()
+    run = run_to_end(run)
+    assert run.state == RunState.SUCCEEDED and run.output == {"doubled": [0, 2, 4]}
+
+
+@pytestmark_db
+def test_a_count_lost_after_a_childs_commit_is_repaired_by_the_sweep():
+    run = fan("lost-count", 3)
+    drain(max_jobs=3)  # spread, then two children, each counted after its commit
+    step = spread(run)
+    assert step.map_done == 2
+    # As if the worker died between the second child's commit and its count.
+    WorkflowTask.objects.filter(pk=step.pk).update(map_done=1)
+    drain(max_jobs=1)  # the last child: its count reaches 2 of 3, no gather
+    step.refresh_from_db()
+    assert (step.state, step.map_done) == (StepState.WAITING, 2)
+    assert [c.state for c in kids(run)] == [RunState.SUCCEEDED] * 3
+    time.sleep(0.05)
+    assert wf_store.sweep_stale_steps(0, build_job=build_step_job) == [step.pk]
+    step.refresh_from_db()
+    assert (step.state, step.map_done, step.output) == (StepState.SUCCEEDED, 3, [0, 2, 4])
+    run = run_to_end(run)
+    assert run.state == RunState.SUCCEEDED and run.output == {"doubled": [0, 2, 4]}

@@ -8,9 +8,11 @@ and locks are always taken run first, then its steps, then jobs; a child
 run's transaction may then lock its parent run, never the other way round
 (cascades down to child runs run after commit), so two transactions cannot
 deadlock on each other's runs. One transaction goes down: a ``ctx.map``
-child's success, holding its parent run, admits a held sibling; it takes
-the sibling's row only if no other transaction holds it (SKIP LOCKED), and
-otherwise leaves the admission to the next success (see ``_admit``).
+child's success, holding its parent run while the set has held children,
+admits a held sibling; it takes the sibling's row only if no other
+transaction holds it (SKIP LOCKED), and otherwise leaves the admission to
+the next success (see ``_admit``). A child's success is counted on its
+parent step after it commits, in a statement of its own (``count_map_child``).
 
 ``claim_fence`` is the other half: the step row while one exact claim still
 holds it. Every write of a step attempt matches it, so a write from a void
@@ -24,7 +26,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
-from django.db import transaction
+from django.db import connections, transaction
 from django.db.models import F, QuerySet
 from django.db.models.functions import Now
 
@@ -32,6 +34,7 @@ from ...core.workflow_states import RUN_ACTIVE, STEP_DONE, RunState, StepState
 from ...models import WorkflowRun, WorkflowTask
 from ..base import db_alias, db_now, error_entry, take_sqlite_write_lock
 from ..sql import JSONAppend
+from .admission import admit_next
 from .stepjobs import RunRow, StepJobBuilder, enqueue_steps
 
 STEP_JOB_LOST_PATH = "django_dispatch.workflows.exceptions.StepJobLost"
@@ -261,89 +264,94 @@ def map_waiting(db: str, step_id: int, batch: str) -> QuerySet[WorkflowTask]:
 
 
 def _map_child_succeeded(db: str, child: RunRow, build_job: StepJobBuilder) -> None:
-    """A ``ctx.map`` child succeeded for the first time (it and its parent run
-    locked): count it on the waiting step, then admit the next held child, or,
-    the last one, gather.
+    """A ``ctx.map`` child succeeded for the first time (it locked, not its parent).
 
-    The count and the admission read and write the step row and at most one
-    sibling, by its position (a unique index): the same cost for the 10th
-    child as for the 10,000th. Only the last child's transaction reads the
-    set, once, to gather the outputs in input order.
+    Its transaction does not take the parent run's lock, nor write the
+    waiting step, while the set still has children to admit it does not:
+    thousands of children then commit side by side. It is counted on the step
+    once it has committed (``count_map_child``). Only while held children
+    remain (a ``max_parallel`` set) does it lock the parent run, to admit the
+    next one in its place: at most ``max_parallel`` children wait for that lock.
     """
-    runs = WorkflowRun.objects.using(db)
-    # The parent run's lock (after the child's: the usual order) serializes the
-    # counts; its fields are read only by the last child, which moves it on.
-    if not runs.filter(id=child["parent_run_id"]).update(updated_at=Now()):
-        return
-    waiting = map_waiting(db, child["parent_task_id"], child["map_batch"])
-    if not waiting.update(map_done=F("map_done") + 1, heartbeat_at=Now(), updated_at=Now()):
+    step_id, batch, parent_id = child["parent_task_id"], child["map_batch"], child["parent_run_id"]
+    waiting = map_waiting(db, step_id, batch)
+    counts = waiting.values_list("map_started", "map_total").first()  # a read: no lock
+    if counts is None:
         return  # the step no longer waits for this set (failed, skipped, replayed)
-    done, started, total = waiting.values_list("map_done", "map_started", "map_total").get()
-    total = total or 0  # set with the batch; never None while the step waits for one
-    if done >= total:
-        in_order = runs.filter(map_batch=child["map_batch"]).order_by("map_index")
-        outputs = list(in_order.values_list("output", flat=True))
-        waiting.update(state=StepState.SUCCEEDED, output=outputs, finished_at=Now())
-        advance(db, runs.filter(id=child["parent_run_id"]).values(*RUN_FIELDS).get(), build_job)
-    elif started < total:
-        admit_next(db, waiting, child["map_batch"], started, total, build_job)
-
-
-def admit_next(
-    db: str,
-    waiting: QuerySet[WorkflowTask],
-    batch: str,
-    started: int,
-    total: int,
-    build_job: StepJobBuilder,
-) -> bool:
-    """Admit the set's next held child (parent run locked); True if one was.
-
-    Children no longer held are passed over; one another transaction holds
-    is left for the next success, or for the sweep (``admit_starved``).
-    """
-    admitted = started
-    outcome = "gone"
-    while admitted < total and outcome == "gone":
-        outcome = _admit(db, batch, admitted, build_job)
-        if outcome != "busy":
-            admitted += 1
-    if admitted != started:
-        waiting.update(map_started=admitted)
-    return outcome == "admitted"
-
-
-def _admit(db: str, batch: str, index: int, build_job: StepJobBuilder) -> str:
-    """Make the held child at ``index`` runnable: its first steps get their jobs.
-
-    Called with the parent run locked, so it takes the child's row with SKIP
-    LOCKED: a transaction holding it (an operator cancelling the child, or
-    skipping one of its steps) may be waiting for the parent, and waiting
-    for it here would close a circle. Returns ``admitted``, ``busy`` (held
-    by such a transaction: try again at the next success, or the sweep's)
-    or ``gone`` (no longer held: cancelled, or started by an operator; the
-    next one's turn).
-    """
-    held = WorkflowRun.objects.using(db).filter(map_batch=batch, map_index=index)
-    row = held.select_for_update(skip_locked=True).values(*RUN_FIELDS).first()
-    if row is None:
-        return "busy" if held.exists() else "gone"
-    if row["state"] != RunState.RUNNING:
-        return "gone"
-    steps = WorkflowTask.objects.using(db).filter(
-        run_id=row["id"], state=StepState.PENDING, job_id__isnull=True
+    if counts[0] < (counts[1] or 0) and lock_run(db, run_id=parent_id) is not None:
+        # Read again under the lock: another success may have admitted meanwhile.
+        started, total = waiting.values_list("map_started", "map_total").first() or (0, 0)
+        if started < (total or 0):
+            admit_next(db, waiting, batch, started, total or 0, build_job)
+    transaction.on_commit(
+        lambda: count_map_child(db, step_id, batch, parent_id, build_job), using=db, robust=True
     )
-    first = [
-        s
-        for s in steps.values("id", "generation", "depends_on", "queue_name", "priority")
-        if not s["depends_on"]
-    ]
-    if not first:
-        return "gone"
-    held.update(updated_at=Now())
-    routes = {s["id"]: (s["queue_name"], s["priority"]) for s in first}
-    enqueue_steps(db, row, [(s["id"], s["generation"]) for s in first], build_job, routes=routes)
-    return "admitted"
+
+
+def count_map_child(
+    db: str, step_id: int, batch: str, parent_run_id: int, build_job: StepJobBuilder
+) -> None:
+    """After a child's success committed: count it on the waiting step; the last gathers.
+
+    One statement in autocommit (on PostgreSQL an ``UPDATE ... RETURNING``),
+    so the step row is locked for that statement only, never across a
+    round trip of the child's transaction: the same cost for the 10,000th
+    child as for the 10th. Counted after the commit, so a count reaching the
+    total means every child's success is visible to the gather. A count lost
+    to a crash just after a child's commit is repaired by the sweep
+    (``gather_stalled``), which gathers the same way.
+    """
+    counts = _count_one(db, step_id, batch)
+    if counts is not None and counts[0] >= (counts[1] or 0):
+        gather(db, step_id, batch, parent_run_id, build_job)
+
+
+def _count_one(db: str, step_id: int, batch: str) -> tuple[int, int | None] | None:
+    """map_done + 1 on the step still waiting for ``batch``: (done, total), or None."""
+    if connections[db].vendor == "postgresql":
+        table = WorkflowTask._meta.db_table
+        with connections[db].cursor() as cursor:
+            cursor.execute(
+                f"UPDATE {table} SET map_done = map_done + 1, heartbeat_at = now(), "
+                f"updated_at = now() WHERE id = %s AND state = %s AND map_batch = %s "
+                "RETURNING map_done, map_total",
+                [step_id, StepState.WAITING, batch],
+            )
+            row = cursor.fetchone()
+        return None if row is None else (row[0], row[1])
+    waiting = map_waiting(db, step_id, batch)
+    with write_transaction(db):
+        if not waiting.update(map_done=F("map_done") + 1, heartbeat_at=Now(), updated_at=Now()):
+            return None
+        return waiting.values_list("map_done", "map_total").get()
+
+
+def gather(
+    db: str, step_id: int, batch: str, parent_run_id: int, build_job: StepJobBuilder
+) -> bool:
+    """waiting -> succeeded with the set's outputs in input order, if every child is
+    counted; the parent run moves on. True if it gathered.
+
+    The one read of the whole set, under the parent run's lock: it checks
+    every child itself (the counter only says when to look), and otherwise
+    sets the counter to what it found.
+    """
+    with locked_run(db, run_id=parent_run_id) as run:
+        waiting = map_waiting(db, step_id, batch)
+        total = waiting.values_list("map_total", flat=True).first() if run else None
+        if run is None or total is None:
+            return False
+        children = WorkflowRun.objects.using(db).filter(map_batch=batch)
+        counted = children.filter(map_counted=True).count()
+        if counted < total:
+            waiting.update(map_done=counted, heartbeat_at=Now(), updated_at=Now())
+            return False
+        outputs = list(children.order_by("map_index").values_list("output", flat=True))
+        waiting.update(
+            state=StepState.SUCCEEDED, output=outputs, map_done=counted, finished_at=Now()
+        )
+        advance(db, run, build_job)
+    return True
 
 
 def _waiting_for(db: str, step_id: int, child_id: int) -> QuerySet[WorkflowTask]:

@@ -8,11 +8,15 @@ its input's position (``map_index``). The first ``max_parallel`` children
 are *held*: inserted as running, their steps pending with no job, so no
 worker can take them.
 
-The rest happens in the children's own transactions (``common``): a child's
-success counts it on the step (``map_done``) and admits the next held child
-(``map_started``), so at most ``max_parallel`` children are ever runnable at
-once, across the cluster, whatever the number of workers; the last child's
-success gathers the outputs in input order and moves the parent run on. A
+The rest happens as the children succeed (``common``). A child's success
+admits the next held child (``map_started``), under the parent run's lock,
+so at most ``max_parallel`` children are ever runnable at once, across the
+cluster, whatever the number of workers; once every child is admitted, a
+success no longer touches the parent in its transaction. Each success is
+then counted on the step (``map_done``) by one statement after its commit;
+the count that reaches the total gathers the outputs in input order, after
+checking every child itself, and moves the parent run on. So children
+finish side by side, not one parent-lock at a time. A
 cancelled child fails the step, parks the run, and cancels the set's other
 unfinished children. A step reset by a replay, a retry or a skip, or a
 cancelled run, cancels its set's unfinished children; the finished ones stay,

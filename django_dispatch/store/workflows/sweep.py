@@ -11,7 +11,7 @@ from django.db.models.functions import Now
 
 from ...core.states import LIVE, JobState
 from ...core.workflow_states import StepState
-from ...models import Job, WorkflowTask
+from ...models import Job, WorkflowRun, WorkflowTask
 from ..base import now_plus
 from ..sql import JSONAppend
 from .common import (
@@ -21,6 +21,7 @@ from .common import (
     db_or_default,
     enqueue_steps,
     error_at,
+    gather,
     locked_run,
     map_waiting,
     park,
@@ -71,6 +72,7 @@ def sweep_stale_steps(
     db = db_or_default(db)
     recovered = _recover_timers(db, namespace, build_job, limit)
     recovered += admit_starved(db, namespace, build_job, limit)
+    recovered += gather_stalled(db, namespace, older_than_seconds, build_job, limit)
     candidates = list(
         WorkflowTask.objects.using(db)
         .filter(
@@ -127,6 +129,36 @@ def admit_starved(db: str, namespace: str, build_job: StepJobBuilder, limit: int
             if admit_next(db, waiting, batch, counts["map_started"], total, build_job):
                 admitted.append(step["id"])
     return admitted
+
+
+def gather_stalled(
+    db: str, namespace: str, older_than_seconds: float, build_job: StepJobBuilder, limit: int
+) -> list[int]:
+    """``ctx.map`` steps with every child admitted and no count for a while: gather
+    each whose children all succeeded; their ids.
+
+    A child is counted on its step just after its success commits
+    (``common.count_map_child``); a worker that dies between the two leaves
+    the count one short, and the set would wait for ever. The children are
+    counted here first, with no lock (a set still running is left alone,
+    and looked at again ``older_than_seconds`` later); ``gather`` checks
+    again under the parent run's lock.
+    """
+    stalled = list(
+        WorkflowTask.objects.using(db)
+        .filter(namespace=namespace, state=StepState.WAITING, map_batch__isnull=False)
+        .filter(map_started__gte=F("map_total"), heartbeat_at__lt=now_plus(-older_than_seconds))
+        .values_list("id", "run_id", "map_batch", "map_total")[:limit]
+    )
+    gathered = []
+    for step_id, run_id, batch, total in stalled:
+        batch = str(batch)
+        counted = WorkflowRun.objects.using(db).filter(map_batch=batch, map_counted=True)
+        if counted.count() >= (total or 0) and gather(db, step_id, batch, run_id, build_job):
+            gathered.append(step_id)
+        else:
+            map_waiting(db, step_id, batch).update(heartbeat_at=Now())
+    return gathered
 
 
 def _has_slot(counts: Mapping[str, Any]) -> bool:
