@@ -17,8 +17,8 @@ from typing import Any
 
 from django.apps import apps
 from django.core import checks
-from django.db import router
 
+from . import store
 from .compat import Task, TaskResult, TaskResultDoesNotExist, task_enqueued
 from .conf import did_you_mean
 from .core.docs_links import docs_url
@@ -32,7 +32,7 @@ from .tasks.task import DispatchTask
 
 __all__ = ["DispatchBackend", "DispatchTask"]
 
-KNOWN_OPTIONS = {"MAX_ATTEMPTS", "BACKOFF", "NAMESPACE"}
+KNOWN_OPTIONS = {"MAX_ATTEMPTS", "BACKOFF", "NAMESPACE", "DATABASE"}
 
 
 class DispatchBackend(DispatchBackendBase):
@@ -51,12 +51,15 @@ class DispatchBackend(DispatchBackendBase):
         is inserted and that job's TaskResult is returned instead.
         """
         plan = self.enqueue_plan(task)
-        if tracing.AVAILABLE and tracing.active():  # a producer span, its context on the job
-            with tracing.producer(plan.spec.task_path, plan.spec.queue_name) as producer:
-                result = self._enqueue(task, plan, args, kwargs, producer.context)
-                producer.enqueued(result.id)
-                return result
-        return self._enqueue(task, plan, args, kwargs, None)
+        # This alias's database, whatever database the caller's code runs on
+        # (a task of another alias enqueueing this one's job).
+        with store.using_backend(self.alias):
+            if tracing.AVAILABLE and tracing.active():  # a producer span, its context on the job
+                with tracing.producer(plan.spec.task_path, plan.spec.queue_name) as producer:
+                    result = self._enqueue(task, plan, args, kwargs, producer.context)
+                    producer.enqueued(result.id)
+                    return result
+            return self._enqueue(task, plan, args, kwargs, None)
 
     def _enqueue(
         self,
@@ -84,7 +87,7 @@ class DispatchBackend(DispatchBackendBase):
             pk = int(result_id)
         except (TypeError, ValueError):
             raise TaskResultDoesNotExist(result_id) from None
-        job = Job.objects.using(router.db_for_read(Job)).filter(pk=pk).first()
+        job = Job.objects.using(store.read_database_for(self.alias)).filter(pk=pk).first()
         if job is None:
             raise TaskResultDoesNotExist(result_id)
         return result_from_job(job)

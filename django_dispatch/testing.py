@@ -60,40 +60,41 @@ def drain(
     which cannot see the test's uncommitted rows and, on SQLite, would wait
     on its write lock until they gave up.
     """
-    _refuse_in_transaction()
-    settings = replace(get_settings(), POLL_INTERVAL=0.01, LISTEN=False)  # polls anyway
-    if backend is None:
-        default = backend_for("default")
-        namespace = default.namespace if default is not None else ""
-    else:
-        namespace = namespace_for(backend)  # an unknown alias: ValueError
-    total = 0
-    while max_jobs is None or total < max_jobs:
-        worker = Worker(
-            WorkerOptions(
-                worker_id=worker_id,
-                queues=queues,
-                namespace=namespace,
-                concurrency=concurrency,
-                async_concurrency=async_concurrency,
-                burst=True,
-                max_jobs=None if max_jobs is None else max_jobs - total,
-                scheduler=False,  # cron fires through scheduler.tick(), not drain()
-                capacity=capacity or {},
-                locality=locality,
-            ),
-            settings=settings,
-            close_connections=False,
-        )
-        worker.run()
-        total += worker.claimed_total
-        if not include_retries:
-            break
-        # Retries waiting out a backoff become due; stop once there are none
-        # and the last round found nothing to do.
-        if not store.jobs_retry_now(queues=queues) and worker.claimed_total == 0:
-            break
-    return total
+    with store.using_backend(backend):  # the alias's database, the worker's threads too
+        _refuse_in_transaction()
+        settings = replace(get_settings(), POLL_INTERVAL=0.01, LISTEN=False)  # polls anyway
+        if backend is None:
+            default = backend_for("default")
+            namespace = default.namespace if default is not None else ""
+        else:
+            namespace = namespace_for(backend)  # an unknown alias: ValueError
+        total = 0
+        while max_jobs is None or total < max_jobs:
+            worker = Worker(
+                WorkerOptions(
+                    worker_id=worker_id,
+                    queues=queues,
+                    namespace=namespace,
+                    concurrency=concurrency,
+                    async_concurrency=async_concurrency,
+                    burst=True,
+                    max_jobs=None if max_jobs is None else max_jobs - total,
+                    scheduler=False,  # cron fires through scheduler.tick(), not drain()
+                    capacity=capacity or {},
+                    locality=locality,
+                ),
+                settings=settings,
+                close_connections=False,
+            )
+            worker.run()
+            total += worker.claimed_total
+            if not include_retries:
+                break
+            # Retries waiting out a backoff become due; stop once there are none
+            # and the last round found nothing to do.
+            if not store.jobs_retry_now(queues=queues) and worker.claimed_total == 0:
+                break
+        return total
 
 
 def _refuse_in_transaction() -> None:

@@ -24,10 +24,11 @@ from typing import Any
 
 from django.core.files import File
 from django.core.files.storage import storages
-from django.db.models import QuerySet
+from django.db.models import Model, QuerySet
 
 from ..models import Artifact, ArtifactLink, Job, WorkflowRun, WorkflowTask
 from ..models.artifact import OwnerKind
+from ..store import read_database_for
 
 
 def owner_key(owner: Any) -> tuple[str, int]:
@@ -57,14 +58,20 @@ def links(owner: Any, *, role: str | None = None, live: bool = True) -> QuerySet
     """The owner's links with their artifacts, newest attempt first (for pages that
     show the attempt and role next to each artifact)."""
     kind, owner_id = owner_key(owner)
-    query = ArtifactLink.objects.filter(owner_kind=kind, owner_id=owner_id).select_related(
-        "artifact"
+    query = (
+        _rows(ArtifactLink).filter(owner_kind=kind, owner_id=owner_id).select_related("artifact")
     )
     if role is not None:
         query = query.filter(role=role)
     if live:
         query = query.filter(artifact__deleted_at=None)
     return query.order_by("-generation", "-attempt", "-created_at", "-id")
+
+
+def _rows[M: Model](model: type[M]) -> QuerySet[M]:
+    """``model``'s rows on the current alias's database (a worker's, an admin
+    page's, a ``using_backend`` block's), else where the routers read them."""
+    return model._default_manager.using(read_database_for(None, model))
 
 
 def for_owner(owner: Any, role: str | None = None) -> list[Artifact]:
@@ -84,17 +91,17 @@ def find(owner: Any, name: str) -> Artifact | None:
 
 def get(artifact_id: int) -> Artifact:
     """A live artifact; ``Artifact.DoesNotExist`` once soft-deleted or purged."""
-    return Artifact.objects.get(id=artifact_id, deleted_at=None)
+    return _rows(Artifact).get(id=artifact_id, deleted_at=None)
 
 
 def get_record(artifact_id: int) -> Artifact:
     """An artifact's record even after soft deletion (until the purge removes it)."""
-    return Artifact.objects.get(id=artifact_id)
+    return _rows(Artifact).get(id=artifact_id)
 
 
 def find_by_key(storage: str, name: str) -> Artifact | None:
     """The live artifact stored in ``STORAGES[storage]`` under ``name``, if any."""
-    return Artifact.objects.filter(storage=storage, name=name, deleted_at=None).first()
+    return _rows(Artifact).filter(storage=storage, name=name, deleted_at=None).first()
 
 
 def open(artifact: Artifact | int, mode: str = "rb") -> File:
@@ -124,7 +131,7 @@ def listing(
     include_deleted: bool = False,
 ) -> QuerySet[Artifact]:
     """Artifacts matching every given filter, newest first."""
-    query = Artifact.objects.all()
+    query = _rows(Artifact).all()
     if not include_deleted:
         query = query.filter(deleted_at=None)
     filters: dict[str, Any] = {

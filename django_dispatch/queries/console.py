@@ -45,6 +45,7 @@ from ..models import CronEntry, DeadLetter, Job, Leadership, Worker
 from ..store.base import LIVE_JOBS_BY_STATE, db_alias, state_in
 from ..store.flow import queues_paused
 from ..store.leadership import LEADER, lease_key
+from ..tasks.registry import namespaces_with_databases
 from .reading import ReadHealth, health
 
 #: Live jobs of one state counted per page, at most (then "more than").
@@ -337,9 +338,11 @@ def next_cron(namespace: str, db: str | None = None) -> list[CronEntry]:
 
 
 def known_namespaces(namespace: str, db: str | None = None) -> list[str]:
-    """Namespaces with workers, and the one shown: the page's namespace switch."""
+    """Namespaces with workers, the one shown, and those of the aliases with a
+    database of their own (their workers register there): the page's
+    namespace switch, which the admin routes to each namespace's database."""
     served = Worker.objects.using(_db(db)).order_by().values_list("namespace", flat=True)
-    return sorted(set(served.distinct()) | {namespace})
+    return sorted(set(served.distinct()) | {namespace} | namespaces_with_databases())
 
 
 def overview(namespace: str = "") -> Overview:

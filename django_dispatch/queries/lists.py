@@ -32,7 +32,7 @@ from ..compat import Task
 from ..core.states import FINISHED_STATES, LIVE_STATES, JobState
 from ..core.workflow_states import RunState
 from ..models import DeadLetter, Job, WorkflowRun
-from ..store.base import db_alias
+from ..store.base import using_backend
 from ..tasks.registry import namespace_for
 from .reading import read_alias
 
@@ -116,7 +116,8 @@ def dead_letter_for_job(job_id: int | str, *, backend: str = "default") -> DeadL
     has two: the newest is returned.
     """
     pk = _id(job_id, "job_id")
-    rows = DeadLetter.objects.using(db_alias()).filter(namespace=namespace_for(backend), job_id=pk)
+    with using_backend(backend) as db:
+        rows = DeadLetter.objects.using(db).filter(namespace=namespace_for(backend), job_id=pk)
     return rows.order_by("-id").first()
 
 
@@ -174,7 +175,8 @@ def _job_parts(*, state: Any, queue: Any, task: Any, backend: str) -> list[Query
 
 
 def _jobs(*, state: Any, queue: Any, task: Any, backend: str) -> QuerySet[Job]:
-    rows = _read(Job).filter(namespace=namespace_for(backend))
+    with using_backend(backend):  # the alias's database (or its replica)
+        rows = _read(Job).filter(namespace=namespace_for(backend))
     if state is not None:
         rows = rows.filter(state=_choice(state, JobState, "state"))
     if queue is not None:
@@ -185,7 +187,8 @@ def _jobs(*, state: Any, queue: Any, task: Any, backend: str) -> QuerySet[Job]:
 
 
 def _dead_letters(task: Any, replayed: Any, backend: str) -> QuerySet[DeadLetter]:
-    rows = _read(DeadLetter).filter(namespace=namespace_for(backend))
+    with using_backend(backend):
+        rows = _read(DeadLetter).filter(namespace=namespace_for(backend))
     if task is not None:
         rows = rows.filter(task_path=_task_path(task))
     if replayed is not None:
@@ -196,7 +199,8 @@ def _dead_letters(task: Any, replayed: Any, backend: str) -> QuerySet[DeadLetter
 
 
 def _runs(state: Any, name: Any, backend: str) -> QuerySet[WorkflowRun]:
-    rows = _read(WorkflowRun).filter(namespace=namespace_for(backend))
+    with using_backend(backend):
+        rows = _read(WorkflowRun).filter(namespace=namespace_for(backend))
     if state is not None:
         rows = rows.filter(state=_choice(state, RunState, "state"))
     if name is not None:

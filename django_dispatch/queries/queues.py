@@ -30,6 +30,7 @@ class QueueOverview:
     pending: int = 0
     blocked: int = 0
     running: int = 0
+    scheduled: int = 0  # deferred to later, or backing off before a retry
     #: Limits from ``DISPATCH["QUEUES"]`` and how close the queue is to them:
     #: ``concurrency`` (the cap on ``running``), ``rate_limit`` (``"N/Ks"``)
     #: and ``starts`` (in the current window); empty for a queue without limits.
@@ -56,7 +57,7 @@ def queue_overview(*, backend: str | None = None) -> list[QueueOverview]:
     partial indexes of live jobs), and the paused rows; with rate-limited
     queues (``DISPATCH["QUEUES"]``), their window counters too.
     """
-    db = store.db_alias()
+    db = store.database_for(backend)  # the alias's database, as its namespace
     namespace = namespace_of(backend)
     queues: dict[str, QueueOverview] = {}
     dispatch_backend = backend_for(backend or "default")
@@ -109,7 +110,7 @@ def groups_at_cap(*, backend: str | None = None, limit: int = 100) -> list[Group
     those groups (index ``dispatch_job_conc_next``), and the window starts of
     the rate-limited ones (``dispatch_job_rate_starts``).
     """
-    db = store.db_alias()
+    db = store.database_for(backend)  # the alias's database, as its namespace
     namespace = namespace_of(backend)
     waits = list(  # queue groups are shown with their queue (``queue_overview``)
         ConcurrencyWait.objects.using(db)

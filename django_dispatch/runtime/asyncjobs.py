@@ -39,6 +39,7 @@ from typing import Any, Literal
 from asgiref.sync import sync_to_async
 from django.db import connections
 
+from .. import store
 from ..observability import tracing
 from . import attempt, metering
 from .connections import ThreadConnections
@@ -67,7 +68,9 @@ class AsyncJobs:
         #: The jobs on the loop, by their asyncio task.
         self.tasks: dict[asyncio.Task[None], RunningJob] = {}
         self.hops = SyncHops(self.loop)
-        self.thread = threading.Thread(target=self._main, name="dispatch-async", daemon=True)
+        self.thread = threading.Thread(
+            target=store.carrying_database(self._main), name="dispatch-async", daemon=True
+        )
         self.thread.start()
 
     def _main(self) -> None:

@@ -20,6 +20,7 @@ from inspect import iscoroutinefunction
 
 from django.db import DatabaseError, InterfaceError, connections
 
+from .. import store
 from ..observability import joblog, tracing
 from . import atomic, attempt, completer, executor, metering, timeouts
 from .connections import ThreadConnections, database_went_away
@@ -226,7 +227,9 @@ class JobThreads:
             self._spawn()
 
     def _spawn(self) -> None:
-        thread = threading.Thread(target=self._loop, name="dispatch-job", daemon=True)
+        thread = threading.Thread(
+            target=store.carrying_database(self._loop), name="dispatch-job", daemon=True
+        )
         self.threads.append(thread)
         thread.start()
 

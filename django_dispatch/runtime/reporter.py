@@ -15,6 +15,7 @@ from collections.abc import Callable
 
 from django.db import connections
 
+from .. import store
 from ..compat import task_finished
 from ..conf.redaction import error_redactor
 from ..observability import joblog
@@ -49,7 +50,9 @@ class Reporter:
     def __init__(self, report: Callable[[RunningJob], None]) -> None:
         self.report = report
         self.inbox: queue.SimpleQueue[RunningJob | None] = queue.SimpleQueue()
-        self.thread = threading.Thread(target=self._loop, name="dispatch-finished", daemon=True)
+        self.thread = threading.Thread(
+            target=store.carrying_database(self._loop), name="dispatch-finished", daemon=True
+        )
         self.thread.start()
 
     def put(self, running: RunningJob) -> None:

@@ -44,7 +44,7 @@ def run_now(result_id: str | int, *, backend: str = "default") -> bool:
     resource needs or a locality runs here too: those choose among workers,
     and this caller named the job itself.
 
-    ``backend``: the TASKS alias whose namespace holds the job.
+    ``backend``: the TASKS alias whose namespace and database hold the job.
 
     Raises, with nothing written: ``TypeError`` or ``ValueError`` for an id
     that is not a job's, ``TaskResultDoesNotExist`` for an unknown job,
@@ -54,7 +54,11 @@ def run_now(result_id: str | int, *, backend: str = "default") -> bool:
     """
     job_id = _job_id(result_id)
     namespace = namespace_for(backend)  # an unknown alias: ValueError
-    db = store.db_alias()
+    with store.using_backend(backend) as db:  # the worker's threads carry it too
+        return _run_now(job_id, namespace, backend, db)
+
+
+def _run_now(job_id: int, namespace: str, backend: str, db: str) -> bool:
     if connections[db].in_atomic_block:
         raise TransactionManagementError(
             "run_now() cannot run inside transaction.atomic() (or ATOMIC_REQUESTS): it commits "

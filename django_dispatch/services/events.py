@@ -48,7 +48,7 @@ from ..conf import get_settings
 from ..models import Event
 from ..models.event import EVENT_NAME_MAX_LENGTH
 from ..models.job import KEY_MAX_LENGTH
-from ..store import db_alias
+from ..store import db_alias, using_backend
 from ..store import events as events_store
 from ..tasks.registry import namespace_for
 from ..tasks.values import to_json
@@ -115,9 +115,10 @@ def publish(
     check_key(key)
     payload = to_json(payload, "An event's payload")
     namespace = namespace_for(backend)
-    return events_store.event_publish(
-        name, payload, key=key, namespace=namespace, on_publish=tuple(_publish_hooks)
-    )
+    with using_backend(backend):  # the alias's database, in the caller's transaction there
+        return events_store.event_publish(
+            name, payload, key=key, namespace=namespace, on_publish=tuple(_publish_hooks)
+        )
 
 
 def subscribe(
@@ -137,6 +138,11 @@ def subscribe(
     check_key(key)
     timeout = check_timeout(timeout)
     namespace = namespace_for(backend)
+    with using_backend(backend):
+        return _subscribe(name, key, timeout, namespace)
+
+
+def _subscribe(name: str, key: str | None, timeout: float, namespace: str) -> Event | None:
     settings = get_settings()
     deadline = time.monotonic() + timeout
 
@@ -178,7 +184,9 @@ def ack(event_id: int, *, backend: str = "default") -> bool:
     event already acked, unknown, or of another namespace."""
     if not isinstance(event_id, int) or isinstance(event_id, bool):
         raise ValueError(f"event_id must be the int publish() returned, got {event_id!r}.")
-    return events_store.event_ack(event_id, namespace=namespace_for(backend))
+    namespace = namespace_for(backend)
+    with using_backend(backend):
+        return events_store.event_ack(event_id, namespace=namespace)
 
 
 @contextlib.contextmanager

@@ -19,18 +19,22 @@ from ..tasks.task import DispatchTask, task_for_row
 from ..tasks.values import to_json
 
 
-def cancel(result_id: str | int) -> bool:
+def cancel(result_id: str | int, *, backend: str | None = None) -> bool:
     """Cancel a pending, blocked or running job. True only when this call made the change.
 
     A pending job will never start. A running job is marked cancelled at once;
     its worker notices at its next heartbeat or ``context.progress()`` and
     discards the attempt's result. Unknown or finished jobs: False, no change.
+    ``backend``: the TASKS alias whose database holds the job (None: the
+    current one, see ``store.using_backend``: the ``default`` alias's
+    outside a worker or a block of another alias).
     """
     try:
         job_id = int(result_id)
     except (TypeError, ValueError):
         return False
-    return store.job_cancel(job_id)
+    with store.using_backend(backend):
+        return store.job_cancel(job_id)
 
 
 def _dead_letter_task(dead_letter: DeadLetter) -> Task:
@@ -53,6 +57,7 @@ def replay(
     kwargs: Mapping[str, Any] | None = None,
     *,
     replayed_by: str = "",
+    backend: str | None = None,
 ) -> TaskResult:
     """Enqueue a fresh job for a dead letter; return its TaskResult.
 
@@ -65,9 +70,20 @@ def replay(
     wins and the other raises
     ``AlreadyReplayed``; if the insert fails, the claim is rolled back and the
     entry can be replayed later. The dead letter records who replayed it,
-    when, with which arguments, and the new job's id.
+    when, with which arguments, and the new job's id. ``backend``: the TASKS
+    alias whose database holds the dead letter (as for ``cancel``).
     """
-    db = store.db_alias()
+    with store.using_backend(backend) as db:
+        return _replay(dead_letter_id, args, kwargs, replayed_by, db)
+
+
+def _replay(
+    dead_letter_id: int,
+    args: Sequence[Any] | None,
+    kwargs: Mapping[str, Any] | None,
+    replayed_by: str,
+    db: str,
+) -> TaskResult:
     dead_letter = DeadLetter.objects.using(db).filter(id=dead_letter_id).first()
     if dead_letter is None:
         raise DeadLetter.DoesNotExist(f"No dead letter with id {dead_letter_id}.")
@@ -88,22 +104,45 @@ def replay(
                 f"Dead letter {dead_letter_id} was already replayed "
                 f"(see its replay history); nothing was enqueued."
             )
-        result = task.enqueue(*new_args, **new_kwargs)
+        result = _enqueue_on(db, task, dead_letter, new_args, new_kwargs)
         store.dead_letter_set_replay_job(dead_letter_id, int(result.id), db=db)
     return result
 
 
-def retry_now(result_id: str | int) -> bool:
+def _enqueue_on(
+    db: str, task: Task, dead_letter: DeadLetter, args: list[Any], kwargs: dict[str, Any]
+) -> TaskResult:
+    """The replay's job, on the dead letter's database.
+
+    Through the task's backend when that alias keeps its rows there (the
+    usual case); else built by it and inserted on ``db``, in the letter's
+    namespace: a job a cron entry or a workflow of another alias's database
+    ran (its task being the ``default`` alias's) failed there, and its
+    replay belongs there too.
+    """
+    backend = task.get_backend()
+    if not isinstance(backend, DispatchBackendBase) or store.database_for(backend.alias) == db:
+        return task.enqueue(*args, **kwargs)
+    job = backend.build_job(task, args, kwargs)
+    job.namespace = dead_letter.namespace
+    job.call_context = dead_letter.call_context
+    store.jobs_insert([job], db=db)
+    return result_from_job(job, task=task)
+
+
+def retry_now(result_id: str | int, *, backend: str | None = None) -> bool:
     """Run a job that waits for a retry now. True if it was waiting.
 
     A job that failed for good is retried with ``replay()`` of its dead
     letter instead: finished jobs stay finished, replays are new jobs.
+    ``backend``: as for ``cancel``.
     """
     try:
         job_id = int(result_id)
     except (TypeError, ValueError):
         return False
-    return store.jobs_retry_now(job_ids=[job_id]) == 1
+    with store.using_backend(backend):
+        return store.jobs_retry_now(job_ids=[job_id]) == 1
 
 
 def purge(*, max_seconds: float = 30.0, namespace: str = "") -> tuple[int, int]:

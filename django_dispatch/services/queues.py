@@ -50,7 +50,9 @@ def pause_queue(name: str, *, backend: str | None = None) -> bool:
     transaction if there is one (the pause takes effect at its commit).
     """
     name = _checked(name, backend)
-    paused = flow_store.queue_pause(store.db_alias(), name, namespace=namespace_of(backend))
+    paused = flow_store.queue_pause(
+        store.database_for(backend), name, namespace=namespace_of(backend)
+    )
     if paused:  # this process's workers see it at their next claim
         forget_paused()
     return paused
@@ -65,7 +67,9 @@ def resume_queue(name: str, *, backend: str | None = None) -> bool:
     always safe; a misspelt name resumes nothing and says so (False).
     """
     name = _checked(name, backend, listed=False)
-    resumed = flow_store.queue_resume(store.db_alias(), name, namespace=namespace_of(backend))
+    resumed = flow_store.queue_resume(
+        store.database_for(backend), name, namespace=namespace_of(backend)
+    )
     if resumed:  # this process's workers see it at their next claim
         forget_paused()
     return resumed
@@ -73,4 +77,4 @@ def resume_queue(name: str, *, backend: str | None = None) -> bool:
 
 def paused_queues(*, backend: str | None = None) -> set[str]:
     """The names of the paused queues (read from the database now)."""
-    return flow_store.queues_paused(store.db_alias(), namespace=namespace_of(backend))
+    return flow_store.queues_paused(store.database_for(backend), namespace=namespace_of(backend))

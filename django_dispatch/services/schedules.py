@@ -24,7 +24,7 @@ from ..core import cron
 from ..core.encoding import dumps
 from ..models import CronEntry
 from ..queries.reading import read_alias
-from ..store import db_alias
+from ..store import database_for, using_backend
 from ..store.schedules import (
     cron_entry_delete_named,
     cron_entry_save,
@@ -73,7 +73,7 @@ def save(
         "priority": the_task.priority,
         "enabled": enabled,
     }
-    db = db_alias()
+    db = database_for(backend)
     for attempt in range(2):  # two first saves of one name race on the insert
         try:
             with transaction.atomic(using=db):
@@ -88,7 +88,8 @@ def delete(name: str, *, backend: str = "default") -> bool:
     """Delete entry ``name``; True when it existed. The jobs it enqueued stay."""
     namespace = namespace_for(backend)
     _check_name(name, namespace, action="delete")
-    return cron_entry_delete_named(namespace, name)
+    with using_backend(backend):
+        return cron_entry_delete_named(namespace, name)
 
 
 def set_enabled(
@@ -123,18 +124,22 @@ def set_enabled(
             raise ValueError(
                 "next_run_at is the first fire of an enabled entry: pass enabled=True."
             )
-    return cron_entry_set_enabled_named(namespace, name, enabled, next_run_at=next_run_at)
+    with using_backend(backend):
+        return cron_entry_set_enabled_named(namespace, name, enabled, next_run_at=next_run_at)
 
 
 def get(name: str, *, backend: str = "default") -> CronEntry | None:
     """Entry ``name`` of ``backend``'s namespace, whatever made it; None if there is none."""
     namespace = namespace_for(backend)
-    return _read().filter(namespace=namespace, name=name).first()
+    with using_backend(backend):
+        return _read().filter(namespace=namespace, name=name).first()
 
 
 def list_entries(*, backend: str = "default") -> list[CronEntry]:
     """Every entry of ``backend``'s namespace (settings', code's, the admin's), by name."""
-    return list(_read().filter(namespace=namespace_for(backend)).order_by("name"))
+    namespace = namespace_for(backend)
+    with using_backend(backend):
+        return list(_read().filter(namespace=namespace).order_by("name"))
 
 
 def _read() -> Any:

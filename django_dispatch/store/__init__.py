@@ -25,7 +25,21 @@ recycled worker's leases read back by the process that replaced it),
 ``workflows`` (workflow runs and steps: a package of its own).
 """
 
-from .base import NOTIFY_CHANNEL, db_alias, db_now, error_entry, notify, notify_channel
+from .base import (
+    NOTIFY_CHANNEL,
+    carrying_database,
+    database_for,
+    db_alias,
+    db_now,
+    error_entry,
+    notify,
+    notify_channel,
+    read_database_for,
+    routed_database,
+    serve_database,
+    using_backend,
+    using_database,
+)
 from .claim import jobs_claim, jobs_due_exist
 from .dead_letters import (
     dead_letter_claim_replay,
@@ -72,6 +86,7 @@ __all__ = [
     "FlowState",
     "Lease",
     "Placement",
+    "carrying_database",
     "claim_candidates",
     "cron_entries_claim_due",
     "cron_entries_delete",
@@ -79,6 +94,7 @@ __all__ = [
     "cron_entries_set_enabled",
     "cron_entry_advance",
     "cron_sync_from_settings",
+    "database_for",
     "db_alias",
     "db_now",
     "dead_letter_claim_replay",
@@ -112,7 +128,12 @@ __all__ = [
     "notify",
     "notify_channel",
     "partitions_promote_stalled",
+    "read_database_for",
+    "routed_database",
     "runnable_candidates",
+    "serve_database",
+    "using_backend",
+    "using_database",
     "worker_deregister",
     "worker_register",
     "worker_touch",

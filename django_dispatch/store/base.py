@@ -9,7 +9,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from django.conf import settings
-from django.db import connections, router
+from django.db import connections
 from django.db.models import (
     BooleanField,
     DateTimeField,
@@ -26,6 +26,17 @@ from ..core.limits import truncate_error_text
 from ..core.states import FINISHED_STATES, LIVE_STATES, WAITING_STATES, JobState
 from ..models import Job
 from ..models.job import NAMESPACE_RE
+
+# Re-exported: the database routing by alias (``store.routing``), where every
+# module has always found ``db_alias``.
+from .routing import carrying_database as carrying_database
+from .routing import database_for as database_for
+from .routing import db_alias as db_alias
+from .routing import read_database_for as read_database_for
+from .routing import routed_database as routed_database
+from .routing import serve_database as serve_database
+from .routing import using_backend as using_backend
+from .routing import using_database as using_database
 
 NOTIFY_CHANNEL = "django_dispatch"
 
@@ -59,11 +70,6 @@ def namespace_literal(namespace: str) -> str:
             "'_', '-', '.' or ':' (run `manage.py check`)."
         )
     return f"'{namespace}'"
-
-
-def db_alias() -> str:
-    """The database holding job rows, chosen by the project's routers."""
-    return router.db_for_write(Job)
 
 
 class _LeaveOthers(dict[str, str]):

@@ -39,6 +39,7 @@ from django.core.files import File
 from django.core.files.base import ContentFile
 from django.core.files.storage import Storage, storages
 
+from .. import store
 from ..conf import get_settings
 from ..models import Artifact, ArtifactLink
 from ..models.artifact import LINK_NAME_MAX_LENGTH, Lifecycle
@@ -226,7 +227,7 @@ def save(
         raise
     if link is None:
         raise lost()  # unlinked: the orphan sweep's (the file is kept until then)
-    return Artifact.objects.get(pk=artifact.pk)
+    return Artifact.objects.using(store.db_alias()).get(pk=artifact.pk)
 
 
 def save_for_step(

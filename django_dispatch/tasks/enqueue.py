@@ -84,7 +84,8 @@ def enqueue_many(
     with _naming_call(0):
         plan = backend.enqueue_plan(task)
     signal = not enqueued_signal_is_silent(backend)
-    inserted = _insert_chunks(backend, task, plan, pairs, keep=return_results or signal)
+    with store.using_backend(backend.alias):  # the task's alias's database
+        inserted = _insert_chunks(backend, task, plan, pairs, keep=return_results or signal)
     ids = inserted.ids
     if metrics.AVAILABLE:
         metrics.enqueued(plan.spec.task_path, plan.spec.queue_name, len(ids))

@@ -25,6 +25,7 @@ from ..compat import BaseTaskBackend, InvalidTask, Task, task_backends
 from ..conf import generation
 from ..core.retry import Backoff, exponential_backoff
 from ..models import Job
+from ..store.routing import alias_database
 from ..store.types import JobSpec
 from .options import concurrency_columns
 from .placement import is_auto, place
@@ -198,6 +199,16 @@ _UNLISTED_QUEUES: dict[tuple[str, str], str] = {}
 def dispatch_aliases() -> list[str]:
     """The TASKS aliases whose backend is a DispatchBackend, sorted."""
     return sorted(alias for alias in getattr(settings, "TASKS", {}) if backend_for(alias))
+
+
+def namespaces_with_databases() -> set[str]:
+    """The namespaces of the DispatchBackend aliases with ``OPTIONS["DATABASE"]``."""
+    found = set()
+    for alias in dispatch_aliases():
+        backend = backend_for(alias)
+        if backend is not None and alias_database(alias):
+            found.add(backend.namespace)
+    return found
 
 
 def namespace_of(alias: str | None) -> str:

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..models import WorkflowRun
 from ..models.job import KEY_MAX_LENGTH
+from ..store import using_backend
 from ..store import workflows as wf_store
 from ..tasks.registry import namespace_for
 from ..tasks.values import to_json
@@ -59,5 +60,6 @@ def start_run(
         context=to_json(context, "A workflow run's call context"),
     )
     spec = dataclasses.replace(spec, namespace=namespace)
-    run, _created = wf_store.workflow_run_insert(spec, build_job=build_step_job)
+    with using_backend(backend):  # the run, its steps and their jobs: the alias's database
+        run, _created = wf_store.workflow_run_insert(spec, build_job=build_step_job)
     return run

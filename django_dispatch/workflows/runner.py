@@ -35,6 +35,7 @@ from django.db import connections
 from ..compat import InvalidTask
 from ..exceptions import JobCancelled
 from ..runtime.timeouts import limit_this_job
+from ..store import carrying_database
 from ..tasks.results import error_of as job_error_of
 from ..tasks.values import to_json
 from .context import StartChild, StartMap, StepContext
@@ -173,7 +174,9 @@ def _call_on_thread(func: Callable[[StepContext], Any], ctx: StepContext, timeou
         finally:
             connections.close_all()  # this thread's connections only
 
-    thread = threading.Thread(target=target, name=f"dispatch-step-{ctx.step_id}", daemon=True)
+    thread = threading.Thread(
+        target=carrying_database(target), name=f"dispatch-step-{ctx.step_id}", daemon=True
+    )
     thread.start()
     thread.join(timeout)
     if thread.is_alive():

@@ -9,36 +9,42 @@ step was not in a state the action fits, e.g. already finished), except
 
 from __future__ import annotations
 
-from django.db import connections, router
+from django.db import connections
 from django.db.models import Min
 from django.db.transaction import TransactionManagementError
 
 from ..core.workflow_states import RUN_REOPENABLE, STEP_DONE, StepState
 from ..models import WorkflowRun, WorkflowTask
-from ..store import db_alias, db_now
+from ..store import db_alias, db_now, read_database_for, using_backend
 from ..store import workflows as wf_store
 from .engine import build_step_job
 from .exceptions import ActionNotAllowed, AlreadyReopened
 
 
-def cancel_run(run_id: int) -> bool:
+def cancel_run(run_id: int, *, backend: str | None = None) -> bool:
     """Cancel a running or stuck run: pending step jobs are cancelled, running
     steps' claims become void (their results are discarded), child runs it
-    waits for are cancelled too."""
-    return wf_store.workflow_run_cancel(run_id)
+    waits for are cancelled too.
+
+    ``backend`` (here and below): the TASKS alias whose database holds the
+    run (None: the current one; see ``store.using_backend``)."""
+    with using_backend(backend):
+        return wf_store.workflow_run_cancel(run_id)
 
 
-def retry_run(run_id: int) -> bool:
+def retry_run(run_id: int, *, backend: str | None = None) -> bool:
     """Unpark a stuck run: its failed steps run again with a fresh attempt budget."""
-    return wf_store.workflow_run_unpark(run_id, build_job=build_step_job)
+    with using_backend(backend):
+        return wf_store.workflow_run_unpark(run_id, build_job=build_step_job)
 
 
-def skip_step(run_id: int, step_name: str) -> bool:
+def skip_step(run_id: int, step_name: str, *, backend: str | None = None) -> bool:
     """Skip an unfinished step: dependents go on as if it succeeded with no output."""
-    return wf_store.workflow_step_skip(run_id, step_name, build_job=build_step_job)
+    with using_backend(backend):
+        return wf_store.workflow_step_skip(run_id, step_name, build_job=build_step_job)
 
 
-def run_now(run_id: int) -> list[int]:
+def run_now(run_id: int, *, backend: str | None = None) -> list[int]:
     """Run the run's next runnable step here, now, instead of waiting for a worker's poll.
 
     The calling process claims the job of the run's first ``ready`` step
@@ -66,7 +72,12 @@ def run_now(run_id: int) -> list[int]:
         raise TypeError(
             f"run_now() takes a workflow run's id (an int, e.g. run.pk), got {run_id!r}."
         )
-    if connections[db_alias()].in_atomic_block:
+    with using_backend(backend) as db:
+        return _run_next_step(run_id, db)
+
+
+def _run_next_step(run_id: int, db: str) -> list[int]:
+    if connections[db].in_atomic_block:
         raise TransactionManagementError(
             "run_now() cannot run inside transaction.atomic() (or ATOMIC_REQUESTS): it commits "
             "the step's claim and outcome itself, and runs the step on a thread with its own "
@@ -80,20 +91,20 @@ def run_now(run_id: int) -> list[int]:
     return run_next_step(run_id)
 
 
-def stuck_steps(run_id: int) -> list[str]:
+def stuck_steps(run_id: int, *, backend: str | None = None) -> list[str]:
     """Names of the run's failed steps (what parks it), in definition order."""
     return list(
-        WorkflowTask.objects.using(router.db_for_read(WorkflowTask))
+        WorkflowTask.objects.using(_read(backend))
         .filter(run_id=run_id, state=StepState.FAILED)
         .order_by("sequence")
         .values_list("name", flat=True)
     )
 
 
-def current_steps(run_id: int) -> list[str]:
+def current_steps(run_id: int, *, backend: str | None = None) -> list[str]:
     """Names of the run's unfinished steps, in definition order (the first is "current")."""
     return list(
-        WorkflowTask.objects.using(router.db_for_read(WorkflowTask))
+        WorkflowTask.objects.using(_read(backend))
         .filter(run_id=run_id)
         .exclude(state__in=list(STEP_DONE))
         .order_by("sequence")
@@ -101,7 +112,9 @@ def current_steps(run_id: int) -> list[str]:
     )
 
 
-def replay_run(run_id: int, from_step: str, *, generation: int | None = None) -> WorkflowRun:
+def replay_run(
+    run_id: int, from_step: str, *, generation: int | None = None, backend: str | None = None
+) -> WorkflowRun:
     """Reopen a finished or stuck run from ``from_step``; return the run.
 
     ``from_step`` and every step depending on it run again with the code
@@ -111,7 +124,11 @@ def replay_run(run_id: int, from_step: str, *, generation: int | None = None) ->
     Raises ``ActionNotAllowed`` for a run still running, and
     ``WorkflowTask.DoesNotExist`` for an unknown step.
     """
-    db = db_alias()
+    with using_backend(backend) as db:
+        return _replay_run(run_id, from_step, generation, db)
+
+
+def _replay_run(run_id: int, from_step: str, generation: int | None, db: str) -> WorkflowRun:
     run = WorkflowRun.objects.using(db).get(id=run_id)
     if not WorkflowTask.objects.using(db).filter(run_id=run_id, name=from_step).exists():
         raise WorkflowTask.DoesNotExist(f"run {run_id} ({run.name}) has no step {from_step!r}.")
@@ -135,13 +152,17 @@ def replay_run(run_id: int, from_step: str, *, generation: int | None = None) ->
     return run
 
 
-def children(run_id: int) -> list[WorkflowRun]:
+def children(run_id: int, *, backend: str | None = None) -> list[WorkflowRun]:
     """The child runs started by this run's steps (one query, oldest first)."""
     return list(
-        WorkflowRun.objects.using(router.db_for_read(WorkflowRun))
-        .filter(parent_run_id=run_id)
-        .order_by("id")
+        WorkflowRun.objects.using(_read(backend)).filter(parent_run_id=run_id).order_by("id")
     )
+
+
+def _read(backend: str | None) -> str:
+    """Where to read rows no write depends on: the alias's database, or the
+    current one, or (outside any) the routers' read choice, as before."""
+    return read_database_for(backend, WorkflowRun)
 
 
 def oldest_runnable_age() -> float:

@@ -4,6 +4,7 @@ from typing import Any
 
 from django.core.management.base import BaseCommand, CommandParser
 
+from ... import store
 from ...services import purge
 from ..backend_option import add_backend_argument, backend_namespace
 
@@ -22,5 +23,6 @@ class Command(BaseCommand):
 
     def handle(self, *args: Any, **options: Any) -> None:
         namespace = backend_namespace(options["backend"])
-        jobs, letters = purge(max_seconds=options["max_seconds"], namespace=namespace)
+        with store.using_backend(options["backend"]):
+            jobs, letters = purge(max_seconds=options["max_seconds"], namespace=namespace)
         self.stdout.write(f"Deleted {jobs} finished jobs and {letters} dead letters.")

@@ -58,6 +58,7 @@ def as_json(status: Status, *, backend: str, namespace: str, unplaced: list) -> 
                 "pending": q.pending,
                 "blocked": q.blocked,
                 "running": q.running,
+                "scheduled": q.scheduled,
                 "oldest_waiting_seconds": None
                 if q.oldest_due is None
                 else round(q.oldest_due.total_seconds(), 3),
@@ -94,9 +95,10 @@ class Command(BaseCommand):
 
     def handle(self, *args: Any, **options: Any) -> None:
         namespace = backend_namespace(options["backend"])
-        status = snapshot(namespace)
-        live = get_settings().LEASE_SECONDS
-        unplaced = unplaceable(store.db_alias(), namespace, live_within=live)
+        with store.using_backend(options["backend"]) as db:
+            status = snapshot(namespace)
+            live = get_settings().LEASE_SECONDS
+            unplaced = unplaceable(db, namespace, live_within=live)
         if options["json"]:
             document = as_json(
                 status, backend=options["backend"], namespace=namespace, unplaced=unplaced
@@ -134,7 +136,7 @@ class Command(BaseCommand):
             age = f"{q.oldest_due.total_seconds():.1f}s" if q.oldest_due is not None else "-"
             out(
                 f"  {q.name}: pending={q.pending} blocked={q.blocked} running={q.running} "
-                f"oldest_waiting={age}" + (" PAUSED" if q.paused else "")
+                f"scheduled={q.scheduled} oldest_waiting={age}" + (" PAUSED" if q.paused else "")
             )
         for needs, count in unplaced:
             self.stderr.write(  # a warning, not an error (workers come and go)

@@ -238,6 +238,16 @@ class Command(BaseCommand):
         )
 
     def handle(self, *args: Any, **options: Any) -> None:
+        # Every thread of this process (job threads, heartbeat, listener, the
+        # forked --processes children) works on the alias's database.
+        served = store.routing.alias_database(options["backend"])
+        store.serve_database(served)
+        try:
+            self._work(options)
+        finally:
+            store.serve_database(None)  # called from code: the caller's process goes on
+
+    def _work(self, options: dict[str, Any]) -> None:
         self._check_ready()
         if not 1 <= options["concurrency"] <= MAX_CONCURRENCY:  # from DISPATCH["CONCURRENCY"]
             raise CommandError(
@@ -276,7 +286,7 @@ class Command(BaseCommand):
         if missing:
             raise CommandError(
                 f"django_dispatch's migrations {missing} are not applied on database "
-                f"{db!r}. Run `python manage.py migrate` first."
+                f"{db!r}. Run `python manage.py migrate --database {db}` first."
             )
 
     def _run(self, launch: Launch, predecessor: recycling.Handover | None) -> int:
