@@ -5,6 +5,7 @@ registers their checks with Django (``DispatchConfig.ready`` does it); Python
 imports a module once, so each check is registered once.
 """
 
+from .alias_databases import check_alias_databases, check_alias_tables
 from .artifacts import check_artifact_storage
 from .database import SUPPORTED_VENDORS, check_migrations_applied, unapplied_migrations
 from .namespaces import check_abandoned_namespaces, check_namespaces, namespace_problem
@@ -16,6 +17,8 @@ from .workflows import check_step_routes
 __all__ = [
     "SUPPORTED_VENDORS",
     "check_abandoned_namespaces",
+    "check_alias_databases",
+    "check_alias_tables",
     "check_artifact_storage",
     "check_dispatch_settings",
     "check_migrations_applied",

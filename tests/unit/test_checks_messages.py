@@ -274,7 +274,8 @@ def test_an_unknown_backend_option_names_the_closest_known_option():
         (
             "django_dispatch.E002",
             f"TASKS['default']['OPTIONS'] has an unknown key {key!r}.{suggestion}",
-            f"Known options: ['BACKOFF', 'DATABASE', 'MAX_ATTEMPTS', 'NAMESPACE']. See {SETTINGS_URL}#tasks",
+            "Known options: ['BACKOFF', 'DATABASE', 'MAX_ATTEMPTS', 'NAMESPACE']. "
+            f"See {SETTINGS_URL}#tasks",
         )
         for key, suggestion in [
             ("COLOUR", ""),
