@@ -17,6 +17,7 @@ from django.core.files.storage import storages
 from django.http import FileResponse, Http404, HttpRequest
 
 from ..models import Artifact
+from ..store import read_database_for
 from .common import has_perm
 
 
@@ -24,7 +25,8 @@ def download_artifact(request: HttpRequest, artifact_id: int) -> FileResponse:
     """The live artifact's file as an attachment; 403 without the permission, 404 if gone."""
     if not has_perm(request, "download_artifact"):
         raise PermissionDenied("You need the 'Can download artifacts' permission.")
-    artifact = Artifact.objects.filter(id=artifact_id, deleted_at=None).first()
+    live = Artifact.objects.using(read_database_for(None, Artifact))
+    artifact = live.filter(id=artifact_id, deleted_at=None).first()
     if artifact is None:
         raise Http404(f"artifact {artifact_id} does not exist or was deleted")
     try:

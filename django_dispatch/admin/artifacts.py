@@ -20,6 +20,8 @@ from django.utils.html import format_html, format_html_join
 from ..compat import admin_action
 from ..models import Artifact, ArtifactLink, Job, WorkflowRun, WorkflowTask
 from ..store import artifacts as artifact_store
+from ..store import read_database_for
+from .aliases import AliasSelector
 from .artifact_download import download_artifact
 from .common import (
     BOTH,
@@ -44,7 +46,8 @@ def download_url(artifact_id: int) -> str:
 def artifacts_table(kind: str, owner_id: Any) -> str:
     """One line per live artifact of an owner: name, attempt, role, size, type, download."""
     rows = (
-        ArtifactLink.objects.filter(owner_kind=kind, owner_id=owner_id, artifact__deleted_at=None)
+        ArtifactLink.objects.using(read_database_for(None, ArtifactLink))
+        .filter(owner_kind=kind, owner_id=owner_id, artifact__deleted_at=None)
         .select_related("artifact")
         .order_by("-generation", "-attempt", "-created_at", "-id")[:PAGE_LIMIT]
     )
@@ -99,7 +102,7 @@ class LiveFilter(admin.SimpleListFilter):
 
 
 @admin.register(Artifact)
-class ArtifactAdmin(ReadOnlyRows, DeleteThroughAction, BigTable):
+class ArtifactAdmin(AliasSelector, ReadOnlyRows, DeleteThroughAction, BigTable):
     list_display = [
         "id",
         "name",

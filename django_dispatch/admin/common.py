@@ -87,10 +87,11 @@ class RecentValuesFilter(admin.AllValuesFieldListFilter):
     def __init__(self, field, request, params, model, model_admin, field_path):
         super().__init__(field, request, params, model, model_admin, field_path)
         rows = model._default_manager.using(list_database(request))
-        recent = rows.order_by("-pk").values("pk")[:FILTER_SAMPLE]
-        values = set(
-            rows.filter(pk__in=recent).order_by().values_list(field.name, flat=True).distinct()
-        )
+        # The newest rows' values read straight off the primary key's index,
+        # de-duplicated here: ``pk IN (newest ids)`` with DISTINCT let the
+        # planner join the sample to a scan of the whole table once it had a
+        # few hundred thousand rows (a dead letter list of 300,000: 0.9 s).
+        values = set(rows.order_by("-pk").values_list(field.name, flat=True)[:FILTER_SAMPLE])
         values.update(self.lookup_val or [])
         # A list where Django has a queryset: choices() only iterates it.
         self.lookup_choices = sorted(  # type: ignore[assignment]

@@ -27,6 +27,8 @@ from .. import services
 from ..compat import admin_action
 from ..core import cron
 from ..models import CronEntry, Job
+from ..store import db_alias
+from .aliases import AliasSelector
 from .common import BOTH, DeleteThroughAction, SQLiteWriteLockFirst, link, selected_ids
 from .forms import CronEntryForm
 from .history import record
@@ -65,7 +67,7 @@ DEFINITION_FIELDS = set(CronEntryForm.Meta.fields) - {"enabled"}
 
 
 @admin.register(CronEntry)
-class CronEntryAdmin(SQLiteWriteLockFirst, DeleteThroughAction, admin.ModelAdmin):
+class CronEntryAdmin(AliasSelector, SQLiteWriteLockFirst, DeleteThroughAction, admin.ModelAdmin):
     form = CronEntryForm
     list_display = [
         "name",
@@ -214,7 +216,7 @@ class CronEntryAdmin(SQLiteWriteLockFirst, DeleteThroughAction, admin.ModelAdmin
                 jobs.append(int(result.id))
                 # "Last run" is what the operator looks at to see it ran; the
                 # schedule itself (last_slot, next_run_at) stays the scheduler's.
-                CronEntry.objects.filter(pk=entry_id).update(last_run_at=Now())
+                CronEntry.objects.using(db_alias()).filter(pk=entry_id).update(last_run_at=Now())
                 record(
                     request,
                     CronEntry,

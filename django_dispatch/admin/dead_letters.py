@@ -23,6 +23,8 @@ from .. import services
 from ..compat import admin_action
 from ..exceptions import AlreadyReplayed
 from ..models import DeadLetter, Job
+from ..store import read_database_for
+from .aliases import AliasSelector
 from .bulk import BulkRetryPage
 from .common import (
     BOTH,
@@ -79,6 +81,7 @@ def replay_one(request: HttpRequest, dead_letter_id: int, **corrections: Any) ->
 
 @admin.register(DeadLetter)
 class DeadLetterAdmin(
+    AliasSelector,
     NamespaceColumn,
     BulkRetryPage,
     SQLiteWriteLockFirst,
@@ -212,7 +215,7 @@ class DeadLetterAdmin(
     def job_link(self, letter: DeadLetter) -> str:
         if letter.job_id is None:
             return "-"
-        if not Job.objects.filter(pk=letter.job_id).exists():
+        if not Job.objects.using(read_database_for(None, Job)).filter(pk=letter.job_id).exists():
             return f"#{letter.job_id} (deleted by retention)"
         return link(Job, letter.job_id)
 

@@ -24,7 +24,9 @@ from django.utils.html import format_html
 
 from .. import events
 from ..models import Event
+from ..store import db_alias
 from ..tasks.registry import dispatch_aliases
+from .aliases import AliasSelector
 from .common import BigTable, ReadOnlyRows, RecentValuesFilter, has_perm, rendered_field
 from .history import record_one
 
@@ -72,7 +74,7 @@ class PublishForm(forms.Form):
 
 
 @admin.register(Event)
-class EventAdmin(ReadOnlyRows, BigTable):
+class EventAdmin(AliasSelector, ReadOnlyRows, BigTable):
     list_display = [
         "id",
         "namespace",
@@ -134,7 +136,7 @@ class EventAdmin(ReadOnlyRows, BigTable):
             except (TypeError, ValueError) as e:
                 form.add_error(None, str(e))
             else:
-                event = Event.objects.get(pk=event_id)
+                event = Event.objects.using(db_alias()).get(pk=event_id)
                 record_one(request, event, "Published (admin form).")
                 self.message_user(
                     request, f"Event #{event_id} {data['name']!r} published.", messages.SUCCESS

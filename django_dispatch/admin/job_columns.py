@@ -22,6 +22,7 @@ from django.utils.html import format_html
 
 from ..core.states import LIVE, JobState
 from ..models import Job, WorkflowRun, WorkflowTask
+from ..store import read_database_for
 from .common import change_url
 from .display import age_html, badge_html, human_seconds
 
@@ -95,7 +96,8 @@ def attach_partition_heads(jobs: Iterable[Job]) -> None:
     if not keyed:
         return
     heads = (
-        Job.objects.filter(
+        Job.objects.using(read_database_for(None, Job))
+        .filter(
             state__in=list(LIVE),
             partition_key__isnull=False,
             partition_key__in={j.partition_key for j in keyed},
@@ -118,7 +120,8 @@ def attach_steps(jobs: Iterable[Job]) -> None:
             wanted.setdefault(job.args[0], []).append(job)
     if not wanted:
         return
-    steps = WorkflowTask.objects.filter(pk__in=list(wanted)).select_related("run")
+    steps = WorkflowTask.objects.using(read_database_for(None, WorkflowTask))
+    steps = steps.filter(pk__in=list(wanted)).select_related("run")
     for step in steps.only("id", "name", "state", "run__id", "run__name"):
         for job in wanted[step.pk]:
             job.dispatch_step = step  # type: ignore[attr-defined]

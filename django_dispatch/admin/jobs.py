@@ -22,6 +22,8 @@ from ..compat import admin_action
 from ..core.states import JobState
 from ..exceptions import AlreadyReplayed
 from ..models import DeadLetter, Job
+from ..store import db_alias, read_database_for
+from .aliases import AliasSelector
 from .artifacts import artifacts_field
 from .bulk import BulkRetryPage
 from .common import (
@@ -73,6 +75,7 @@ class CallContextFilter(admin.SimpleListFilter):
 
 @admin.register(Job)
 class JobAdmin(
+    AliasSelector,
     NamespaceColumn,
     OverviewPage,
     BulkRetryPage,
@@ -245,7 +248,12 @@ class JobAdmin(
     def dead_letter_link(self, job: Job) -> str:
         if job.state != JobState.FAILED:
             return "-"
-        letter = DeadLetter.objects.filter(job_id=job.pk).order_by("-id").first()
+        letter = (
+            DeadLetter.objects.using(read_database_for(None, DeadLetter))
+            .filter(job_id=job.pk)
+            .order_by("-id")
+            .first()
+        )
         if letter is None:
             return "none (deleted by retention)"
         return link(DeadLetter, letter.pk, f"Dead letter #{letter.pk}")
@@ -313,7 +321,8 @@ class JobAdmin(
     def _replay_failed_job(self, request: HttpRequest, job_id: int) -> bool | str | None:
         """True if replayed, None to skip, or the reason it could not be."""
         letter = (
-            DeadLetter.objects.filter(job_id=job_id, replayed_at__isnull=True)
+            DeadLetter.objects.using(db_alias())
+            .filter(job_id=job_id, replayed_at__isnull=True)
             .order_by("-id")
             .values_list("pk", flat=True)
             .first()

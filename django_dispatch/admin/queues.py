@@ -23,12 +23,13 @@ from django.template.response import TemplateResponse
 
 from .. import flow
 from ..models import PausedQueue
+from .aliases import AliasSelector, selected_alias
 from .common import has_perm
 from .history import record
 
 
 @admin.register(PausedQueue)
-class QueueAdmin(admin.ModelAdmin):
+class QueueAdmin(AliasSelector, admin.ModelAdmin):
     def has_add_permission(self, request: HttpRequest, obj: Any = None) -> bool:
         return False
 
@@ -55,8 +56,8 @@ class QueueAdmin(admin.ModelAdmin):
             **self.admin_site.each_context(request),
             "opts": self.model._meta,
             "title": "Queues",
-            "queues": flow.queue_overview(),
-            "groups": flow.groups_at_cap(),
+            "queues": flow.queue_overview(backend=selected_alias(request)),
+            "groups": flow.groups_at_cap(backend=selected_alias(request)),
             "may_pause": self.may_pause(request),
             **(extra_context or {}),
         }
@@ -68,12 +69,13 @@ class QueueAdmin(admin.ModelAdmin):
         action, name = request.POST.get("action"), request.POST.get("queue", "")
         if action not in ("pause", "resume"):
             self.message_user(request, f"Unknown action {action!r}.", messages.ERROR)
-            return HttpResponseRedirect(request.path)
+            return HttpResponseRedirect(request.get_full_path())
         try:
-            changed = (flow.pause_queue if action == "pause" else flow.resume_queue)(name)
+            act = flow.pause_queue if action == "pause" else flow.resume_queue
+            changed = act(name, backend=selected_alias(request))
         except ValueError as e:
             self.message_user(request, str(e), messages.ERROR)
-            return HttpResponseRedirect(request.path)
+            return HttpResponseRedirect(request.get_full_path())
         if changed:
             message = f"{action.capitalize()}d queue {name!r} (Queues page)."  # #19: history
             record(request, PausedQueue, [(name, f"queue {name}")], message)
@@ -82,4 +84,4 @@ class QueueAdmin(admin.ModelAdmin):
         else:
             state = "already paused" if action == "pause" else "not paused"
             self.message_user(request, f"Queue {name!r} was {state}.", messages.WARNING)
-        return HttpResponseRedirect(request.path)
+        return HttpResponseRedirect(request.get_full_path())

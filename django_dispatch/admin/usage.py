@@ -27,6 +27,8 @@ from ..conf import get_settings
 from ..core.resources import fits, key_of
 from ..core.states import JobState
 from ..models import Job, JobUsage, Worker
+from ..store import read_database_for
+from .aliases import AliasSelector
 from .common import ReadOnlyRows
 
 #: Most tasks on the summary page (the busiest first).
@@ -37,7 +39,7 @@ WINDOWS = [("hour", 1), ("day", 24), ("week", 24 * 7)]
 
 
 @admin.register(JobUsage)
-class JobUsageAdmin(ReadOnlyRows, admin.ModelAdmin):
+class JobUsageAdmin(AliasSelector, ReadOnlyRows, admin.ModelAdmin):
     list_display = [
         "finished_at",
         "job_id",
@@ -76,7 +78,8 @@ class JobUsageAdmin(ReadOnlyRows, admin.ModelAdmin):
             hours = 24
         since = timezone.now() - timedelta(hours=hours)
         tasks = (
-            JobUsage.objects.filter(finished_at__gte=since)
+            JobUsage.objects.using(read_database_for(None, JobUsage))
+            .filter(finished_at__gte=since)
             .values_list("task_path", flat=True)
             .distinct()
             .order_by("task_path")[:SUMMARY_TASKS]
@@ -117,7 +120,11 @@ def usage_block(job: Job) -> str:
             "start one with rundispatch --capacity {}.</strong>",
             ",".join(f"{k}={v}" for k, v in sorted(job.resources.items())),
         )
-    rows = JobUsage.objects.filter(job_id=job.pk).order_by("-attempt", "-id")[:JOB_LINES]
+    rows = (
+        JobUsage.objects.using(read_database_for(None, JobUsage))
+        .filter(job_id=job.pk)
+        .order_by("-attempt", "-id")[:JOB_LINES]
+    )
     lines = format_html_join(
         "",
         "<tr><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td></tr>",
@@ -153,7 +160,8 @@ def _num(value: float | None, places: int) -> str:
 
 def _live_worker_fits(job: Job) -> bool:
     seen = timezone.now() - timedelta(seconds=get_settings().LEASE_SECONDS)
-    capacities = Worker.objects.filter(namespace=job.namespace, last_seen_at__gte=seen).values_list(
+    workers = Worker.objects.using(read_database_for(None, Worker))
+    capacities = workers.filter(namespace=job.namespace, last_seen_at__gte=seen).values_list(
         "capacity", flat=True
     )
     return any(fits(job.resources, capacity or {}) for capacity in capacities)

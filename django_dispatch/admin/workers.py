@@ -15,12 +15,13 @@ from django.utils.html import format_html
 from django.utils.http import urlencode
 
 from ..models import Worker
+from .aliases import AliasSelector
 from .common import ReadOnlyRows
 from .display import age_html
 
 
 @admin.register(Worker)
-class WorkerAdmin(ReadOnlyRows, admin.ModelAdmin):
+class WorkerAdmin(AliasSelector, ReadOnlyRows, admin.ModelAdmin):
     list_display = [
         "id",
         "namespace",

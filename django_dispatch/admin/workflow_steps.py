@@ -21,6 +21,7 @@ from ..compat import admin_action
 from ..core.workflow_states import StepState
 from ..models import Job, WorkflowRun, WorkflowTask
 from ..workflows import services
+from .aliases import AliasSelector
 from .artifacts import artifacts_field
 from .common import (
     BOTH,
@@ -186,7 +187,7 @@ class StepInline(StepDisplays, ReadOnlyRows, admin.StackedInline):
 
 
 @admin.register(WorkflowTask)
-class WorkflowTaskAdmin(StepDisplays, OperatorActions, BigTable):
+class WorkflowTaskAdmin(AliasSelector, StepDisplays, OperatorActions, BigTable):
     """Every step of every run, to find stuck or failing steps across runs.
 
     Named after its model, like every ModelAdmin (see ``WorkflowTask`` for

@@ -21,6 +21,7 @@ from ..compat import admin_action
 from ..core.workflow_states import STEP_DONE, StepState
 from ..models import WorkflowRun, WorkflowTask
 from ..workflows import services
+from .aliases import AliasSelector
 from .artifacts import artifacts_field
 from .common import (
     BOTH,
@@ -51,7 +52,7 @@ def _current_step() -> Subquery:
 
 
 @admin.register(WorkflowRun)
-class WorkflowRunAdmin(OperatorActions, BigTable, ReplayFromStep):
+class WorkflowRunAdmin(AliasSelector, OperatorActions, BigTable, ReplayFromStep):
     list_display = [
         "id",
         "namespace",
