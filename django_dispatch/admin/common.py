@@ -19,7 +19,7 @@ from django.conf import settings
 from django.contrib import admin
 from django.core.exceptions import PermissionDenied
 from django.core.paginator import Paginator
-from django.db import connections, router, transaction
+from django.db import connections, transaction
 from django.db.models import Model, QuerySet
 from django.http import Http404, HttpRequest, HttpResponse
 from django.template.response import TemplateResponse
@@ -220,7 +220,7 @@ class SQLiteWriteLockFirst:
         extra_context: dict[str, Any] | None = None,
     ) -> HttpResponse:
         view = super().changeform_view  # type: ignore[misc]
-        db = router.db_for_write(self.model)
+        db = db_alias()
         if request.method in SAFE_METHODS or connections[db].vendor != "sqlite":
             return view(request, object_id, form_url, extra_context)
         with transaction.atomic(using=db):
