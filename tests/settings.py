@@ -11,7 +11,8 @@
 - ``sqlite``: a SQLite file.
 
 Worker subprocesses started by tests get ``DISPATCH_DB_NAME`` so that they use
-the test database pytest-django created.
+the test database pytest-django created (and ``DISPATCH_DB_EU_NAME`` for the
+second PostgreSQL database, ``jobs_eu``, of tests/shards/).
 """
 
 import json
@@ -103,6 +104,17 @@ else:
             "TEST": {"NAME": f"test_dispatch_{RUN_ID}"},
         }
     }
+    if ENGINE == "postgres":
+        # A second database on the same server, for the aliases that keep their
+        # rows in a database of their own (tests/shards/). pytest-django creates
+        # its test database only for the tests that ask for it
+        # (``django_db(databases=[..., "jobs_eu"])``); no TASKS alias uses it
+        # unless a test says so, so every other test sees what it always did.
+        DATABASES["jobs_eu"] = {
+            **DATABASES["default"],
+            "NAME": os.environ.get("DISPATCH_DB_EU_NAME", "dispatch_jobs_eu"),
+            "TEST": {"NAME": f"test_dispatch_eu_{RUN_ID}"},
+        }
     if ENGINE == "pgbouncer":
         # A WITH HOLD cursor opened by .iterator() outside a transaction would
         # be fetched from on another server session. Prepared statements stay
