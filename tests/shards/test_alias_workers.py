@@ -65,8 +65,19 @@ def test_an_alias_database_holds_every_row_of_the_alias_and_only_its_worker_serv
 def _run_everything_on_eu(start_worker) -> None:
     env = worker_env()
     default = start_worker("--worker-id", "w-default", overrides=EXTRA, env=env)
+    # Two forked processes of two job threads each: the served database is the
+    # process's, which threads and forked children share (ContextVars are not).
     eu = start_worker(
-        "--backend", "eu", "--worker-id", "w-eu", "--concurrency", "4", overrides=EXTRA, env=env
+        "--backend",
+        "eu",
+        "--worker-id",
+        "w-eu",
+        "--processes",
+        "2",
+        "--concurrency",
+        "2",
+        overrides=EXTRA,
+        env=env,
     )
     eu_task = {"backend": "eu"}
     pause_queue("held", backend="eu")
@@ -114,13 +125,14 @@ def _run_everything_on_eu(start_worker) -> None:
     assert {name for name, n in on_eu.items() if not n} <= {"ConcurrencyWait"}, on_eu
     # ... and the default database has none: only the default worker's own rows.
     assert on_default == {**dict.fromkeys(on_default, 0), "Worker": 1, "Leadership": 1}, on_default
+    assert on_eu["Worker"] == 2  # the two children registered on jobs_eu
     assert Job.objects.using("default").count() == 0
     for worker in (eu, default):
         worker.signal(signal.SIGTERM)
         assert worker.wait(30) == 0, worker.output()
     # The default worker, up all along, never ran one of eu's jobs.
-    ran_by = {tuple(ids) for ids in _eu_jobs().values_list("worker_ids", flat=True)}
-    assert ran_by <= {(), ("w-eu",)}, ran_by
+    ran_by = {w for ids in _eu_jobs().values_list("worker_ids", flat=True) for w in ids}
+    assert ran_by and ran_by <= {"w-eu.0", "w-eu.1"}, ran_by  # only eu's forked children
     assert _eu_jobs().get(pk=held.id).state == JobState.PENDING  # its queue is paused
     assert not _eu_jobs().exclude(namespace="eu").exists()
     assert "w-eu" not in default.output()
