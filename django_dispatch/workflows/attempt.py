@@ -110,7 +110,9 @@ def record(
     """Persist one attempt's outcome, fenced by its claim. False: the claim was void."""
     step_id, claim_id = claimed.step_id, claimed.claim_id
     if outcome.kind == "succeeded":
-        won = wf_store.workflow_step_succeed(step_id, claim_id, outcome.value, build_job=build_job)
+        won = wf_store.workflow_step_succeed(
+            step_id, claim_id, outcome.value, build_job=build_job, run_id=claimed.run_id
+        )
     elif outcome.kind == "child":
         won = _start_child(claimed, outcome.value, build_job)
     elif outcome.kind == "map":

@@ -129,9 +129,22 @@ def lock_run(db: str, *, run_id: int | None = None, step_id: int | None = None) 
         run_id = steps.values_list("run_id", flat=True).first()
     if not run_id:
         return None
+    if connections[db].vendor == "postgresql":  # the lock and the read in one round trip
+        with connections[db].cursor() as cursor:
+            cursor.execute(_LOCK_RUN_SQL, [run_id])
+            row = cursor.fetchone()
+        return None if row is None else dict(zip(RUN_FIELDS, row, strict=True))
     if not WorkflowRun.objects.using(db).filter(id=run_id).update(updated_at=Now()):
         return None
     return WorkflowRun.objects.using(db).filter(id=run_id).values(*RUN_FIELDS).first()
+
+
+#: ``lock_run``'s UPDATE of ``updated_at`` returning ``RUN_FIELDS`` (their columns).
+_LOCK_RUN_SQL = (
+    f"UPDATE {WorkflowRun._meta.db_table} SET updated_at = STATEMENT_TIMESTAMP() "
+    f"WHERE id = %s RETURNING "
+    + ", ".join(WorkflowRun._meta.get_field(name).column for name in RUN_FIELDS)
+)
 
 
 @contextmanager

@@ -17,7 +17,7 @@ from django.db.models import F
 from django.db.models.functions import Coalesce, Now
 
 from ...core.workflow_states import RUN_ACTIVE, STEP_DONE, STEP_SKIPPABLE, StepState
-from ...models import WorkflowRun, WorkflowTask
+from ...models import WorkflowTask
 from ..base import db_now
 from ..maintenance import WORKER_LOST_PATH
 from ..sql import JSONAppend
@@ -84,16 +84,6 @@ def workflow_step_claim(
     step running.
     """
     db = db_or_default(db)
-    row = (
-        WorkflowTask.objects.using(db)
-        .filter(id=step_id, generation=generation, job_id=job_id)
-        .values("run_id", "state", "claim_id", "wait_event_name", "wait_until")
-        .first()
-    )
-    if row is None or row["state"] not in (StepState.READY, StepState.RUNNING, StepState.WAITING):
-        return None
-    if row["state"] == StepState.WAITING and row["wait_until"] is None:
-        return None  # a child run or an event with no timeout: not this job's to end
     claim_id = secrets.token_hex(16)
     changes: dict[str, Any] = {
         "state": StepState.RUNNING,
@@ -103,6 +93,15 @@ def workflow_step_claim(
         "started_at": Coalesce(F("started_at"), Now()),
         "updated_at": Now(),
     }
+    steps = WorkflowTask.objects.using(db).filter(id=step_id, generation=generation, job_id=job_id)
+    # The usual case first, in one statement: a ready step (which holds no claim).
+    if steps.filter(state=StepState.READY).update(**changes):
+        return _claimed_step(db, step_id, claim_id)
+    row = steps.values("run_id", "state", "claim_id", "wait_event_name", "wait_until").first()
+    if row is None or row["state"] not in (StepState.READY, StepState.RUNNING, StepState.WAITING):
+        return None
+    if row["state"] == StepState.WAITING and row["wait_until"] is None:
+        return None  # a child run or an event with no timeout: not this job's to end
     if row["state"] == StepState.RUNNING:
         message = (
             f"the previous attempt's worker lost job {job_id} (died, or handed the job back "
@@ -126,15 +125,24 @@ def workflow_step_claim(
     return _claimed_step(db, step_id, claim_id)
 
 
+#: What a claimed step's attempt reads of its step row, and (in the same query) of its run.
+_STEP_FIELDS = (
+    "run_id", "name", "handler_path", "generation", "attempts", "failures", "max_attempts",
+    "backoff", "timeout", "checkpoint", "depends_on", "waits",
+)  # fmt: skip
+_RUN_FIELDS = ("name", "input", "queue_name", "call_context")
+
+
 def _claimed_step(db: str, step_id: int, claim_id: str) -> ClaimedStep | None:
-    step = WorkflowTask.objects.using(db).filter(id=step_id, claim_id=claim_id).values().first()
+    step = (
+        WorkflowTask.objects.using(db)
+        .filter(id=step_id, claim_id=claim_id)
+        .values(*_STEP_FIELDS, *(f"run__{name}" for name in _RUN_FIELDS))
+        .first()
+    )
     if step is None:  # voided between the claim and this read
         return None
-    run = (
-        WorkflowRun.objects.using(db)
-        .values("name", "input", "queue_name", "call_context")
-        .get(id=step["run_id"])
-    )
+    run = {name: step[f"run__{name}"] for name in _RUN_FIELDS}
     outputs: dict[str, Any] = {}
     if step["depends_on"]:  # a first step (every one-step child of a map) has no ancestor
         others = WorkflowTask.objects.using(db).filter(run_id=step["run_id"])
@@ -190,12 +198,22 @@ def workflow_step_holds(step_id: int, claim_id: str, *, db: str | None = None) -
 
 
 def workflow_step_succeed(
-    step_id: int, claim_id: str, output: Any, *, build_job: StepJobBuilder, db: str | None = None
+    step_id: int,
+    claim_id: str,
+    output: Any,
+    *,
+    build_job: StepJobBuilder,
+    db: str | None = None,
+    run_id: int | None = None,
 ) -> bool:
     """running -> succeeded with its output; dependents that became runnable get
-    their jobs, and the run may succeed, all in one transaction."""
+    their jobs, and the run may succeed, all in one transaction.
+
+    ``run_id``: the step's run when the caller has it (its claim read it),
+    which saves looking it up.
+    """
     db = db_or_default(db)
-    with locked_run(db, step_id=step_id) as run:
+    with locked_run(db, run_id=run_id, step_id=step_id) as run:
         if run is None:
             return False
         won = claim_fence(db, step_id, claim_id).update(
