@@ -139,11 +139,11 @@ def lock_run(db: str, *, run_id: int | None = None, step_id: int | None = None) 
     return WorkflowRun.objects.using(db).filter(id=run_id).values(*RUN_FIELDS).first()
 
 
-#: ``lock_run``'s UPDATE of ``updated_at`` returning ``RUN_FIELDS`` (their columns).
+#: ``lock_run``'s UPDATE of ``updated_at`` returning ``RUN_FIELDS`` (each its
+#: own column's name: the foreign keys are named by their ``_id`` columns).
 _LOCK_RUN_SQL = (
-    f"UPDATE {WorkflowRun._meta.db_table} SET updated_at = STATEMENT_TIMESTAMP() "
-    f"WHERE id = %s RETURNING "
-    + ", ".join(WorkflowRun._meta.get_field(name).column for name in RUN_FIELDS)
+    f'UPDATE "{WorkflowRun._meta.db_table}" SET updated_at = STATEMENT_TIMESTAMP() '
+    "WHERE id = %s RETURNING " + ", ".join(f'"{name}"' for name in RUN_FIELDS)
 )
 
 
