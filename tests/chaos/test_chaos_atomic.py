@@ -70,10 +70,13 @@ def _check(chaos: Chaos, ids: list[int], task, name: str, started: float) -> Non
     )
 
 
-def _freeze_past_the_lease(chaos: Chaos, victim) -> None:
+def _freeze_past_the_lease(chaos: Chaos, victim, *, until_taken_over: bool = False) -> None:
     """SIGSTOP the victim with jobs running (bodies open), let others run them, SIGCONT.
 
-    A step job's body is its step's: the same freeze serves steps.
+    A step job's body is its step's: the same freeze serves steps, with
+    ``until_taken_over``: thawed once another worker runs each of its jobs,
+    not once they succeeded. The victim may be frozen inside a step's
+    success, holding its run's lock, which the new attempt's success waits for.
     """
 
     def victim_jobs() -> list[int]:
@@ -87,12 +90,18 @@ def _freeze_past_the_lease(chaos: Chaos, victim) -> None:
     victim.signal(signal.SIGSTOP)
     chaos.killed_pids.add(victim.pid)
     held = victim_jobs()
+    elsewhere = Job.objects.filter(pk__in=held, state=JobState.SUCCEEDED)
+    if until_taken_over:
+        others = Job.objects.filter(pk__in=held, state=JobState.RUNNING).exclude(
+            worker_id__contains=f":{victim.pid}:"
+        )
+        elsewhere = elsewhere | others
     try:
         # The frozen bodies hold their transactions open: the reclaim must not wait for them.
         chaos.wait(
-            lambda: Job.objects.filter(pk__in=held, state=JobState.SUCCEEDED).count() == len(held),
+            lambda: elsewhere.count() == len(held),
             LEASE * 6,
-            "the frozen worker's jobs to succeed elsewhere",
+            "the frozen worker's jobs to be taken over elsewhere",
         )
     finally:
         victim.signal(signal.SIGCONT)
@@ -216,7 +225,7 @@ def test_one_effect_per_step_under_sigkills_and_a_frozen_worker(chaos: Chaos, wo
     _wait_runs(chaos, ids)
     for round_ in range(ROUNDS):
         ids += _start_runs(chaos, workflow, 40, f"freeze-{round_}", (0.3, 0.6))
-        _freeze_past_the_lease(chaos, chaos.workers[0])
+        _freeze_past_the_lease(chaos, chaos.workers[0], until_taken_over=True)
     _wait_runs(chaos, ids)
     step_jobs = Job.objects.filter(task_path=RUN_STEP_PATH)
     lost = retry_db(lambda: sum(step_jobs.values_list("worker_lost_count", flat=True)))
