@@ -12,7 +12,8 @@ A variant is ``label=ref[:DISPATCH json[:database OPTIONS json]]``: the
 commit's tree (``git archive``, so that half-finished edits play no part) is
 imported first by the driver and the workers, the JSON merged into the
 benchmark project's ``DISPATCH`` and ``DATABASES["default"]["OPTIONS"]``.
-Each round: a fresh backlog of ``--jobs`` no-ops (``enqueue_many``), then
+Each round: a fresh backlog of ``--jobs`` no-ops (``enqueue_many``; with
+``--deferred N``, N more deferred by a day, which stay behind), then
 ``rundispatch --processes W --concurrency C --burst`` until it exits. Reported
 per variant: jobs per second of the drain and the CPU per job of the worker
 processes and of the whole PostgreSQL server, each less what the same
@@ -58,6 +59,11 @@ from bench import tasks
 from django_dispatch import enqueue_many
 for start in range(0, {jobs}, 10_000):
     enqueue_many(tasks.noop, [((), {{}})] * min(10_000, {jobs} - start))
+from datetime import timedelta
+from django.utils import timezone
+later = tasks.noop.using(run_after=timezone.now() + timedelta(days=1))
+for start in range(0, {deferred}, 10_000):
+    enqueue_many(later, [((), {{}})] * min(10_000, {deferred} - start))
 """
 
 
@@ -96,7 +102,7 @@ def checkout(ref: str, into: Path) -> Path:
 def drain(args: argparse.Namespace, env: dict[str, str], server: PgServer, jobs: int) -> tuple:
     """One backlog of ``jobs`` drained: (seconds, worker CPU s, server CPU s)."""
     env = {**env, "DATABASE_URL": server.create_database("ab")}
-    run = [sys.executable, "-c", BACKLOG.format(jobs=jobs)]
+    run = [sys.executable, "-c", BACKLOG.format(jobs=jobs, deferred=args.deferred if jobs else 0)]
     subprocess.run(run, env=env, cwd=PROJECT_DIR, check=True)
     postmaster = int((server.data / "postmaster.pid").read_text().split()[0])
     server_cpu = proc.cpu_seconds(postmaster, reaped=True)
@@ -134,7 +140,8 @@ def environments(variants: list[tuple[str, str, str, str]], tmp: Path) -> dict[s
 
 def report(args: argparse.Namespace, rows: dict[str, list[tuple]], settings: dict) -> None:
     print(
-        f"\n{args.jobs:,} no-op jobs, {args.workers} x {args.concurrency}, "
+        f"\n{args.jobs:,} no-op jobs (and {args.deferred:,} deferred by a day), "
+        f"{args.workers} x {args.concurrency}, "
         f"medians of {args.rounds} interleaved rounds; {settings}"
     )
     print("| variant | drain/s | worker CPU ms/job | PostgreSQL CPU ms/job |")
@@ -151,6 +158,10 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--concurrency", type=int, default=8)
+    parser.add_argument(
+        "--deferred", type=int, default=0,
+        help="also enqueue this many no-ops deferred by a day, present through the drain",
+    )  # fmt: skip
     args = parser.parse_args()
     variants = [parse_variant(v) for v in args.variants]
     with tempfile.TemporaryDirectory(prefix="dispatch-ab-") as tmp, PgServer() as server:

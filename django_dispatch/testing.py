@@ -17,7 +17,7 @@ from django.db.transaction import TransactionManagementError
 
 from . import store
 from .conf import get_settings
-from .core.states import JobState
+from .core.states import QUEUED_STATES
 from .models import Job
 from .runtime.options import WorkerOptions
 from .runtime.worker import Worker
@@ -111,8 +111,9 @@ def _refuse_in_transaction() -> None:
 
 
 def assert_enqueued(task_path: str, *, count: int | None = None, **filters: object) -> list[Job]:
-    """Jobs of ``task_path`` still pending; assert how many when ``count`` is given."""
-    jobs = list(Job.objects.filter(task_path=task_path, state=JobState.PENDING, **filters))
+    """Jobs of ``task_path`` still waiting to run (pending, or scheduled: deferred
+    to later); assert how many when ``count`` is given."""
+    jobs = list(Job.objects.filter(task_path=task_path, state__in=QUEUED_STATES, **filters))
     if count is not None and len(jobs) != count:
         raise AssertionError(
             f"expected {count} pending job(s) of {task_path}, found {len(jobs)}: "

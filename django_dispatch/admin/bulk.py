@@ -21,7 +21,7 @@ from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
 from django.template.response import TemplateResponse
 from django.urls import URLPattern, path, reverse
 
-from ..core.states import JobState
+from ..core.states import QUEUED_STATES, JobState
 
 #: Rows one confirmation acts on, at most.
 BULK_CAP = 1000
@@ -44,7 +44,7 @@ class BulkRetryPage:
     def bulk_actionable(self, queryset: QuerySet[Any]) -> QuerySet[Any]:
         """The rows of ``queryset`` the action can act on."""
         return queryset.filter(state=JobState.FAILED) | queryset.filter(
-            state=JobState.PENDING, attempts__gt=0
+            state__in=QUEUED_STATES, attempts__gt=0
         )
 
     def has_bulk_permission(self, request: HttpRequest) -> bool:

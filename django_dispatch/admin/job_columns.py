@@ -37,9 +37,10 @@ def job_badge(job: Job, now: Any = None) -> str:
     now = now or timezone.now()
     state = job.state
     head = getattr(job, "dispatch_head", None)
-    if state == JobState.PENDING and not (head is not None and head < job.pk):
-        if job.run_after and job.run_after > now:
-            # Not runnable yet: its run_after (a deferral, or a retry's backoff) is shown.
+    if state in (JobState.PENDING, JobState.SCHEDULED) and not (head is not None and head < job.pk):
+        if state == JobState.SCHEDULED or (job.run_after and job.run_after > now):
+            # Not runnable yet: its run_after (a deferral, or a retry's backoff) is shown;
+            # a scheduled job already due is made pending by the next claim.
             label = "retry backoff" if job.attempts else "deferred"
             return format_html(
                 '{}<div class="dispatch-sub">runs {}</div>',
@@ -169,7 +170,7 @@ class JobColumns:
 
     @admin.display(description="Runs at", ordering="run_after")
     def run_after_display(self, job: Job) -> str:
-        if job.state in (JobState.PENDING, JobState.BLOCKED):
+        if job.state in (JobState.PENDING, JobState.SCHEDULED, JobState.BLOCKED):
             return age_html(job.run_after)
         return "-"
 
@@ -180,7 +181,7 @@ class JobColumns:
         if ready is None:
             return "-"
         if job.started_at is None:
-            if job.state in (JobState.PENDING, JobState.BLOCKED):
+            if job.state in (JobState.PENDING, JobState.SCHEDULED, JobState.BLOCKED):
                 waited = (timezone.now() - ready).total_seconds()
                 return format_html("<em>{}</em>", human_seconds(max(waited, 0)))
             return "-"

@@ -19,7 +19,7 @@ from django.http import HttpRequest
 
 from .. import services
 from ..compat import admin_action
-from ..core.states import JobState
+from ..core.states import LIVE_STATES, QUEUED_STATES, JobState
 from ..exceptions import AlreadyReplayed
 from ..models import DeadLetter, Job
 from ..store import db_alias, read_database_for
@@ -216,9 +216,9 @@ class JobAdmin(
         actions = super().get_actions(request, action_location)
         job = getattr(request, "dispatch_job", None)
         if job is not None and str(action_location).endswith("CHANGE_FORM"):
-            if job.state not in (JobState.PENDING, JobState.BLOCKED, JobState.RUNNING):
+            if job.state not in LIVE_STATES:
                 actions.pop("cancel_jobs", None)
-            waiting_retry = job.state == JobState.PENDING and job.attempts > 0
+            waiting_retry = job.state in QUEUED_STATES and job.attempts > 0
             if not (waiting_retry or job.state == JobState.FAILED):
                 actions.pop("retry_jobs", None)
             if job.state not in (JobState.SUCCEEDED, JobState.FAILED, JobState.CANCELLED):

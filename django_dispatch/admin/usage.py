@@ -25,7 +25,7 @@ from django.utils.html import format_html, format_html_join
 from .. import usage
 from ..conf import get_settings
 from ..core.resources import fits, key_of
-from ..core.states import JobState
+from ..core.states import QUEUED_STATES
 from ..models import Job, JobUsage, Worker
 from ..store import read_database_for
 from .aliases import AliasSelector
@@ -114,7 +114,7 @@ def usage_block(job: Job) -> str:
     )
     where = format_html(", prefers locality <code>{}</code>", job.locality) if job.locality else ""
     warning = ""
-    if job.resources and job.state == JobState.PENDING and not _live_worker_fits(job):
+    if job.resources and job.state in QUEUED_STATES and not _live_worker_fits(job):
         warning = format_html(
             ' <strong class="errornote">No live worker has the capacity for this job: '
             "start one with rundispatch --capacity {}.</strong>",

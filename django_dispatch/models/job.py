@@ -2,7 +2,8 @@
 
 Invariants kept by the database rather than by code:
 
-* the claim index is partial on ``state = 'pending'``, so the cost of a claim
+* the claim index is partial on ``state = 'pending'`` (deferred jobs wait
+  apart, as ``scheduled``), so the cost of a claim
   does not grow with the number of finished jobs;
 * at most one running job per partition key, and one live job per
   (task, idempotency key) (partial unique indexes);
@@ -167,6 +168,16 @@ class Job(models.Model):
                 "id",
                 name="dispatch_job_claim_shaped",
                 condition=Q(state=JobState.PENDING, resource_shape__isnull=False),
+            ),
+            # The stager: deferred jobs by due time, so each sweep reads
+            # only the ones due now, in the order they became due (see
+            # ``store.staging``); also the count of scheduled jobs.
+            models.Index(
+                "namespace",
+                "run_after",
+                "id",
+                name="dispatch_job_scheduled",
+                condition=Q(state=JobState.SCHEDULED),
             ),
             # The reclaim sweep: running jobs by lease expiry.
             models.Index(

@@ -72,6 +72,8 @@ class QueueRow:
     #: Blocked: marked so, or pending behind an earlier due job of their key.
     blocked: int = 0
     running: int = 0
+    #: Deferred to later (an enqueue's ``run_after``, a retry's backoff).
+    scheduled: int = 0
     succeeded: int = 0
     failed: int = 0
     #: ``run_after`` of the oldest job waiting for a worker.
@@ -90,8 +92,9 @@ class QueueRow:
 
     @property
     def deferred(self) -> int:
-        """Pending but not due yet (``run_after`` in the future: deferred or backing off)."""
-        return self.pending - self.waiting
+        """Not due yet: scheduled (deferred or backing off), and the odd pending job
+        written by a client whose clock runs ahead of the database's."""
+        return self.scheduled + self.pending - self.waiting
 
     @property
     def unserved(self) -> bool:
@@ -133,7 +136,15 @@ class Overview:
     def totals(self) -> QueueRow:
         total = QueueRow("all")
         for row in self.queues:
-            for name in ("pending", "waiting", "blocked", "running", "succeeded", "failed"):
+            for name in (
+                "pending",
+                "waiting",
+                "scheduled",
+                "blocked",
+                "running",
+                "succeeded",
+                "failed",
+            ):
                 setattr(total, name, getattr(total, name) + getattr(row, name))
         return total
 
@@ -240,7 +251,7 @@ class QueueRows(dict[str, QueueRow]):
 
 
 def add_live_counts(rows: QueueRows, namespace: str, now: datetime, db: str | None = None) -> None:
-    """Pending, blocked and running per queue, one capped count per state."""
+    """Pending, blocked, running and scheduled per queue, one capped count per state."""
     for state in LIVE_JOBS_BY_STATE:  # each count walks its partial indexes
         found = live_counts(namespace, state, now, db)
         if sum(r["n"] for r in found) > LIVE_CAP:

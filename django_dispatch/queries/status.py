@@ -25,6 +25,7 @@ class QueueStatus:
     pending: int = 0
     blocked: int = 0
     running: int = 0
+    scheduled: int = 0  # deferred to later: not waiting for a worker yet
     oldest_due: timedelta | None = None  # age of the oldest job waiting to run
     paused: bool = False  # flow.pause_queue: no job of it starts
 

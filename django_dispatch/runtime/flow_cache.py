@@ -31,10 +31,18 @@ from dataclasses import replace
 from ..conf import queue_limits
 from ..store.claim import jobs_claim as store_jobs_claim
 from ..store.flow import flow_state_read
+from ..store.staging import STAGE_BATCH
 from ..store.types import ClaimedJob, FlowState, Placement
 
 #: ``(db, namespace) -> (read at, state)``; ``read at`` is monotonic, taken before the read.
 _cache: dict[tuple[str, str], tuple[float, FlowState]] = {}
+#: ``(db, namespace) -> when this process's claims last staged due scheduled
+#: jobs`` (monotonic). A claim stages at most once per half poll interval:
+#: an idle worker's every poll stages, so a deferred job starts within one
+#: poll interval of being due, and a busy worker's waves (hundreds a second)
+#: do not each pay the stager's statement (docs/performance.md, "The
+#: scheduled state").
+_staged_at: dict[tuple[str, str], float] = {}
 _invalidated_at = 0.0
 _lock = threading.Lock()
 
@@ -94,6 +102,11 @@ def jobs_claim(
         handed.append((state, state.waiting))
         return state
 
+    now = time.monotonic()
+    with _lock:
+        stage = now - _staged_at.get((db, namespace), -max_age) >= max_age / 2
+        if stage:
+            _staged_at[(db, namespace)] = now
     claimed = store_jobs_claim(
         worker_id=worker_id,
         queues=queues,
@@ -103,6 +116,7 @@ def jobs_claim(
         namespace=namespace,
         flow=flow,
         placement=placement,
+        stage=STAGE_BATCH if stage else 0,
     )
     for state, waiting in handed:
         if state.waiting != waiting:  # the claim learnt something: tell the current entry

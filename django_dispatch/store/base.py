@@ -200,6 +200,8 @@ LIVE_JOBS_BY_STATE: dict[JobState, Q] = {
     | Q(state_in(LIVE_STATES), state=JobState.BLOCKED, concurrency_key__isnull=False)
     | Q(state_in(WAITING_STATES), state=JobState.BLOCKED, flow_queue__isnull=False),
     JobState.RUNNING: Q(state=JobState.RUNNING),
+    # Deferred jobs: the stager's index (``dispatch_job_scheduled``).
+    JobState.SCHEDULED: Q(state=JobState.SCHEDULED),
 }
 
 
@@ -213,8 +215,8 @@ def live_jobs() -> Q:
     of the ``OR`` leads with the namespace, and SQLite scans each arm's index
     only with a constraint on its first column, else it reads the table.
     """
-    pending, blocked, running = (LIVE_JOBS_BY_STATE[state] for state in LIVE_STATES)
-    return Q(namespace__gte="") & (pending | blocked | running)
+    pending, blocked, running, scheduled = (LIVE_JOBS_BY_STATE[state] for state in LIVE_STATES)
+    return Q(namespace__gte="") & (pending | blocked | running | scheduled)
 
 
 def pending_priorities(db: str, namespace: str, shape: int | None) -> Iterator[int]:

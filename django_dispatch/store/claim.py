@@ -4,7 +4,7 @@ A claim reads candidates from one *source* and passes them through the
 *gates*:
 
 - sources, each giving the due jobs it locked, in claim order (priority
-  desc, run_after, id): ``sources.fused_pg`` (PostgreSQL: the walk and the
+  desc, run_after, id): ``sources.fused_pg`` (PostgreSQL: the scan and the
   lease of unkeyed rows in one statement), ``sources.orm`` (SQLite) and
   ``sources.resources`` (a worker with ``--capacity`` or ``--locality``:
   only jobs that fit it);
@@ -18,7 +18,8 @@ leave the claim index for good, so while a round sets rows aside and slots
 are free, the claim reads on past them, up to ``DEMOTE_BUDGET`` per claim.
 ``leasing.jobs_lease`` then writes the lease of the rows chosen in Python.
 Rows locked by another claimer are skipped, never waited for, so concurrent
-workers never take the same job.
+workers never take the same job. Deferred jobs are ``scheduled``, outside
+the claim indexes; the claim first stages the due ones (``staging``).
 """
 
 from __future__ import annotations
@@ -44,6 +45,7 @@ from .sources.fused_pg import claim_pg
 from .sources.orm import runnable_candidates
 from .sources.resources import candidates as resource_candidates
 from .sources.shapes import shapes_could_run
+from .staging import STAGE_BATCH, jobs_stage_due
 from .types import CLAIM_FIELDS, ClaimedJob, FlowSource, FlowState, Placement
 
 #: At most this many jobs are set aside per claim transaction, which bounds
@@ -65,6 +67,7 @@ def jobs_claim(
     namespace: str = "",
     flow: FlowSource = flow_state_read,
     placement: Placement | None = None,
+    stage: int = STAGE_BATCH,
 ) -> list[ClaimedJob]:
     """Lease up to ``limit`` runnable jobs of ``namespace`` to ``worker_id``, in claim order.
 
@@ -82,11 +85,16 @@ def jobs_claim(
     ("database is locked", without waiting).
     ``placement``: a worker with capacity or a locality claims only jobs that
     fit it; None (every other worker): jobs without needs.
+    ``stage``: first make up to that many due scheduled jobs pending
+    (``staging.jobs_stage_due``), in this transaction, so this claim sees
+    them; 0: not this time (a worker stages once per half poll interval).
     """
     db = db or db_alias()
     # savepoint=False: the worker calls this inside its own wave transaction
     with transaction.atomic(using=db, savepoint=False):
         take_sqlite_write_lock(db)
+        if stage > 0:
+            jobs_stage_due(db=db, namespace=namespace, limit=stage)
         state = flow(db, namespace)
         served, paused = claimable_queues(queues, state.paused)
         if state.paused and not served and not paused:
@@ -211,7 +219,8 @@ def jobs_due_exist(
     namespace: str = "",
     placement: Placement | None = None,
 ) -> bool:
-    """Whether any pending job of ``namespace`` that this worker could run is due now.
+    """Whether any job of ``namespace`` that this worker could run is due now
+    (pending, or scheduled and due: the next claim stages it).
 
     A claim can come back empty while such jobs exist (they wait behind
     their partition's running head), so ``--burst`` asks this before exiting.
@@ -223,14 +232,23 @@ def jobs_due_exist(
     due = Job.objects.using(db).filter(
         namespace=namespace, state=JobState.PENDING, run_after__lte=Now()
     )
+    # A deferred job that came due and is not staged yet (the next claim
+    # stages it), through the stager's index, in whatever queue:
+    staged_next = Job.objects.using(db).filter(
+        namespace=namespace, state=JobState.SCHEDULED, run_after__lte=Now()
+    )
     paused_set = frozenset(queues_paused(db, namespace=namespace))
     queues, paused = claimable_queues(queues, paused_set)
     if paused_set and not queues and not paused:
         return False  # every queue asked about is paused: nothing can be claimed
     if queues:
         due = due.filter(queue_name__in=list(queues))
+        staged_next = staged_next.filter(queue_name__in=list(queues))
     if paused:
         due = due.exclude(queue_name__in=paused)
+        staged_next = staged_next.exclude(queue_name__in=paused)
+    if staged_next.exists():
+        return True
     for shape in [None, *shapes_could_run(db, namespace, placement)]:
         for priority in pending_priorities(db, namespace, shape):
             if due.filter(resource_shape=shape, priority=priority).exists():

@@ -26,13 +26,14 @@ from datetime import datetime
 from django.db import transaction
 from django.db.models.functions import Now
 
-from ..core.states import JobState
+from ..core.states import QUEUED_STATES
 from ..models import Job
 from .base import db_alias, take_sqlite_write_lock
 from .flow import flow_state_read
 from .gates.limits import ConcurrencyGate
 from .gates.partitions import sort_out_partitions
 from .leasing import claimed_job, jobs_lease
+from .staging import jobs_stage_now
 from .types import CLAIM_FIELDS, ClaimedJob
 
 
@@ -44,9 +45,10 @@ def job_claim_by_id(
     namespace: str = "",
     db: str | None = None,
 ) -> ClaimedJob | None:
-    """Lease pending job ``job_id`` of ``namespace`` to ``worker_id``, or None.
+    """Lease pending or scheduled job ``job_id`` of ``namespace`` to ``worker_id``,
+    or None. A scheduled job runs now, whatever its ``run_after``.
 
-    None when the job is not claimable now: not pending (running, blocked
+    None when the job is not claimable now: not pending or scheduled (running, blocked
     behind its partition or a limit, finished, cancelled, or unknown in this
     namespace), locked by a claimer this very moment, in a paused queue, held
     behind its partition's head or running job, or over its group's or
@@ -60,7 +62,7 @@ def job_claim_by_id(
         take_sqlite_write_lock(db)
         row = (
             Job.objects.using(db)
-            .filter(id=job_id, namespace=namespace, state=JobState.PENDING)
+            .filter(id=job_id, namespace=namespace, state__in=QUEUED_STATES)
             .select_for_update(skip_locked=True)
             .annotate(db_now=Now())
             .values(*CLAIM_FIELDS, "db_now")
@@ -78,6 +80,7 @@ def job_claim_by_id(
         if not runnable:
             return None
         now: datetime = row["db_now"]
+        jobs_stage_now(db, [job_id])  # a deferred job named by id runs now
         jobs_lease(db, [row], worker_id, now, lease_seconds)
     return claimed_job(row, worker_id, now, namespace)
 

@@ -9,7 +9,7 @@ from typing import Any
 from django.db.models import Q
 from django.db.models.functions import Now
 
-from ..core.states import FINISHED_STATES, TERMINAL, JobState
+from ..core.states import FINISHED_STATES, QUEUED_STATES, TERMINAL, JobState
 from ..models import DeadLetter, Job
 from .base import db_alias, notify, now_plus, state_in
 
@@ -82,7 +82,7 @@ def dead_letter_set_replay_job(dead_letter_id: int, job_id: int, *, db: str | No
         return
     moved = (
         Job.objects.using(db)
-        .filter(id=job_id, state=JobState.PENDING)
+        .filter(id=job_id, state__in=QUEUED_STATES)
         .exclude(namespace=namespace)
         .update(namespace=namespace)
     )

@@ -4,7 +4,9 @@ A job inserted inside ``transaction.atomic()`` exists exactly when the
 surrounding data does: a rollback removes it and no worker can see it before
 commit. On PostgreSQL an INSERT trigger sends NOTIFY (one per statement),
 delivered at commit. ``enqueued_at`` and ``run_after`` come from the database
-clock. Partitioned jobs go in as pending too; the claim sorts out which one is
+clock. A job deferred to later goes in as ``scheduled`` (out of the claim
+index until the stager makes it pending, see ``staging``), any other as
+pending. Partitioned jobs go in as pending too; the claim sorts out which one is
 its partition's head (see ``partitions``).
 
 Two ways in:
@@ -26,6 +28,7 @@ from datetime import datetime
 from typing import Any
 
 from django.db import IntegrityError, connections, transaction
+from django.utils import timezone
 
 from ..core.states import FINISHED_STATES, LIVE_STATES, JobState
 from ..models import Job
@@ -37,16 +40,39 @@ BULK_BATCH_SIZE = 5000
 
 
 def jobs_insert(jobs: Sequence[Job], *, db: str, batch_size: int = BULK_BATCH_SIZE) -> list[Job]:
-    """Insert pending jobs (unsaved ``Job`` instances) through the ORM.
+    """Insert jobs (unsaved ``Job`` instances) through the ORM: pending, or
+    scheduled when their ``run_after`` is later than now (``inserted_state``).
 
     ``enqueued_at`` and ``run_after`` come back through RETURNING.
     """
+    now = timezone.now()
     for job in jobs:
-        job.state = JobState.PENDING
+        job.state = inserted_state(job, now)
     if len(jobs) == 1:
         jobs[0].save(using=db, force_insert=True)
         return list(jobs)
     return Job.objects.using(db).bulk_create(jobs, batch_size=batch_size)
+
+
+def inserted_state(job: Job, now: datetime) -> JobState:
+    """A new job's state: scheduled when its ``run_after`` is after ``now``, else
+    pending.
+
+    A ``run_after`` given as a value is compared with this process's clock
+    (the raw INSERTs compare on the database's); a client clock behind the
+    database's makes a job due already scheduled, which the stager makes
+    pending at its next pass, and one ahead makes a job not quite due pending,
+    which the claim's ``run_after <= now()`` holds back until due. A
+    ``run_after`` left to the database (the insert's time) is pending; one
+    given as an SQL expression keeps the state its caller chose.
+    """
+    when = job.run_after
+    if isinstance(when, datetime):
+        try:
+            return JobState.SCHEDULED if when > now else JobState.PENDING
+        except TypeError:  # naive against aware (USE_TZ changed under a value)
+            return JobState.PENDING
+    return JobState.SCHEDULED if job.state == JobState.SCHEDULED else JobState.PENDING
 
 
 def job_insert_idempotent(
@@ -142,6 +168,9 @@ _COLUMNS = (
 #: Placeholders ``job_sql`` fills in from the models when a statement runs:
 #: the quoted ``Job._meta.db_table`` and ``JobState.PENDING`` as a literal.
 _CONSTANTS = "{pending}"
+#: A deferred job's state, on the database clock: scheduled when its
+#: ``run_after`` (the parameter) is later than now, else pending.
+_DEFERRED_STATE = "CASE WHEN %s::timestamptz > now() THEN {scheduled} ELSE {pending} END"
 _TABLE = "{job}"
 
 
@@ -149,9 +178,10 @@ def _insert_one_sql(deferred: bool, traced: bool = False, contextual: bool = Fal
     run_after = (", run_after", ", %s") if deferred else ("", "")
     trace = (", trace_context", ", %s::jsonb") if traced else ("", "")
     context = (", call_context", ", %s::jsonb") if contextual else ("", "")
+    state = _DEFERRED_STATE if deferred else _CONSTANTS
     return (
         f"INSERT INTO {_TABLE} ({_COLUMNS}{run_after[0]}{trace[0]}{context[0]}) "
-        f"VALUES (%s, %s, %s, %s, %s, %s::jsonb, %s::jsonb, {_CONSTANTS}, %s, %s, %s, "
+        f"VALUES (%s, %s, %s, %s, %s, %s::jsonb, %s::jsonb, {state}, %s, %s, %s, "
         f"0, %s, 0, 0, '[]', '[]'{run_after[1]}{trace[1]}{context[1]}) "
         "RETURNING id, enqueued_at"
     )
@@ -167,10 +197,11 @@ def _insert_many_sql(deferred: bool, contextual: bool = False) -> str:
     # ascending ids in input order: sorting the ids back gives input order.
     # All rows of one statement share statement_timestamp(), the default of
     # enqueued_at and run_after: min() is every row's value.
+    state = _DEFERRED_STATE if deferred else _CONSTANTS
     return (
         "WITH inserted AS ("
         f"INSERT INTO {_TABLE} ({_COLUMNS}{run_after[0]}{context[0]}) "
-        f"SELECT %s, %s, %s, %s, %s, c -> 0, c -> 1, {_CONSTANTS}, %s, %s, %s, "
+        f"SELECT %s, %s, %s, %s, %s, c -> 0, c -> 1, {state}, %s, %s, %s, "
         f"0, %s, 0, 0, '[]', '[]'{run_after[1]}{context[1]} "
         "FROM jsonb_array_elements(%s::jsonb) WITH ORDINALITY AS calls (c, n) "
         "ORDER BY n "
@@ -205,14 +236,15 @@ def _spec_params(spec: JobSpec) -> list[Any]:
 
 
 def _spec_tail(spec: JobSpec, connection: Any) -> list[Any]:
-    """The parameters after them, ending with ``run_after`` when deferred.
+    """The parameters after them: when deferred, first the state's (its
+    ``run_after``, see ``_DEFERRED_STATE``), and last ``run_after``.
 
     The datetime is adapted as the ORM would (``get_db_prep_save``).
     """
     if spec.deferred_until is None:
         return [None, spec.partition_key, spec.idempotency_key, spec.max_attempts]
     when = Job._meta.get_field("deferred_until").get_db_prep_save(spec.deferred_until, connection)
-    return [when, spec.partition_key, spec.idempotency_key, spec.max_attempts, when]
+    return [when, when, spec.partition_key, spec.idempotency_key, spec.max_attempts, when]
 
 
 def job_insert_call(
@@ -226,7 +258,8 @@ def job_insert_call(
     trace_context: str | None = None,
     call_context: CallContext | None = None,
 ) -> tuple[int, datetime]:
-    """Insert one pending job of ``spec``; return its (id, enqueued_at).
+    """Insert one job of ``spec`` (scheduled when deferred to later, else pending);
+    return its (id, enqueued_at).
 
     ``args``/``kwargs`` are the JSON values, ``args_json``/``kwargs_json``
     their text; ``trace_context`` the JSON text of the enqueue's
@@ -269,7 +302,8 @@ def jobs_insert_calls(
     db: str,
     call_context: CallContext | None = None,
 ) -> tuple[list[int], list[datetime]]:
-    """Insert one pending job of ``spec`` per call; return (ids, enqueued_ats) in call order.
+    """Insert one job of ``spec`` per call (pending, or scheduled when deferred to
+    later); return (ids, enqueued_ats) in call order.
 
     ``call_context``: the batch's one call context, stored on every job.
 

@@ -15,7 +15,7 @@ from typing import Any
 
 from django.db.models import F
 
-from ..core.states import JobState
+from ..core.states import waiting_state
 from .base import db_alias, notify, now_plus
 from .leases import _update_then_promote
 from .types import Lease
@@ -24,7 +24,8 @@ from .types import Lease
 def job_interrupt_if_leased(
     lease: Lease, errors: list[dict[str, Any]], *, retry_in: float, db: str | None = None
 ) -> bool:
-    """running -> pending after ``retry_in`` s, one more lost worker recorded; fenced.
+    """running -> scheduled for ``retry_in`` s (pending when 0), one more lost
+    worker recorded; fenced.
 
     Under its key's lock, like every transition that takes a keyed job out
     of ``running`` (see ``partitions``): an older job of the key, demoted
@@ -36,7 +37,7 @@ def job_interrupt_if_leased(
         lease,
         None,
         db,
-        state=JobState.PENDING,
+        state=waiting_state(retry_in),
         worker_id=None,
         run_after=now_plus(retry_in),
         errors=errors,

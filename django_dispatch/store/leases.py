@@ -20,10 +20,10 @@ from collections.abc import Iterable
 from typing import Any
 
 from django.db import transaction
-from django.db.models import F, Q, QuerySet
+from django.db.models import Case, F, Q, QuerySet, Value, When
 from django.db.models.functions import Now
 
-from ..core.states import JobState
+from ..core.states import JobState, waiting_state
 from ..models import Job
 from .base import db_alias, notify, now_plus
 from .dead_letters import dead_letter_insert
@@ -85,7 +85,8 @@ def job_fail_if_leased(
     db: str | None = None,
     partition_key: str | None = None,
 ) -> bool:
-    """running -> pending after ``retry_in`` seconds, or -> failed when None.
+    """running -> scheduled for ``retry_in`` seconds (pending when 0), or -> failed
+    when None.
 
     ``errors`` is the job's whole error history including this attempt; the
     worker read the earlier entries in its claim, and the fence guarantees
@@ -102,7 +103,7 @@ def job_fail_if_leased(
             lease,
             key,
             db,
-            state=JobState.PENDING,
+            state=waiting_state(retry_in),
             run_after=now_plus(retry_in),
             errors=errors,
             lease_expires_at=None,
@@ -179,7 +180,11 @@ def job_release_if_leased(
         lease,
         partition_key,
         db,
-        state=JobState.PENDING,
+        # A job run_now took before it was due goes back to waiting for it.
+        state=Case(
+            When(run_after__gt=Now(), then=Value(JobState.SCHEDULED.value)),
+            default=Value(JobState.PENDING.value),
+        ),
         worker_id=None,
         lease_expires_at=None,
         lease_epoch=F("lease_epoch") + 1,

@@ -17,7 +17,7 @@ from django.db.models import F, Q
 from django.db.models.functions import Now
 
 from ..conf import usage_recorded
-from ..core.states import LIVE, JobState
+from ..core.states import LIVE, QUEUED_STATES, JobState
 from ..models import Job
 from .base import db_alias, error_entry, notify, take_sqlite_write_lock
 from .dead_letters import dead_letter_insert
@@ -211,7 +211,7 @@ def _rescue(
 
 
 def job_cancel(job_id: int, *, db: str | None = None) -> bool:
-    """pending/blocked/running -> cancelled. True only if this call made the change.
+    """pending/scheduled/blocked/running -> cancelled. True only if this call made the change.
 
     A running job is flipped in the database first: no retry or reclaim can
     revive it, and its worker's next fenced write (heartbeat, progress,
@@ -247,19 +247,19 @@ def job_cancel(job_id: int, *, db: str | None = None) -> bool:
 def jobs_retry_now(
     *, job_ids: Sequence[int] | None = None, queues: Sequence[str] = (), db: str | None = None
 ) -> int:
-    """Make pending jobs that wait for a retry due now; return how many.
+    """Make jobs that wait for a retry (scheduled, or pending) due now; return how many.
 
     Only jobs that already ran (``attempts > 0``) are touched: a job deferred
     with ``run_after`` keeps its schedule.
     """
     db = db or db_alias()
-    waiting = Job.objects.using(db).filter(state=JobState.PENDING, attempts__gt=0)
+    waiting = Job.objects.using(db).filter(state__in=QUEUED_STATES, attempts__gt=0)
     if job_ids is not None:
         waiting = waiting.filter(id__in=list(job_ids))
     if queues:
         waiting = waiting.filter(queue_name__in=list(queues))
     namespaces = set(waiting.values_list("namespace", flat=True).distinct()) if job_ids else set()
-    changed = waiting.update(run_after=Now())
+    changed = waiting.update(run_after=Now(), state=JobState.PENDING)
     if changed:
         for namespace in namespaces or {""}:
             notify(db, namespace)

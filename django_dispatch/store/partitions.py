@@ -1,7 +1,10 @@
 """Partitioned FIFO: jobs sharing a partition key run one at a time, in order.
 
 A keyed job is its partition's *head* when it is the oldest live (pending,
-blocked or running) job of its key. Only a head may run, and only while no
+scheduled, blocked or running) job of its key. A deferred job keeps its
+place: while it is scheduled, the jobs behind it wait (are demoted) as they
+would behind a running head; once due, the stager makes it pending and the
+claim runs it first. Only a head may run, and only while no
 job of its key is *active*: running, or cancelled but still held by a worker
 that has not stopped it yet. A partial unique index (one running job per key)
 enforces the first half in the database whatever the claim does.
@@ -138,7 +141,7 @@ _HEADS_SQL = """
 SELECT k.column1,
     (SELECT j.id FROM {job} j
       WHERE j.namespace = %s AND j.partition_key = k.column1
-        AND j.state IN ({pending}, {blocked}, {running}) {not_yielding}
+        AND j.state IN ({live}) {not_yielding}
       ORDER BY j.id LIMIT 1),
     (SELECT j.id FROM {job} j
       WHERE j.namespace = %s AND j.partition_key = k.column1
@@ -151,17 +154,17 @@ FROM (VALUES {values}) AS k
 @functools.lru_cache(maxsize=8)
 def _not_yielding_sql(vendor: str, alias: str) -> str:
     now = "now()" if vendor == "postgresql" else _SQLITE_NOW
-    pending = f"'{JobState.PENDING.value}'"
+    waiting = f"'{JobState.PENDING.value}', '{JobState.SCHEDULED.value}'"
     return (
-        f"AND NOT ({alias}.partition_yield AND {alias}.state = {pending} "
+        f"AND NOT ({alias}.partition_yield AND {alias}.state IN ({waiting}) "
         f"AND {alias}.run_after > {now})"
     )
 
 
 def _not_yielding(connection: Any, alias: str) -> str:
     """A filter leaving out jobs that yield their partition while they wait for
-    a retry (``@task(partition_retry="yield")``): pending, flagged, and
-    not due yet. Such a job is not its key's head, so the next job may run;
+    a retry (``@task(partition_retry="yield")``): scheduled (or pending),
+    flagged, and not due yet. Such a job is not its key's head, so the next job may run;
     once due it is the head again (and waits for a running job to end).
     Jobs without the flag (every task's by default) are unaffected.
     """
@@ -210,7 +213,7 @@ WHERE id IN ({ids}) AND state = {pending} AND EXISTS (
       AND o.id <> {job}.id
       AND (o.state = {running}
            OR (o.state = {cancelled} AND o.lease_expires_at IS NOT NULL)
-           OR (o.state IN ({pending}, {blocked}) AND o.id < {job}.id {not_yielding}))
+           OR (o.state IN ({pending}, {blocked}, {scheduled}) AND o.id < {job}.id {not_yielding}))
 )
 RETURNING id
 """
@@ -248,7 +251,7 @@ UPDATE {job} SET state = {pending}
 WHERE state = {blocked} AND id IN (
     SELECT (SELECT j.id FROM {job} j
              WHERE j.namespace = %s AND j.partition_key = k.partition_key
-               AND j.state IN ({pending}, {blocked}, {running}) {not_yielding}
+               AND j.state IN ({live}) {not_yielding}
              ORDER BY j.id LIMIT 1)
     FROM ({keys}) AS k
 )

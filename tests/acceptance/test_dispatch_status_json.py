@@ -27,7 +27,7 @@ WORKER = {
     "id", "hostname", "pid", "queues", "concurrency", "running_jobs", "last_seen_at",
     "seen_seconds_ago", "capacity", "locality",
 }  # fmt: skip
-QUEUE = {"name", "pending", "blocked", "running", "oldest_waiting_seconds", "paused"}
+QUEUE = {"name", "pending", "blocked", "running", "scheduled", "oldest_waiting_seconds", "paused"}
 CRON = {"name", "schedule", "timezone", "enabled", "last_run_at", "next_run_at"}
 
 
@@ -87,7 +87,9 @@ def test_the_document_reports_a_live_worker_its_queues_dead_letters_and_cron(sta
     reports, later = queues["reports"], queues["later"]
     assert (reports["pending"], reports["blocked"], reports["running"]) == (1, 0, 0)
     assert reports["paused"] is True and 3600 <= reports["oldest_waiting_seconds"] < 3660
-    assert later["pending"] == 1 and later["oldest_waiting_seconds"] is None
+    # Deferred to later: scheduled, not waiting for a worker.
+    assert (later["pending"], later["scheduled"]) == (0, 1)
+    assert later["oldest_waiting_seconds"] is None
     assert later["paused"] is False
     assert document["dead_letters_unreplayed"] == 1
     [entry] = document["cron"]

@@ -195,7 +195,7 @@ def test_progress_in_an_atomic_task_saves_nothing_and_raises_once_cancelled(star
 def test_run_now_runs_an_atomic_task_on_the_same_path():
     failing = atomic_tasks.write_then_fail.enqueue("now-failing")
     assert run_now(failing.id) is True
-    assert job(failing).state == JobState.PENDING  # waiting for its retry, nothing kept
+    assert job(failing).state == JobState.SCHEDULED  # waiting for its retry, nothing kept
     assert notes("now-failing") == []
     paid = atomic_tasks.write_rows.enqueue("now-paid", rows=1)
     assert run_now(paid.id) is True

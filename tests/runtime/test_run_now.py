@@ -91,7 +91,7 @@ def test_a_failing_step_inline_is_retried_then_parks_exactly_as_on_a_worker():
         assert (step.state, step.attempts, step.failures) == (StepState.READY, 1, 1)
         assert step.errors[-1]["message"] == "boom (attempt 1)"
         retry = Job.objects.get(pk=step.job_id)
-        assert retry.state == JobState.PENDING
+        assert retry.state == JobState.SCHEDULED
         assert Job.objects.filter(pk=retry.pk, run_after__gt=Now()).exists()  # 1 h backoff
         assert state_of(run) == RunState.RUNNING
     assert drain(include_retries=False) == 0  # nothing due for a worker

@@ -108,7 +108,7 @@ def test_retry_waits_for_its_backoff_on_the_database_clock():
     Job.objects.filter(pk=enqueued.id).update(max_attempts=2)
     drain(include_retries=False)
     job = Job.objects.get(pk=enqueued.id)
-    assert job.state == JobState.PENDING and job.run_after > job.last_attempted_at
+    assert job.state == JobState.SCHEDULED and job.run_after > job.last_attempted_at
 
 
 def test_async_task_runs():

@@ -14,6 +14,7 @@ import pytest
 from django.db import connection
 
 from django_dispatch import events
+from django_dispatch.core.states import QUEUED_STATES
 from django_dispatch.core.workflow_states import RunState, StepState
 from django_dispatch.models import Job, WorkflowRun, WorkflowTask
 from django_dispatch.states import JobState
@@ -47,7 +48,7 @@ def test_a_step_waits_without_a_job_and_resumes_with_the_payload():
         None,
     )
     assert waiting.job_id is None  # no timeout: no job at all while it waits
-    assert not Job.objects.filter(state=JobState.PENDING).exists()
+    assert not Job.objects.filter(state__in=QUEUED_STATES).exists()
     assert drain_workflows() == 0  # nothing to do for a worker
 
     events.publish("payment", {"amount": 10}, key="order:2")  # another key: still waiting
@@ -145,7 +146,7 @@ def test_a_wait_times_out_with_event_timeout_that_the_step_can_catch():
     waiting = step_of(run, "await_payment")
     assert waiting.state == StepState.WAITING and waiting.wait_until is not None
     timer = Job.objects.get(id=waiting.job_id)
-    assert timer.state == JobState.PENDING  # the timeout is one deferred job
+    assert timer.state == JobState.SCHEDULED  # the timeout is one deferred job
     drain_workflows()  # not due yet: still waiting (its timer keeps its time)
     assert step_of(run, "await_payment").state == StepState.WAITING
     time.sleep(0.6)
@@ -206,10 +207,10 @@ def test_a_wait_whose_timer_job_was_cancelled_is_rearmed_by_the_leaders_sweep():
     for before, run in ((nap, sleep), (pay, timeout)):
         after = step_of(run, before.name)
         assert after.state == StepState.WAITING and after.wait_until == before.wait_until
-        assert Job.objects.get(id=after.job_id).state == JobState.PENDING
+        assert Job.objects.get(id=after.job_id).state in QUEUED_STATES
         assert after.job_id != before.job_id
     assert step_of(no_end, "wait").job_id is None  # no end, no timer: a publish ends it
-    assert Job.objects.filter(state=JobState.PENDING).count() == 2
+    assert Job.objects.filter(state__in=QUEUED_STATES).count() == 2
     drain_workflows()
     for run in (sleep, timeout):
         run.refresh_from_db()
@@ -438,7 +439,7 @@ def test_ten_thousand_waiting_runs_do_not_slow_a_worker_down():
         # One statement each (no cascade collector: the test's bookkeeping, not measured).
         WorkflowTask.objects.filter(name="wait")._raw_delete("default")
         WorkflowRun.objects.filter(name=wfs.awaits.name)._raw_delete("default")
-        Job.objects.filter(state=JobState.PENDING)._raw_delete("default")  # the timers
+        Job.objects.filter(state__in=QUEUED_STATES)._raw_delete("default")  # the timers
         _checkpoint()
     # The least of each: how many claims a drain takes varies a little with timing.
     assert min(with_waiting) <= 1.25 * min(without), f"{without=} {with_waiting=}"

@@ -83,44 +83,80 @@ def test_claim_query_uses_the_partial_index_among_many_finished_rows():
         with connection.cursor() as cursor:
             cursor.execute("ANALYZE django_dispatch_job")
         with transaction.atomic():
-            plan = store.claim_candidates("default", ["default"], 8, priority=0).explain()
+            plan = store.claim_candidates("default", ["default"], 8).explain()
         assert "dispatch_job_claim" in plan, plan
         assert "Sort" not in plan or pending == 5, plan
         # The fused statement the worker runs on PostgreSQL: the same scan.
-        with connection.cursor() as cursor:
-            params = {"window": 8, "lease": 8, "worker_id": "w", "lease_seconds": 30.0}
-            cursor.execute(
-                "EXPLAIN " + claim_sql(queues=True, exclude=True),
-                {**params, "queues": ["default"], "exclude": [1]},
-            )
-            fused_plan = "\n".join(row[0] for row in cursor.fetchall())
+        fused_plan = _explain_fused()
         candidates_plan = fused_plan.split("CTE leased")[0]
         assert "dispatch_job_claim" in candidates_plan, fused_plan
         assert "Seq Scan" not in candidates_plan, fused_plan
-        # The claim order rests on the plan's shape (see _CLAIM_SQL): the window's
-        # LIMIT pulls from a nested loop over the priorities in the order the
-        # recursion yields them, each locking its rows as they are pulled;
-        # nothing reorders or buffers rows on the way (a Sort there would lock
-        # every priority's window).
-        nodes = [
-            line.strip().removeprefix("->  ").split("  (")[0]
-            for line in candidates_plan.split("CTE candidates")[1].splitlines()
-            if line.strip()
-        ]
-        assert nodes[:2] == ["Limit", "Nested Loop"], nodes
-        assert nodes[2].startswith("CTE Scan on priorities"), nodes  # the outer side
-        assert nodes[3:6] == ["Subquery Scan on due", "Limit", "LockRows"], nodes
-        assert not any(n.split()[0] in {"Sort", "Hash", "Gather", "Materialize"} for n in nodes)
+        _assert_one_ordered_scan(candidates_plan)
+
+
+def _explain_fused(analyze: bool = False) -> str:
+    """The plan of the fused claim statement (``_CLAIM_SQL``), for 8 jobs."""
+    from django.db import transaction
+
+    params = {"window": 8, "lease": 8, "worker_id": "w", "lease_seconds": 30.0}
+    explain = "EXPLAIN (ANALYZE, BUFFERS) " if analyze else "EXPLAIN "
+    with transaction.atomic(), connection.cursor() as cursor:
+        cursor.execute(
+            explain + claim_sql(queues=True, exclude=True),
+            {**params, "queues": ["default"], "exclude": [1]},
+        )
+        plan = "\n".join(row[0] for row in cursor.fetchall())
+        transaction.set_rollback(True)  # EXPLAIN ANALYZE leased them: undo
+    return plan
+
+
+def _assert_one_ordered_scan(candidates_plan: str) -> None:
+    """The claim order rests on the plan's shape (see _CLAIM_SQL): the window's
+    LIMIT pulls from one scan of the claim index in its order, locking rows as
+    they are pulled; nothing reorders or buffers rows on the way (a Sort
+    there would lock every due job), and no walk over the priorities."""
+    nodes = [
+        line.strip().removeprefix("->  ").split("  (")[0]
+        for line in candidates_plan.split("CTE candidates")[1].splitlines()
+        if line.strip() and not line.strip().startswith(("Index Cond", "Filter", "Buffers"))
+    ]
+    assert nodes[:2] == ["Limit", "LockRows"], nodes
+    assert nodes[2].startswith("Index Scan using dispatch_job_claim on"), nodes
+    assert not any(n.split()[0] in {"Sort", "Hash", "Gather", "Materialize"} for n in nodes)
+    assert "priorities" not in candidates_plan and "Nested Loop" not in candidates_plan
+
+
+@postgres_only
+def test_the_claim_reads_only_pending_rows_beside_many_scheduled_ones():
+    """Deferred jobs wait as ``scheduled``, outside the claim index: with 20,000 of
+    them, of every priority, the claim's scan reads its window of due jobs and
+    nothing else, in one ordered scan of the pending rows."""
+    later = timezone.now() + timedelta(days=1)
+    for priority in (9, 0, -9):
+        enqueue_many(
+            tasks.add.using(priority=priority, run_after=later),
+            [((i, i), {}) for i in range(8000 if priority else 4000)],
+        )
+    assert Job.objects.filter(state=JobState.SCHEDULED).count() == 20_000
+    due = [tasks.add.using(priority=-5).enqueue(1, i) for i in range(3)]
+    with connection.cursor() as cursor:
+        cursor.execute("ANALYZE django_dispatch_job")
+    plan = _explain_fused(analyze=True)
+    candidates_plan = plan.split("CTE leased")[0]
+    _assert_one_ordered_scan(candidates_plan)
+    scan = next(line for line in candidates_plan.splitlines() if "Index Scan" in line)
+    assert "rows=3 " in scan, plan  # the three due jobs, no scheduled row
+    assert [c.id for c in claim(limit=8)] == [int(r.id) for r in due]
 
 
 def test_claims_read_no_deferred_job():
-    """In the claim index each priority's deferred jobs follow its due ones. A claim
-    that wants more than is due (every idle poll) or whose due jobs have a lower
-    priority than deferred ones read every deferred job of the namespace: a million
-    jobs scheduled for next week, on every poll. Claims walk the priorities instead
-    (a loose index scan): their work is the same beside 50,000 deferred jobs as
-    beside 200 (counted: ``tests.database_work``). So is ``--burst``'s check
-    that nothing is due before it exits."""
+    """Were deferred jobs in the claim index, a claim that wants more than is due
+    (every idle poll) or whose due jobs have a lower priority than deferred ones
+    would read every deferred job of the namespace: a million jobs scheduled for
+    next week, on every poll. They wait as ``scheduled`` instead, and the stager
+    reads only the due ones: a claim's work, staging included, is the same
+    beside 50,000 deferred jobs as beside 200 (counted: ``tests.database_work``).
+    So is ``--burst``'s check that nothing is due before it exits."""
 
     def deferred(count: int) -> None:
         later = timezone.now() + timedelta(days=1)
@@ -130,6 +166,7 @@ def test_claims_read_no_deferred_job():
                 args=[1, 1],
                 priority=5 if i % 2 else 0,  # above the due job, and beside it
                 run_after=later + timedelta(seconds=i),
+                state=JobState.SCHEDULED,  # as every enqueue of a deferred job writes it
             )
             for i in range(count)
         )

@@ -141,7 +141,7 @@ def test_a_deferred_job_of_the_group_holds_no_slot():
     assert flow.concurrency_promote(db, "") == 0
     [taken] = claim()
     assert taken.id == int(waiting.id)
-    assert states([deferred]) == {JobState.PENDING: 1}  # still waiting for tomorrow
+    assert states([deferred]) == {JobState.SCHEDULED: 1}  # still waiting for tomorrow
 
 
 def test_set_aside_jobs_come_back_highest_priority_first():

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+from datetime import timedelta
+
 import pytest
 from django.db import DatabaseError, transaction
+from django.utils import timezone
 
 from django_dispatch.core.states import TRANSITIONS, JobState
 from django_dispatch.models import Job
@@ -70,3 +73,26 @@ def test_workflow_runs_and_steps_are_guarded_by_their_tables():
         transaction.atomic(),
     ):
         runs.update(state=RunState.STUCK)
+
+
+def test_scheduled_jobs_move_only_as_the_table_says():
+    """A deferred job becomes pending (staged) or cancelled; a running one may go
+    back to scheduled (a retry backing off); nothing reschedules a pending job,
+    and a scheduled job is never leased without being staged first."""
+    later = timezone.now() + timedelta(hours=1)
+    job_id = tasks.add.using(run_after=later).enqueue(1, 2).id
+    assert Job.objects.get(pk=job_id).state == JobState.SCHEDULED
+    with (
+        pytest.raises(DatabaseError, match="transition scheduled -> running"),
+        transaction.atomic(),
+    ):
+        Job.objects.filter(pk=job_id).update(state=JobState.RUNNING)
+    Job.objects.filter(pk=job_id).update(state=JobState.PENDING)  # staged: allowed
+    with (
+        pytest.raises(DatabaseError, match="transition pending -> scheduled"),
+        transaction.atomic(),
+    ):
+        Job.objects.filter(pk=job_id).update(state=JobState.SCHEDULED)
+    Job.objects.filter(pk=job_id).update(state=JobState.RUNNING)
+    Job.objects.filter(pk=job_id).update(state=JobState.SCHEDULED)  # a retry's backoff
+    Job.objects.filter(pk=job_id).update(state=JobState.CANCELLED)

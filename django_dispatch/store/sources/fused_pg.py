@@ -1,8 +1,8 @@
-"""The fused PostgreSQL claim source: the claim walk and the lease in one statement.
+"""The fused PostgreSQL claim source: the claim's scan and the lease in one statement.
 
 The claim is the hot path of every worker, and compiling two ORM statements
 per claim cost more CPU than running them (see docs/performance.md), so on
-PostgreSQL the walk of ``sources.orm.runnable_candidates`` and the lease of
+PostgreSQL the scan of ``sources.orm.runnable_candidates`` and the lease of
 its unkeyed rows are one statement. tests/store/test_raw_sql_twins.py runs it
 beside the ORM source plus ``leasing.jobs_lease`` on the same rows.
 """
@@ -16,7 +16,6 @@ from typing import Any
 
 from django.db import connections
 
-from ...compat import TASK_MAX_PRIORITY
 from ..base import db_alias, hot_cursor, job_sql, namespace_literal
 from ..flow import PAUSED_FILTER_SQL
 from ..gates.limits import LIMITED_FILTER_SQL
@@ -25,20 +24,17 @@ from ..types import CLAIM_FIELDS
 
 #: ``runnable_candidates`` plus the lease of its unkeyed rows, for PostgreSQL.
 #:
-#: ``priorities`` lists the namespace's pending priorities, highest first, one
-#: index descent each (a recursive CTE: PostgreSQL 15 has no skip scan). It
-#: starts from ``{above_top}``, a constant above the highest priority a job
-#: may have (the table's check constraint), which matches no job, rather than
-#: from a descent of its own: each mention of the job table makes the planner
-#: test every partial index's predicate, which cost more than the descent.
-#: (The constraint is built from the same constant: were Django to change
-#: it, tests/store/test_migrations.py would ask for a new migration.)
-#: For each priority in turn, ``candidates`` locks its due rows in claim
-#: order until it has ``%(window)s``. Per priority, ``run_after <= now()``
-#: bounds the index range, so deferred jobs are never read. The nested loop
-#: pulls the priorities in the order the recursion yields them and stops at
-#: the LIMIT, so no row beyond the window is locked (MATERIALIZED: locked
-#: once, read twice).
+#: ``candidates`` is one ordered scan of the partial index
+#: ``dispatch_job_claim`` (namespace, priority desc, run_after, id; pending
+#: jobs without needs), locking due rows in claim order until it has
+#: ``%(window)s``. Jobs deferred to later are not in that index: they wait as
+#: ``scheduled`` until the stager makes them pending (``store.staging``), so
+#: the scan reads no deferred job and needs no walk of the priorities.
+#: ``run_after <= now()`` stays as a filter, checked in the index: a job
+#: written as pending by a client whose clock runs ahead of the database's
+#: is not claimed before it is due by the database's clock. The LIMIT stops
+#: the scan as soon as the window is locked (MATERIALIZED: locked once, read
+#: twice).
 #:
 #: ``leased`` takes the first ``%(lease)s`` unkeyed candidates and writes their
 #: lease with ``leasing``'s SET list, exactly as ``jobs_lease`` would. Keyed
@@ -50,32 +46,15 @@ from ..types import CLAIM_FIELDS
 #: query (tests/store/test_claim.py checks the plan). Table and states come from the models
 #: (``job_sql``); tests/store/test_raw_sql_twins.py runs it beside the ORM path on
 #: the same rows.
-#:
-#: What the walk costs, against one ordered scan of all priorities (the
-#: statement before it): PostgreSQL CPU per claim statement 0.69 ms instead
-#: of 0.58 (0.75 before the constant), mostly planning; with 11-16 jobs per
-#: claim in a drain, under 0.01 ms per job. Drain A/Bs cannot tell it from
-#: the machine's noise (docs/performance.md "A/B measurements").
 _CLAIM_SQL = """
-WITH RECURSIVE priorities AS (
-    SELECT {above_top}::smallint AS priority
-    UNION ALL
-    SELECT (SELECT lower.priority FROM {job} AS lower
-            WHERE lower.namespace = {namespace} AND lower.state = {pending}
-                AND lower.resource_shape IS NULL AND lower.priority < p.priority
-            ORDER BY lower.priority DESC LIMIT 1)
-    FROM priorities AS p WHERE p.priority IS NOT NULL
-), candidates AS MATERIALIZED (
-    SELECT due.* FROM priorities AS p CROSS JOIN LATERAL (
-        SELECT {fields}, now() AS db_now
-        FROM {job}
-        WHERE namespace = {namespace} AND state = {pending} AND resource_shape IS NULL
-            AND priority = p.priority AND run_after <= now() {filters}
-        ORDER BY run_after, id
-        LIMIT %(window)s
-        FOR UPDATE SKIP LOCKED
-    ) AS due
+WITH candidates AS MATERIALIZED (
+    SELECT {fields}, now() AS db_now
+    FROM {job}
+    WHERE namespace = {namespace} AND state = {pending} AND resource_shape IS NULL
+        AND run_after <= now() {filters}
+    ORDER BY priority DESC, run_after, id
     LIMIT %(window)s
+    FOR UPDATE SKIP LOCKED
 ), leased AS (
     UPDATE {job} AS j SET{lease_set}
     FROM (
@@ -138,7 +117,6 @@ def claim_sql(
         filters += PAUSED_FILTER_SQL
     return job_sql(connection, _CLAIM_SQL).format(
         fields=", ".join(CLAIM_FIELDS),
-        above_top=TASK_MAX_PRIORITY + 1,
         filters=filters,
         namespace=namespace_literal(namespace),
         lease_filters=LIMITED_FILTER_SQL if limited else "",

@@ -33,12 +33,13 @@ from django.db.models import Case, IntegerField, Value, When
 from django.db.models.functions import Now
 
 from ...conf import queue_limits
-from ...core.states import JobState
+from ...core.states import QUEUED_STATES
 from ...core.workflow_states import StepState
 from ...models import Job, WorkflowRun, WorkflowTask
 from ..base import take_sqlite_write_lock
 from ..flow import queues_paused
 from ..leasing import claimed_job, jobs_lease
+from ..staging import jobs_stage_now
 from ..types import CLAIM_FIELDS, ClaimedJob
 from .common import db_or_default
 
@@ -82,7 +83,7 @@ def workflow_run_claim_step(
         candidates = Job.objects.using(db).filter(
             id__in=ready,
             namespace=namespace,
-            state=JobState.PENDING,
+            state__in=QUEUED_STATES,  # a step backing off runs now too
             partition_key__isnull=True,
             concurrency_key__isnull=True,
             resource_shape__isnull=True,
@@ -103,5 +104,6 @@ def workflow_run_claim_step(
         )
         if row is None:
             return None
+        jobs_stage_now(db, [row["id"]])
         jobs_lease(db, [row], worker_id, row["db_now"], lease_seconds)
     return claimed_job(row, worker_id, row["db_now"], namespace)

@@ -13,6 +13,7 @@ from typing import Any
 from django.db.models import F
 from django.db.models.functions import Now
 
+from ...core.states import waiting_state
 from ...core.workflow_states import StepState
 from ...models import Job, WorkflowTask
 from ..base import now_plus
@@ -71,6 +72,7 @@ def enqueue_steps(
     if delay:
         for job in jobs:
             job.run_after = now_plus(delay)  # type: ignore[assignment]
+            job.state = waiting_state(delay)  # out of the claim index until due
     jobs_insert(jobs, db=db)
     ready = {
         "state": StepState.READY,

@@ -9,7 +9,7 @@ from django.db.models import BooleanField, Exists, F, OuterRef, Q
 from django.db.models.expressions import RawSQL
 from django.db.models.functions import Now
 
-from ...core.states import LIVE, JobState
+from ...core.states import LIVE, QUEUED_STATES, JobState
 from ...core.workflow_states import StepState
 from ...models import Job, WorkflowRun, WorkflowTask
 from ..base import now_plus
@@ -239,7 +239,7 @@ def step_jobs_retry_now(*, task_path: str, db: str | None = None) -> int:
     timers = WorkflowTask.objects.using(db).filter(state=StepState.WAITING, job_id__isnull=False)
     return (
         Job.objects.using(db)
-        .filter(task_path=task_path, state=JobState.PENDING, run_after__gt=Now())
+        .filter(task_path=task_path, state__in=QUEUED_STATES, run_after__gt=Now())
         .exclude(id__in=timers.values("job_id"))
-        .update(run_after=Now())
+        .update(run_after=Now(), state=JobState.PENDING)
     )

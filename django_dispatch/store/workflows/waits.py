@@ -32,7 +32,7 @@ from typing import Any
 from django.db.models import Q
 from django.db.models.functions import Now
 
-from ...core.states import JobState
+from ...core.states import QUEUED_STATES, JobState
 from ...core.workflow_states import StepState
 from ...models import Event, Job, WorkflowRun, WorkflowTask
 from ..base import db_now, now_plus
@@ -165,6 +165,7 @@ def _insert_timer(
     """The deferred job that ends the wait at ``until`` (database clock)."""
     job = step_job(build_job, run, step_id, generation, routes_of(db, [step_id])[step_id])
     job.run_after = until
+    job.state = JobState.SCHEDULED  # kept for an SQL ``until``; a datetime decides itself
     jobs_insert([job], db=db)
     return job.pk
 
@@ -255,7 +256,7 @@ def wake_waiting_steps(db: str, event: Event, build_job: StepJobBuilder) -> int:
         )
     timers = [r["job_id"] for r in rows if r["job_id"]]
     if timers:  # their wait is over: they would only find the step gone
-        Job.objects.using(db).filter(id__in=timers, state=JobState.PENDING).update(
+        Job.objects.using(db).filter(id__in=timers, state__in=QUEUED_STATES).update(
             state=JobState.CANCELLED, finished_at=Now()
         )
     return len(rows)
