@@ -6,6 +6,7 @@ import pytest
 from django.conf import settings
 from django.test import override_settings
 
+from django_dispatch import store
 from django_dispatch.checks import check_alias_databases, check_alias_tables
 
 from .conftest import BACKEND, EU_DB, two_databases
@@ -78,3 +79,24 @@ def test_the_tables_check_runs_only_with_the_databases_it_may_query():
     with override_settings(TASKS=_aliases(eu=EU_DB)):
         assert check_alias_tables(databases=None) == []
         assert check_alias_tables(databases=["default", EU_DB]) == []  # migrated by the tests
+
+
+@two_databases
+@pytest.mark.slow
+@pytest.mark.django_db(transaction=True, databases=["default", EU_DB])
+def test_missing_tables_on_the_alias_database_are_reported_and_stop_its_worker():
+    from django.core.management import CommandError, call_command
+
+    with override_settings(TASKS=_aliases(eu=EU_DB)):
+        call_command("migrate", "django_dispatch", "zero", database=EU_DB, verbosity=0)
+        try:
+            [message] = check_alias_tables(databases=[EU_DB])
+            assert message.id == "django_dispatch.W083"
+            assert f"migrate --database {EU_DB}" in message.hint
+            assert check_alias_tables(databases=["default"]) == []  # may not query jobs_eu
+            with pytest.raises(CommandError, match=f"not applied on database '{EU_DB}'"):
+                call_command("rundispatch", "--backend", "eu", "--burst")
+            assert store.db_alias() == "default"  # the command gave the process back
+        finally:
+            call_command("migrate", "django_dispatch", database=EU_DB, verbosity=0)
+        assert check_alias_tables(databases=[EU_DB]) == []
