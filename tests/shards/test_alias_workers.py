@@ -16,6 +16,7 @@ import signal
 import pytest
 from django.apps import apps
 from django.conf import settings
+from django.core.management import CommandError, call_command
 from django.test import override_settings
 
 from django_dispatch import events, pause_queue
@@ -127,6 +128,11 @@ def _run_everything_on_eu(start_worker) -> None:
     assert on_default == {**dict.fromkeys(on_default, 0), "Worker": 1, "Leadership": 1}, on_default
     assert on_eu["Worker"] == 2  # the two children registered on jobs_eu
     assert Job.objects.using("default").count() == 0
+    # The liveness probe of each alias finds its workers in its database.
+    call_command("dispatch_health", "--backend", "eu", "--min-workers", "2", verbosity=0)
+    call_command("dispatch_health", "--min-workers", "1", verbosity=0)
+    with pytest.raises(CommandError, match="unhealthy"):
+        call_command("dispatch_health", "--min-workers", "2", verbosity=0)  # not eu's
     for worker in (eu, default):
         worker.signal(signal.SIGTERM)
         assert worker.wait(30) == 0, worker.output()

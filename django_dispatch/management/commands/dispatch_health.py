@@ -7,8 +7,10 @@ from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
+from ... import store
 from ...conf import get_settings
 from ...observability.health import check
+from ..backend_option import backend_namespace
 
 
 class Command(BaseCommand):
@@ -21,6 +23,12 @@ class Command(BaseCommand):
     requires_migrations_checks = False
 
     def add_arguments(self, parser: CommandParser) -> None:
+        parser.add_argument(
+            "--backend",
+            default="default",
+            help="TASKS alias whose workers to check: they register in its database "
+            "(OPTIONS['DATABASE']; default: default).",
+        )
         parser.add_argument(
             "--host",
             default=None,
@@ -50,7 +58,12 @@ class Command(BaseCommand):
             raise CommandError(f"--max-age must be positive seconds, got {max_age:g}.")
         if options["min_workers"] < 0:
             raise CommandError(f"--min-workers must be 0 or more, got {options['min_workers']}.")
-        health = check(host=options["host"], max_age=max_age, min_workers=options["min_workers"])
+        if options["backend"] != "default":  # an unknown alias: CommandError naming them
+            backend_namespace(options["backend"])
+        with store.using_backend(options["backend"]):
+            health = check(
+                host=options["host"], max_age=max_age, min_workers=options["min_workers"]
+            )
         if not health.healthy:
             raise CommandError(f"unhealthy: {health.reason}", returncode=health.status)
         if options["verbosity"] >= 1:
