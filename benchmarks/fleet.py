@@ -57,6 +57,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--fleet-jobs", type=int, default=20_000, help="no-op backlog per round")
     p.add_argument("--fleet-rounds", type=int, default=3, help="drains per size (medians)")
     p.add_argument("--fleet-pool", type=int, default=20, help="PgBouncer default_pool_size")
+    p.add_argument("--fleet-schedulers", type=int, default=0,
+                   help="only this many workers tick cron, the others run with --no-scheduler "
+                   "(0: every worker, the default)")  # fmt: skip
 
 
 def measure(args: argparse.Namespace, python: str, log: Callable[[str], None]) -> dict:
@@ -67,6 +70,11 @@ def measure(args: argparse.Namespace, python: str, log: Callable[[str], None]) -
             f"processes x {args.fleet_slots} slots through PgBouncer (transaction mode, "
             f"default_pool_size={args.fleet_pool}) in front of PostgreSQL with "
             f"max_connections=100, median of {args.fleet_rounds} round(s) per size"
+            + (
+                f"; only {args.fleet_schedulers} worker(s) tick cron (the others --no-scheduler)"
+                if getattr(args, "fleet_schedulers", 0)
+                else ""
+            )
         ),
         "sizes": {},
     }
@@ -84,6 +92,7 @@ def measure(args: argparse.Namespace, python: str, log: Callable[[str], None]) -
                 "--concurrency", str(args.fleet_slots), "--jobs", str(args.fleet_jobs),
                 "--rounds", str(args.fleet_rounds), "--server-log", str(pg.tmp / "server.log"),
                 "--bouncer-admin", bouncer.url("pgbouncer"), "--bouncer-pid", str(bouncer.pid()),
+                "--schedulers", str(getattr(args, "fleet_schedulers", 0)),
             ]  # fmt: skip
             try:
                 result = _run(argv)
@@ -105,6 +114,8 @@ def measure(args: argparse.Namespace, python: str, log: Callable[[str], None]) -
             )
             result["median"]["idle_statements_per_s"] = idle.get("statements_per_s", 0.0)
             out["sizes"][str(n)] = result
+            if result.get("jobs_not_run_once"):
+                log(f"  {result['jobs_not_run_once']} jobs not run exactly once")
             m = result["median"]
             log(f"  {m.get('per_s', 0):,.0f} jobs/s (mid {m.get('mid_per_s', 0):,.0f}), claim "
                 f"p50 {m.get('claim_p50_ms', 0):.1f} p99 {m.get('claim_p99_ms', 0):.1f} ms, "
@@ -188,6 +199,12 @@ def section(fleet: dict) -> str:
         ratio = fleet["sizes"][top]["median"]["per_s"] / best
         verdict = "within 20%" if ratio >= 0.8 else "MORE than 20% below"
         lines += ["", f"{top} processes: {ratio:.2f}x the best size's throughput ({verdict})."]
+        odd = {n: r.get("jobs_not_run_once") for n, r in fleet["sizes"].items() if "rounds" in r}
+        lines.append(
+            "Jobs not run exactly once (attempts <> 1 or not succeeded), per size: "
+            + ", ".join(f"{n}: {v if v is not None else '?'}" for n, v in odd.items())
+            + "."
+        )
         waits = fleet["sizes"][top]["rounds"][-1].get("wait_events", {})
         if waits:
             shown = ", ".join(f"{k} {v}" for k, v in waits.items())

@@ -167,6 +167,16 @@ class FleetDriver(DispatchDriver):
         parser.add_argument("--server-log", default="", help="the server's log (log_lock_waits)")
         parser.add_argument("--bouncer-admin", default="", help="PgBouncer's console URL")
         parser.add_argument("--bouncer-pid", type=int, default=0)
+        # Only this many workers tick cron (0: all, the default).
+        parser.add_argument("--schedulers", type=int, default=0)
+
+    def worker_argv(self, concurrency: int) -> list[str]:
+        """Called once per process: past ``--schedulers`` of them, ``--no-scheduler``."""
+        self.started = getattr(self, "started", 0) + 1
+        argv = super().worker_argv(concurrency)
+        if self.args.schedulers and self.started > self.args.schedulers:
+            argv.append("--no-scheduler")
+        return argv
 
     def standard(self, conn: psycopg.Connection, logdir: Path) -> dict:
         args = self.args
@@ -187,8 +197,14 @@ class FleetDriver(DispatchDriver):
         finally:
             workers.stop()
         claim_latency(rounds, waves)
+        # Every job ran once: one attempt each, succeeded (a lease lost and
+        # reclaimed, or two workers on one job, would show here).
+        not_once = conn.execute(
+            "SELECT count(*) FROM django_dispatch_job WHERE attempts <> 1 OR state <> 'succeeded'"
+        ).fetchone()[0]
         return {"processes": args.workers, "slots": args.concurrency, "jobs": args.jobs,
-                "start_seconds": start_seconds, "idle": idle, "rounds": rounds}  # fmt: skip
+                "start_seconds": start_seconds, "idle": idle, "rounds": rounds,
+                "jobs_not_run_once": not_once}  # fmt: skip
 
     def wait_registered(self, conn, workers: Workers) -> None:
         deadline = time.monotonic() + START_TIMEOUT
