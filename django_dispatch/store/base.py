@@ -226,9 +226,9 @@ def pending_priorities(db: str, namespace: str, shape: int | None) -> Iterator[i
     Those jobs are one index range led by the namespace (and the shape), then
     ``priority`` (``dispatch_job_claim``, ``dispatch_job_claim_shaped``).
     A loose index scan, which PostgreSQL 15 lacks and SQLite does only with
-    statistics: the readers of pending jobs walk the priorities with it, so
-    that per priority ``run_after <= now`` bounds the index range and jobs
-    deferred to later are never read (``claim.runnable_candidates``).
+    statistics: the resource-aware claim (``sources.resources``) walks the
+    priorities with it to merge its sources' index ranges in claim order, and
+    ``claim.jobs_due_exist`` to probe each shape the worker could hold.
     """
     pending = Job.objects.using(db).filter(namespace=namespace, state=JobState.PENDING)
     if shape is None:

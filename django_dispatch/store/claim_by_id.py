@@ -1,6 +1,6 @@
 """The claim of one job named by its id (``run_now``), through the claim's own gates.
 
-A worker's claim walks the claim index in order; ``run_now`` names the job.
+A worker's claim scans the claim index in order; ``run_now`` names the job.
 Everything else is the claim's: the row is locked with SKIP LOCKED (a job
 another claimer is leasing right now is not waited for, and not taken), its
 partition must let it run (``gates.partitions``: its key's head, and nothing

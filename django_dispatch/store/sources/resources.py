@@ -12,10 +12,11 @@ How a worker with capacity reads only jobs that fit:
    per distinct need vector, however many jobs share each.
 2. The shapes whose needs fit the worker's *free* capacity (its capacity
    minus what its running jobs hold), compared in Python.
-3. One priority at a time, highest first (as the plain claim walks them, so
-   that no deferred job is read): the first ``window`` due jobs of each
-   source (jobs without needs, each fitting shape, and the worker's own
-   locality), each through its index, merged in claim order (priority, own
+3. One priority at a time, highest first (so that each priority's sources
+   merge in claim order; deferred jobs are ``scheduled``, not read): the
+   first ``window`` due jobs of each source (jobs without needs, each
+   fitting shape, and the worker's own locality), each through its index,
+   merged in claim order (priority, own
    locality first, run_after, id) and only then cut to ``window``; those rows
    are locked (SKIP LOCKED). A job that does not fit is never read, let alone
    written.
@@ -135,8 +136,7 @@ def _pick_orm(
     fields: Sequence[str],
 ) -> list[dict[str, Any]]:
     """``_PICK_SQL`` in the ORM (SQLite): one priority at a time, highest first, as
-    the statement walks them (no deferred job read); a priority's picks come
-    before any of a lower one."""
+    the statement walks them; a priority's picks come before any of a lower one."""
     sources = [base.filter(resource_shape__isnull=True)]
     sources += [base.filter(resource_shape=shape) for shape in fitting]
     if placement.locality:  # the worker's own jobs, one index range each
@@ -212,11 +212,12 @@ def _lock(db: str, ids: list[int], fields: Sequence[str]) -> list[dict[str, Any]
     return rows
 
 
-#: ``candidates`` on PostgreSQL, in one statement, one priority at a time as
-#: the plain claim walks them (``sources.fused_pg._CLAIM_SQL``), so that no deferred job
-#: is read. ``priorities``: the pending priorities of the jobs without needs
-#: and of each fitting shape, highest first, one index descent per source and
-#: priority (GREATEST ignores a source that has none left). Then, per priority
+#: ``candidates`` on PostgreSQL, in one statement, one priority at a time, so
+#: that each priority's sources merge in claim order (deferred jobs are
+#: ``scheduled``, outside these indexes). ``priorities``: the pending
+#: priorities of the jobs without needs and of each fitting shape, highest
+#: first, one index descent per source and priority (GREATEST ignores a
+#: source that has none left). Then, per priority
 #: until ``window`` jobs are picked: the first ``window`` due jobs of each
 #: source (jobs without needs, each fitting shape through LATERAL, the
 #: worker's locality), each an index range bounded by the priority and
