@@ -29,6 +29,7 @@ from django.utils.html import format_html, format_html_join
 from django.utils.safestring import SafeString
 
 from ..compat import ON_LIST_AND_PAGE
+from ..queries.counting import capped_count
 from ..queries.reading import read_alias
 from ..store.base import db_alias, take_sqlite_write_lock
 from ..tasks.registry import backend_for
@@ -55,9 +56,10 @@ class CappedPaginator(Paginator):
     """A paginator whose count is ``SELECT COUNT(*) FROM (… LIMIT cap + 1)``.
 
     Django's paginator runs an unbounded ``COUNT(*)``, a full scan of a big
-    table on PostgreSQL. Counting through a LIMIT stops early; when the cap
-    is hit the count is reported as the cap and ``capped`` is set, so the
-    template says "more than".
+    table on PostgreSQL. Counting through a LIMIT stops early (and is skipped
+    when the planner expects far more: ``capped_count``); when the cap is hit
+    the count is reported as the cap and ``capped`` is set, so the template
+    says "more than".
     """
 
     cap = COUNT_CAP
@@ -69,9 +71,8 @@ class CappedPaginator(Paginator):
         object_list = self.object_list
         if not isinstance(object_list, QuerySet):
             return super().count
-        counted = object_list[: self.cap + 1].count()
-        self.capped = counted > self.cap
-        return min(counted, self.cap)
+        counted, self.capped = capped_count(object_list, self.cap)
+        return counted
 
 
 class RecentValuesFilter(admin.AllValuesFieldListFilter):

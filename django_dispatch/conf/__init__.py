@@ -72,6 +72,12 @@ class DispatchSettings:
     PURGE_INTERVAL: float = 60.0
     #: Rows deleted per purge statement: bounds how long a purge holds locks.
     PURGE_BATCH: int = 1000
+    #: Seconds a purge sleeps between two batches (0: none), so that a purge
+    #: catching up on a large history leaves the database to the claims.
+    PURGE_PAUSE: float = 0.05
+    #: The list functions' counts are exact up to this many rows; above, on
+    #: PostgreSQL, the planner's estimate ("about N"): see queries.counting.
+    COUNT_EXACT_MAX: int = 10_000
     #: Seconds a dead letter is kept.
     DEAD_LETTER_RETENTION: float = 90 * DAY
     #: Seconds an event handed out by ``events.subscribe`` stays with its
@@ -202,7 +208,9 @@ class DispatchSettings:
             elif not isinstance(value, int | float) or isinstance(value, bool):
                 problems.append(f"DISPATCH['{f.name}'] must be a number, got {value!r}.")
                 wrong_type = True
-            elif value <= 0:
+            elif value < 0 and f.name in _ZERO_ALLOWED:
+                problems.append(f"DISPATCH['{f.name}'] must be 0 or more, got {value!r}.")
+            elif value <= 0 and f.name not in _ZERO_ALLOWED:
                 problems.append(f"DISPATCH['{f.name}'] must be positive, got {value!r}.")
             elif f.name in _WHOLE_NUMBERS and int(value) != value:
                 problems.append(f"DISPATCH['{f.name}'] must be a whole number, got {value!r}.")
@@ -272,6 +280,8 @@ _PATHS_TO = {
     "CALL_CONTEXT": "a function that takes no argument and returns a dict or None",
 }
 _WHOLE_NUMBERS = {"MAX_WORKER_LOST", "CONCURRENCY", "PURGE_BATCH", "MAP_MAX_ITEMS", *SIZE_LIMITS}
+_WHOLE_NUMBERS.add("COUNT_EXACT_MAX")
+_ZERO_ALLOWED = {"PURGE_PAUSE"}  # numbers that may be 0; every other must be positive
 _OTHER_KEYS: set[str] = set()
 
 

@@ -34,6 +34,7 @@ from ..core.workflow_states import RunState
 from ..models import DeadLetter, Job, WorkflowRun
 from ..store.base import using_backend
 from ..tasks.registry import namespace_for
+from .counting import bounded_count
 from .reading import read_alias
 
 __all__ = [
@@ -78,9 +79,23 @@ def jobs_count(
     queue: str | None = None,
     task: Task | str | None = None,
     backend: str = "default",
+    exact: bool = False,
 ) -> int:
-    """How many jobs of ``backend``'s namespace match (the filters of ``jobs_list``)."""
-    return _jobs(state=state, queue=queue, task=task, backend=backend).count()
+    """How many jobs of ``backend``'s namespace match (the filters of ``jobs_list``).
+
+    Exact up to ``DISPATCH["COUNT_EXACT_MAX"]``; above, on PostgreSQL, the
+    planner's estimate unless ``exact`` (see ``queries.counting``).
+    """
+    rows = _jobs(state=state, queue=queue, task=task, backend=backend)
+    # Counted in two parts, as pages are read: the history through the
+    # indexes partial on finished states, the live jobs through theirs. As
+    # one query, a filter on a rare task or queue would scan the history.
+    wanted = {s for s in JobState.values if state is None or s == state}
+    return sum(
+        bounded_count(rows.filter(state__in=states), exact=exact)
+        for states in (FINISHED_STATES, LIVE_STATES)
+        if wanted & set(states)
+    )
 
 
 def dead_letters_list(
@@ -104,9 +119,11 @@ def dead_letters_count(
     task: Task | str | None = None,
     replayed: bool | None = None,
     backend: str = "default",
+    exact: bool = False,
 ) -> int:
-    """How many dead letters of ``backend``'s namespace match."""
-    return _dead_letters(task, replayed, backend).count()
+    """How many dead letters of ``backend``'s namespace match (about, above
+    ``COUNT_EXACT_MAX``, unless ``exact``: see ``jobs_count``)."""
+    return bounded_count(_dead_letters(task, replayed, backend), exact=exact)
 
 
 def dead_letter_for_job(job_id: int | str, *, backend: str = "default") -> DeadLetter | None:
@@ -138,10 +155,15 @@ def runs_list(
 
 
 def runs_count(
-    *, state: str | None = None, name: str | None = None, backend: str = "default"
+    *,
+    state: str | None = None,
+    name: str | None = None,
+    backend: str = "default",
+    exact: bool = False,
 ) -> int:
-    """How many workflow runs of ``backend``'s namespace match."""
-    return _runs(state, name, backend).count()
+    """How many workflow runs of ``backend``'s namespace match (about, above
+    ``COUNT_EXACT_MAX``, unless ``exact``: see ``jobs_count``)."""
+    return bounded_count(_runs(state, name, backend), exact=exact)
 
 
 # --- the querysets, their arguments checked -------------------------------------------------

@@ -1,7 +1,8 @@
 """A snapshot of the queue for operators: workers, leader, depths, ages, cron.
 
 Every query is bounded: counts are per state over the partial indexes of
-live jobs, never a COUNT(*) over finished ones.
+live jobs, never a COUNT(*) over finished ones; dead letters not replayed
+are counted exactly up to ``COUNT_EXACT_MAX``, then estimated.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from ..core.states import JobState
 from ..models import CronEntry, DeadLetter, Job, Worker
 from ..store.base import LIVE_JOBS_BY_STATE, live_jobs
 from ..store.flow import queues_paused
+from .counting import bounded_count
 
 
 @dataclass
@@ -63,8 +65,10 @@ def snapshot(namespace: str = "") -> Status:
         workers=list(Worker.objects.using(db).filter(namespace=namespace).order_by("id")),
         leader=store.leadership_holder(db=db, namespace=namespace),
         queues=sorted(queues.values(), key=lambda q: q.name),
-        dead_letters_unreplayed=DeadLetter.objects.using(db)
-        .filter(namespace=namespace, replayed_at__isnull=True)
-        .count(),
+        # Exact up to COUNT_EXACT_MAX, then about: a COUNT(*) of a long
+        # history of dead letters would read all of them.
+        dead_letters_unreplayed=bounded_count(
+            DeadLetter.objects.using(db).filter(namespace=namespace, replayed_at__isnull=True)
+        ),
         cron=list(CronEntry.objects.using(db).filter(namespace=namespace).order_by("name")),
     )

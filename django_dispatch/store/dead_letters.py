@@ -9,6 +9,7 @@ from typing import Any
 from django.db.models import Q
 from django.db.models.functions import Now
 
+from ..conf import get_settings
 from ..core.states import FINISHED_STATES, QUEUED_STATES, TERMINAL, JobState
 from ..models import DeadLetter, Job
 from .base import db_alias, notify, now_plus, state_in
@@ -154,17 +155,24 @@ def purge_past_retention(
     max_seconds: float,
     db: str | None = None,
     namespace: str = "",
+    pause: float | None = None,
 ) -> tuple[int, int]:
     """Delete finished jobs and dead letters past their retention; (jobs, dead letters) deleted.
 
     Not one transaction but a loop of ``jobs_purge`` and ``dead_letters_purge``
-    batches, each its own short statement, until both are caught up or
-    ``max_seconds`` pass: a busy site's purge keeps up with its finishing
-    rate, and no delete holds locks for long.
+    batches, each its own short statement (autocommit: no transaction spans
+    two), until both are caught up or ``max_seconds`` pass: a busy site's
+    purge keeps up with its finishing rate, and no delete holds locks for long.
+    Between two batches it sleeps ``pause`` seconds (``DISPATCH["PURGE_PAUSE"]``
+    when None): a purge catching up on millions of rows would otherwise keep
+    the server busy deleting without a break, and the claims, which never
+    wait on its rows' locks, would still wait for its CPU and disk.
     """
+    if pause is None:
+        pause = get_settings().PURGE_PAUSE
     deadline = time.monotonic() + max_seconds
     jobs = letters = 0
-    while time.monotonic() < deadline:
+    while True:
         batch_jobs = jobs_purge(job_retention, batch=batch, db=db, namespace=namespace)
         batch_letters = dead_letters_purge(
             older_than=dead_letter_retention, batch=batch, db=db, namespace=namespace
@@ -172,6 +180,9 @@ def purge_past_retention(
         jobs, letters = jobs + batch_jobs, letters + batch_letters
         if batch_jobs < batch and batch_letters < batch:
             break
+        if time.monotonic() + pause >= deadline:
+            break
+        time.sleep(pause)
     return jobs, letters
 
 

@@ -1,0 +1,71 @@
+"""Counts that stay cheap on a history of millions of rows.
+
+``COUNT(*)`` reads every matching row: on 10,000,000 finished jobs, a count
+of one queue's jobs reads millions of index entries, seconds of work each
+time a dashboard asks. So the counting functions (``jobs.count``,
+``dead_letters.count``, ``workflows.count_runs``) answer exactly only up to
+``DISPATCH["COUNT_EXACT_MAX"]`` rows; above that, on PostgreSQL, they answer
+the planner's estimate of the matching rows (from the statistics ``ANALYZE``
+keeps, autovacuum's and ours): "about N", read in one ``EXPLAIN``, whatever
+the size of the history. ``exact=True`` always counts.
+
+The planner is asked first: a count it expects to be small is then made
+exactly, through a ``LIMIT`` of one past the cap, so a wrong guess costs at
+most the cap's rows; and a count that reaches the cap anyway is answered
+exactly (its rows were underestimated, so the estimate is no answer). An
+estimate can be off where filters correlate (a queue and a task that never
+go together are estimated as if independent), which is why it is only
+trusted above the cap, where "about" is what an operator reads anyway.
+
+SQLite has no row estimates to read, and its databases are small: its
+counts are always exact.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from django.db import connections
+from django.db.models import Model, QuerySet
+
+from ..conf import get_settings
+
+__all__ = ["bounded_count", "capped_count", "estimated_rows"]
+
+
+def bounded_count(rows: QuerySet[Any], *, exact: bool = False) -> int:
+    """How many rows ``rows`` matches: exact up to ``COUNT_EXACT_MAX``, else about."""
+    if exact:
+        return rows.count()
+    cap = get_settings().COUNT_EXACT_MAX
+    estimate = estimated_rows(rows)
+    if estimate is not None and estimate > cap:
+        return estimate
+    counted = rows.order_by().values("pk")[: cap + 1].count()
+    if counted <= cap:
+        return counted
+    return rows.count()
+
+
+def capped_count(rows: QuerySet[Any], cap: int) -> tuple[int, bool]:
+    """``(count, capped)``: the rows ``rows`` matches counted up to ``cap``, and
+    whether there are more (the admin's "more than" count).
+
+    Through a ``LIMIT`` of one past the cap, or, when the planner expects more
+    than twice the cap, not even that: then it is surely past the cap, and
+    counting the cap's rows would only confirm it.
+    """
+    estimate = estimated_rows(rows)
+    if estimate is not None and estimate > 2 * cap:
+        return cap, True
+    counted = rows[: cap + 1].count()
+    return min(counted, cap), counted > cap
+
+
+def estimated_rows[M: Model](rows: QuerySet[M]) -> int | None:
+    """The planner's estimate of the rows ``rows`` matches (PostgreSQL), else None."""
+    if connections[rows.db].vendor != "postgresql":
+        return None
+    plan: Any = json.loads(rows.order_by().values("pk").explain(format="json"))
+    return int(plan[0]["Plan"]["Plan Rows"])

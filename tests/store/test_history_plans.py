@@ -1,0 +1,459 @@
+"""History at scale: every operator read's cost is bounded by its page, its cap or the
+live work, never by the number of finished rows; and the purge deletes in batches.
+
+The tables are scaled down (30,000 finished jobs, their dead letters, 3,000
+workflow runs, made on the server with generate_series and ANALYZEd) and the
+bounds are in rows read, from ``EXPLAIN ANALYZE`` of every statement a read
+ran: a read that scanned the history would read all 30,000 rows, a bounded
+one reads its page (100), its cap, or the live jobs. Wall times are measured
+in ``make bench`` (benchmarks/history.py at 10,000,000 rows), never here.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from datetime import timedelta
+
+import pytest
+from django.db import connection, transaction
+from django.utils import timezone
+
+from django_dispatch import dead_letters, jobs, workflows
+from django_dispatch.admin.common import COUNT_CAP, FILTER_SAMPLE
+from django_dispatch.conf import get_settings
+from django_dispatch.models import DeadLetter, Job, WorkflowRun
+from django_dispatch.queries import counting
+from django_dispatch.queries.status import snapshot
+from django_dispatch.store.dead_letters import purge_past_retention
+from tests.conftest import postgres_only
+from tests.store.helpers import statements
+
+HISTORY = 30_000
+RUNS = 3_000
+#: Live jobs beside the history (their reads are bounded by them, not by it).
+LIVE = 50
+TABLES = {m._meta.db_table for m in (Job, DeadLetter, WorkflowRun)}
+ADD, ECHO = "tests.testapp.tasks.add", "tests.testapp.tasks.echo"
+
+# --- the history, made on the server ---------------------------------------------------------
+
+
+def _insert(model, generated: dict[str, str], source: str) -> None:
+    """INSERT … SELECT: ``generated`` columns as given, the other required ones their
+    model default (a field added later does not break it)."""
+    columns, values, params = [], [], []
+    for field in model._meta.concrete_fields:
+        if field.column in generated:
+            columns.append(field.column)
+            values.append(generated[field.column])
+        elif not (field.primary_key or field.null or field.has_db_default()):
+            columns.append(field.column)
+            values.append("%s")
+            params.append(field.get_db_prep_save(field.get_default(), connection))
+    with connection.cursor() as cursor:
+        cursor.execute(
+            f"INSERT INTO {model._meta.db_table} ({', '.join(columns)}) "
+            f"SELECT {', '.join(values)} {source}",
+            params,
+        )
+
+
+def make_history() -> None:
+    """30,000 finished jobs over 30 days up to 3 hours ago (1 in 50 failed, each with
+    its dead letter; 1 in 100 of queue "emails" and task echo, all failed), 3,000
+    runs (1 in 100 stuck), 50 live jobs."""
+    finished = "now() - make_interval(days => 30) + make_interval(secs => i * 86.0)"
+    _insert(
+        Job,
+        {
+            "namespace": "''",
+            "task_path": f"CASE WHEN i %% 100 = 50 THEN '{ECHO}' ELSE '{ADD}' END",
+            "queue_name": "CASE WHEN i %% 100 = 50 THEN 'emails' ELSE 'default' END",
+            "state": "CASE WHEN i %% 50 = 0 THEN 'failed' ELSE 'succeeded' END",
+            "enqueued_at": f"{finished} - interval '2 seconds'",
+            "run_after": f"{finished} - interval '2 seconds'",
+            "started_at": f"{finished} - interval '1 second'",
+            "finished_at": finished,
+            "attempts": "1",
+        },
+        f"FROM generate_series(1, {HISTORY}) AS i",
+    )
+    _insert(
+        DeadLetter,
+        {
+            "job_id": "j.id",
+            "namespace": "''",
+            "task_path": "j.task_path",
+            "queue_name": "j.queue_name",
+            "error_class": "'builtins.ValueError'",
+            "error_message": "'boom'",
+            "enqueued_at": "j.enqueued_at",
+            "failed_at": "j.finished_at",
+        },
+        f"FROM {Job._meta.db_table} j WHERE j.state = 'failed' ORDER BY j.id",
+    )
+    _insert(
+        WorkflowRun,
+        {
+            "namespace": "''",
+            "name": "'signup'",
+            "state": "CASE WHEN i %% 100 = 0 THEN 'stuck' ELSE 'succeeded' END",
+            "finished_at": "now()",
+        },
+        f"FROM generate_series(1, {RUNS}) AS i",
+    )
+    Job.objects.bulk_create(
+        Job(task_path=ADD, queue_name="default", args=[], kwargs={}) for _ in range(LIVE)
+    )
+    with connection.cursor() as cursor:
+        cursor.execute(f"ANALYZE {', '.join(sorted(TABLES))}")
+
+
+@pytest.fixture
+def history(transactional_db):
+    """The history, committed: the test's end truncates the tables, which resets
+    their statistics. Rolled back instead, the pages it filled would stay, and
+    with them the planner's estimate of 30,000 rows in the next tests' tables."""
+    make_history()
+
+
+# --- reading what a read read -----------------------------------------------------------------
+
+
+def rows_read(seen) -> dict[str, int]:
+    """The most rows any one of the ``seen`` statements read from each history table
+    (rows its scans of the table produced plus those they filtered out), and
+    how many scans of them were sequential (key "seq scans").
+
+    Planned with sequential scans, hash and merge joins off: on 30,000 rows
+    reading a table whole can rightly be cheaper than an index (on 10,000,000
+    it cannot, and benchmarks/history.py times the plans the planner picks
+    there); what is checked is that an index serves each read and its LIMIT
+    stops it. A read no index can serve still shows its Seq Scan.
+    """
+    worst = dict.fromkeys(TABLES, 0)
+    worst["seq scans"] = 0
+    with transaction.atomic():
+        with connection.cursor() as cursor:
+            for method in ("seqscan", "hashjoin", "mergejoin"):
+                cursor.execute(f"SET LOCAL enable_{method} = off")
+            for sql, params in seen:
+                if not sql.lstrip().upper().startswith(("SELECT", "WITH")):
+                    continue  # EXPLAINs (the estimates), SAVEPOINTs, the session's writes
+                cursor.execute("EXPLAIN (ANALYZE, FORMAT JSON) " + sql, params)
+                plan = cursor.fetchone()[0]
+                plan = plan if isinstance(plan, list) else json.loads(plan)
+                read: dict[str, int] = {}
+                _add_reads(plan[0]["Plan"], read)
+                for table, n in read.items():
+                    if table == "seq scans":
+                        worst[table] += n
+                    else:
+                        worst[table] = max(worst[table], n)
+        transaction.set_rollback(True)
+    return worst
+
+
+def _add_reads(node, read: dict[str, int]) -> None:
+    table = node.get("Relation Name")
+    if table in TABLES:
+        loops = node.get("Actual Loops", 1)
+        n = node.get("Actual Rows", 0) + node.get("Rows Removed by Filter", 0)
+        read[table] = read.get(table, 0) + int(n * loops)
+        if node.get("Node Type") == "Seq Scan":
+            read["seq scans"] = read.get("seq scans", 0) + 1
+    for child in node.get("Plans", []):
+        _add_reads(child, read)
+
+
+def reading(call):
+    """Run ``call``; return what it answered and the rows its statements read."""
+    with statements(connection) as seen:
+        answer = call()
+    return answer, rows_read(seen)
+
+
+JOB, LETTER, RUN = (m._meta.db_table for m in (Job, DeadLetter, WorkflowRun))
+
+# --- the list functions -----------------------------------------------------------------------
+
+
+LIST_CALLS = [
+    lambda: jobs.list(),
+    lambda: jobs.list(state="failed"),
+    lambda: jobs.list(queue="emails"),
+    lambda: jobs.list(task=ECHO),
+    lambda: dead_letters.list(),
+    lambda: dead_letters.list(task=ECHO),
+    lambda: workflows.list_runs(),
+    lambda: workflows.list_runs(state="stuck"),  # 30 of them: a short page
+]
+
+
+@postgres_only
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.parametrize(
+    "call, table",
+    list(zip(LIST_CALLS, [JOB] * 4 + [LETTER] * 2 + [RUN] * 2, strict=True)),
+    ids=[
+        "jobs",
+        "jobs-failed",
+        "jobs-queue",
+        "jobs-task",
+        "dead-letters",
+        "dead-letters-task",
+        "runs",
+        "runs-stuck",
+    ],
+)
+def test_a_page_reads_its_page_not_the_history(history, call, table):
+    """A page of 100 reads about 100 index entries per part (the finished states'
+    parts, the live part): an index scan in id order that stops at the LIMIT."""
+    page, read = reading(call)
+    assert len(page) == 100 or (call is LIST_CALLS[-1] and len(page) == RUNS // 100)
+    assert read["seq scans"] == 0, read
+    # Each of the (at most four) parts of a job page stops at 100; a page of
+    # a filtered kind skips no more than what its index holds of other kinds.
+    assert 0 < read[table] <= 4 * 100 + LIVE, read
+
+
+@postgres_only
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.parametrize(
+    "count, exact",
+    [
+        (lambda **kw: jobs.count(**kw), HISTORY + LIVE),
+        (lambda **kw: jobs.count(state="succeeded", **kw), HISTORY - HISTORY // 50),
+        (lambda **kw: jobs.count(queue="default", **kw), HISTORY - HISTORY // 100 + LIVE),
+        (lambda **kw: dead_letters.count(replayed=False, **kw), HISTORY // 50),
+        (lambda **kw: workflows.count_runs(**kw), RUNS),
+    ],
+    ids=["jobs", "jobs-succeeded", "jobs-queue", "dead-letters", "runs"],
+)
+def test_a_count_past_the_cap_is_the_planners_estimate_and_reads_no_rows(
+    history, settings, count, exact
+):
+    """Above COUNT_EXACT_MAX a count is the planner's estimate: one EXPLAIN, no row
+    read; within a tenth of the truth on ANALYZEd tables. ``exact=True`` counts."""
+    settings.DISPATCH = {"COUNT_EXACT_MAX": 100}
+    about, read = reading(count)
+    assert abs(about - exact) <= exact / 10, (about, exact)
+    # Only the live jobs' part, under the cap, is counted.
+    assert read[JOB] <= LIVE and read[LETTER] == read[RUN] == 0, read
+    assert count(exact=True) == exact
+
+
+@postgres_only
+@pytest.mark.django_db(transaction=True)
+def test_a_count_under_the_cap_is_exact_and_reads_at_most_the_cap(history, settings):
+    """Counts the planner expects under the cap are made exactly, through a LIMIT of
+    one past the cap; a wrong guess costs at most those rows."""
+    cap = get_settings().COUNT_EXACT_MAX
+    for call, expected in [
+        (lambda: jobs.count(state="failed"), HISTORY // 50),
+        (lambda: jobs.count(task=ECHO), HISTORY // 100),
+        (lambda: jobs.count(state="pending"), LIVE),
+        (lambda: workflows.count_runs(state="stuck"), RUNS // 100),
+    ]:
+        answer, read = reading(call)
+        assert answer == expected
+        assert read["seq scans"] == 0 and read[JOB] <= cap + 1, read
+
+
+@postgres_only
+@pytest.mark.django_db(transaction=True)
+def test_a_count_the_planner_underestimates_is_still_exact(history, settings):
+    """The statistics say a handful of ``echo`` jobs; 2,000 more are added without
+    ANALYZE: the count reaches the cap, so the estimate is no answer: it counts."""
+    settings.DISPATCH = {"COUNT_EXACT_MAX": 1000}
+    before = counting.estimated_rows(Job.objects.filter(task_path=ECHO))
+    assert before is not None and before < 1000
+    Job.objects.bulk_create(
+        Job(task_path=ECHO, queue_name="emails", args=[], kwargs={}) for _ in range(2000)
+    )
+    assert jobs.count(task=ECHO) == HISTORY // 100 + 2000
+
+
+@pytest.mark.django_db
+def test_counts_are_exact_on_sqlite_and_below_the_cap():
+    """Without a planner estimate (SQLite) or under the cap, a count is COUNT(*)."""
+    Job.objects.bulk_create(
+        Job(task_path=ADD, queue_name="default", args=[], kwargs={}) for _ in range(30)
+    )
+    assert jobs.count() == jobs.count(exact=True) == 30
+    assert dead_letters.count() == 0 and workflows.count_runs() == 0
+
+
+# --- the admin, the console and dispatch_status ------------------------------------------------
+
+
+@postgres_only
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.parametrize(
+    "url",
+    [
+        "/admin/django_dispatch/job/",
+        "/admin/django_dispatch/deadletter/",
+    ],
+)
+def test_the_admin_change_list_reads_its_caps_not_the_history(history, client, login, url):
+    """The job list's count stops at COUNT_CAP (+1), its value filters sample the
+    newest FILTER_SAMPLE rows, its page is 100: never the whole history.
+
+    Not bounded, and documented so (docs/performance.md): the job list filtered
+    by a rare state, queue or task. The list indexes lead with the namespace,
+    which the admin does not filter on, so such a page reads the history newest
+    first until it is full, and its count (estimated under twice the cap) reads
+    on to the cap; ``jobs.list(state=...)`` and its count read their indexes."""
+    login(superuser=True)
+    response, read = reading(lambda: client.get(url))
+    assert response.status_code == 200
+    assert read["seq scans"] == 0, read
+    # One statement reads at most the capped count's rows, or the sample's
+    # twice (the newest ids, then their values).
+    bound = max(COUNT_CAP + 1, 2 * FILTER_SAMPLE) + 100
+    assert 0 < max(read[JOB], read[LETTER]) <= bound, read
+    assert bound < HISTORY  # else the caps would not be what bounds it
+
+
+@postgres_only
+@pytest.mark.django_db(transaction=True)
+def test_the_console_overview_reads_the_window_not_the_history(history, client, login):
+    """The overview reads the live jobs and the last hour's finished ones: the
+    history is older, so it reads none of it."""
+    login(superuser=True)
+    response, read = reading(lambda: client.get("/admin/django_dispatch/job/overview/"))
+    assert response.status_code == 200
+    assert read["seq scans"] == 0 and read[JOB] <= LIVE + 100, read
+
+
+@postgres_only
+@pytest.mark.django_db(transaction=True)
+def test_dispatch_status_reads_the_live_jobs_not_the_history(history, settings):
+    """``dispatch_status`` counts live jobs through their partial indexes, and dead
+    letters up to COUNT_EXACT_MAX (then estimates them)."""
+    settings.DISPATCH = {"COUNT_EXACT_MAX": 100}
+    status, read = reading(lambda: snapshot(""))
+    assert status.dead_letters_unreplayed > 100
+    assert read["seq scans"] == 0 and read[JOB] <= LIVE and read[LETTER] == 0, read
+
+
+# --- the purge --------------------------------------------------------------------------------
+
+
+def _delete_sizes(seen) -> list[int]:
+    """How many ids each DELETE of the job table named."""
+    sizes = []
+    for sql, params in seen:
+        if re.match(rf'\s*DELETE FROM "{JOB}" ', sql):
+            sizes.append(len(params) - 1 if params else 0)  # the ids, and the state
+    return sizes
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_purge_deletes_in_batches_of_purge_batch_each_its_own_transaction(monkeypatch):
+    """230 jobs past retention, PURGE_BATCH 50: five DELETEs of at most 50 ids, each
+    committed on its own (in no transaction but the one Django's delete opens for
+    it), a pause between two."""
+    old = timezone_old()
+    Job.objects.bulk_create(
+        Job(
+            task_path=ADD,
+            queue_name="default",
+            state="succeeded",
+            finished_at=old,
+            args=[],
+            kwargs={},
+        )
+        for _ in range(230)
+    )
+    Job.objects.bulk_create(
+        Job(task_path=ADD, queue_name="default", args=[], kwargs={}) for _ in range(5)
+    )
+    pauses: list[float] = []
+    monkeypatch.setattr("django_dispatch.store.dead_letters.time.sleep", pauses.append)
+    in_transaction = []
+
+    def watch(execute, sql, params, many, context):
+        if sql.lstrip().startswith("DELETE"):
+            in_transaction.append(len(connection.atomic_blocks))
+        return execute(sql, params, many, context)
+
+    with statements(connection) as seen, connection.execute_wrapper(watch):
+        deleted, _ = purge_past_retention(
+            {"succeeded": 7 * 86400},
+            dead_letter_retention=90 * 86400,
+            batch=50,
+            max_seconds=60,
+            pause=0.25,
+        )
+    assert deleted == 230
+    assert _delete_sizes(seen) == [50, 50, 50, 50, 30]
+    assert in_transaction and max(in_transaction) <= 1, in_transaction
+    assert pauses == [0.25] * 4  # between batches, not after the last
+    assert Job.objects.count() == 5  # the live ones stay
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_purge_pause_comes_from_the_setting_and_the_time_budget_holds(settings, monkeypatch):
+    """``PURGE_PAUSE`` is the default pause; a pause that would pass the deadline
+    ends the purge instead (the rest is the next purge's)."""
+    Job.objects.bulk_create(
+        Job(
+            task_path=ADD,
+            queue_name="default",
+            state="succeeded",
+            finished_at=timezone_old(),
+            args=[],
+            kwargs={},
+        )
+        for _ in range(120)
+    )
+    settings.DISPATCH = {"PURGE_PAUSE": 0.5}
+    pauses: list[float] = []
+    monkeypatch.setattr("django_dispatch.store.dead_letters.time.sleep", pauses.append)
+    deleted, _ = purge_past_retention(
+        {"succeeded": 7 * 86400}, dead_letter_retention=1e9, batch=50, max_seconds=60
+    )
+    assert (deleted, pauses) == (120, [0.5, 0.5])
+    Job.objects.bulk_create(
+        Job(
+            task_path=ADD,
+            queue_name="default",
+            state="succeeded",
+            finished_at=timezone_old(),
+            args=[],
+            kwargs={},
+        )
+        for _ in range(120)
+    )
+    deleted, _ = purge_past_retention(
+        {"succeeded": 7 * 86400}, dead_letter_retention=1e9, batch=50, max_seconds=0.4
+    )
+    assert deleted == 50  # one batch; the pause would have passed the budget
+
+
+def timezone_old():
+    return timezone.now() - timedelta(days=40)
+
+
+def test_the_knobs_are_validated():
+    """``PURGE_PAUSE`` may be 0 (no pause) but not negative; ``COUNT_EXACT_MAX`` is a
+    positive whole number. Each problem says what to change."""
+    from django.test import override_settings
+
+    from django_dispatch.checks import check_dispatch_settings
+
+    def problems(dispatch):
+        with override_settings(DISPATCH=dispatch):
+            return [m.msg for m in check_dispatch_settings() if m.id == "django_dispatch.E012"]
+
+    assert problems({"PURGE_PAUSE": 0, "COUNT_EXACT_MAX": 1}) == []
+    assert problems({"PURGE_PAUSE": -1}) == ["DISPATCH['PURGE_PAUSE'] must be 0 or more, got -1."]
+    assert problems({"COUNT_EXACT_MAX": 0}) == [
+        "DISPATCH['COUNT_EXACT_MAX'] must be positive, got 0."
+    ]
+    assert problems({"COUNT_EXACT_MAX": 10.5}) == [
+        "DISPATCH['COUNT_EXACT_MAX'] must be a whole number, got 10.5."
+    ]
