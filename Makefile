@@ -131,12 +131,15 @@ typecheck: $(STAMP)
 
 ## bench: the benchmark against peer queues (each at its defaults and slot-matched), with
 ## every django_dispatch check (flatness, partitions, scale, fleet, rss); about an hour;
-## results in benchmarks/results/
+## then history at scale (benchmarks/history.py: the operators' reads and a purge beside
+## 10,000,000 finished jobs, about 15 minutes); results in benchmarks/results/
 bench: $(STAMP)
 	$(PY) benchmarks/run.py --flatness --partitions --concurrency-limits --mixed-sizes --scale --fleet --rss --async-sleep --atomic --map
+	$(PY) benchmarks/history.py
 
 bench-quick: $(STAMP)
 	$(PY) benchmarks/run.py --quick
+	$(PY) benchmarks/history.py --quick
 
 ## bench-fleet: the fleet curve alone (1, 2, 5, 10, 25, 50 processes x 4 slots through
 ## PgBouncer, 3 rounds each, about 15 minutes); bench-fleet-quick: a smoke run of it

@@ -1,0 +1,6 @@
+"""The admin, for the history check (``settings_history``)."""
+
+from django.contrib import admin
+from django.urls import path
+
+urlpatterns = [path("admin/", admin.site.urls)]

@@ -1,0 +1,551 @@
+"""History at scale: the operator's reads and the retention purge next to millions of finished jobs.
+
+One throwaway PostgreSQL server (``pgserver.PgServer``), one database, three tables states:
+
+* **empty**: the tables just migrated;
+* **current**: what a busy site has besides its history: a live backlog
+  (pending, deferred, running jobs) and the last hour's finished jobs, at the
+  rate the history was made (``--rows`` over 30 days);
+* **history**: the same, plus ``--rows`` finished jobs (default 10,000,000)
+  over the 30 days before, with their dead letters (one per failed job) and
+  one finished workflow run per ten jobs.
+
+The history is made on the server in one ``INSERT … SELECT generate_series``
+per table, ids growing with time as the site's would, with the job table's
+secondary indexes dropped meanwhile and built again after (as a restore
+would), then ``VACUUM ANALYZE``. Each read (the admin's job and dead letter
+lists, the console, the list functions, ``dispatch_status``) is timed warm,
+median of ``--runs``, at each state; the target is the history's time within
+2x of the current table's (the same live work without the history).
+
+Then the purge: a worker (``rundispatch``, its own retention off) drains a
+backlog of no-op jobs while ``dispatch_purge`` deletes the history past
+``JOB_RETENTION`` (7 days for succeeded and cancelled jobs: about three
+quarters of it), in windows alternating with windows without a purge, one
+per ``--pauses`` value of ``PURGE_PAUSE``; the claim rate with the purge at
+the default pause must be at least 80% of the rate without.
+
+    .venv/bin/python benchmarks/history.py             # 10,000,000 rows, many minutes
+    .venv/bin/python benchmarks/history.py --quick     # 200,000 rows, a smoke test
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+BENCH_DIR = Path(__file__).resolve().parent
+sys.path.insert(0, str(BENCH_DIR))
+
+from drivers import django_setup  # noqa: E402
+from pgserver import PgServer  # noqa: E402
+
+SETTINGS = "benchproject.settings_history"
+#: The history's span: finished_at runs back this far.
+SPAN_DAYS = 30
+QUEUES = ["default", "emails", "reports", "billing", "exports"]
+TASKS = [f"bench.history.task_{n:02d}" for n in range(20)]
+#: Pseudo-random 0..999 from the row number (multiplicative hashing), one per column.
+HASH = "(((i::bigint * {k}) %% 1000003) %% 1000)"
+
+
+def parse_args() -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    p.add_argument("--rows", type=int, default=10_000_000, help="finished jobs of history")
+    p.add_argument("--runs", type=int, default=7, help="timed runs per read (median)")
+    p.add_argument("--live", type=int, default=2_000, help="live jobs in every state")
+    p.add_argument("--backlog", type=int, default=300_000, help="no-op jobs the worker drains")
+    p.add_argument("--window", type=float, default=15.0, help="seconds per claim-rate window")
+    p.add_argument("--windows", type=int, default=2, help="rounds of windows (see --pauses)")
+    p.add_argument(
+        "--pauses",
+        type=lambda v: [float(x) for x in v.split(",")],
+        default=[0.0, 0.05, 0.1, 0.2],
+        help="PURGE_PAUSE values of the purge windows (comma-separated)",
+    )
+    p.add_argument("--concurrency", type=int, default=4, help="the worker's slots")
+    p.add_argument("--quick", action="store_true", help="200,000 rows, fewer runs: a smoke test")
+    p.add_argument("--output-dir", type=Path, default=BENCH_DIR / "results")
+    p.add_argument("--tag", default="", help="name suffix of the report files")
+    args = p.parse_args()
+    if args.quick:
+        args.rows, args.runs, args.backlog = 200_000, 5, 60_000
+        args.window, args.windows, args.pauses = 4.0, 1, [0.0, 0.1]
+        args.tag = args.tag or "quick"
+    return args
+
+
+def log(message: str) -> None:
+    print(f"[{datetime.datetime.now():%H:%M:%S}] {message}", flush=True)
+
+
+# --- filling the tables on the server ---------------------------------------------------------
+
+
+def model_insert(model, generated: dict[str, str], source: str) -> tuple[str, list]:
+    """``INSERT INTO model (…) SELECT … source``: ``generated`` columns as given, the
+    others their model default (as a parameter) or left to the database (nullable,
+    ``db_default``). Taken from the model, so a field added later does not break it."""
+    from django.db import connection
+
+    columns, values, params = [], [], []
+    for field in model._meta.concrete_fields:
+        if field.column in generated:
+            columns.append(field.column)
+            values.append(generated[field.column])
+        elif field.primary_key or field.null or field.has_db_default():
+            continue
+        else:
+            columns.append(field.column)
+            values.append("%s")
+            params.append(field.get_db_prep_save(field.get_default(), connection))
+    sql = f"INSERT INTO {model._meta.db_table} ({', '.join(columns)}) SELECT {', '.join(values)} "
+    return sql + source, params
+
+
+def finished_jobs(first: int, last: int, total: int) -> tuple[str, list]:
+    """Rows ``first..last`` of ``total`` finished jobs: row i finished i steps ago
+    (one step = the span / total) and has id total + 1 - i, so ids grow with time."""
+    from django_dispatch.models import Job
+
+    step = SPAN_DAYS * 86400 / total
+    finished = f"(now() - make_interval(secs => i * {step}))"
+    state, queue, task = HASH.format(k=7919), HASH.format(k=104729), HASH.format(k=15485863)
+    queues = "ARRAY[" + ",".join(f"'{q}'" for q in QUEUES) + "]"
+    tasks = "ARRAY[" + ",".join(f"'{t}'" for t in TASKS) + "]"
+    generated = {
+        "id": f"{total} + 1 - i",
+        "namespace": "''",
+        "backend": "'default'",
+        # Most of the history succeeded, some failed, a few were cancelled.
+        "state": f"CASE WHEN {state} < 940 THEN 'succeeded' "
+        f"WHEN {state} < 970 THEN 'failed' ELSE 'cancelled' END",
+        # Queues and tasks skewed as on a site: a few take most of the jobs.
+        "queue_name": f"({queues})[1 + floor(5 * power({queue} / 1000.0, 2))::int]",
+        "task_path": f"({tasks})[1 + floor(20 * power({task} / 1000.0, 3))::int]",
+        "enqueued_at": f"{finished} - interval '3 seconds'",
+        "run_after": f"{finished} - interval '3 seconds'",
+        "started_at": f"{finished} - interval '1 second'",
+        "last_attempted_at": f"{finished} - interval '1 second'",
+        "finished_at": finished,
+        "attempts": f"CASE WHEN {state} BETWEEN 940 AND 969 THEN 3 ELSE 1 END",
+        "max_attempts": "3",
+    }
+    return model_insert(Job, generated, f"FROM generate_series({first}, {last}) AS i")
+
+
+def dead_letters_of(first_id: int, last_id: int) -> tuple[str, list]:
+    """One dead letter per failed job with an id in the range; one in ten replayed."""
+    from django_dispatch.models import DeadLetter, Job
+
+    generated = {
+        "job_id": "j.id",
+        "namespace": "j.namespace",
+        "task_path": "j.task_path",
+        "queue_name": "j.queue_name",
+        "error_class": "'builtins.ValueError'",
+        "error_message": "'boom'",
+        "enqueued_at": "j.enqueued_at",
+        "failed_at": "j.finished_at",
+        "replayed_at": "CASE WHEN j.id %% 10 = 0 THEN j.finished_at END",
+    }
+    source = (
+        f"FROM {Job._meta.db_table} j WHERE j.state = 'failed' "
+        f"AND j.id BETWEEN {first_id} AND {last_id} ORDER BY j.id"
+    )
+    return model_insert(DeadLetter, generated, source)
+
+
+def finished_runs(first: int, last: int, total: int) -> tuple[str, list]:
+    """Rows ``first..last`` of ``total`` finished workflow runs, ids growing with time."""
+    from django_dispatch.models import WorkflowRun
+
+    step = SPAN_DAYS * 86400 / total
+    finished = f"(now() - make_interval(secs => i * {step}))"
+    kind = HASH.format(k=7919)
+    generated = {
+        "id": f"{total} + 1 - i",
+        "namespace": "''",
+        "name": f"(ARRAY['signup','checkout','report'])[1 + {kind} %% 3]",
+        "state": f"CASE WHEN {kind} < 980 THEN 'succeeded' "
+        f"WHEN {kind} < 995 THEN 'cancelled' ELSE 'stuck' END",
+        "created_at": f"{finished} - interval '10 seconds'",
+        "updated_at": finished,
+        "finished_at": f"CASE WHEN {kind} < 995 THEN {finished} END",
+    }
+    return model_insert(WorkflowRun, generated, f"FROM generate_series({first}, {last}) AS i")
+
+
+def execute(sql: str, params: list | None = None) -> None:
+    from django.db import connection
+
+    with connection.cursor() as cursor:
+        cursor.execute(sql, params or [])
+
+
+def without_indexes(table: str, fill: Callable[[], None]) -> None:
+    """Run ``fill`` with ``table``'s secondary indexes dropped, then build them again:
+    a bulk load is several times faster than keeping a dozen indexes up to date."""
+    from django.db import connection
+
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT i.indexname, i.indexdef FROM pg_indexes i JOIN pg_index x "
+            "ON x.indexrelid = (quote_ident(i.schemaname) || '.' || quote_ident(i.indexname))"
+            "::regclass WHERE i.tablename = %s AND NOT x.indisprimary "
+            "AND NOT x.indisunique",
+            [table],
+        )
+        indexes = cursor.fetchall()
+        for name, _ in indexes:
+            cursor.execute(f'DROP INDEX "{name}"')
+    fill()
+    with connection.cursor() as cursor:
+        cursor.execute("SET maintenance_work_mem = '1GB'")
+        for _, definition in indexes:
+            cursor.execute(definition)
+
+
+def fill_current(rows: int, live: int) -> int:
+    """The live backlog and the last hour's finished jobs; returns the recent rows' count."""
+    from django_dispatch.models import Job, WorkflowRun
+
+    # At least a few pages of each kind, so that the current table's pages are full.
+    recent = min(rows, max(5_000, round(rows * 3600 / (SPAN_DAYS * 86400))))
+    sql, params = finished_jobs(1, recent, rows)
+    execute(sql, params)
+    execute(f"SELECT setval(pg_get_serial_sequence('{Job._meta.db_table}', 'id'), {rows})")
+    sql, params = dead_letters_of(rows - recent + 1, rows)
+    execute(sql, params)
+    runs = rows // 10
+    sql, params = finished_runs(1, recent // 10, runs)
+    execute(sql, params)
+    execute(f"SELECT setval(pg_get_serial_sequence('{WorkflowRun._meta.db_table}', 'id'), {runs})")
+    make_live(live)
+    return recent
+
+
+def make_live(count: int) -> None:
+    """``count`` live jobs: due, deferred by an hour, and running on a worker."""
+    from django.db import connection
+
+    from django_dispatch.models import Job, Worker
+
+    Worker.objects.create(id="bench-history", hostname="bench", pid=1, concurrency=8)
+    now = datetime.datetime.now(datetime.UTC)
+    made = []
+    for n in range(count):
+        job = Job(task_path=TASKS[n % 3], queue_name=QUEUES[n % 2], args=[], kwargs={})
+        if n % 4 == 1:
+            job.run_after = now + datetime.timedelta(hours=1)
+        if n % 4 == 3:
+            job.state, job.worker_id, job.started_at = "running", "bench-history", now
+            job.lease_expires_at = now + datetime.timedelta(hours=1)
+        made.append(job)
+    Job.objects.bulk_create(made, batch_size=1000)
+    connection.close()
+
+
+def fill_history(rows: int, recent: int) -> None:
+    """The history below the recent rows, its dead letters and workflow runs.
+
+    Dead letters are inserted in id order, as failures happen, though the recent
+    jobs' ones came first: dead letters are listed by their own id."""
+    from django_dispatch.models import DeadLetter, Job, WorkflowRun
+
+    chunk = 1_000_000
+
+    def jobs() -> None:
+        for first in range(recent + 1, rows + 1, chunk):
+            sql, params = finished_jobs(first, min(rows, first + chunk - 1), rows)
+            execute(sql, params)
+            log(f"  jobs: {min(rows, first + chunk - 1):,} of {rows:,}")
+
+    without_indexes(Job._meta.db_table, jobs)
+    # Dead letters in id order (as failures happen), then the recent jobs' ones.
+    sql, params = dead_letters_of(1, rows - recent)
+    without_indexes(DeadLetter._meta.db_table, lambda: execute(sql, params))
+    runs = rows // 10
+    sql, params = finished_runs(recent // 10 + 1, runs, runs)
+    without_indexes(WorkflowRun._meta.db_table, lambda: execute(sql, params))
+
+
+def vacuum_analyze() -> None:
+    from django.db import connection
+
+    from django_dispatch.models import DeadLetter, Job, WorkflowRun
+
+    with connection.cursor() as cursor:
+        for model in (Job, DeadLetter, WorkflowRun):
+            cursor.execute(f"VACUUM ANALYZE {model._meta.db_table}")
+
+
+# --- the reads --------------------------------------------------------------------------------
+
+
+def reads() -> dict[str, Callable[[], object]]:
+    """Every read the check times, by name."""
+    from io import StringIO
+
+    from django.contrib.auth.models import User
+    from django.core.management import call_command
+    from django.test import Client
+
+    from django_dispatch import dead_letters, jobs, workflows
+    from django_dispatch.queries import console
+
+    user = User.objects.filter(username="bench").first() or User.objects.create_superuser(
+        "bench", "bench@example.com", "bench"
+    )
+    client = Client()
+    client.force_login(user)
+
+    def page(url: str) -> Callable[[], object]:
+        def get() -> object:
+            response = client.get(url)
+            assert response.status_code == 200, (url, response.status_code)
+            return response
+
+        return get
+
+    emails, task = QUEUES[1], TASKS[5]
+    return {
+        "admin: job list": page("/admin/django_dispatch/job/"),
+        "admin: job list, failed": page("/admin/django_dispatch/job/?state__exact=failed"),
+        "admin: job list, a queue": page(f"/admin/django_dispatch/job/?queue_name={emails}"),
+        "admin: dead letter list": page("/admin/django_dispatch/deadletter/"),
+        "admin: console overview": page("/admin/django_dispatch/job/overview/"),
+        "console.overview()": console.overview,
+        "jobs.list()": jobs.list,
+        "jobs.list(state=failed)": lambda: jobs.list(state="failed"),
+        "jobs.list(queue=)": lambda: jobs.list(queue=emails),
+        "jobs.list(task=)": lambda: jobs.list(task=task),
+        "jobs.count()": jobs.count,
+        "jobs.count(state=failed)": lambda: jobs.count(state="failed"),
+        "jobs.count(state=pending)": lambda: jobs.count(state="pending"),
+        "jobs.count(queue=)": lambda: jobs.count(queue=emails),
+        "jobs.count(task=)": lambda: jobs.count(task=task),
+        "dead_letters.list()": dead_letters.list,
+        "dead_letters.count()": dead_letters.count,
+        "dead_letters.count(replayed=False)": lambda: dead_letters.count(replayed=False),
+        "workflows.list_runs()": workflows.list_runs,
+        "workflows.list_runs(state=stuck)": lambda: workflows.list_runs(state="stuck"),
+        "workflows.count_runs()": workflows.count_runs,
+        "workflows.count_runs(state=stuck)": lambda: workflows.count_runs(state="stuck"),
+        "dispatch_status": lambda: call_command("dispatch_status", stdout=StringIO()),
+        "dispatch_status --json": lambda: call_command(
+            "dispatch_status", "--json", stdout=StringIO()
+        ),
+    }
+
+
+def time_reads(runs: int) -> dict[str, dict]:
+    """Median and max of ``runs`` warm calls of each read, in milliseconds; and what
+    the counts answered (the estimate above ``COUNT_EXACT_MAX``)."""
+    found = {}
+    for name, read in reads().items():
+        for _ in range(2):  # warm: plans cached, pages in shared buffers
+            answer = read()
+        took = []
+        for _ in range(runs):
+            started = time.perf_counter()
+            read()
+            took.append((time.perf_counter() - started) * 1000)
+        found[name] = {
+            "median_ms": statistics.median(took),
+            "max_ms": max(took),
+            "answer": answer if isinstance(answer, int) else None,
+        }
+    return found
+
+
+# --- the purge against the claims --------------------------------------------------------------
+
+
+def pending() -> int:
+    from django_dispatch.models import Job
+
+    return Job.objects.filter(state="pending", queue_name="drain").count()
+
+
+def purge_against_claims(args: argparse.Namespace) -> dict:
+    """Claim rate of one worker over windows without a purge, each followed by one
+    with ``dispatch_purge`` at one of ``--pauses`` (its ``PURGE_PAUSE``)."""
+    from bench import tasks
+    from django.db import connection
+
+    from django_dispatch import enqueue_many
+
+    for start in range(0, args.backlog, 10_000):
+        count = min(10_000, args.backlog - start)
+        enqueue_many(tasks.noop.using(queue_name="drain"), [((), {})] * count)
+    connection.close()
+    manage = django_setup.manage_py()
+    worker = subprocess.Popen(
+        [
+            sys.executable,
+            manage,
+            "rundispatch",
+            "--queues",
+            "drain",
+            "--concurrency",
+            str(args.concurrency),
+        ],
+        env={**os.environ, "BENCH_NO_PURGE": "1"},
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    rates: dict[str, list[float]] = {"without": [], **{str(p): [] for p in args.pauses}}
+    purged: dict[str, list[str]] = {str(p): [] for p in args.pauses}
+    try:
+        time.sleep(5)  # started, leader elected, first sweeps done
+        for _ in range(args.windows):
+            for pause in args.pauses:
+                rates["without"].append(claim_rate(args.window))
+                log(f"  without a purge: {rates['without'][-1]:.0f} claims/s")
+                purge = subprocess.Popen(
+                    [sys.executable, manage, "dispatch_purge", "--max-seconds", str(args.window)],
+                    env={**os.environ, "BENCH_PURGE_PAUSE": str(pause)},
+                    stdout=subprocess.PIPE,
+                    text=True,
+                )
+                time.sleep(1.0)  # its start-up is not the purge
+                rates[str(pause)].append(claim_rate(args.window - 1.0))
+                purged[str(pause)].append(purge.communicate()[0].strip())
+                log(f"  purge, pause {pause:g} s: {rates[str(pause)][-1]:.0f} claims/s")
+    finally:
+        worker.terminate()
+        worker.wait(60)
+    without = statistics.median(rates["without"])
+    return {
+        "rates": rates,
+        "without_per_s": without,
+        "with": {
+            p: {
+                "per_s": statistics.median(r),
+                "ratio": statistics.median(r) / without if without else None,
+                "deleted_per_s": statistics.median(_deleted(o) for o in purged[p]) / args.window,
+            }
+            for p, r in rates.items()
+            if p != "without"
+        },
+        "purge_output": purged,
+        "backlog_left": pending(),
+    }
+
+
+def claim_rate(seconds: float) -> float:
+    """Jobs of the drain queue claimed (and run) per second over ``seconds``."""
+    before, started = pending(), time.monotonic()
+    time.sleep(seconds)
+    return (before - pending()) / (time.monotonic() - started)
+
+
+def _deleted(output: str) -> int:
+    """The jobs ``dispatch_purge`` said it deleted."""
+    words = output.split()
+    return int(words[1]) if len(words) > 1 and words[1].isdigit() else 0
+
+
+# --- the report --------------------------------------------------------------------------------
+
+
+def render(args, info: dict, timings: dict[str, dict], purge: dict) -> str:
+    empty, current, history = timings["empty"], timings["current"], timings["history"]
+    lines = [
+        f"# History at scale: {args.rows:,} finished jobs",
+        "",
+        *[f"- {k}: {v}" for k, v in info.items()],
+        "",
+        "Warm reads, median of "
+        f"{args.runs} (ms). *current*: {info['current_rows']} (the live work, no history); "
+        f"*history*: the same plus {args.rows:,} finished jobs, their dead letters and "
+        f"{args.rows // 10:,} workflow runs. Target: history / current <= 2.",
+        "",
+        "| read | empty | current | history | history / current | answer at history |",
+        "|---|---:|---:|---:|---:|---:|",
+    ]
+    for name in history:
+        ratio = history[name]["median_ms"] / current[name]["median_ms"]
+        answer = history[name]["answer"]
+        lines.append(
+            f"| {name} | {empty[name]['median_ms']:.1f} | {current[name]['median_ms']:.1f} | "
+            f"{history[name]['median_ms']:.1f} | {ratio:.2f}{'' if ratio <= 2 else ' **over**'} "
+            f"| {'' if answer is None else f'{answer:,}'} |"
+        )
+    lines += [
+        "",
+        f"Claims during a purge: one worker x {args.concurrency} slots draining no-op jobs; "
+        f"{args.windows} rounds of {args.window:g} s windows, each without a purge then with "
+        "`dispatch_purge` at one `PURGE_PAUSE` (medians). Without a purge: "
+        f"{purge['without_per_s']:.0f} claims/s.",
+        "",
+        "| PURGE_PAUSE (s) | claims/s with the purge | with / without (target >= 0.80) "
+        "| jobs deleted/s |",
+        "|---:|---:|---:|---:|",
+    ]
+    for pause, row in purge["with"].items():
+        ratio = row["ratio"]
+        lines.append(
+            f"| {pause} | {row['per_s']:.0f} | "
+            f"{'n/a' if ratio is None else f'{ratio:.2f}'} | {row['deleted_per_s']:.0f} |"
+        )
+    return "\n".join(lines) + "\n"
+
+
+def main() -> None:
+    args = parse_args()
+    started = time.monotonic()
+    with PgServer() as pg:
+        url = pg.create_database("history")
+        django_setup.setup(url, SETTINGS)
+        from django.conf import settings
+
+        from django_dispatch import __version__
+
+        info = {
+            "date": f"{datetime.datetime.now(datetime.UTC):%Y-%m-%d %H:%M} UTC",
+            "commit": subprocess.run(
+                ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True
+            ).stdout.strip(),
+            "django_dispatch": __version__,
+            "machine": f"{platform.machine()}, {os.cpu_count()} CPUs",
+            "postgresql": json.dumps(pg.settings()),
+            "DISPATCH": json.dumps(settings.DISPATCH),
+        }
+        timings = {"empty": time_reads(args.runs)}
+        log("empty: timed")
+        recent = fill_current(args.rows, args.live)
+        info["current_rows"] = f"{args.live:,} live jobs and {recent:,} finished in the last hour"
+        vacuum_analyze()
+        timings["current"] = time_reads(args.runs)
+        log("current: timed; filling the history")
+        fill_history(args.rows, recent)
+        vacuum_analyze()
+        log(f"history: filled in {time.monotonic() - started:.0f} s; timing")
+        timings["history"] = time_reads(args.runs)
+        log("history: timed; the purge against the claims")
+        purge = purge_against_claims(args)
+        info["took"] = f"{time.monotonic() - started:.0f} s"
+        report = render(args, info, timings, purge)
+    args.output_dir.mkdir(parents=True, exist_ok=True)
+    name = f"{datetime.datetime.now(datetime.UTC):%Y-%m-%d}-history"
+    name += f"-{args.tag}" if args.tag else ""
+    (args.output_dir / f"{name}.json").write_text(
+        json.dumps({"info": info, "timings": timings, "purge": purge}, indent=2, default=str)
+    )
+    (args.output_dir / f"{name}.md").write_text(report)
+    print(report)
+
+
+if __name__ == "__main__":
+    main()
