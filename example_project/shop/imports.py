@@ -6,14 +6,16 @@ up. Each row is its own run, with its own retries: a row that keeps failing
 gets stuck alone, and the upload waits for it instead of starting over. The
 summary reads the children's outputs in row order.
 
-Saving a row is an upsert by e-mail, so a row whose worker died after the
-write and that runs again changes nothing (steps run at least once).
+Saving a row is an atomic step (``atomic=True``): the contact's upsert, the
+``Delivery`` row that records it (no unique key) and the step's output
+commit together, so a row whose worker died, or froze past its lease, and
+that ran again leaves one ``Delivery``, not two.
 """
 
 import csv
 import io
 
-from django.db import IntegrityError
+from django.db import IntegrityError, transaction
 
 from django_dispatch.workflows import Workflow
 
@@ -24,19 +26,22 @@ from .models import Contact, Delivery
 import_row = Workflow("import_row")
 
 
-@import_row.step(max_attempts=3, backoff=1)
+@import_row.step(max_attempts=3, backoff=1, atomic=True)
 def save_row(ctx):
     email = ctx.input["email"].strip().lower()
     if "@" not in email:
         raise ValueError(f"row {ctx.input['line']}: {email!r} is not an e-mail address")
     name = ctx.input["name"].strip()
-    # An UPDATE, then an INSERT if it matched nothing: single statements, so
-    # that on SQLite a row never reads in a transaction it then writes in
-    # (which fails at once with "database is locked" under concurrent rows).
+    # An UPDATE first, then an INSERT if it matched nothing: the step's
+    # transaction writes before it reads, so on SQLite it holds the write
+    # lock from its first statement (a transaction that read, then writes
+    # after another's commit, fails at once with "database is locked").
     created = not Contact.objects.filter(email=email).update(name=name)
     if created:
         try:
-            Contact.objects.create(email=email, name=name)
+            # A savepoint: a refused INSERT must not abort the step's transaction.
+            with transaction.atomic():
+                Contact.objects.create(email=email, name=name)
         except IntegrityError:  # the same e-mail on another row, saved just now
             created = not Contact.objects.filter(email=email).update(name=name)
     contact = Contact.objects.get(email=email)
