@@ -6,7 +6,7 @@ from django.db.models import Min
 
 from ..core.workflow_states import StepState
 from ..models import WorkflowTask
-from ..store import db_alias, db_now
+from ..store import database_for, db_now
 from ..tasks.registry import namespace_for
 
 __all__ = ["oldest_runnable_age"]
@@ -23,7 +23,7 @@ def oldest_runnable_age(*, backend: str = "default") -> float:
     leads with the namespace.
     """
     namespace = namespace_for(backend)
-    db = db_alias()
+    db = database_for(backend)  # the alias's database, as its namespace
     now = db_now(db)
     oldest = (
         WorkflowTask.objects.using(db)

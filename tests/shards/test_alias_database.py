@@ -30,7 +30,7 @@ from django_dispatch.compat import TaskResultDoesNotExist
 from django_dispatch.core.states import JobState
 from django_dispatch.models import DeadLetter, Job, PausedQueue, WorkflowRun
 from django_dispatch.testing import drain
-from django_dispatch.workflows import cancel_run, count_runs, list_runs
+from django_dispatch.workflows import cancel_run, count_runs, list_runs, oldest_runnable_age
 from django_dispatch.workflows.testing import drain_workflows
 from tests.testapp import tasks
 from tests.testapp.models import Execution
@@ -146,6 +146,7 @@ def test_workflows_and_cron_entries_live_on_their_alias_database():
     assert WorkflowRun.objects.using(EU_DB).get().pk == run.pk
     assert not WorkflowRun.objects.using("default").exists()
     assert [r.pk for r in list_runs(backend="eu")] == [run.pk] and count_runs() == 0
+    assert oldest_runnable_age(backend="eu") > 0.0 and oldest_runnable_age() == 0.0
     assert drain_workflows(backend="eu", concurrency=2) == 4
     assert WorkflowRun.objects.using(EU_DB).get().state == "succeeded"
     stuck = fan.start({"key": "cancel-me"}, backend="eu")
