@@ -16,6 +16,7 @@ from typing import Any
 from ..compat import Task
 from ..core.resources import percentile
 from ..models import JobUsage
+from ..store import database_for
 from ..store.usage import usage_newest
 from ..tasks.registry import namespace_for
 
@@ -42,7 +43,11 @@ def records(
     ``backend``: the TASKS alias whose namespace to read (default ``"default"``).
     """
     return usage_newest(
-        task_path=_task_path(task), namespace=namespace_for(backend), since=since, limit=limit
+        task_path=_task_path(task),
+        namespace=namespace_for(backend),
+        since=since,
+        limit=limit,
+        db=database_for(backend),  # the alias's database, as its namespace
     )
 
 
@@ -58,6 +63,7 @@ def summary(
         namespace=namespace_for(backend),
         since=since,
         limit=SUMMARY_MAX_RECORDS,
+        db=database_for(backend),
     )
 
     def values(name: str) -> list[float]:

@@ -25,6 +25,7 @@ from django_dispatch import (
     run_now,
     schedules,
     store,
+    usage,
 )
 from django_dispatch.compat import TaskResultDoesNotExist
 from django_dispatch.core.states import JobState
@@ -86,6 +87,8 @@ def test_the_list_functions_read_their_alias_database():
     assert [j.args for j in jobs.list()] == [[9, 9]]
     assert drain(backend="eu") == 3 and drain() == 1
     assert jobs.count(state="succeeded", backend="eu") == 3
+    assert len(usage.records(backend="eu")) == 3 and len(usage.records()) == 1
+    assert usage.summary(tasks.add, backend="eu")["count"] == 3
     assert set(Execution.objects.values_list("key", flat=True)) == set()  # add records nothing
 
 
