@@ -52,13 +52,14 @@ def test_a_replica_missing_from_databases_is_an_error_naming_the_known_ones():
     with override_settings(DISPATCH=dispatch(READ_DATABASE="replcia")):
         (message,) = check_read_database()
     assert message.id == "django_dispatch.E071"
-    assert "'replcia', which is not in DATABASES ('default')" in message.msg
+    assert "'replcia', which is not in DATABASES (" in message.msg
+    assert "'default'" in message.msg  # the postgres tier also has the shard tests' jobs_eu
     assert "MIRROR" in message.hint
 
 
 def test_a_dict_keyed_by_an_unknown_database_is_an_error():
     with override_settings(
-        DATABASES=with_replica(), DISPATCH=dispatch(READ_DATABASE={"jobs_eu": "replica"})
+        DATABASES=with_replica(), DISPATCH=dispatch(READ_DATABASE={"jobs_nowhere": "replica"})
     ):
         assert ids(check_read_database()) == ["django_dispatch.E070"]
 
