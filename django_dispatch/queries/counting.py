@@ -26,6 +26,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from django.core.exceptions import EmptyResultSet
 from django.db import connections
 from django.db.models import Model, QuerySet
 
@@ -67,5 +68,13 @@ def estimated_rows[M: Model](rows: QuerySet[M]) -> int | None:
     """The planner's estimate of the rows ``rows`` matches (PostgreSQL), else None."""
     if connections[rows.db].vendor != "postgresql":
         return None
-    plan: Any = json.loads(rows.order_by().values("pk").explain(format="json"))
+    if rows.query.is_empty():  # ``.none()``: Django runs no statement, EXPLAIN neither
+        return 0
+    try:
+        explained = rows.order_by().values("pk").explain(format="json")
+    except EmptyResultSet:  # a filter that matches nothing, such as ``pk__in=[]``
+        return 0
+    if not explained:
+        return 0
+    plan: Any = json.loads(explained)
     return int(plan[0]["Plan"]["Plan Rows"])

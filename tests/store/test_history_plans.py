@@ -276,6 +276,16 @@ def test_a_count_the_planner_underestimates_is_still_exact(history, settings):
 
 
 @pytest.mark.django_db
+def test_a_count_of_nothing_is_0_without_asking_the_planner():
+    """A queryset Django knows is empty (``.none()``, ``pk__in=[]``) runs no
+    statement, and its EXPLAIN neither: the count is 0, capped or not."""
+    for rows in (Job.objects.none(), Job.objects.filter(pk__in=[])):
+        assert counting.bounded_count(rows) == 0
+        assert counting.capped_count(rows, 10) == (0, False)
+        assert counting.estimated_rows(rows) in (0, None)  # None: SQLite
+
+
+@pytest.mark.django_db
 def test_counts_are_exact_on_sqlite_and_below_the_cap():
     """Without a planner estimate (SQLite) or under the cap, a count is COUNT(*)."""
     Job.objects.bulk_create(
