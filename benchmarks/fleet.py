@@ -57,6 +57,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--fleet-jobs", type=int, default=20_000, help="no-op backlog per round")
     p.add_argument("--fleet-rounds", type=int, default=3, help="drains per size (medians)")
     p.add_argument("--fleet-pool", type=int, default=20, help="PgBouncer default_pool_size")
+    p.add_argument("--fleet-listen", action="store_true",
+                   help="workers on direct connections with LISTEN on, to a server with "
+                   "max_connections=400, instead of through PgBouncer")  # fmt: skip
+    p.add_argument("--fleet-trickle", type=float, default=0.0,
+                   help="before the rounds, jobs one per transaction at this rate for 5 s onto "
+                   "the idle fleet: claims per job (0: skip)")  # fmt: skip
     p.add_argument("--fleet-schedulers", type=int, default=0,
                    help="only this many workers tick cron, the others run with --no-scheduler "
                    "(0: every worker, the default)")  # fmt: skip
@@ -64,6 +70,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def measure(args: argparse.Namespace, python: str, log: Callable[[str], None]) -> dict:
     sizes = [int(s) for s in str(args.fleet_sizes).split(",") if s.strip()]
+    listen = getattr(args, "fleet_listen", False)
+    trickle = getattr(args, "fleet_trickle", 0.0)
     out: dict = {
         "description": (
             f"{args.fleet_jobs:,} no-op jobs per round, committed at once, drained by N "
@@ -79,7 +87,7 @@ def measure(args: argparse.Namespace, python: str, log: Callable[[str], None]) -
         "sizes": {},
     }
     with (
-        PgServer(max_connections=100, settings=SERVER_SETTINGS) as pg,
+        PgServer(max_connections=400 if listen else 100, settings=SERVER_SETTINGS) as pg,
         PgBouncer(pg, pool_size=args.fleet_pool) as bouncer,
     ):
         for n in sizes:
@@ -88,11 +96,12 @@ def measure(args: argparse.Namespace, python: str, log: Callable[[str], None]) -
             db = pg.create_database(name)
             argv = [
                 python, "-m", "drivers.fleet", "standard", "--db", db,
-                "--worker-db", bouncer.url(name), "--workers", str(n),
+                "--worker-db", db if listen else bouncer.url(name), "--workers", str(n),
                 "--concurrency", str(args.fleet_slots), "--jobs", str(args.fleet_jobs),
                 "--rounds", str(args.fleet_rounds), "--server-log", str(pg.tmp / "server.log"),
                 "--bouncer-admin", bouncer.url("pgbouncer"), "--bouncer-pid", str(bouncer.pid()),
                 "--schedulers", str(getattr(args, "fleet_schedulers", 0)),
+                "--trickle-rate", str(trickle), *(["--listen"] if listen else []),
             ]  # fmt: skip
             try:
                 result = _run(argv)
@@ -104,15 +113,21 @@ def measure(args: argparse.Namespace, python: str, log: Callable[[str], None]) -
             finally:
                 pg.drop_database(name)
             result["median"] = {
-                k: median(r[k] for r in result["rounds"] if k in r)
+                k: median(r[k] for r in result["rounds"] if r.get(k) is not None)
                 for k in NUMBERS
-                if any(k in r for r in result["rounds"])
+                if any(r.get(k) is not None for r in result["rounds"])
             }
             idle = result.get("idle", {})
             result["median"]["idle_cpu_pct"] = sum(
                 idle.get(k, 0.0) for k in ("worker_cpu_pct", "pg_cpu_pct", "bouncer_cpu_pct")
             )
             result["median"]["idle_statements_per_s"] = idle.get("statements_per_s", 0.0)
+            if "trickle" in idle:
+                t = idle["trickle"]
+                log(
+                    f"  trickle: {t['jobs']} jobs at {t['rate']:g}/s, one per transaction: "
+                    f"{t['claims_per_job']:.1f} claims per job, {t['cpu_pct']:.0f}% of a core"
+                )
             out["sizes"][str(n)] = result
             if result.get("jobs_not_run_once"):
                 log(f"  {result['jobs_not_run_once']} jobs not run exactly once")

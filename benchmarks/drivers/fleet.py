@@ -9,7 +9,9 @@
    50 Django processes starting on a small machine are not timed; then
    measures the idle fleet over ``IDLE_SECONDS``: its CPU (workers, server,
    PgBouncer) and the statements it sends, which every process pays whatever
-   the load;
+   the load; with ``--trickle-rate``, jobs enqueued one per transaction onto
+   the idle fleet (claims per job: the LISTEN wake-ups with ``--listen``,
+   which connects the workers directly with LISTEN on);
 2. R times: commits a backlog of J no-op jobs in one transaction and times
    the fleet draining it, from the commit to the last job's success, while a
    thread samples the server and PgBouncer every ``SAMPLE_SECONDS``;
@@ -169,6 +171,11 @@ class FleetDriver(DispatchDriver):
         parser.add_argument("--bouncer-pid", type=int, default=0)
         # Only this many workers tick cron (0: all, the default).
         parser.add_argument("--schedulers", type=int, default=0)
+        # Workers on direct connections with LISTEN on (default: through the pooler, off).
+        parser.add_argument("--listen", action="store_true")
+        # Before the rounds: jobs enqueued one per transaction at this rate (0: none).
+        parser.add_argument("--trickle-rate", type=float, default=0.0)
+        parser.add_argument("--trickle-seconds", type=float, default=5.0)
 
     def worker_argv(self, concurrency: int) -> list[str]:
         """Called once per process: past ``--schedulers`` of them, ``--no-scheduler``."""
@@ -183,7 +190,9 @@ class FleetDriver(DispatchDriver):
         waves = logdir / "waves"
         waves.mkdir()
         # Read by the workers' settings (LISTEN off) and by bench.wavetimer.
-        os.environ.update(BENCH_POOLER="1", BENCH_WAVE_TIMES=str(waves))
+        os.environ["BENCH_WAVE_TIMES"] = str(waves)
+        if not args.listen:
+            os.environ["BENCH_POOLER"] = "1"
         conn.execute("CREATE EXTENSION IF NOT EXISTS pg_stat_statements")
         started = time.monotonic()
         workers = Workers(self, args.workers, args.concurrency, logdir)
@@ -192,6 +201,8 @@ class FleetDriver(DispatchDriver):
             self.wait_registered(conn, workers)
             start_seconds = time.monotonic() - started
             idle = self.idle(conn, workers)
+            if args.trickle_rate:
+                idle["trickle"] = self.trickle(conn, workers)
             for index in range(args.rounds):
                 rounds.append(self.round(conn, workers, index))
         finally:
@@ -238,6 +249,34 @@ class FleetDriver(DispatchDriver):
             "top_statements": [{"query": q[:90], "calls": c} for q, c, *_ in rows[:6]],
         }
 
+    def trickle(self, conn, workers: Workers) -> dict:
+        """Jobs one per transaction at ``--trickle-rate`` onto the idle fleet: how
+        many claims each job costs. With LISTEN on, every enqueue's NOTIFY wakes
+        every idle worker, and each of them claims."""
+        args = self.args
+        count = int(args.trickle_rate * args.trickle_seconds)
+        conn.execute("SELECT pg_stat_statements_reset()")
+        postmaster = proc.parent(conn.info.backend_pid)
+        before, started = _cpu(workers, postmaster, args.bouncer_pid), time.monotonic()
+        for index in range(count):
+            time.sleep(max(0.0, started + index / args.trickle_rate - time.monotonic()))
+            self.tasks.noop.enqueue()
+        deadline = time.monotonic() + 30
+        while conn.execute(LEFT_SQL).fetchone()[0] and time.monotonic() < deadline:
+            time.sleep(POLL_SECONDS)
+        elapsed = time.monotonic() - started
+        after = _cpu(workers, postmaster, args.bouncer_pid)
+        w, pg, bouncer, _machine, _me = (b - a for a, b in zip(before, after, strict=True))
+        rows = conn.execute(STATEMENTS_SQL).fetchall()
+        claims = sum(r[1] for r in rows if CLAIM_MARK in r[0])
+        return {
+            "jobs": count,
+            "rate": args.trickle_rate,
+            "claims_per_job": claims / max(1, count),
+            "cpu_pct": 100 * (w + pg + bouncer) / elapsed,
+            "worker_cpu_pct": 100 * w / elapsed,
+        }
+
     def enqueue_backlog(self) -> None:
         """``--jobs`` no-op jobs, committed at once: every worker sees all or none."""
         from django.db import transaction
@@ -282,7 +321,10 @@ class FleetDriver(DispatchDriver):
             "window": [wall, wall + seconds],
             "seconds": seconds,
             "per_s": jobs / seconds,
-            "mid_per_s": 0.8 * jobs / max(1e-6, marks[0.1] - marks[0.9]),
+            # None when one poll saw both marks pass (too short a drain to tell).
+            "mid_per_s": (
+                0.8 * jobs / (marks[0.1] - marks[0.9]) if marks[0.1] > marks[0.9] else None
+            ),
             **sampler.stop(),
             **statements(conn, jobs),
             "log_lock_waits": _lock_wait_lines(args.server_log, log_from),
