@@ -56,8 +56,8 @@ class CappedPaginator(Paginator):
     """A paginator whose count is ``SELECT COUNT(*) FROM (… LIMIT cap + 1)``.
 
     Django's paginator runs an unbounded ``COUNT(*)``, a full scan of a big
-    table on PostgreSQL. Counting through a LIMIT stops early (and is skipped
-    when the planner expects far more: ``capped_count``); when the cap is hit
+    table on PostgreSQL. Counting through a LIMIT stops early
+    (``capped_count``); when the cap is hit
     the count is reported as the cap and ``capped`` is set, so the template
     says "more than".
     """

@@ -9,13 +9,17 @@ the planner's estimate of the matching rows (from the statistics ``ANALYZE``
 keeps, autovacuum's and ours): "about N", read in one ``EXPLAIN``, whatever
 the size of the history. ``exact=True`` always counts.
 
-The planner is asked first: a count it expects to be small is then made
-exactly, through a ``LIMIT`` of one past the cap, so a wrong guess costs at
-most the cap's rows; and a count that reaches the cap anyway is answered
-exactly (its rows were underestimated, so the estimate is no answer). An
-estimate can be off where filters correlate (a queue and a task that never
-go together are estimated as if independent), which is why it is only
-trusted above the cap, where "about" is what an operator reads anyway.
+Rows are counted first, through a ``LIMIT`` of one past the cap, so a
+count under the cap is always exact and reads at most the cap's rows: the
+planner's estimate is never trusted where a small number is the answer (a
+drained backlog's statistics can still say 400,000 pending; filters that
+never go together are estimated as if independent). Only a count past the
+cap asks the planner; an estimate below what the probe saw is known stale
+(rows added since the last ANALYZE), and that count is then made exactly.
+
+The live jobs are never estimated (``queries.lists.jobs_count`` counts them
+exactly, through their partial indexes): their states change far faster
+than the statistics are refreshed.
 
 SQLite has no row estimates to read, and its databases are small: its
 counts are always exact.
@@ -40,26 +44,22 @@ def bounded_count(rows: QuerySet[Any], *, exact: bool = False) -> int:
     if exact:
         return rows.count()
     cap = get_settings().COUNT_EXACT_MAX
-    estimate = estimated_rows(rows)
-    if estimate is not None and estimate > cap:
-        return estimate
     counted = rows.order_by().values("pk")[: cap + 1].count()
     if counted <= cap:
         return counted
-    return rows.count()
+    estimate = estimated_rows(rows)
+    if estimate is None or estimate < counted:  # SQLite, or statistics known stale
+        return rows.count()
+    return estimate
 
 
 def capped_count(rows: QuerySet[Any], cap: int) -> tuple[int, bool]:
     """``(count, capped)``: the rows ``rows`` matches counted up to ``cap``, and
     whether there are more (the admin's "more than" count).
 
-    Through a ``LIMIT`` of one past the cap, or, when the planner expects more
-    than twice the cap, not even that: then it is surely past the cap, and
-    counting the cap's rows would only confirm it.
+    Always through a ``LIMIT`` of one past the cap, never from the planner's
+    estimate, which can say "more than" over an empty page.
     """
-    estimate = estimated_rows(rows)
-    if estimate is not None and estimate > 2 * cap:
-        return cap, True
     counted = rows[: cap + 1].count()
     return min(counted, cap), counted > cap
 
