@@ -112,8 +112,13 @@ def _refuse_in_transaction() -> None:
 
 def assert_enqueued(task_path: str, *, count: int | None = None, **filters: object) -> list[Job]:
     """Jobs of ``task_path`` still waiting to run (pending, or scheduled: deferred
-    to later); assert how many when ``count`` is given."""
-    jobs = list(Job.objects.filter(task_path=task_path, state__in=QUEUED_STATES, **filters))
+    to later); assert how many when ``count`` is given.
+
+    Read on the database of the enclosing ``store.using_backend(alias)`` block,
+    else the ``default`` alias's: an alias with ``OPTIONS["DATABASE"]`` keeps
+    its jobs there."""
+    rows = Job.objects.using(store.caller_database())
+    jobs = list(rows.filter(task_path=task_path, state__in=QUEUED_STATES, **filters))
     if count is not None and len(jobs) != count:
         raise AssertionError(
             f"expected {count} pending job(s) of {task_path}, found {len(jobs)}: "

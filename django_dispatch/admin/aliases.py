@@ -150,6 +150,32 @@ class AliasSelector:
             rows = rows.using(db_alias())
         return rows
 
+    def get_form(self, request: HttpRequest, obj: Any = None, change: bool = False, **kwargs: Any):
+        """The form; on an add page under ``?alias=``, its new object is on the
+        alias's database from the start: a new instance has no database, and the
+        form's uniqueness checks and the save would otherwise go to the routers'."""
+        form = super().get_form(request, obj, change=change, **kwargs)  # type: ignore[misc]
+        if obj is not None or routed_database() is None:
+            return form
+        database = db_alias()
+
+        class OnAliasDatabase(form):  # type: ignore[valid-type,misc]
+            def __init__(self, *args: Any, **kwargs: Any) -> None:
+                super().__init__(*args, **kwargs)
+                if self.instance._state.adding and self.instance._state.db is None:
+                    self.instance._state.db = database
+
+        OnAliasDatabase.__name__ = form.__name__
+        return OnAliasDatabase
+
+    def save_model(self, request: HttpRequest, obj: Any, form: Any, change: bool) -> None:
+        """A new object under ``?alias=`` is written on the alias's database,
+        whatever the project's routers say for the model."""
+        if not change and routed_database() is not None:
+            obj.save(using=db_alias())
+            return
+        super().save_model(request, obj, form, change)  # type: ignore[misc]
+
     def get_list_filter(self, request: HttpRequest) -> Any:
         shown = list(super().get_list_filter(request))  # type: ignore[misc]
         if several_databases():

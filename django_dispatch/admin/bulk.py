@@ -74,7 +74,10 @@ class BulkRetryPage:
         ids = list(matching.order_by("pk").values_list("pk", flat=True)[: BULK_CAP + 1])
         more = len(ids) > BULK_CAP
         ids = ids[:BULK_CAP]
-        return self.model._default_manager.filter(pk__in=ids), len(ids) + (1 if more else 0)
+        # On the list's database (``?alias=``): the same ids on another database are other rows.
+        return matching.model._default_manager.using(matching.db).filter(pk__in=ids), len(ids) + (
+            1 if more else 0
+        )
 
     def bulk_view(self, request: HttpRequest) -> HttpResponse:
         if not self.has_bulk_permission(request):

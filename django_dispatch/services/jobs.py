@@ -25,9 +25,13 @@ def cancel(result_id: str | int, *, backend: str | None = None) -> bool:
     A pending job will never start. A running job is marked cancelled at once;
     its worker notices at its next heartbeat or ``context.progress()`` and
     discards the attempt's result. Unknown or finished jobs: False, no change.
-    ``backend``: the TASKS alias whose database holds the job (None: the
-    current one, see ``store.using_backend``: the ``default`` alias's
-    outside a worker or a block of another alias).
+    ``backend``: the TASKS alias whose database holds the job (ids are unique
+    within one database only). None: the database of the enclosing
+    ``store.using_backend`` block (the admin wraps each request in one), else
+    the ``default`` alias's; never the database a ``rundispatch --backend``
+    worker serves, which is for its own store calls: a task running in the
+    ``eu`` worker that cancels the ``default`` job it enqueued must not reach
+    the ``eu`` job with the same id.
     """
     try:
         job_id = int(result_id)

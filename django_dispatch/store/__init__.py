@@ -27,6 +27,7 @@ recycled worker's leases read back by the process that replaced it),
 
 from .base import (
     NOTIFY_CHANNEL,
+    caller_database,
     carrying_database,
     database_for,
     db_alias,
@@ -86,6 +87,7 @@ __all__ = [
     "FlowState",
     "Lease",
     "Placement",
+    "caller_database",
     "carrying_database",
     "claim_candidates",
     "cron_entries_claim_due",

@@ -29,6 +29,7 @@ from ..models.job import NAMESPACE_RE
 
 # Re-exported: the database routing by alias (``store.routing``), where every
 # module has always found ``db_alias``.
+from .routing import caller_database as caller_database
 from .routing import carrying_database as carrying_database
 from .routing import database_for as database_for
 from .routing import db_alias as db_alias

@@ -23,6 +23,7 @@ from ..models import Job
 
 __all__ = [
     "alias_database",
+    "caller_database",
     "carrying_database",
     "database_for",
     "db_alias",
@@ -111,16 +112,29 @@ def using_database(database: str) -> Iterator[str]:
         _CONTEXT_DATABASE.reset(token)
 
 
+def caller_database() -> str:
+    """Where a public function called with ``backend=None`` acts: the database
+    of the innermost ``using_database``/``using_backend`` block (the admin
+    wraps each request in one), else the ``default`` alias's (``database_for``).
+
+    Never the database this process serves (``serve_database``): that one is
+    for the worker's own store calls. A task running in the ``eu`` worker
+    that enqueues a ``default`` job and cancels it by id must reach the
+    ``default`` alias's database, where the job is, not the ``eu`` job that
+    has the same id (ids are unique within one database only).
+    """
+    database = _CONTEXT_DATABASE.get()
+    return database if database is not None else database_for("default")
+
+
 @contextmanager
 def using_backend(alias: str | None) -> Iterator[str]:
     """Make ``db_alias()`` name TASKS alias ``alias``'s database inside the block
-    (``database_for``); yields it. None changes nothing: the functions that
-    take ``backend=None`` act on the current database (the caller's block,
-    else the served one, else the routers')."""
-    if alias is None:
-        yield db_alias()
-        return
-    with using_database(database_for(alias)) as database:
+    (``database_for``); yields it. None: the caller's database
+    (``caller_database``: the enclosing block's, else the ``default``
+    alias's; never the served one)."""
+    database = database_for(alias) if alias is not None else caller_database()
+    with using_database(database):
         yield database
 
 

@@ -27,7 +27,8 @@ def cancel_run(run_id: int, *, backend: str | None = None) -> bool:
     waits for are cancelled too.
 
     ``backend`` (here and below): the TASKS alias whose database holds the
-    run (None: the current one; see ``store.using_backend``)."""
+    run. None: the enclosing ``store.using_backend`` block's, else the
+    ``default`` alias's; never a worker's served database (see ``cancel``)."""
     with using_backend(backend):
         return wf_store.workflow_run_cancel(run_id)
 
