@@ -56,7 +56,7 @@ class ReadHealth:
     replica: str | None
     #: The database reads use now: the replica when healthy, else the primary.
     used: str
-    #: "none" (no replica configured), "ok", "down" or "lagging".
+    #: "none" (no replica configured), "ok", "down", "lagging" or "not a standby".
     state: str
     #: Seconds behind the primary (0.0 caught up); None when not measured.
     lag: float | None = None
@@ -91,7 +91,15 @@ def replica_of(primary: str) -> str | None:
 
 
 def read_alias() -> str:
-    """The database operators' reads use now: the healthy replica, or the primary."""
+    """The database operators' reads use now: the healthy replica, or the primary.
+
+    The primary inside a transaction open on it (``ATOMIC_REQUESTS``, a view
+    that enqueues then lists): the replica cannot see what that transaction
+    wrote and has not committed, and a page must show its own writes.
+    """
+    primary = db_alias()
+    if connections[primary].in_atomic_block:
+        return primary
     return health().used
 
 
@@ -118,10 +126,17 @@ def forget() -> None:
         _verdicts.clear()
 
 
+class _NotAStandby(Exception):
+    """The replica answers, but replays nothing: a promoted old replica, or a server
+    of its own. Its data may have diverged from the primary's, so it serves nothing."""
+
+
 def _probe(primary: str, replica: str) -> ReadHealth:
     max_lag = get_settings().READ_MAX_LAG
     try:
         lag, behind, detail = _measure(primary, replica)
+    except _NotAStandby as e:
+        return ReadHealth(primary, replica, primary, "not a standby", detail=str(e))
     except Exception as e:  # any failure to reach it or ask it: it serves nothing
         text = " ".join(str(e).split()) or type(e).__name__
         # This thread's connection to it is dead or soon will be: closed, the next
@@ -155,7 +170,10 @@ def _measure(primary: str, replica: str) -> tuple[float | None, int | None, str]
     assert row is not None
     in_recovery, behind, age = row
     if not in_recovery:
-        return None, None, "not a standby: lag not measured"
+        raise _NotAStandby(
+            "pg_is_in_recovery() is false: a promoted or independent server, whose data "
+            "may have left the primary's behind; point READ_DATABASE at a streaming replica"
+        )
     if behind is not None and behind <= 0:
         return 0.0, 0, ""
     if age is None:  # behind, and nothing replayed since it started: no bound on its age

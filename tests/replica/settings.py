@@ -28,3 +28,7 @@ DATABASES["replica"] = {
     "TEST": {"MIRROR": "default"},
 }
 DISPATCH["READ_DATABASE"] = "replica"
+
+#: The primary again under another name: a READ_DATABASE that is not a standby
+#: (as a promoted old replica would be), which must serve nothing.
+DATABASES["not_a_standby"] = {**DATABASES["default"], "TEST": {"MIRROR": "default"}}

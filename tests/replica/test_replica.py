@@ -14,7 +14,7 @@ import socket
 import time
 
 import pytest
-from django.db import connections
+from django.db import connections, transaction
 from django.test.utils import CaptureQueriesContext
 from django.urls import reverse
 
@@ -197,3 +197,30 @@ def test_a_replica_that_never_answers_costs_a_page_the_probe_timeout_not_a_hang(
     finally:
         settings_dict["PORT"] = port
         silent.close()
+
+
+def test_a_read_database_that_is_not_a_standby_serves_nothing(replica, admin_client, settings):
+    """A promoted old replica, or a server of its own, answers but replays nothing:
+    its data may have left the primary's behind, so reads go to the primary."""
+    settings.DISPATCH = {**settings.DISPATCH, "READ_DATABASE": "not_a_standby"}
+    reading.forget()
+    tasks.add.enqueue(1, 1)
+    verdict = reading.health()
+    assert (verdict.state, verdict.used, verdict.fallback) == ("not a standby", "default", True)
+    assert "pg_is_in_recovery() is false" in verdict.detail
+    assert jobs.count() == 1
+    page = overview(admin_client)
+    assert 'data-reads="not a standby"' in page and "reads from the primary" in page
+
+
+def test_a_read_inside_a_transaction_on_the_primary_sees_its_own_writes(replica):
+    """``ATOMIC_REQUESTS``, or a view that enqueues then lists: the replica cannot see
+    what the open transaction wrote, so reads in it go to the primary."""
+    replica.caught_up()
+    replica.pause()
+    with transaction.atomic():
+        job = tasks.add.enqueue(1, 2)
+        assert reading.read_alias() == "default"
+        assert ids(jobs.list()) == {int(job.id)}
+    assert reading.read_alias() == "replica"
+    assert jobs.count() == 0  # the paused replica, outside the transaction
