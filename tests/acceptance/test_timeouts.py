@@ -162,7 +162,7 @@ def test_a_stop_signal_during_a_recycle_is_not_lost(start_worker):
     # Settled by the successor (not left to expire as a lost worker), and the
     # successor claimed nothing: the retry waits for another worker.
     assert [e["exception_class_path"] for e in job.errors] == [TIMEOUT], log
-    assert job.state == JobState.PENDING and job.worker_lost_count == 0
+    assert job.state == JobState.SCHEDULED and job.worker_lost_count == 0  # backing off
     assert not SideEffect.objects.filter(key="zombie-stop", note="attempt 2").exists()
 
 
@@ -272,6 +272,6 @@ def test_a_script_whose_command_line_mentions_rundispatch_does_not_recycle(mode)
     # The timeout is recorded by the script's own worker (its retry waits for
     # its backoff, after the burst ended), not by a re-executed successor.
     job = Job.objects.get(pk=zombie.id)
-    assert job.state == JobState.PENDING and job.attempts == 1, probe.stdout
+    assert job.state == JobState.SCHEDULED and job.attempts == 1, probe.stdout
     assert [e["exception_class_path"] for e in job.errors] == [TIMEOUT]
     assert "given up on" in job.errors[0]["message"]

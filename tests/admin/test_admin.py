@@ -187,7 +187,7 @@ def test_retry_now_retries_waiting_jobs_and_replays_failed_ones(client, login):
     waiting = tasks.fail_twice.enqueue("k")
     drain(max_jobs=1, include_retries=False)  # first attempt fails; a retry waits
     row = Job.objects.get(pk=waiting.id)
-    assert row.state == JobState.PENDING and row.attempts == 1
+    assert row.state == JobState.SCHEDULED and row.attempts == 1  # its backoff
     deferred = tasks.add.using(run_after=timezone.now() + timedelta(hours=1)).enqueue(1, 1)
     ids = [failed.id, waiting.id, deferred.id]
 
