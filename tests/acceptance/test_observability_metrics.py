@@ -78,7 +78,7 @@ ADD = "tests.testapp.tasks.add"
 def run_script(tmp_path) -> str:
     """Success, failure, retry, a job enqueued by a job, and a cancel while running.
 
-    Returns the id of the deferred job left pending (for the depth gauges).
+    Returns the id of the deferred job left scheduled (for the depth gauges).
     """
     tasks.add.enqueue(1, 2)
     tasks.add.enqueue(3, 4)
@@ -140,11 +140,11 @@ def check_script(samples, *, workers: int, slots: int) -> None:
 def check_cluster(port: int, *, workers: int, slots: int) -> None:
     def cluster():
         samples = scrape(port)
-        pending = samples.get(
-            ("dispatch_queue_jobs", frozenset({("queue", "default"), ("state", "pending")}))
+        scheduled = samples.get(
+            ("dispatch_queue_jobs", frozenset({("queue", "default"), ("state", "scheduled")}))
         )
         busy = samples.get(("dispatch_busy_slots", frozenset()))
-        return samples if pending == 1 and busy == 0 else None  # the last heartbeat is in
+        return samples if scheduled == 1 and busy == 0 else None  # the last heartbeat is in
 
     samples = wait_until(cluster, timeout=15, what="the leader's cluster gauges")
     assert samples["dispatch_workers", frozenset()] == workers
