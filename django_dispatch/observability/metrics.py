@@ -188,7 +188,8 @@ class ClusterSnapshot:
     max_age: float  # seconds after which it is not exported any more
     #: (queue, state, count) for pending, blocked and running jobs.
     jobs: list[tuple[str, str, int]] = field(default_factory=list)
-    #: Per queue: pending jobs due now, and the age of the oldest of them (seconds).
+    #: Per queue: jobs due now (pending, or scheduled and not staged yet), and
+    #: the age of the oldest of them (seconds).
     due: dict[str, int] = field(default_factory=dict)
     oldest_waiting: dict[str, float] = field(default_factory=dict)
     workers: int = 0
@@ -217,7 +218,9 @@ def cluster_snapshot(
     from ..store.base import live_jobs, now_plus
 
     db = db or db_alias()
-    due = Q(state=JobState.PENDING, run_after__lte=Now())
+    # Due: pending, or scheduled and not staged yet (no worker stages while
+    # none runs, and those jobs are overdue all the same).
+    due = Q(state__in=(JobState.PENDING, JobState.SCHEDULED), run_after__lte=Now())
     waited = ExpressionWrapper(Now() - F("run_after"), output_field=DurationField())
     rows = (
         Job.objects.using(db)

@@ -67,7 +67,8 @@ class QueueRow:
 
     name: str
     pending: int = 0
-    #: Pending and due now: waiting for a worker (the rest are deferred).
+    #: Due now, pending or scheduled and not staged yet: waiting for a worker
+    #: (the rest are deferred).
     waiting: int = 0
     #: Blocked: marked so, or pending behind an earlier due job of their key.
     blocked: int = 0
@@ -263,10 +264,18 @@ def add_live_counts(rows: QueueRows, namespace: str, now: datetime, db: str | No
             if state == JobState.PENDING:
                 # Due keyed jobs beyond one per key wait behind another: blocked.
                 behind = r["keyed_due"] - r["keys_due"]
-                queue.waiting = r["due"] - behind
+                queue.waiting += r["due"] - behind
                 queue.pending -= behind
                 queue.blocked += behind
-                queue.oldest_waiting = r["oldest"]
+            elif state == JobState.SCHEDULED:
+                # Due and not staged yet: waiting too. Staging runs in the
+                # workers' claims, so with none up it stays scheduled.
+                queue.waiting += r["due"]
+            else:
+                continue
+            if r["oldest"] is not None:
+                oldest = queue.oldest_waiting
+                queue.oldest_waiting = r["oldest"] if oldest is None else min(oldest, r["oldest"])
 
 
 def window_minutes(since: datetime) -> list[datetime]:

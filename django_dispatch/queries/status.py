@@ -28,7 +28,9 @@ class QueueStatus:
     blocked: int = 0
     running: int = 0
     scheduled: int = 0  # deferred to later: not waiting for a worker yet
-    oldest_due: timedelta | None = None  # age of the oldest job waiting to run
+    #: Age of the oldest job due and not started (pending, or scheduled and
+    #: not staged yet), whether or not a worker is there to take it.
+    oldest_due: timedelta | None = None
     paused: bool = False  # flow.pause_queue: no job of it starts
 
 
@@ -51,8 +53,13 @@ def snapshot(namespace: str = "") -> Status:
     for row in jobs.filter(live_jobs()).values("queue_name", "state").annotate(n=Count("id")):
         queue = queues.setdefault(row["queue_name"], QueueStatus(row["queue_name"]))
         setattr(queue, row["state"], row["n"])
+    # Due and not started: pending, or scheduled and not staged yet (staging
+    # runs in workers' claims, so with every worker down a due deferred job
+    # or retry stays scheduled: it is waiting all the same). Each arm walks
+    # its partial index (dispatch_job_scheduled: namespace, run_after).
+    waiting = LIVE_JOBS_BY_STATE[JobState.PENDING] | LIVE_JOBS_BY_STATE[JobState.SCHEDULED]
     oldest_due = (
-        jobs.filter(LIVE_JOBS_BY_STATE[JobState.PENDING], run_after__lte=Now())
+        jobs.filter(waiting, run_after__lte=Now())
         .values_list("queue_name")
         .annotate(oldest=Min("run_after"))
     )

@@ -28,10 +28,10 @@ from tests.conftest import postgres_only
 from tests.testapp import tasks
 
 OVERVIEW = "admin:django_dispatch_job_overview"
-#: live counts (3), finished per minute, timing sample, leader, workers,
-#: dead letters, cron, namespaces: one each; and the paused queues where
-#: flow control is installed.
-OVERVIEW_QUERIES = 10 + (importlib.util.find_spec("django_dispatch.store.flow") is not None)
+#: live counts (4: pending, blocked, running, scheduled), finished per
+#: minute, timing sample, leader, workers, dead letters, cron, namespaces:
+#: one each; and the paused queues where flow control is installed.
+OVERVIEW_QUERIES = 11 + (importlib.util.find_spec("django_dispatch.store.flow") is not None)
 
 
 def page(response) -> str:
@@ -243,7 +243,7 @@ def test_overview_plans_use_indexes_with_a_million_finished_jobs():
             f"{query['sql']}\n{explained}"
         )
         assert "Index" in explained, explained
-    assert checked == 5  # three live counts, the window's counts, the timing sample
+    assert checked == 6  # four live counts, the window's counts, the timing sample
 
 
 # --- pause / resume from the overview ------------------------------------------------
