@@ -165,7 +165,7 @@ def test_oldest_job_too_old_fires_on_a_deferred_backlog(start_worker, start_prom
     an_hour_ago = timezone.now() - timedelta(hours=1)
     for n in range(3):  # due since an hour, on a queue no worker serves
         tasks.add.using(queue_name="reports", run_after=an_hour_ago).enqueue(n, n)
-    # Deferred to later: pending but not due, so not waiting.
+    # Deferred to later: scheduled, not due, so not waiting.
     tasks.add.using(queue_name="later", run_after=timezone.now() + timedelta(hours=1)).enqueue(0, 0)
     for n in range(5):  # a served queue whose jobs start at once
         tasks.add.enqueue(n, n)
