@@ -20,9 +20,10 @@ from ..tasks.values import to_json
 
 
 def cancel(result_id: str | int, *, backend: str | None = None) -> bool:
-    """Cancel a pending, blocked or running job. True only when this call made the change.
+    """Cancel a pending, scheduled, blocked or running job. True only when this call
+    made the change.
 
-    A pending job will never start. A running job is marked cancelled at once;
+    A pending or scheduled job will never start. A running job is marked cancelled at once;
     its worker notices at its next heartbeat or ``context.progress()`` and
     discards the attempt's result. Unknown or finished jobs: False, no change.
     ``backend``: the TASKS alias whose database holds the job (ids are unique
