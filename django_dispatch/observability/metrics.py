@@ -333,11 +333,13 @@ class ClusterCollector:
         for queue, state, n in snapshot.jobs:
             jobs.add_metric([queue, state], n)
         due = GaugeMetricFamily(
-            "dispatch_queue_due_jobs", "Pending jobs that are due now, per queue.", labels=["queue"]
+            "dispatch_queue_due_jobs",
+            "Jobs due now and not started (pending, or scheduled and not staged yet), per queue.",
+            labels=["queue"],
         )
         oldest = GaugeMetricFamily(
             "dispatch_queue_oldest_waiting_seconds",
-            "How long the oldest due pending job of each queue has been waiting.",
+            "How long the oldest due job of each queue (pending or scheduled) has been waiting.",
             labels=["queue"],
         )
         for queue in sorted({queue for queue, _, _ in snapshot.jobs}):
