@@ -170,27 +170,3 @@ def test_staging_notifies_idle_workers_of_the_namespace():
         _make_due(deferred.id)
         assert jobs_stage_due() == 1
         assert len(list(listener.notifies(timeout=2, stop_after=1))) == 1
-
-
-@postgres_only
-def test_a_scheduled_insert_wakes_no_idle_worker():
-    """A scheduled job cannot be claimed before it is due: its insert wakes no
-    idle worker (each would run a claim for nothing); the stager's NOTIFY wakes
-    them when it is staged. A pending insert still wakes them at once."""
-    import psycopg
-
-    from django_dispatch.store.base import notify_channel
-
-    params = connection.get_connection_params()
-    params.pop("cursor_factory", None)
-    params.pop("context", None)
-    with psycopg.connect(**params, autocommit=True) as listener:
-        listener.execute(f'LISTEN "{notify_channel("")}"')
-        tasks.add.using(run_after=timezone.now() + LATER).enqueue(1, 1)
-        enqueue_many(
-            tasks.add.using(run_after=timezone.now() + LATER), [((n, n), {}) for n in range(3)]
-        )
-        assert list(listener.notifies(timeout=0.5)) == []
-        assert Job.objects.filter(state=JobState.SCHEDULED).count() == 4
-        tasks.add.enqueue(1, 5)
-        assert len(list(listener.notifies(timeout=2, stop_after=1))) == 1
