@@ -6,7 +6,7 @@ the change lists offer it as a filter, and every view of our ModelAdmins
 (the change lists, the change pages, the actions' POSTs, the replay pages,
 the console) runs inside ``store.using_backend(NAME)``, so that everything
 the page reads, and every service its actions call, is on that database.
-Without it a page is on the ``default`` alias's database, as before. A
+Without it a page is on the ``default`` alias's database. A
 change page reached from a change list keeps the choice through Django's
 preserved filters (``_changelist_filters``), and so do its POSTs.
 

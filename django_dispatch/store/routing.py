@@ -96,7 +96,7 @@ def routed_database() -> str | None:
 def read_database_for(alias: str | None, model: type[Model] = Job) -> str:
     """Where to read ``model``'s rows of TASKS alias ``alias`` when no write
     depends on the answer: ``OPTIONS["DATABASE"]``, else the routers' read
-    choice, as before aliases had databases. None: the current alias's
+    choice (a site without per-alias databases). None: the current alias's
     (``routed_database``), else the routers' read choice."""
     database = alias_database(alias or "default") if alias is not None else routed_database()
     return database or router.db_for_read(model)

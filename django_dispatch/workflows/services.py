@@ -162,7 +162,7 @@ def children(run_id: int, *, backend: str | None = None) -> list[WorkflowRun]:
 
 def _read(backend: str | None) -> str:
     """Where to read rows no write depends on: the alias's database, or the
-    current one, or (outside any) the routers' read choice, as before."""
+    current one, or (outside any) the routers' read choice."""
     return read_database_for(backend, WorkflowRun)
 
 
