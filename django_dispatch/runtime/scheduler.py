@@ -23,7 +23,7 @@ from ..conf import get_settings
 from ..core import cron
 from ..models import CronEntry
 from ..services import cron_task
-from ..tasks.registry import DispatchBackendBase, namespace_for
+from ..tasks.registry import DispatchBackendBase, alias_serving, namespace_for
 from ..tasks.results import result_from_job, send_robust, signal_sender
 
 logger = logging.getLogger("django_dispatch.scheduler")
@@ -171,5 +171,6 @@ def _enqueue(entry: CronEntry, key: str, db: str) -> TaskResult | None:
         raise TypeError(f"{entry.task_path} does not use a DispatchBackend")
     job = backend.build_job(task, entry.args, entry.kwargs)
     job.namespace = entry.namespace  # the entry's namespace, whatever the task's backend
+    job.backend = alias_serving(entry.namespace, job.backend)
     job, created = store.job_insert_idempotent(job, db=db)
     return result_from_job(job, task=task) if created else None

@@ -13,7 +13,7 @@ from ..conf import get_settings
 from ..exceptions import AlreadyReplayed
 from ..models import CronEntry, DeadLetter
 from ..store.dead_letters import purge_past_retention
-from ..tasks.registry import DispatchBackendBase
+from ..tasks.registry import DispatchBackendBase, alias_serving
 from ..tasks.results import result_from_job
 from ..tasks.task import DispatchTask, task_for_row
 from ..tasks.values import to_json
@@ -177,6 +177,7 @@ def run_cron_entry_now(entry_id: int) -> TaskResult:
     # The entry's namespace, as when the scheduler fires it (``scheduler._enqueue``).
     job = backend.build_job(task, entry.args, entry.kwargs)
     job.namespace = entry.namespace
+    job.backend = alias_serving(entry.namespace, job.backend)
     store.jobs_insert([job], db=db)
     return result_from_job(job, task=task)
 

@@ -237,6 +237,29 @@ def namespace_for(alias: str) -> str:
     return backend.namespace
 
 
+def alias_serving(namespace: str, prefer: str) -> str:
+    """The TASKS alias a job of ``namespace`` is recorded under: ``prefer``
+    (the task's own backend) when its namespace is ``namespace``, else the
+    first DispatchBackend alias whose namespace it is (``"default"`` first),
+    else ``prefer``.
+
+    A cron entry or a workflow step runs in the namespace of the alias that
+    made it, whatever backend its task names. Its job must record an alias
+    of that namespace: ``get_result`` and ``TaskResult.refresh`` read from
+    the recorded alias's database, and a namespace lives in one database
+    (check E082), so any alias of the namespace finds the row.
+    """
+    own = backend_for(prefer)
+    if own is not None and own.namespace == namespace:
+        return prefer
+    aliases = sorted(dispatch_aliases(), key=lambda alias: (alias != "default", alias))
+    for alias in aliases:
+        backend = backend_for(alias)
+        if backend is not None and backend.namespace == namespace:
+            return alias
+    return prefer
+
+
 def backend_for(alias: str) -> DispatchBackendBase | None:
     """The DispatchBackend configured under ``alias``, or None."""
     try:

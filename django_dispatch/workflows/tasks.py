@@ -13,7 +13,7 @@ from django.core.exceptions import ImproperlyConfigured
 
 from ..compat import task
 from ..models import Job
-from ..tasks.registry import DispatchBackendBase
+from ..tasks.registry import DispatchBackendBase, alias_serving
 from .attempt import execute_step
 
 
@@ -27,8 +27,9 @@ def run_step(context, step_id: int, generation: int) -> dict:
     return execute_step(context, step_id, generation, build_job=build_step_job)
 
 
-def build_step_job(step_id: int, generation: int, queue_name: str) -> Job:
-    """An unsaved job of ``run_step`` for one step, with no job-level retries."""
+def build_step_job(step_id: int, generation: int, queue_name: str, namespace: str = "") -> Job:
+    """An unsaved job of ``run_step`` for one step of a run in ``namespace``,
+    with no job-level retries, recorded under an alias serving that namespace."""
     task = run_step if queue_name == run_step.queue_name else run_step.using(queue_name=queue_name)
     backend = task.get_backend()
     if not isinstance(backend, DispatchBackendBase):
@@ -37,4 +38,6 @@ def build_step_job(step_id: int, generation: int, queue_name: str) -> Job:
         )
     job = backend.build_job(task, [step_id, generation], {})
     job.max_attempts = 1  # step attempts are the engine's, not the job's
+    job.namespace = namespace
+    job.backend = alias_serving(namespace, job.backend)
     return job

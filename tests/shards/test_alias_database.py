@@ -199,3 +199,29 @@ def test_the_admin_selects_an_alias_and_acts_on_its_database(admin_client):
     tasks.record.using(backend="eu").enqueue("now")  # pending, on jobs_eu only
     page = admin_client.get(overview, {"namespace": "eu"})
     assert page.status_code == 200 and page.context["totals"].pending == 1
+
+
+def test_cron_and_step_jobs_on_an_alias_database_record_that_alias():
+    """A cron entry of ``eu`` and a workflow run on ``eu`` run tasks whose own
+    backend is ``default``; their jobs live on ``jobs_eu`` and must record
+    ``eu``, or ``get_result`` and ``TaskResult.refresh`` look on the default
+    database and miss them."""
+    from django_dispatch.compat import task_backends
+    from django_dispatch.models import CronEntry
+    from django_dispatch.runtime import scheduler
+    from tests.testapp.workflows import fan
+
+    schedules.save("tick", schedule="* * * * *", task=tasks.noop, backend="eu")
+    CronEntry.objects.using(EU_DB).update(next_run_at=timezone.now() - timedelta(seconds=1))
+    with store.using_backend("eu"):
+        assert scheduler.tick(namespace="eu") == 1
+    fired = Job.objects.using(EU_DB).get()
+    assert (fired.backend, fired.namespace) == ("eu", "eu")
+    result = task_backends["eu"].get_result(str(fired.pk))
+    assert result.backend == "eu"
+    assert drain(backend="eu") == 1
+    result.refresh()
+    assert result.status.name == "SUCCESSFUL"
+    fan.start({"key": "eu"}, backend="eu")
+    steps = Job.objects.using(EU_DB).exclude(pk=fired.pk)
+    assert steps.exists() and set(steps.values_list("backend", "namespace")) == {("eu", "eu")}

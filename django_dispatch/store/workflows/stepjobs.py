@@ -19,8 +19,9 @@ from ...models import Job, WorkflowTask
 from ..base import now_plus
 from ..enqueue import jobs_insert
 
-#: (step_id, generation, queue_name) -> an unsaved step Job.
-StepJobBuilder = Callable[[int, int, str], Job]
+#: (step_id, generation, queue_name, namespace) -> an unsaved step Job of that
+#: namespace, recorded under an alias serving it.
+StepJobBuilder = Callable[[int, int, str, str], Job]
 #: A locked run's fields, as ``common.lock_run`` reads them (``RUN_FIELDS``).
 RunRow = Mapping[str, Any]
 #: A step's route: (queue_name, priority), either None for the run's default.
@@ -42,8 +43,8 @@ def step_job(build_job: StepJobBuilder, run: RunRow, step_id: int, generation: i
              route: Route) -> Job:  # fmt: skip
     """One step job, routed: the step's queue and priority, else its run's queue."""
     queue_name, priority = route
-    job = build_job(step_id, generation, queue_name or run["queue_name"])
-    job.namespace = run.get("namespace", "")  # a step's job runs in its run's namespace
+    # A step's job runs in its run's namespace, whatever alias run_step names.
+    job = build_job(step_id, generation, queue_name or run["queue_name"], run.get("namespace", ""))
     if priority is not None:
         job.priority = priority
     return job
