@@ -18,8 +18,9 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable
+from contextvars import ContextVar
 from typing import Any
-from urllib.parse import parse_qs
+from urllib.parse import parse_qs, urlencode
 
 from django.contrib import admin
 from django.db.models import QuerySet
@@ -83,6 +84,26 @@ def _params(request: HttpRequest) -> dict[str, str]:
     return found
 
 
+#: The alias the request being served picked (``alias_scoped``); None on a
+#: site with one database, or when the request picked none.
+_SELECTED: ContextVar[str | None] = ContextVar("django_dispatch_admin_alias", default=None)
+
+
+def on_selected_alias(url: str) -> str:
+    """``url`` with ``alias=`` of the alias the current request picked, if any.
+
+    Ids are unique within one database only: a link from a page of alias
+    ``eu`` to row 7 of another model must open ``eu``'s row 7, not the
+    default database's, or an operator could cancel or replay the wrong one.
+    Django's preserved filters carry the choice from a change list to its
+    own change pages; the links we build to other models carry it here.
+    """
+    alias = _SELECTED.get()
+    if alias is None or f"{PARAM}=" in url:
+        return url
+    return f"{url}{'&' if '?' in url else '?'}{urlencode({PARAM: alias})}"
+
+
 def _alias_of(namespace: str) -> str | None:
     for alias in dispatch_aliases():
         backend = backend_for(alias)
@@ -99,12 +120,16 @@ def alias_scoped(view: Callable[..., HttpResponse]) -> Callable[..., HttpRespons
         alias = selected_alias(request) if several_databases() else None
         if alias is None:  # a site with one database: exactly as without aliases
             return view(request, *args, **kwargs)
-        with using_backend(alias):
-            response = view(request, *args, **kwargs)
-            render = getattr(response, "render", None)
-            if render is not None and not getattr(response, "is_rendered", True):
-                render()  # a TemplateResponse reads its querysets while rendering
-            return response
+        token = _SELECTED.set(alias)
+        try:
+            with using_backend(alias):
+                response = view(request, *args, **kwargs)
+                render = getattr(response, "render", None)
+                if render is not None and not getattr(response, "is_rendered", True):
+                    render()  # a TemplateResponse reads its querysets while rendering
+                return response
+        finally:
+            _SELECTED.reset(token)
 
     return scoped
 

@@ -33,6 +33,7 @@ from ..queries.counting import capped_count
 from ..queries.reading import read_alias
 from ..store.base import db_alias, take_sqlite_write_lock
 from ..tasks.registry import backend_for
+from .aliases import on_selected_alias
 
 #: The changelist counts at most this many matching rows (then shows "more
 #: than"); pages beyond it are reached by narrowing with filters or search.
@@ -294,8 +295,9 @@ def _code_html(error: dict[str, Any]) -> str:
 
 
 def change_url(model: type[Model], pk: Any) -> str:
+    """The change page of ``model``'s row ``pk``, on the alias the request picked."""
     opts = model._meta
-    return reverse(f"admin:{opts.app_label}_{opts.model_name}_change", args=[pk])
+    return on_selected_alias(reverse(f"admin:{opts.app_label}_{opts.model_name}_change", args=[pk]))
 
 
 def link(model: type[Model], pk: Any, label: str | None = None) -> str:
@@ -353,7 +355,8 @@ class ReplayPage(admin.ModelAdmin):
         return has_perm(request, f"replay_{self.opts.model_name}")
 
     def replay_url(self, pk: Any) -> str:
-        return reverse(f"admin:{self.opts.app_label}_{self.opts.model_name}_replay", args=[pk])
+        url = reverse(f"admin:{self.opts.app_label}_{self.opts.model_name}_replay", args=[pk])
+        return on_selected_alias(url)
 
     def get_urls(self) -> list[URLPattern]:
         view = self.admin_site.admin_view(self.replay_view)

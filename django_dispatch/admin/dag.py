@@ -21,6 +21,7 @@ from django.utils.html import escape
 from django.utils.safestring import SafeString, mark_safe
 
 from ..models import WorkflowRun
+from .aliases import on_selected_alias
 from .common import change_url
 from .workflow_steps import map_progress
 
@@ -144,8 +145,8 @@ def node_svg(step: dict[str, Any], x: int, y: int) -> str:
     )
     url = ""
     if step.get("map_batch"):  # a ctx.map set: the list of its child runs
-        query = urlencode({"map_batch": step["map_batch"]})
-        url = f"{reverse('admin:django_dispatch_workflowrun_changelist')}?{query}"
+        runs = reverse("admin:django_dispatch_workflowrun_changelist")
+        url = on_selected_alias(f"{runs}?{urlencode({'map_batch': step['map_batch']})}")
     elif step["child_run_id"]:
         url = change_url(WorkflowRun, step["child_run_id"])
     return f'<a href="{escape(url)}">{node}</a>' if url else node

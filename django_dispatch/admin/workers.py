@@ -15,7 +15,7 @@ from django.utils.html import format_html
 from django.utils.http import urlencode
 
 from ..models import Worker
-from .aliases import AliasSelector
+from .aliases import AliasSelector, on_selected_alias
 from .common import ReadOnlyRows
 from .display import age_html
 
@@ -52,7 +52,7 @@ class WorkerAdmin(AliasSelector, ReadOnlyRows, admin.ModelAdmin):
         """Its running jobs (and, from there, every job it ran: drop the state filter)."""
         url = reverse("admin:django_dispatch_job_changelist")
         query = urlencode({"worker_id__exact": worker.pk, "state__exact": "running"})
-        return format_html('<a href="{}?{}">running jobs</a>', url, query)
+        return format_html('<a href="{}">running jobs</a>', on_selected_alias(f"{url}?{query}"))
 
     @admin.display(description="Queues")
     def queues_display(self, worker: Worker) -> str:

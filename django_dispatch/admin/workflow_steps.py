@@ -21,7 +21,7 @@ from ..compat import admin_action
 from ..core.workflow_states import StepState
 from ..models import Job, WorkflowRun, WorkflowTask
 from ..workflows import services
-from .aliases import AliasSelector
+from .aliases import AliasSelector, on_selected_alias
 from .artifacts import artifacts_field
 from .common import (
     BOTH,
@@ -133,8 +133,8 @@ class StepDisplays:
     def child_link(self, step: WorkflowTask) -> str:
         if step.map_batch:  # a ctx.map set: the list of its runs, by position
             url = reverse("admin:django_dispatch_workflowrun_changelist")
-            query = urlencode({"map_batch": step.map_batch})
-            return format_html('<a href="{}?{}">{}</a>', url, query, map_progress(step))
+            url = on_selected_alias(f"{url}?{urlencode({'map_batch': step.map_batch})}")
+            return format_html('<a href="{}">{}</a>', url, map_progress(step))
         return link(WorkflowRun, step.child_run_id)
 
     @admin.display(description="Route (queue, priority)")

@@ -9,6 +9,7 @@ The steps' own pages are in ``workflow_steps``, the replay page in
 from __future__ import annotations
 
 from typing import Any
+from urllib.parse import urlencode
 
 from django.contrib import admin
 from django.db.models import OuterRef, QuerySet, Subquery
@@ -21,7 +22,7 @@ from ..compat import admin_action
 from ..core.workflow_states import STEP_DONE, StepState
 from ..models import WorkflowRun, WorkflowTask
 from ..workflows import services
-from .aliases import AliasSelector
+from .aliases import AliasSelector, on_selected_alias
 from .artifacts import artifacts_field
 from .common import (
     BOTH,
@@ -130,12 +131,9 @@ class WorkflowRunAdmin(AliasSelector, OperatorActions, BigTable, ReplayFromStep)
         )
         if len(rows) > CHILDREN_SHOWN:
             url = reverse("admin:django_dispatch_workflowrun_changelist")
+            url = on_selected_alias(f"{url}?{urlencode({'parent_run__id__exact': run.pk})}")
             links = format_html(
-                '{}, … <a href="{}?parent_run__id__exact={}">all {} child runs</a>',
-                links,
-                url,
-                run.pk,
-                run.children.count(),
+                '{}, … <a href="{}">all {} child runs</a>', links, url, run.children.count()
             )
         return links or "-"
 

@@ -13,9 +13,17 @@ from django import template
 from django.utils.safestring import SafeString
 
 from ..admin import charts
+from ..admin.aliases import on_selected_alias
 from ..admin.display import age_html, badge_html, human_seconds
 
 register = template.Library()
+
+
+@register.filter
+def on_alias(url: str) -> str:
+    """``url`` on the alias the page is about (``?alias=``), where one was picked:
+    a link to a row by id must open that database's row."""
+    return on_selected_alias(str(url))
 
 
 @register.filter

@@ -225,3 +225,36 @@ def test_cron_and_step_jobs_on_an_alias_database_record_that_alias():
     fan.start({"key": "eu"}, backend="eu")
     steps = Job.objects.using(EU_DB).exclude(pk=fired.pk)
     assert steps.exists() and set(steps.values_list("backend", "namespace")) == {("eu", "eu")}
+
+
+def test_admin_links_to_other_rows_keep_the_selected_alias(admin_client):
+    """Ids repeat across databases: a link from a page of ``eu`` to a row by id
+    must open ``eu``'s row, or the operator acts on the default's namesake."""
+    from django_dispatch.models import CronEntry
+    from tests.testapp.workflows import fan
+
+    run = fan.start({"key": "eu"}, backend="eu")
+    fan.start({"key": "default"})  # the same run and job ids on the default database
+    step_job = Job.objects.using(EU_DB).order_by("pk").first()
+    assert step_job is not None
+    page = admin_client.get(
+        reverse("admin:django_dispatch_workflowrun_change", args=[run.pk]), {"alias": "eu"}
+    )
+    assert page.status_code == 200 and page.context["original"].namespace == "eu"
+    job_url = reverse("admin:django_dispatch_job_change", args=[step_job.pk])
+    assert f'href="{job_url}?alias=eu"' in page.content.decode()
+    schedules.save("nightly", schedule="0 3 * * *", task=tasks.noop, backend="eu")
+    entry = schedules.get("nightly", backend="eu")
+    assert entry is not None
+    # The console lists entries with a next fire time (the scheduler's first tick sets it).
+    CronEntry.objects.using(EU_DB).update(next_run_at=timezone.now() + LATER)
+    overview = admin_client.get(reverse("admin:django_dispatch_job_overview"), {"namespace": "eu"})
+    body = overview.content.decode()
+    entry_url = reverse("admin:django_dispatch_cronentry_change", args=[entry.pk])
+    assert f'href="{entry_url}?alias=eu"' in body
+    letters = reverse("admin:django_dispatch_deadletter_changelist")
+    assert f'href="{letters}?replayed=no&amp;alias=eu"' in body
+    # Without a choice, the page is the default database's, and so are its links.
+    page = admin_client.get(reverse("admin:django_dispatch_workflowrun_change", args=[run.pk]))
+    assert page.context["original"].namespace == ""
+    assert f'href="{job_url}"' in page.content.decode()
