@@ -284,6 +284,28 @@ class Job(models.Model):
             models.Index(
                 "namespace", "id", name="dispatch_job_list_live", condition=Q(state__in=LIVE_STATES)
             ),
+            # The admin's job list shows every namespace, so the list indexes
+            # above (led by one namespace) cannot serve it: the same three,
+            # without it. Partial on finished states as they are; the admin
+            # reads the live jobs apart (``admin.jobs.JobAdmin.list_parts``).
+            models.Index(
+                "state",
+                "id",
+                name="dispatch_job_admin_state",
+                condition=Q(state__in=FINISHED_STATES),
+            ),
+            models.Index(
+                "queue_name",
+                "id",
+                name="dispatch_job_admin_queue",
+                condition=Q(state__in=FINISHED_STATES),
+            ),
+            models.Index(
+                "task_path",
+                "id",
+                name="dispatch_job_admin_task",
+                condition=Q(state__in=FINISHED_STATES),
+            ),
             # Retention: finished jobs by state and age. Partial on terminal
             # states, so it never competes with the claim index.
             models.Index(

@@ -257,6 +257,37 @@ def test_job_changelist_never_counts_the_whole_table(client, login, monkeypatch)
 
 
 @pytest.mark.django_db
+def test_job_changelist_pages_merge_finished_and_live_jobs_newest_first(client, login):
+    """The job list reads finished and live jobs apart (each through its own
+    indexes) and merges them: every page is the next 100 of all matching jobs,
+    newest first, whichever part they come from; the count adds the parts'."""
+    enqueue_many(tasks.add, [((i, i), {}) for i in range(230)])
+    enqueue_many(tasks.echo, [(("x",), {}) for _ in range(20)])
+    ids = sorted(Job.objects.values_list("pk", flat=True))
+    finished = ids[::3]  # finished and live jobs interleaved by id
+    Job.objects.filter(pk__in=finished).update(state="running")
+    Job.objects.filter(pk__in=finished).update(state="succeeded", finished_at=timezone.now())
+    login(*ALL_VIEW)
+    changelist = url("job", "changelist")
+
+    def shown(query: str) -> tuple[list[int], int]:
+        cl = client.get(changelist + query).context["cl"]
+        return [job.pk for job in cl.result_list], cl.result_count
+
+    newest = ids[::-1]
+    assert shown("") == (newest[:100], 250)
+    assert shown("?p=2") == (newest[100:200], 250)
+    assert shown("?p=3") == (newest[200:], 250)
+    assert shown("?state__exact=succeeded") == ([i for i in newest if i in finished][:100], 84)
+    echo = list(Job.objects.filter(task_path=tasks.echo.module_path).values_list("pk", flat=True))
+    assert shown(f"?task_path={tasks.echo.module_path}") == (sorted(echo, reverse=True), 20)
+    # Shown all at once (under list_max_show_all), and sorted by another column.
+    assert shown(f"?task_path={tasks.echo.module_path}&all=") == (sorted(echo, reverse=True), 20)
+    by_id = client.get(changelist + "?o=0").context["cl"]  # ascending id: one query
+    assert [job.pk for job in by_id.result_list] == ids[:100]
+
+
+@pytest.mark.django_db
 def test_job_search_by_id_and_keys(client, login):
     login(*ALL_VIEW)
     keyed = tasks.add.using(partition_key="user:abc", idempotency_key="welcome-abc").enqueue(1, 1)

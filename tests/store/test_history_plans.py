@@ -333,13 +333,7 @@ def test_stale_statistics_never_make_a_small_count_wrong(settings):
 )
 def test_the_admin_change_list_reads_its_caps_not_the_history(history, client, login, url):
     """The job list's count stops at COUNT_CAP (+1), its value filters sample the
-    newest FILTER_SAMPLE rows, its page is 100: never the whole history.
-
-    Not bounded, and documented so (docs/performance.md): the job list filtered
-    by a rare state, queue or task. The list indexes lead with the namespace,
-    which the admin does not filter on, so such a page reads the history newest
-    first until it is full, and its count (estimated under twice the cap) reads
-    on to the cap; ``jobs.list(state=...)`` and its count read their indexes."""
+    newest FILTER_SAMPLE rows, its page is 100: never the whole history."""
     login(superuser=True)
     response, read = reading(lambda: client.get(url))
     assert response.status_code == 200
@@ -349,6 +343,44 @@ def test_the_admin_change_list_reads_its_caps_not_the_history(history, client, l
     bound = max(COUNT_CAP + 1, 2 * FILTER_SAMPLE) + 100
     assert 0 < max(read[JOB], read[LETTER]) <= bound, read
     assert bound < HISTORY  # else the caps would not be what bounds it
+
+
+@postgres_only
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.parametrize(
+    "query, matching",
+    [
+        ("state__exact=cancelled", 0),
+        ("queue_name=emails", HISTORY // 100),
+        (f"task_path={ECHO}", HISTORY // 100),
+        ("state__exact=failed&queue_name=emails", HISTORY // 100),
+    ],
+    ids=["no-such-state", "rare-queue", "rare-task", "state-and-queue"],
+)
+def test_the_admin_job_list_of_a_rare_value_reads_its_entries(
+    history, client, login, query, matching
+):
+    """Filtered by a state, queue or task that 1 job in 100 has (or none), in every
+    namespace: the finished jobs are read through the ``dispatch_job_admin_*``
+    indexes and the live ones apart, so the page and its count read the
+    value's entries (and the live jobs), never the history up to the cap or
+    to its end. The filters' sample (the newest rows, whatever the filter) is
+    left out: the test above bounds it."""
+    login(superuser=True)
+    with statements(connection) as seen:
+        response = client.get(f"/admin/django_dispatch/job/?{query}")
+    assert response.status_code == 200
+    cl = response.context["cl"]
+    expected = Job.objects.filter(
+        **dict(p.split("=") for p in query.replace("__exact", "").split("&"))
+    )
+    assert cl.result_count == matching
+    assert [j.pk for j in cl.result_list] == list(
+        expected.order_by("-id").values_list("pk", flat=True)[:100]
+    )
+    read = rows_read([(sql, params) for sql, params in seen if "DISTINCT" not in sql])
+    assert read["seq scans"] == 0, read
+    assert read[JOB] <= matching + LIVE + 100, read
 
 
 @postgres_only

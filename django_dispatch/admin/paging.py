@@ -1,0 +1,132 @@
+"""Change lists that stay cheap on a table of millions of rows: the count, the page, the filters.
+
+The job table can hold millions of finished rows, so nothing here may cost a
+scan of it: the paginator counts at most ``COUNT_CAP`` rows, and the value
+filters sample recent rows instead of ``SELECT DISTINCT`` over the table.
+
+A change list is one query, and an index serves it only if its condition is
+in that query: the job list's indexes for a state, queue or task hold the
+finished jobs only (a partial index, so the claim's writes never touch
+them), which a query over every state cannot use. So a model admin may
+split its rows into *parts* (``BigTable.list_parts``), each read through its
+own index: the page, newest first, is the newest rows of each part merged,
+and the count is the parts' capped counts added up.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from django.contrib import admin
+from django.core.paginator import Paginator
+from django.db import connections
+from django.db.models import QuerySet
+from django.http import HttpRequest
+from django.utils.functional import cached_property
+
+from ..queries.counting import capped_count
+from ..queries.reading import read_alias
+from ..store.base import db_alias
+
+#: The changelist counts at most this many matching rows (then shows "more
+#: than"); pages beyond it are reached by narrowing with filters or search.
+COUNT_CAP = 10_000
+#: Value filters (task path, queue, error class) offer the values found among
+#: this many most recent rows.
+FILTER_SAMPLE = 5_000
+
+
+class CappedPaginator(Paginator):
+    """A paginator whose count is ``SELECT COUNT(*) FROM (… LIMIT cap + 1)``.
+
+    Django's paginator runs an unbounded ``COUNT(*)``, a full scan of a big
+    table on PostgreSQL. Counting through a LIMIT stops early
+    (``capped_count``); when the cap is hit the count is reported as the cap
+    and ``capped`` is set, so the template says "more than". With ``parts``
+    (``BigTable.list_parts``) each part is counted so, through its own index.
+    """
+
+    cap = COUNT_CAP
+    #: Set once ``count`` has run: more than ``cap`` rows match.
+    capped = False
+    #: The querysets whose union is ``object_list``, each counted apart; None: one.
+    parts: Sequence[QuerySet[Any]] | None = None
+
+    @cached_property
+    def count(self) -> int:
+        object_list = self.object_list
+        if not isinstance(object_list, QuerySet):
+            return super().count
+        counted = 0
+        for part in self.parts or [object_list]:
+            n, more = capped_count(part, self.cap)
+            counted += n + more
+        self.capped = counted > self.cap
+        return min(counted, self.cap)
+
+
+def list_database(request: HttpRequest) -> str:
+    """The database a changelist request reads (see ``common.BigTable``)."""
+    return read_alias() if getattr(request, "dispatch_reads_replica", False) else db_alias()
+
+
+def newest_first(rows: QuerySet[Any]) -> bool:
+    """Whether ``rows`` is ordered by its primary key, descending, and by nothing else."""
+    order = list(rows.query.order_by) or list(rows.model._meta.ordering)
+    pk = rows.model._meta.pk
+    return len(order) == 1 and order[0] in ("-pk", f"-{pk.name}", f"-{pk.attname}")
+
+
+def merged_rows(
+    rows: QuerySet[Any], parts: Sequence[QuerySet[Any]], low: int, high: int
+) -> list[Any]:
+    """Rows ``low`` to ``high`` (newest first by primary key) of ``rows``, the parts' union.
+
+    Each part reads the ids of its newest ``high`` rows through its own index
+    (page N costs what N pages of one part do); the ids are merged here, and
+    only the page's rows are read and built.
+    """
+    if high <= low:
+        return []
+    ids = [pk for part in parts for pk in part.order_by("-pk").values_list("pk", flat=True)[:high]]
+    ids = sorted(ids, reverse=True)[low:high]
+    return list(rows.filter(pk__in=ids).order_by("-pk")) if ids else []
+
+
+class RecentValuesFilter(admin.AllValuesFieldListFilter):
+    """Filter by a column's values, offering those seen among recent rows.
+
+    ``AllValuesFieldListFilter`` runs ``SELECT DISTINCT column`` over the whole
+    table on every changelist load. Sampling the newest ``FILTER_SAMPLE`` rows
+    (through the primary key) bounds that; a value only found in older rows
+    can still be filtered on by URL or search, and a selected value is always
+    listed.
+    """
+
+    def __init__(self, field, request, params, model, model_admin, field_path):
+        super().__init__(field, request, params, model, model_admin, field_path)
+        values = recent_values(model, field.name, list_database(request))
+        values.update(self.lookup_val or [])
+        # A list where Django has a queryset: choices() only iterates it.
+        self.lookup_choices = sorted(  # type: ignore[assignment]
+            values, key=lambda v: (v is None, str(v))
+        )
+
+
+def recent_values(model: Any, field: str, database: str) -> set[Any]:
+    """The distinct values of ``field`` among the newest ``FILTER_SAMPLE`` rows.
+
+    ``SELECT DISTINCT * FROM (the newest rows, by primary key, LIMIT n)``:
+    the LIMIT keeps the sample a subquery of its own, read off the primary
+    key's index, and only the few distinct values leave the database (the
+    5,000 values, fetched and de-duplicated here, cost as much as the rest of
+    the filter). The ORM has no DISTINCT over a sliced subquery, and
+    ``pk IN (newest ids)`` with DISTINCT let the planner join the sample to
+    a scan of the whole table once it had a few hundred thousand rows.
+    """
+    sample = model._default_manager.using(database).order_by("-pk").values_list(field)
+    sql, params = sample[:FILTER_SAMPLE].query.get_compiler(using=database).as_sql()
+    with connections[database].cursor() as cursor:  # the sample's one column
+        cursor.execute(f"SELECT DISTINCT * FROM ({sql}) sample", params)
+        return {value for (value,) in cursor.fetchall()}
