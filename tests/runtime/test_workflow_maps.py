@@ -23,6 +23,7 @@ from django_dispatch.models import Job, WorkflowRun, WorkflowTask
 from django_dispatch.states import JobState
 from django_dispatch.store import workflows as wf_store
 from django_dispatch.store.maintenance import job_cancel
+from django_dispatch.store.workflows.common import _COUNT_SQL
 from django_dispatch.store.workflows.runs import cancel_held
 from django_dispatch.store.workflows.stepjobs import _link_jobs, _stretches
 from django_dispatch.testing import drain
@@ -279,6 +280,26 @@ def fan_in_statements(count: int) -> int:
 @pytestmark_db
 def test_a_childs_fan_in_costs_the_same_at_1000_children_as_at_10():
     assert fan_in_statements(10) == fan_in_statements(1000)
+
+
+@pytest.mark.django_db
+def test_a_childs_count_writes_no_indexed_column():
+    """Every child of a set counts on one step row: an UPDATE that changes an
+    indexed column (or one a partial index's condition reads) is not HOT, adds
+    an index entry per count, and each later count walks more of them."""
+    if connection.vendor != "postgresql":
+        pytest.skip("HOT updates and the count's one statement are PostgreSQL's")
+    written = {"map_done", "updated_at"}
+    assert _COUNT_SQL.split(" SET ")[1].split(" FROM ")[0].count("=") == len(written)
+    table = WorkflowTask._meta.db_table
+    with connection.cursor() as cursor:
+        found = connection.introspection.get_constraints(cursor, table)
+        cursor.execute("SELECT indexdef FROM pg_indexes WHERE tablename = %s", [table])
+        definitions = [row[0] for row in cursor.fetchall()]
+    indexed = {column for c in found.values() if c["index"] for column in c["columns"] or ()}
+    assert "heartbeat_at" in indexed  # the check reads the real indexes
+    assert not written & indexed
+    assert not [d for d in definitions if any(name in d for name in written)]
 
 
 @pytestmark_db

@@ -139,7 +139,9 @@ def gather_stalled(
 
     A child is counted on its step just after its success commits
     (``common.count_map_child``); a worker that dies between the two leaves
-    the count one short, and the set would wait for ever. The children are
+    the count one short, and the set would wait for ever. "No count for a
+    while" is the step's ``updated_at``, which every count sets (not
+    ``heartbeat_at``, which is indexed: see ``common._COUNT_SQL``). The children are
     counted here first, with no lock (a set still running is left alone,
     and looked at again ``older_than_seconds`` later); ``gather`` checks
     again under the parent run's lock.
@@ -147,7 +149,7 @@ def gather_stalled(
     stalled = list(
         WorkflowTask.objects.using(db)
         .filter(namespace=namespace, state=StepState.WAITING, map_batch__isnull=False)
-        .filter(map_started__gte=F("map_total"), heartbeat_at__lt=now_plus(-older_than_seconds))
+        .filter(map_started__gte=F("map_total"), updated_at__lt=now_plus(-older_than_seconds))
         .values_list("id", "run_id", "map_batch", "map_total")[:limit]
     )
     gathered = []
@@ -157,7 +159,7 @@ def gather_stalled(
         if counted.count() >= (total or 0) and gather(db, step_id, batch, run_id, build_job):
             gathered.append(step_id)
         else:
-            map_waiting(db, step_id, batch).update(heartbeat_at=Now())
+            map_waiting(db, step_id, batch).update(updated_at=Now())
     return gathered
 
 
