@@ -68,9 +68,14 @@ def jobs_list(
     (a ``TaskResult.id``), to get the page after the one that ended there.
     """
     parts = _job_parts(state=state, queue=queue, task=task, backend=backend)
-    found = [job for part in parts for job in _page(part, before=before, limit=limit)]
-    found.sort(key=lambda job: job.pk, reverse=True)
-    return found[:limit]
+    if len(parts) == 1:
+        return _page(parts[0], before, limit)
+    # Each part's newest ids (read off its index), merged here; then
+    # only the page's rows are read and built, not every part's page of them.
+    ids = [pk for part in parts for pk in _page(part.values_list("pk", flat=True), before, limit)]
+    ids = sorted(ids, reverse=True)[:limit]
+    rows = _jobs(state=state, queue=queue, task=task, backend=backend)
+    return list(rows.filter(pk__in=ids).order_by("-id")) if ids else []
 
 
 def jobs_count(
@@ -115,7 +120,7 @@ def dead_letters_list(
     ``task``: a Task or its import path; ``replayed``: True for those
     replayed, False for those not yet; ``before``: a dead letter id.
     """
-    return _page(_dead_letters(task, replayed, backend), before=before, limit=limit)
+    return _page(_dead_letters(task, replayed, backend), before, limit)
 
 
 def dead_letters_count(
@@ -155,7 +160,7 @@ def runs_list(
     ``state``: a ``RunState`` (or its value, ``"stuck"``); ``name``: the
     workflow's name; ``before``: a run id. A run's steps are ``run.steps``.
     """
-    return _page(_runs(state, name, backend), before=before, limit=limit)
+    return _page(_runs(state, name, backend), before, limit)
 
 
 def runs_count(
@@ -234,7 +239,7 @@ def _runs(state: Any, name: Any, backend: str) -> QuerySet[WorkflowRun]:
     return rows
 
 
-def _page[M: Model](rows: QuerySet[M], *, before: Any, limit: Any) -> list[M]:
+def _page(rows: QuerySet[Any], before: Any, limit: Any) -> list[Any]:
     if isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= MAX_LIMIT:
         raise ValueError(
             f"limit must be a whole number from 1 to {MAX_LIMIT}, got {limit!r}; "
