@@ -6,15 +6,12 @@ task's own writes: ``atomic`` writes it in the task's transaction.
 Successes go in waves (``BatchCompleter``): a job hands its success over
 (``hand_over``) and goes on; the completer writes the wave with one fenced
 UPDATE, in the same transaction as the claim that refills the slots the
-wave frees (``write_wave``), then wakes each job's reporter (``settle``, or
-``abort`` when the transaction failed). Every other outcome, and a success
-whose wave could not be written, is written one by one (``persist``); so
-are the hand-backs of a stopping worker (``hand_back``) and the timeouts
-the control loop records (``record_timeout``).
-
-A write that matches no row means this worker no longer holds the job (it
-was cancelled, timed out, or reclaimed after missed heartbeats): the result
-is discarded and logged, never forced in.
+wave frees (``write_wave``), or as one statement with that claim
+(``write_fused``, ``store.wave``), then wakes each job's reporter
+(``settle``, or ``abort`` when the write failed). Every other outcome, and a
+success whose wave could not be written, is written one by one
+(``outcomes``, re-exported here: ``persist``, ``hand_back``,
+``record_timeout``, ``release``, ``let_go``).
 """
 
 from __future__ import annotations
@@ -25,28 +22,31 @@ import threading
 import time
 from collections.abc import Callable
 from functools import partial
+from typing import Any
 
 from django.db import DatabaseError, InterfaceError, transaction
 
 from .. import store
-from ..compat import Task
 from ..conf import usage_recorded
-from ..exceptions import TaskTimeout
 from ..observability import joblog
-from ..store.usage import usage_record_many
-from . import metering, timeouts
-from .connections import recover_after_error
+from ..store.usage import UsageEntry
+from ..store.wave import WaveClaim, jobs_finish_many_and_claim
+from . import metering
 from .executor import Outcome
-from .reporter import (
-    Reporter,
-    report_released,
-    report_written,
-    settle_quietly,
-    signal_finished,
-    signal_finished_and_close,
-)
+from .outcomes import hand_back, let_go, persist, record_timeout, release, usage_outcome
+from .reporter import Reporter, settle_quietly, signal_finished
 from .running import RunningJob
 from .slots import Slots
+
+__all__ = [
+    "BatchCompleter",
+    "hand_back",
+    "let_go",
+    "persist",
+    "record_timeout",
+    "release",
+    "usage_outcome",
+]
 
 logger = logging.getLogger("django_dispatch.worker")
 
@@ -86,6 +86,8 @@ class BatchCompleter:
         self.db = db or store.db_alias()
         #: Reports the successes written in waves (``start`` to ``stop``).
         self.reporter: Reporter | None = None
+        #: Keyed candidates the last one-statement wave passed by (``write_fused``).
+        self.passed = 0
 
     def start(self) -> None:
         """Start the reporter thread (``Worker.run``): waves may be written from now on."""
@@ -133,7 +135,11 @@ class BatchCompleter:
         return batch
 
     def write_wave(
-        self, batch: list[RunningJob], claim: Callable[[int], list[store.ClaimedJob]], limit: int
+        self,
+        batch: list[RunningJob],
+        claim: Callable[[int], list[store.ClaimedJob]],
+        limit: int,
+        fused: Callable[[int], WaveClaim | None] | None = None,
     ) -> list[store.ClaimedJob]:
         """Write ``batch`` and ``claim`` up to ``limit`` jobs, in one transaction.
 
@@ -142,7 +148,17 @@ class BatchCompleter:
         counted, nor a claim made for slots that were never freed. If the
         transaction fails, each job of the wave writes its own (``abort``).
         Returns the claimed jobs, for the producer to start.
+
+        ``fused(limit)``: the claim as one statement with the successes
+        (``store.wave``: one round trip), or None when this wave needs the
+        transaction (the gates, staging); never for a wave that frees a
+        partition key.
         """
+        if fused is not None and not any(r.claimed.lease.partition_key for r in batch):
+            spec = fused(limit)
+            if spec is not None:
+                return self.write_fused(batch, claim, spec)
+        self.passed = 0
         try:
             with transaction.atomic(using=self.db):
                 won = self.write(batch, self.db)
@@ -155,6 +171,50 @@ class BatchCompleter:
         self.settle(batch, won)
         return claimed
 
+    def write_fused(
+        self,
+        batch: list[RunningJob],
+        claim: Callable[[int], list[store.ClaimedJob]],
+        spec: WaveClaim,
+    ) -> list[store.ClaimedJob]:
+        """``write_wave`` as one statement (``store.wave``): the successes and the
+        claim of unkeyed jobs commit together. Keyed candidates it passed by are
+        claimed through the gates, in a transaction of their own (``claim``),
+        for the slots still free; ``passed`` tells the producer."""
+        results, usage = self.wave_values(batch)
+        try:
+            wave = jobs_finish_many_and_claim(results, db=self.db, claim=spec, usage=usage)
+        except BaseException:
+            self.abort(batch)
+            raise
+        if self.slots is not None:
+            self.slots.drop_written(batch)
+        self.settle(batch, wave.won)
+        self.passed = wave.passed
+        claimed = wave.claimed
+        free = spec.limit - len(claimed)
+        if wave.passed and free > 0:
+            try:  # what was claimed above is leased: it must start whatever happens here
+                with transaction.atomic(using=self.db):
+                    claimed += claim(free)
+            except (DatabaseError, InterfaceError):
+                logger.warning("claiming keyed jobs failed; will retry", exc_info=True)
+        return claimed
+
+    @staticmethod
+    def wave_values(
+        batch: list[RunningJob],
+    ) -> tuple[list[tuple[store.Lease, Any]], dict[int, UsageEntry] | None]:
+        """The wave's (lease, return value) pairs, and the usage records by job id
+        when successes are recorded."""
+        results = [(r.claimed.lease, r.finished.return_value) for r in batch if r.finished]
+        usage = None
+        if usage_recorded("succeeded"):
+            usage = {
+                r.claimed.id: metering.entry(r.claimed, "succeeded") for r in batch if r.finished
+            }
+        return results, usage
+
     @staticmethod
     def write(batch: list[RunningJob], db: str) -> set[int]:
         """Inside the caller's transaction: the ids whose fenced write won.
@@ -165,11 +225,7 @@ class BatchCompleter:
         """
         if not batch:
             return set()
-        done = [(r, r.finished) for r in batch if r.finished]
-        results = [(r.claimed.lease, finished.return_value) for r, finished in done]
-        usage = None
-        if usage_recorded("succeeded"):
-            usage = {r.claimed.id: metering.entry(r.claimed, "succeeded") for r, _ in done}
+        results, usage = BatchCompleter.wave_values(batch)
         return set(store.jobs_finish_many_if_leased(results, db=db, usage=usage))
 
     @staticmethod
@@ -240,158 +296,3 @@ def _persisted(running: RunningJob) -> None:
     running.persisted = True
     if running.on_persisted is not None:
         running.on_persisted()
-
-
-def usage_outcome(outcome: Outcome) -> str | None:
-    """The ``JobUsage.outcome`` of an attempt ending so; None: no attempt was spent."""
-    if outcome.kind in ("retry", "failed"):
-        return "timed_out" if isinstance(outcome.exception, TaskTimeout) else "failed"
-    return {"succeeded": "succeeded", "interrupted": "interrupted", "discarded": "cancelled"}.get(
-        outcome.kind
-    )
-
-
-def _write_with_usage(claimed: store.ClaimedJob, outcome: Outcome) -> bool:
-    """``_write``, and if it won, the attempt's usage record in the same transaction."""
-    kind = usage_outcome(outcome)
-    if kind is None or not usage_recorded(kind):  # released: no attempt spent, no record
-        return _write(claimed, outcome)
-    entry = metering.entry(claimed, kind)
-    db = store.db_alias()
-    with transaction.atomic(using=db):
-        won = _write(claimed, outcome)
-        if won:
-            usage_record_many([entry], db=db)
-    return won
-
-
-def _write(claimed: store.ClaimedJob, outcome: Outcome) -> bool:
-    lease, key = claimed.lease, claimed.row["partition_key"]
-    if outcome.kind == "succeeded":
-        return store.job_finish_if_leased(lease, outcome.return_value, partition_key=key)
-    if outcome.kind == "discarded":  # True: it was cancelled (else lost)
-        return store.job_ack_cancelled(lease, partition_key=key)
-    if outcome.kind == "interrupted":
-        assert outcome.retry_in is not None
-        return store.job_interrupt_if_leased(lease, outcome.errors, retry_in=outcome.retry_in)
-    if outcome.kind == "released":
-        return _release(claimed)
-    return store.job_fail_if_leased(lease, outcome.errors, outcome.retry_in, partition_key=key)
-
-
-def persist(
-    claimed: store.ClaimedJob,
-    outcome: Outcome,
-    *,
-    give_up_after: float,
-    signal: bool = True,
-    report: bool = True,
-) -> bool:
-    """Write the outcome, retrying transient database errors.
-
-    Gives up after ``give_up_after`` seconds (about a lease): by then the job
-    is reclaimed and will run again, which is the at-least-once fallback.
-    A lost job that was cancelled is let go (``job_ack_cancelled``), which
-    frees its partition.
-
-    The outcome is logged and counted here (``observability.joblog``), once,
-    unless ``report`` is False: a job whose outcome someone else already
-    recorded (handed back, or its timeout recorded by the control loop).
-    """
-    lease = claimed.lease
-    deadline = time.monotonic() + give_up_after
-    pause = 0.05
-    while True:
-        try:
-            won = _write_with_usage(claimed, outcome)
-            if not won and outcome.kind != "discarded":
-                store.job_ack_cancelled(lease, partition_key=claimed.row["partition_key"])
-            break
-        except (DatabaseError, InterfaceError):
-            if time.monotonic() >= deadline:
-                logger.exception("job %s: could not record its outcome; giving up", lease.job_id)
-                return False
-            logger.warning(
-                "job %s: recording outcome failed; retrying", lease.job_id, exc_info=True
-            )
-            recover_after_error()
-            time.sleep(pause)
-            pause = min(pause * 2, 2.0)
-    if report:
-        report_written(claimed, outcome, won)
-    if outcome.kind == "discarded" or not won:
-        return False
-    if outcome.kind in ("interrupted", "released"):
-        return True
-    if signal:
-        signal_finished(outcome)
-    return True
-
-
-def record_timeout(
-    claimed: store.ClaimedJob,
-    timeout: float,
-    *,
-    how: str,
-    give_up_after: float,
-    task: Task | None,
-) -> bool:
-    """From the control loop: record an attempt over its timeout (retry or fail, fenced).
-
-    ``task`` is the job's resolved Task (``RunningJob.task``). ``task_finished``
-    goes out on a thread of its own: its receivers are user code, never run
-    on the control loop.
-    """
-    outcome = timeouts.timeout_outcome(claimed, timeout, how=how, task=task)
-    won = persist(claimed, outcome, give_up_after=give_up_after, signal=False)  # logs it
-    if won:
-        threading.Thread(target=signal_finished_and_close, args=(outcome,), daemon=True).start()
-    return won
-
-
-def hand_back(
-    claimed: store.ClaimedJob,
-    *,
-    timed_out: float | None,
-    give_up_after: float,
-    task: Task | None,
-) -> bool:
-    """At the end of a shutdown: back to the queue without spending an attempt (fenced).
-
-    A job cancelled meanwhile is let go of instead, which frees its partition.
-    A job already over its ``timed_out`` seconds has its timeout recorded:
-    that attempt counts (``task``: as in ``record_timeout``).
-    """
-    if timed_out is not None:
-        return record_timeout(
-            claimed,
-            timed_out,
-            how="its worker shut down meanwhile",
-            give_up_after=give_up_after,
-            task=task,
-        )
-    return release(claimed, why="handed back at shutdown")
-
-
-def release(claimed: store.ClaimedJob, *, why: str, db: str | None = None) -> bool:
-    """Hand a job back unstarted, no attempt spent (fenced), and report it.
-
-    A job cancelled meanwhile is let go of instead, which frees its partition.
-    """
-    released = _release(claimed, db=db)
-    cancelled = not released and let_go(claimed.lease, claimed.row["partition_key"], db=db)
-    report_released(claimed, released, cancelled, why=why)
-    return released
-
-
-def _release(claimed: store.ClaimedJob, *, db: str | None = None) -> bool:
-    """Undo the claim's attempt: the count and the worker it added."""
-    row = claimed.row
-    return store.job_release_if_leased(
-        claimed.lease, attempts=row["attempts"] - 1, worker_ids=row["worker_ids"][:-1], db=db
-    )
-
-
-def let_go(lease: store.Lease, partition_key: str | None, *, db: str | None = None) -> bool:
-    """Let go of a job found cancelled (fenced; True if it was): frees its partition."""
-    return store.job_ack_cancelled(lease, partition_key=partition_key, db=db)

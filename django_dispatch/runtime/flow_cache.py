@@ -85,6 +85,16 @@ def flow_for_claim(db: str, namespace: str, max_age: float) -> FlowState:
     return state
 
 
+def stage_due(db: str, namespace: str, max_age: float) -> bool:
+    """Whether this process's next claim of ``namespace`` stages (``jobs_claim``'s
+    throttle), without counting it as done: the one-statement wave
+    (``store.wave``) does not stage, and leaves such a wave to ``jobs_claim``."""
+    key = (db, namespace)
+    with _lock:
+        last = _staged_at.get(key, -max_age)
+        return key in _staging_behind or time.monotonic() - last >= max_age / 2
+
+
 def jobs_claim(
     *,
     worker_id: str,

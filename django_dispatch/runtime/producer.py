@@ -21,7 +21,9 @@ from django.db import DatabaseError, InterfaceError, connections
 
 from .. import store
 from ..conf import DispatchSettings
+from ..store.flow import claimable_queues
 from ..store.types import Placement
+from ..store.wave import WaveClaim
 from . import attempt, completer, flow_cache
 from .asyncjobs import AsyncJobs
 from .connections import database_went_away
@@ -87,6 +89,10 @@ class Producer:
         #: Where claimed jobs run: set by ``Worker.run`` before the first claim.
         self.pool: JobThreads | None = None
         self.async_jobs: AsyncJobs | None = None
+        #: Whether a wave may be one statement (``fused_claim``): PostgreSQL.
+        self.one_statement = connections[db].vendor == "postgresql"
+        #: Until then (monotonic), waves claim through the gates: keyed jobs were seen.
+        self.gated_until = 0.0
 
     def guard[T](self, step: Callable[[], T]) -> T | None:
         return guarded(step, min(1.0, self.settings.POLL_INTERVAL))
@@ -139,9 +145,33 @@ class Producer:
             limit = min(limit, self.options.max_jobs - self.claimed_total)
         if not batch and limit <= 0:
             return 0
-        claimed = self.completer.write_wave(batch, self.claim, limit)
+        claimed = self.completer.write_wave(batch, self.claim, limit, self.fused_claim)
+        if self.completer.passed:  # keyed jobs are about: the gates claim for a while
+            self.gated_until = time.monotonic() + self.settings.POLL_INTERVAL
         self.start(claimed)
         return len(claimed)
+
+    def fused_claim(self, limit: int) -> WaveClaim | None:
+        """The wave's claim as one statement with its successes (``store.wave``),
+        or None where it needs ``claim``'s transaction: SQLite, a worker with a
+        placement, staging due, queue limits, a concurrency group waiting,
+        every served queue paused, or keyed jobs passed by lately."""
+        if not self.one_statement or time.monotonic() < self.gated_until:
+            return None
+        opts, max_age = self.options, self.settings.POLL_INTERVAL
+        if limit <= 0:
+            return WaveClaim(opts.worker_id, 0, self.settings.LEASE_SECONDS, opts.namespace)
+        if self.placement() is not None or flow_cache.stage_due(self.db, opts.namespace, max_age):
+            return None
+        state = flow_cache.flow_for_claim(self.db, opts.namespace, max_age)
+        if state.waiting or state.limits:
+            return None
+        served, paused = claimable_queues(opts.queues, state.paused)
+        if state.paused and not served and not paused:
+            return None
+        return WaveClaim(
+            opts.worker_id, limit, self.settings.LEASE_SECONDS, opts.namespace, served, paused
+        )
 
     def claim(self, limit: int) -> list[store.ClaimedJob]:
         """Up to ``limit`` jobs, leased to this worker (inside the wave's transaction)."""

@@ -48,7 +48,7 @@ _FINISH_MANY_SQL = """
 UPDATE {job} AS j SET
     state = {succeeded}, return_value = d.return_value, finished_at = now(),
     lease_expires_at = NULL
-FROM unnest(%s::bigint[], %s::text[], %s::bigint[], %s::jsonb[])
+FROM unnest(%(ids)s::bigint[], %(workers)s::text[], %(epochs)s::bigint[], %(values)s::jsonb[])
     AS d(id, worker_id, lease_epoch, return_value)
 WHERE j.id = d.id AND j.state = {running} AND j.worker_id = d.worker_id
     AND j.lease_epoch = d.lease_epoch
@@ -134,13 +134,17 @@ recorded AS ({insert})
 SELECT id, partition_key FROM done
 """
 _FINISH_MANY_USAGE_RENDERED: dict[str, str] = {}
+#: The usage rows of ``done``'s winners (``usage_insert_sql``'s FROM clause).
+FINISHED_USAGE_ROWS = (
+    f"done JOIN jsonb_array_elements(%(usage)s::jsonb) AS r ON {USAGE_ROW_JOB_ID} = done.id"
+)
 
 
 def _finish_many_usage_sql(connection: Any) -> str:
     """``_FINISH_MANY_USAGE_SQL`` for ``connection``, rendered once per database."""
     sql = _FINISH_MANY_USAGE_RENDERED.get(connection.alias)
     if sql is None:
-        rows = f"done JOIN jsonb_array_elements(%s::jsonb) AS r ON {USAGE_ROW_JOB_ID} = done.id"
+        rows = FINISHED_USAGE_ROWS
         sql = _FINISH_MANY_USAGE_RENDERED[connection.alias] = _FINISH_MANY_USAGE_SQL.format(
             finish=job_sql(connection, _FINISH_MANY_SQL).strip(),
             insert=usage_insert_sql(connection, rows).strip(),
@@ -159,21 +163,27 @@ def _finish_many_pg(
     same statement.
     """
     connection = connections[db]
-    params: list[Any] = [
-        [lease.job_id for lease, _ in results],
-        [lease.worker_id for lease, _ in results],
-        [lease.epoch for lease, _ in results],
-        # None as SQL NULL, as job_finish_if_leased stores it
-        [None if value is None else json.dumps(value) for _, value in results],
-    ]
-    if usage:
-        sql = _finish_many_usage_sql(connection)
-        params.append(usage_rows_json(usage.values()))
-    else:
-        sql = job_sql(connection, _FINISH_MANY_SQL)
+    params = finish_params(results, usage)
+    sql = _finish_many_usage_sql(connection) if usage else job_sql(connection, _FINISH_MANY_SQL)
     with hot_cursor(connection) as cursor:
         cursor.execute(sql, params)
         return dict(cursor.fetchall())
+
+
+def finish_params(
+    results: Sequence[tuple[Lease, Any]], usage: Mapping[int, UsageEntry] | None
+) -> dict[str, Any]:
+    """The named parameters of ``_FINISH_MANY_SQL`` (and of the usage rows, with ``usage``)."""
+    params: dict[str, Any] = {
+        "ids": [lease.job_id for lease, _ in results],
+        "workers": [lease.worker_id for lease, _ in results],
+        "epochs": [lease.epoch for lease, _ in results],
+        # None as SQL NULL, as job_finish_if_leased stores it
+        "values": [None if value is None else json.dumps(value) for _, value in results],
+    }
+    if usage:
+        params["usage"] = usage_rows_json(usage.values())
+    return params
 
 
 def _finish_many_orm(results: Sequence[tuple[Lease, Any]], db: str) -> dict[int, str | None]:

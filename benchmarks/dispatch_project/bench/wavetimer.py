@@ -1,8 +1,9 @@
 """The fleet check's claim latency, as each worker process sees it.
 
 With ``$BENCH_WAVE_TIMES`` set to a directory, every call of the worker's
-``BatchCompleter.write_wave`` (one transaction: the successes finished
-since the last wave, the claim that refills their slots, the commit) is
+``BatchCompleter.write_wave`` (one transaction, or one statement where
+``store.wave`` applies: the successes finished since the last wave, the
+claim that refills their slots, the commit) is
 timed, and at exit the process writes one line per wave to
 ``<directory>/<pid>.txt``: wall-clock start, seconds it took, jobs written,
 jobs claimed. Through PgBouncer this includes the wait for a server
@@ -25,9 +26,9 @@ def install(directory: str) -> None:
     original = completer.BatchCompleter.write_wave
     waves: list[tuple[float, float, int, int]] = []
 
-    def write_wave(self, batch, claim, limit):
+    def write_wave(self, batch, claim, limit, *more):  # more: the one-statement path's
         wall, started = time.time(), time.perf_counter()
-        claimed = original(self, batch, claim, limit)
+        claimed = original(self, batch, claim, limit, *more)
         waves.append((wall, time.perf_counter() - started, len(batch), len(claimed)))
         return claimed
 

@@ -46,8 +46,8 @@ from ..types import CLAIM_FIELDS
 #: query (tests/store/test_claim.py checks the plan). Table and states come from the models
 #: (``job_sql``); tests/store/test_raw_sql_twins.py runs it beside the ORM path on
 #: the same rows.
-_CLAIM_SQL = """
-WITH candidates AS MATERIALIZED (
+_CLAIM_CTES = """
+candidates AS MATERIALIZED (
     SELECT {fields}, now() AS db_now
     FROM {job}
     WHERE namespace = {namespace} AND state = {pending} AND resource_shape IS NULL
@@ -63,11 +63,17 @@ WITH candidates AS MATERIALIZED (
     ) AS c
     WHERE j.id = c.id
     RETURNING j.id
-)
+)""".replace("{lease_set}", lease_set_sql(row="j.", now="c.db_now"))
+#: The candidates in claim order, each with whether the statement leased it.
+CLAIMED_ROWS_SQL = """
 SELECT candidates.*, leased.id IS NOT NULL AS leased
-FROM candidates LEFT JOIN leased ON leased.id = candidates.id
-ORDER BY candidates.priority DESC, candidates.run_after, candidates.id
-""".replace("{lease_set}", lease_set_sql(row="j.", now="c.db_now"))
+FROM candidates LEFT JOIN leased ON leased.id = candidates.id"""
+_CLAIM_SQL = (
+    "WITH"
+    + _CLAIM_CTES
+    + CLAIMED_ROWS_SQL
+    + "\nORDER BY candidates.priority DESC, candidates.run_after, candidates.id\n"
+)
 #: ``_CLAIM_SQL``'s result columns, in order. Known here rather than read from
 #: ``cursor.description``, which psycopg builds anew (a Column per column)
 #: on every claim; ``strict`` zipping would catch a mismatch.
@@ -99,6 +105,7 @@ def claim_sql(
     namespace: str = "",
     paused: bool = False,
     limited: bool = False,
+    template: str = _CLAIM_SQL,
 ) -> str:
     """``_CLAIM_SQL`` with the filters in use (named parameters, see ``_claim_pg``),
     for database ``db`` (default: the job table's) and ``namespace`` (a literal:
@@ -106,7 +113,8 @@ def claim_sql(
     limits, and the statement leases none of their rows (the limits gate,
     ``gates.limits.ConcurrencyGate``, admits them). Built once per set of
     arguments: every claim asks, and formatting the text was 1% of a worker's
-    CPU in a drain of short jobs."""
+    CPU in a drain of short jobs. ``template``: another statement holding
+    ``_CLAIM_CTES`` (``store.wave``'s), rendered the same way."""
     connection = connections[db or db_alias()]
     filters = ""
     if queues:
@@ -115,7 +123,7 @@ def claim_sql(
         filters += " AND NOT (id = ANY(%(exclude)s))"
     if paused:
         filters += PAUSED_FILTER_SQL
-    return job_sql(connection, _CLAIM_SQL).format(
+    return job_sql(connection, template).format(
         fields=", ".join(CLAIM_FIELDS),
         filters=filters,
         namespace=namespace_literal(namespace),
@@ -158,10 +166,19 @@ def claim_pg(
     with hot_cursor(connections[db]) as cursor:
         cursor.execute(sql, params)
         records = cursor.fetchall()
+    return claimed_rows(records)
+
+
+def claimed_rows(
+    records: Sequence[Sequence[Any]], skip: int = 0
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """``CLAIMED_ROWS_SQL``'s records as (rows leased, rows only locked), each a
+    dict of ``CLAIM_FIELDS`` and ``db_now``, its JSON decoded. ``skip``: columns
+    ahead of them in each record (``store.wave``'s)."""
     leased: list[dict[str, Any]] = []
     locked: list[dict[str, Any]] = []
     for record in records:
-        row = dict(zip(_CLAIM_COLUMNS, record, strict=True))
+        row = dict(zip(_CLAIM_COLUMNS, record[skip:] if skip else record, strict=True))
         for name in _JSON_FIELDS:
             text = row[name]
             if isinstance(text, str):

@@ -1,0 +1,164 @@
+"""A worker's whole wave as one statement: its successes, the claim that refills
+their slots, in one round trip and one implicit transaction.
+
+A wave written as a transaction takes four round trips (``BEGIN``, the
+successes' ``UPDATE``, the claim, ``COMMIT``), and between them the server
+session sits idle in a transaction while the worker waits for a CPU: behind
+a pooler in transaction mode, 50 busy processes kept 18 of 20 pool sessions
+idle that way (docs/performance.md, "Fleet"). Here the fenced finish of
+``store.finish`` (with its usage records) and the fused claim of
+``sources.fused_pg`` are data-modifying CTEs of one statement, sent in
+autocommit: PostgreSQL runs it as its own transaction, so both commit
+together, or neither, as in ``BatchCompleter.write_wave``'s transaction.
+
+It is the plain case only, and the caller (``runtime.completer``) knows when
+that is: no success of the wave holds a partition key (a freed key needs its
+lock before the finish and a promotion after it), no placement, no queue
+limits, no concurrency group waiting, no staging due. The claim leases the
+unkeyed candidates only, exactly as the fused claim's first round does;
+keyed candidates (a partition, a concurrency or rate limit) are only locked,
+and those locks end with the statement, so the result says how many were
+passed (``WaveResult.passed``), for the caller to claim them through the
+gates in a transaction of their own. The CTEs share one snapshot: the claim
+does not see the finish's rows (running, never pending), and nothing in the
+plain case depends on it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+
+from django.db import connections, transaction
+
+from .base import hot_cursor, job_sql
+from .finish import _FINISH_MANY_SQL, FINISHED_USAGE_ROWS, finish_params
+from .leasing import claimed_job
+from .partitions import lock_partitions, partitions_promote
+from .sources.fused_pg import _CLAIM_CTES, CLAIMED_ROWS_SQL, claim_sql, claimed_rows
+from .types import ClaimedJob, Lease
+from .usage import UsageEntry, usage_insert_sql
+
+#: The wave: ``done`` (the fenced finish, returning its winners), ``recorded``
+#: (their usage records), then the claim's CTEs; one row per candidate, the
+#: winners and the keys they freed on every row, and one row (the candidate's
+#: columns NULL) when the claim found none. ``{recorded}`` is empty without
+#: usage records.
+_WAVE_SQL = """
+WITH done AS ({finish}){recorded},{claim}
+SELECT w.won, w.freed, c.*
+FROM (
+    SELECT array_agg(id) AS won,
+        array_agg(DISTINCT partition_key) FILTER (WHERE partition_key IS NOT NULL) AS freed
+    FROM done
+) AS w LEFT JOIN ({claimed}) AS c ON true
+ORDER BY c.priority DESC, c.run_after, c.id
+"""
+#: The wave without a claim (no slot to fill).
+_FINISH_ONLY_SQL = """
+WITH done AS ({finish}){recorded}
+SELECT array_agg(id) AS won,
+    array_agg(DISTINCT partition_key) FILTER (WHERE partition_key IS NOT NULL) AS freed
+FROM done
+"""
+_RENDERED: dict[tuple[str, bool, bool], str] = {}
+
+
+@dataclass(frozen=True, slots=True)
+class WaveClaim:
+    """What the wave's claim takes: up to ``limit`` jobs for ``worker_id``."""
+
+    worker_id: str
+    limit: int
+    lease_seconds: float
+    namespace: str = ""
+    queues: Sequence[str] = ()
+    #: Paused queues among those served (``flow.claimable_queues``).
+    paused: Sequence[str] = ()
+
+
+@dataclass(slots=True)
+class WaveResult:
+    """What the wave's statement did, once it committed."""
+
+    won: set[int] = field(default_factory=set)
+    claimed: list[ClaimedJob] = field(default_factory=list)
+    #: Candidates the claim locked but could not lease (keyed: the gates decide).
+    passed: int = 0
+
+
+def _template(connection: Any, usage: bool, claim: bool) -> str:
+    key = (connection.alias, usage, claim)
+    sql = _RENDERED.get(key)
+    if sql is None:
+        recorded = ""
+        if usage:
+            insert = usage_insert_sql(connection, FINISHED_USAGE_ROWS).strip()
+            recorded = f",\nrecorded AS ({insert})"
+        sql = (_WAVE_SQL if claim else _FINISH_ONLY_SQL).format(
+            finish=job_sql(connection, _FINISH_MANY_SQL).strip(),
+            recorded=recorded,
+            claim=_CLAIM_CTES,
+            claimed=CLAIMED_ROWS_SQL.strip(),
+        )
+        _RENDERED[key] = sql
+    return sql
+
+
+def jobs_finish_many_and_claim(
+    results: Sequence[tuple[Lease, Any]],
+    *,
+    db: str,
+    claim: WaveClaim | None,
+    usage: Mapping[int, UsageEntry] | None = None,
+) -> WaveResult:
+    """running -> succeeded for ``results`` (fenced, with the winners' ``usage``) and
+    the claim of ``claim.limit`` unkeyed jobs, in one statement on PostgreSQL.
+
+    Run outside a transaction, it is one: the successes and the leases commit
+    together. ``results`` must hold no partitioned job (see the module); a
+    winner whose lease did not carry its key has its partition promoted after
+    the commit, under the key's lock.
+    """
+    connection = connections[db]
+    template = _template(connection, bool(usage), claim is not None and claim.limit > 0)
+    params = finish_params(results, usage)
+    if claim is not None and claim.limit > 0:
+        sql = claim_sql(
+            queues=bool(claim.queues),
+            exclude=False,
+            db=db,
+            namespace=claim.namespace,
+            paused=bool(claim.paused),
+            template=template,
+        )
+        params.update(
+            window=claim.limit,
+            lease=claim.limit,
+            worker_id=claim.worker_id,
+            lease_seconds=claim.lease_seconds,
+            queues=list(claim.queues),
+            paused=list(claim.paused),
+        )
+    else:
+        sql = job_sql(connection, template)
+    with hot_cursor(connection) as cursor:
+        cursor.execute(sql, params)
+        records = cursor.fetchall()
+    won, freed = records[0][0], records[0][1]
+    result = WaveResult(won=set(won or ()))
+    if claim is not None and claim.limit > 0 and records[0][2] is not None:
+        leased, locked = claimed_rows(records, skip=2)
+        result.passed = len(locked)
+        if leased:
+            now: datetime = leased[0]["db_now"]
+            result.claimed = [
+                claimed_job(row, claim.worker_id, now, claim.namespace) for row in leased
+            ]
+    if freed:  # a lease built without its key: promote after the commit, under the lock
+        with transaction.atomic(using=db):
+            lock_partitions(db, set(freed))
+            partitions_promote(db, set(freed), results[0][0].namespace)
+    return result

@@ -1,0 +1,156 @@
+"""The wave as one statement (``store.wave``): a worker's successes, their usage
+records and the claim that refills their slots, in one round trip that is
+its own transaction.
+
+What must hold is what holds for the wave written as a transaction
+(``jobs_finish_many_if_leased`` then ``jobs_claim``): each success fenced by
+its lease, a record for each winner only, the claim in claim order with the
+very lease ``jobs_claim`` writes, and no keyed job leased without the gates
+(its lock ends with the statement: it is passed, for the caller to claim
+through the gates).
+"""
+
+from __future__ import annotations
+
+import pytest
+from django.db import connection
+from django.test.utils import CaptureQueriesContext
+
+from django_dispatch import cancel, store
+from django_dispatch.core.states import JobState
+from django_dispatch.models import Job, JobUsage
+from django_dispatch.runtime import metering
+from django_dispatch.store.types import CLAIM_FIELDS
+from django_dispatch.store.usage import UsageEntry
+from django_dispatch.store.wave import WaveClaim, jobs_finish_many_and_claim
+from tests.conftest import postgres_only
+from tests.testapp import tasks
+
+pytestmark = [pytest.mark.django_db(transaction=True), postgres_only]
+
+DB = "default"
+WORKER = "w-one-statement"
+
+
+def _claim(limit: int) -> list[store.ClaimedJob]:
+    return store.jobs_claim(worker_id=WORKER, queues=(), limit=limit, lease_seconds=30)
+
+
+def _usage(claimed: list[store.ClaimedJob]) -> dict[int, UsageEntry]:
+    entries = {}
+    for c in claimed:
+        metering.start(c.id, thread_cpu=True).stop()
+        entries[c.id] = metering.entry(c, "succeeded")
+        metering.forget(c.id, metering.METERS.get(c.id))
+    return entries
+
+
+def test_one_statement_finishes_fenced_records_winners_and_claims_in_order():
+    for i in range(3):
+        tasks.add.enqueue(i, i)
+    running = _claim(3)
+    assert len(running) == 3
+    assert cancel(str(running[1].id))  # its fence must fail: no success, no record
+    low = [int(tasks.add.using(priority=-5).enqueue(i, 0).id) for i in range(3)]
+    high = int(tasks.add.using(priority=10).enqueue(0, 1).id)
+    keyed = int(tasks.add.using(partition_key="K", priority=20).enqueue(0, 2).id)
+    results = [(c.lease, c.id * 10) for c in running]
+    with CaptureQueriesContext(connection) as queries:
+        wave = jobs_finish_many_and_claim(
+            results,
+            db=DB,
+            claim=WaveClaim(WORKER, 3, 30.0),
+            usage=_usage(running),
+        )
+    assert [q["sql"] for q in queries.captured_queries if q["sql"] in ("BEGIN", "COMMIT")] == []
+    assert len(queries.captured_queries) == 1  # one round trip, its own transaction
+    assert not connection.in_atomic_block
+    winners = {running[0].id, running[2].id}
+    assert wave.won == winners
+    for job_id in winners:
+        job = Job.objects.get(pk=job_id)
+        assert (job.state, job.return_value, job.lease_expires_at) == (
+            JobState.SUCCEEDED,
+            job_id * 10,
+            None,
+        )
+    assert Job.objects.get(pk=running[1].id).state == JobState.CANCELLED
+    recorded = sorted(JobUsage.objects.values_list("job_id", "outcome", "worker_id"))
+    assert recorded == sorted((i, "succeeded", WORKER) for i in winners)
+    # The window is the free slots, in claim order; its keyed head was locked,
+    # not leased (the caller claims it through the gates, in a transaction).
+    assert [c.id for c in wave.claimed] == [high, low[0]]
+    assert wave.passed == 1
+    pending = Job.objects.filter(state=JobState.PENDING).values_list("id", flat=True)
+    assert sorted(pending) == sorted([keyed, low[1], low[2]])
+    for claimed in wave.claimed:  # the lease as written, as jobs_claim's rows say it
+        job = Job.objects.get(pk=claimed.id)
+        assert job.state == JobState.RUNNING
+        assert (job.worker_id, job.lease_epoch) == (WORKER, claimed.lease.epoch)
+        row = claimed.row
+        assert (row["attempts"], row["worker_ids"]) == (job.attempts, job.worker_ids)
+        assert (row["started_at"], row["lease_epoch"]) == (job.started_at, job.lease_epoch)
+        assert claimed.claimed_at == job.last_attempted_at
+        assert claimed.lease.partition_key is None
+
+
+def test_each_claimed_row_is_the_row_as_its_lease_left_it():
+    """What the task runs from is what the table holds once the statement committed
+    (``leasing.claimed_job`` applies the lease to the values read before it)."""
+    for p in (1, 3, 2):
+        tasks.add.using(priority=p).enqueue(p, 0)
+    wave = jobs_finish_many_and_claim([], db=DB, claim=WaveClaim(WORKER, 2, 30.0))
+    assert (wave.won, wave.passed, len(wave.claimed)) == (set(), 0, 2)
+    for claimed in wave.claimed:
+        stored = Job.objects.values(*CLAIM_FIELDS).get(pk=claimed.id)
+        assert {name: claimed.row[name] for name in CLAIM_FIELDS} == stored
+    assert [c.row["priority"] for c in wave.claimed] == [3, 2]
+
+
+def test_a_wave_without_free_slots_only_finishes():
+    tasks.add.enqueue(1, 1)
+    (claimed,) = _claim(1)
+    tasks.add.enqueue(2, 2)  # pending, and must stay so: no slot was asked for
+    wave = jobs_finish_many_and_claim(
+        [(claimed.lease, None)], db=DB, claim=WaveClaim(WORKER, 0, 30.0)
+    )
+    assert (wave.won, wave.claimed, wave.passed) == ({claimed.id}, [], 0)
+    assert Job.objects.filter(state=JobState.PENDING).count() == 1
+    assert JobUsage.objects.count() == 0  # none handed over, none written
+
+
+def test_paused_queues_and_served_queues_are_filtered():
+    tasks.echo.enqueue("emails")  # queue "emails", priority 5
+    plain = int(tasks.add.enqueue(1, 1).id)
+    paused = jobs_finish_many_and_claim(
+        [], db=DB, claim=WaveClaim(WORKER, 5, 30.0, paused=["emails"])
+    )
+    assert [c.id for c in paused.claimed] == [plain]
+    served = jobs_finish_many_and_claim(
+        [], db=DB, claim=WaveClaim(WORKER, 5, 30.0, queues=["default"])
+    )
+    assert served.claimed == []  # the only job left is in "emails"
+
+
+def test_a_worker_drains_keyed_and_plain_jobs_in_order_with_one_statement_waves():
+    """A worker's waves go through the one statement while nothing keyed is about,
+    and through the gates once keyed jobs appear: each key's jobs still run one
+    at a time, oldest first, and every job runs once."""
+    from django_dispatch.testing import drain
+    from tests.testapp.models import Execution
+
+    plain = [f"plain-{i}" for i in range(40)]
+    for key in plain:
+        tasks.record.enqueue(key)
+    keyed = {k: [f"{k}-{i}" for i in range(5)] for k in ("A", "B")}
+    for i in range(5):
+        for k, keys in keyed.items():
+            tasks.record.using(partition_key=k).enqueue(keys[i])
+    with CaptureQueriesContext(connection) as queries:
+        assert drain(concurrency=4) == 50
+    ran = list(Execution.objects.order_by("id").values_list("key", flat=True))
+    assert sorted(ran) == sorted([*plain, *keyed["A"], *keyed["B"]])
+    for keys in keyed.values():
+        assert [k for k in ran if k in keys] == keys  # FIFO within the partition
+    waves = [q["sql"] for q in queries.captured_queries if "WITH done AS" in q["sql"]]
+    assert waves, "no wave went through the one statement"
