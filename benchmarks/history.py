@@ -1,6 +1,7 @@
 """History at scale: the operator's reads and the retention purge next to millions of finished jobs.
 
-One throwaway PostgreSQL server (``pgserver.PgServer``), one database, four tables states:
+One throwaway PostgreSQL server (``pgserver.PgServer``), four states of the tables, each a
+database of its own:
 
 * **empty**: the tables just migrated;
 * **page**: one page of rows and no history: 100 failed jobs of one queue and
@@ -19,10 +20,11 @@ per table, ids growing with time as the site's would, with the job table's
 secondary indexes dropped meanwhile and built again after (as a restore
 would), then ``VACUUM ANALYZE``. Each read (the admin's job and dead letter
 lists, the console, the list functions, ``dispatch_status``) is timed warm,
-median of ``--runs``, at each state; the target is the history's time within
-2x of the empty table's, and the report sets it beside the page's (a list
-read on the empty table returns nothing) and the current table's (the same
-live work without the history).
+median of ``--runs``, at each state, interleaved (each run at every state in
+turn, so that the machine's load moves them alike); the target is the
+history's time within 2x of the empty table's, and the report sets it beside
+the page's (a list read on the empty table returns nothing) and the current
+table's (the same live work without the history).
 
 Then the purge: a worker (``rundispatch``, its own retention off) drains a
 backlog of no-op jobs while ``dispatch_purge`` deletes the history past
@@ -60,6 +62,8 @@ SETTINGS = "benchproject.settings_history"
 SPAN_DAYS = 30
 QUEUES = ["default", "emails", "reports", "billing", "exports"]
 TASKS = [f"bench.history.task_{n:02d}" for n in range(20)]
+#: The tables' states, each a database: see the module's docstring.
+STATES = ["empty", "page", "current", "history"]
 #: Rows of one page of the admin's lists and of the list functions.
 PER_PAGE = 100
 #: Pseudo-random 0..999 from the row number (multiplicative hashing), one per column.
@@ -267,14 +271,6 @@ def fill_page(count: int) -> None:
     execute(sql, params)
 
 
-def empty_tables() -> None:
-    """The page's rows gone again (``TRUNCATE``), before the current state is made."""
-    from django_dispatch.models import DeadLetter, Job, WorkflowRun
-
-    tables = ", ".join(m._meta.db_table for m in (DeadLetter, Job, WorkflowRun))
-    execute(f"TRUNCATE {tables} CASCADE")
-
-
 def fill_current(rows: int, live: int) -> int:
     """The live backlog and the last hour's finished jobs; returns the recent rows' count."""
     from django_dispatch.models import Job, WorkflowRun
@@ -408,24 +404,48 @@ def reads() -> dict[str, Callable[[], object]]:
     }
 
 
-def time_reads(runs: int) -> dict[str, dict]:
-    """Median and max of ``runs`` warm calls of each read, in milliseconds; and what
-    the counts answered (the estimate above ``COUNT_EXACT_MAX``)."""
-    found = {}
-    for name, read in reads().items():
-        for _ in range(2):  # warm: plans cached, pages in shared buffers
-            answer = read()
-        took = []
+def use_database(name: str) -> None:
+    """Point Django's default connection at the server's database ``name`` (a state)."""
+    from django.db import connections
+
+    connection = connections["default"]
+    connection.close()
+    connection.settings_dict["NAME"] = name
+
+
+def time_reads(runs: int) -> dict[str, dict[str, dict]]:
+    """By state, each read's median and max of ``runs`` warm calls, in milliseconds,
+    and what the counts answered (the estimate above ``COUNT_EXACT_MAX``).
+
+    Interleaved: each run of a read is timed at every state in turn, after one
+    untimed call there (the connection is opened again at each switch)."""
+    by_state = {}
+    for state in STATES:
+        use_database(state)
+        by_state[state] = reads()  # a user and a session in each database
+    took: dict[str, dict[str, list[float]]] = {s: {} for s in STATES}
+    answers: dict[str, object] = {}
+    for name in by_state[STATES[0]]:
         for _ in range(runs):
-            started = time.perf_counter()
-            read()
-            took.append((time.perf_counter() - started) * 1000)
-        found[name] = {
-            "median_ms": statistics.median(took),
-            "max_ms": max(took),
-            "answer": answer if isinstance(answer, int) else None,
+            for state in STATES:
+                use_database(state)
+                read = by_state[state][name]
+                answers[state, name] = read()  # warm: connection, plans, buffers
+                started = time.perf_counter()
+                read()
+                took[state].setdefault(name, []).append((time.perf_counter() - started) * 1000)
+    use_database("history")
+    return {
+        state: {
+            name: {
+                "median_ms": statistics.median(times),
+                "max_ms": max(times),
+                "answer": answers[state, name] if isinstance(answers[state, name], int) else None,
+            }
+            for name, times in took[state].items()
         }
-    return found
+        for state in STATES
+    }
 
 
 # --- the purge against the claims --------------------------------------------------------------
@@ -527,8 +547,9 @@ def render(args, info: dict, timings: dict[str, dict], purge: dict) -> str:
         *[f"- {k}: {v}" for k, v in info.items()],
         "",
         "Warm reads, median of "
-        f"{args.runs} (ms). *empty*: the tables just migrated; *page*: one page of rows "
-        f"and no history ({PER_PAGE} failed jobs of one queue and task, their dead letters, "
+        f"{args.runs}, interleaved across the states (ms). *empty*: the tables just "
+        "migrated; *page*: one page of rows and no history "
+        f"({PER_PAGE} failed jobs of one queue and task, their dead letters, "
         f"{PER_PAGE} stuck workflow runs: every list read shows a full page); *current*: "
         f"{info['current_rows']} (the live work, no history); *history*: the same plus "
         f"{args.rows:,} finished jobs, their dead letters and {args.rows // 10:,} workflow "
@@ -574,6 +595,7 @@ def main() -> None:
         url = pg.create_database("history")
         django_setup.setup(url, SETTINGS)
         from django.conf import settings
+        from django.core.management import call_command
 
         from django_dispatch import __version__
 
@@ -586,26 +608,35 @@ def main() -> None:
             "machine": f"{platform.machine()}, {os.cpu_count()} CPUs",
             "postgresql": json.dumps(pg.settings()),
             "DISPATCH": json.dumps(settings.DISPATCH),
+            "load average at the start (1, 5, 15 min)": " ".join(
+                f"{x:.2f}" for x in os.getloadavg()
+            ),
         }
-        timings = {"empty": time_reads(args.runs)}
-        log("empty: timed")
+        # Each state is a database of its own on the server, so that the reads
+        # are timed interleaved (each run of a read at every state in turn): a
+        # machine whose load changes between states moves them all alike.
+        for state in STATES[:-1]:
+            pg.create_database(state)
+            use_database(state)
+            call_command("migrate", verbosity=0)
+        use_database("page")
         fill_page(PER_PAGE)
         vacuum_analyze()
-        timings["page"] = time_reads(args.runs)
-        log("page: timed")
-        empty_tables()
+        use_database("current")
         recent = fill_current(args.rows, args.live)
-        info["current_rows"] = f"{args.live:,} live jobs and {recent:,} finished in the last hour"
         vacuum_analyze()
-        timings["current"] = time_reads(args.runs)
-        log("current: timed; filling the history")
+        use_database("history")
+        fill_current(args.rows, args.live)
+        info["current_rows"] = f"{args.live:,} live jobs and {recent:,} finished in the last hour"
+        log("empty, page, current: made; filling the history")
         fill_history(args.rows, recent)
         vacuum_analyze()
         log(f"history: filled in {time.monotonic() - started:.0f} s; timing")
-        timings["history"] = time_reads(args.runs)
+        timings = time_reads(args.runs)
         log("history: timed; the purge against the claims")
         purge = purge_against_claims(args)
         info["took"] = f"{time.monotonic() - started:.0f} s"
+        info["load average at the end"] = " ".join(f"{x:.2f}" for x in os.getloadavg())
         report = render(args, info, timings, purge)
     args.output_dir.mkdir(parents=True, exist_ok=True)
     name = f"{datetime.datetime.now(datetime.UTC):%Y-%m-%d}-history"
