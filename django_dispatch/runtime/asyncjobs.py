@@ -12,6 +12,8 @@ runner's own (``jobthreads.JobRunner``): the connection check before task
 code, the lease (the control loop renews it), timeouts and cancellation (the
 coroutine's asyncio task is cancelled), the usage record, the fenced write
 of the outcome, successes written in the control loop's completion wave.
+Per job the loop pays one task and a share of one hop to the sync thread
+(``AsyncJobs`` says how the rest is done once per wave).
 
 Database connections stay bounded: everything synchronous around a job (the
 connection check, ``task_started`` and ``task_finished`` receivers, which
@@ -32,6 +34,7 @@ import asyncio
 import contextlib
 import logging
 import threading
+from collections import deque
 from collections.abc import Callable
 from functools import partial
 from typing import Any, Literal
@@ -40,11 +43,13 @@ from asgiref.sync import sync_to_async
 from django.db import connections
 
 from .. import store
-from ..observability import tracing
+from ..exceptions import JobCancelled
+from ..observability import joblog, tracing
 from . import attempt, metering
 from .connections import ThreadConnections
 from .executor import Outcome
 from .jobthreads import JobRunner
+from .jobthreads import _reset_connections as reset_connections
 from .running import RunningJob
 
 logger = logging.getLogger("django_dispatch.worker")
@@ -58,16 +63,34 @@ async def _sync[T](func: Callable[..., T], *args: Any, **kwargs: Any) -> T:
 
 
 class AsyncJobs:
-    """An event loop on a thread of its own, running the async jobs the control loop hands it."""
+    """An event loop on a thread of its own, running the async jobs the control loop hands it.
+
+    A job's coroutine ends once its success is offered to the completion
+    wave. The wave's commit settles the whole wave in one wake-up of the
+    loop (``_persisted``, ``_settle``); a success nothing observes (no
+    ``task_finished`` receiver, its write won) ends there, without a hop to
+    the sync thread, and no job has a timer of its own: one watchdog
+    (``_overdue``) looks after every success still waiting for its wave.
+    A hop, a timer and a loop wake-up per job were most of its CPU in a drain of short sleeps.
+    """
 
     def __init__(self, runner: JobRunner) -> None:
         self.runner = runner
         self.loop = asyncio.new_event_loop()
         #: The connection bookkeeping of the sync thread (used only there).
         self.conns = ThreadConnections()
-        #: The jobs on the loop, by their asyncio task.
+        #: The jobs on the loop, by their asyncio task (and the hops that end them).
         self.tasks: dict[asyncio.Task[None], RunningJob] = {}
         self.hops = SyncHops(self.loop)
+        #: Successes offered to the wave, by ``id(running)``: the job and when
+        #: (loop time), oldest first, for the watchdog.
+        self.offered: dict[int, tuple[RunningJob, float]] = {}
+        self.watchdog: asyncio.TimerHandle | None = None
+        #: Successes a wave wrote (or failed to), appended by the control loop.
+        self.settled: deque[RunningJob] = deque()
+        self.settle_scheduled = False
+        #: Jobs ended without the sync thread: reset its connections before the next one.
+        self.reset_due = False
         self.thread = threading.Thread(
             target=store.carrying_database(self._main), name="dispatch-async", daemon=True
         )
@@ -92,10 +115,6 @@ class AsyncJobs:
         for running in jobs:
             task = self.loop.create_task(self._run(running), name=f"job-{running.claimed.id}")
             self.tasks[task] = running
-            task.add_done_callback(self._forget)
-
-    def _forget(self, task: asyncio.Task[None]) -> None:
-        self.tasks.pop(task, None)
 
     def stop(self, timeout: float = 5.0) -> None:
         """Wait up to ``timeout`` for jobs still on the loop, then stop it.
@@ -115,6 +134,7 @@ class AsyncJobs:
     async def _drain(self, timeout: float) -> None:
         if self.tasks and timeout > 0:
             await asyncio.wait(set(self.tasks), timeout=timeout)
+        self._forget_done()
         if not self.tasks:
             return
         for task, running in list(self.tasks.items()):
@@ -125,14 +145,19 @@ class AsyncJobs:
             task.cancel()
         await asyncio.wait(set(self.tasks), timeout=1.0)
 
+    def _forget_done(self) -> None:
+        for task in [t for t in self.tasks if t.done()]:
+            del self.tasks[task]
+
     async def _run(self, running: RunningJob) -> None:
-        """One job: the job runner's steps, task code awaited here, and the
-        synchronous steps in two hops to the sync thread (``SyncHops``)."""
+        """One job: the job runner's steps, task code awaited here, the
+        synchronous steps before it in a hop to the sync thread (``SyncHops``);
+        a success ends in the wave (``_offer``), anything else in ``_after``."""
         runner = self.runner
         outcome: Outcome | None = None
         meter: metering.Meter | None = None
-        #: What ``_after`` does with the outcome: "write" it, report the "wave"
-        #: that wrote it, or nothing ("done": already written).
+        #: What ``_after`` does with the outcome: "write" it, or nothing
+        #: ("done": already written); "wave": the wave settles it (``_settle``).
         then: After = "write"
         try:
             if not runner.register(running):  # in the loop's thread: timeouts find it started
@@ -148,18 +173,24 @@ class AsyncJobs:
             else:
                 outcome = await self._attempt(running, prepared)
             runner.ran(running, meter)
-            if await self._in_wave(running, outcome):
+            if self._offer(running, outcome, meter):
                 then = "wave"
         except Exception as e:
             outcome, then = await self.hops.run(runner.unexpected, running, e), "done"
         finally:
-            with contextlib.suppress(Exception):
-                await self.hops.run(self._after, running, outcome, meter, then)
+            try:
+                if then != "wave":
+                    await self._end(running, outcome, meter, then)
+            finally:
+                self._forget(asyncio.current_task())
 
     def _before(
         self, running: RunningJob
     ) -> tuple[metering.Meter | None, Outcome | attempt.Prepared | None]:
         """On the sync thread: ``JobRunner.begin``, then ``attempt.prepare``."""
+        if self.reset_due:  # jobs that ended on the loop (``_settle``) left them as they were
+            self.reset_due = False
+            reset_connections()
         meter = self.runner.begin(running, self.conns)
         if meter is None:
             return None, None
@@ -193,9 +224,7 @@ class AsyncJobs:
             outcome = prepared
         else:
             try:
-                value = await attempt.run_async(
-                    prepared.task, prepared.args, prepared.kwargs, prepared.timeout, running
-                )
+                value = await _call(prepared, running)
             except BaseException as e:
                 # ``conclude`` may look at the connection that broke under the task:
                 # that is the sync thread's.
@@ -206,28 +235,119 @@ class AsyncJobs:
                 outcome = attempt.conclude(claimed, running, prepared, value=value)
         return self.runner.finish_attempt(running, outcome)
 
-    async def _in_wave(self, running: RunningJob, outcome: Outcome) -> bool:
-        """A success joins the control loop's completion wave; await it without a thread.
+    # --- the completion wave ------------------------------------------------
 
-        False when the outcome is not a success or the wave was not written
-        within about a lease (the control loop is stuck): ``_after`` writes the
-        outcome itself, fenced, as a job thread does (and when the wave failed).
+    def _offer(self, running: RunningJob, outcome: Outcome, meter: metering.Meter) -> bool:
+        """A success joins the control loop's completion wave; the job's task ends.
+
+        False when the outcome is not a success: ``_after`` writes it. The wave's
+        commit settles it (``_settle``); if that takes longer than about a lease
+        (the control loop is stuck), the watchdog writes it (``_overdue``), fenced.
         """
-        written = self.loop.create_future()
-
-        def persisted() -> None:  # on the control loop's thread
-            self.loop.call_soon_threadsafe(_resolve, written)
-
-        running.on_persisted = persisted
+        if outcome.kind != "succeeded":
+            return False
+        running.meter = meter
+        running.on_persisted = partial(self._persisted, running)
+        self.offered[id(running)] = (running, self.loop.time())
         if not self.runner.completer.offer(running, outcome):
+            del self.offered[id(running)]
             return False
-        if running.persisted:
-            _resolve(written)
-        try:
-            await asyncio.wait_for(written, timeout=self.runner.completer.wait_seconds)
-        except TimeoutError:
-            return False
+        if self.watchdog is None:
+            self.watchdog = self.loop.call_later(self.runner.completer.wait_seconds, self._overdue)
         return True
+
+    def _persisted(self, running: RunningJob) -> None:
+        """On the control loop, once the wave is written or failed: one wake-up
+        of the event loop for the whole wave, not one per job."""
+        self.settled.append(running)
+        if not self.settle_scheduled:
+            self.settle_scheduled = True
+            with contextlib.suppress(RuntimeError):  # the loop is closed: nothing to settle
+                self.loop.call_soon_threadsafe(self._settle)
+
+    def _settle(self) -> None:
+        """On the loop: end each job of the waves written since the last call.
+
+        A won success nothing observes ends here; the others (``task_finished``
+        to send, a lost write to let go of, a failed wave to write one by one)
+        take a hop to the sync thread (``_after``).
+        """
+        self.settle_scheduled = False  # before reading: a later append schedules again
+        quiet: list[RunningJob] = []
+        while self.settled:
+            running = self.settled.popleft()
+            if self.offered.pop(id(running), None) is None:
+                continue  # the watchdog gave up on its wave: ``_after`` wrote it
+            outcome = running.finished
+            assert outcome is not None
+            if running.won and outcome.task_result is None:
+                joblog.finished(running.claimed, "succeeded")
+                quiet.append(running)
+            else:
+                self._finish(running, outcome, "wave")
+        if quiet:
+            self._end_quietly(quiet)
+
+    def _end_quietly(self, jobs: list[RunningJob]) -> None:
+        """``JobRunner.end`` of successes the wave wrote, without the sync thread:
+        its connections are reset before the next job's code (``_before``)."""
+        for running in jobs:
+            metering.forget(running.claimed.id, running.meter)
+        slots = self.runner.slots
+        with slots.lock:
+            for running in jobs:
+                job_id = running.claimed.id
+                slots.threads.pop(job_id, None)
+                slots.lingering.pop(job_id, None)
+        self.reset_due = True
+        self.conns.done()  # read by ``ready_for_task``: the thread is busy, not idle
+
+    def _overdue(self) -> None:
+        """The watchdog: successes whose wave was not written within about a
+        lease are written one by one; then it waits for the next oldest."""
+        self.watchdog = None
+        wait = self.runner.completer.wait_seconds
+        now = self.loop.time()
+        for key, (running, offered_at) in list(self.offered.items()):
+            if now - offered_at < wait:  # the oldest first: the rest are younger
+                self.watchdog = self.loop.call_later(offered_at + wait - now, self._overdue)
+                return
+            del self.offered[key]
+            assert running.finished is not None
+            self._finish(running, running.finished, "write")
+
+    def _finish(self, running: RunningJob, outcome: Outcome, then: After) -> None:
+        """``_after`` in a task of its own, which ``stop`` waits for like a job."""
+        task = self.loop.create_task(self._end(running, outcome, running.meter, then))
+        self.tasks[task] = running
+        task.add_done_callback(self._forget)
+
+    async def _end(
+        self, running: RunningJob, outcome: Outcome | None, meter: Any, then: After
+    ) -> None:
+        with contextlib.suppress(Exception):
+            await self.hops.run(self._after, running, outcome, meter, then)
+
+    def _forget(self, task: asyncio.Task[Any] | None) -> None:
+        if task is not None:
+            self.tasks.pop(task, None)
+
+
+async def _call(prepared: attempt.Prepared, running: RunningJob) -> Any:
+    """The task function, awaited: ``attempt.run_async`` without its timer when
+    the task has no timeout (an ``asyncio.timeout`` per job is measurable)."""
+    if prepared.timeout is not None:
+        return await attempt.run_async(
+            prepared.task, prepared.args, prepared.kwargs, prepared.timeout, running
+        )
+    running._loop = asyncio.get_running_loop()
+    running._atask = asyncio.current_task()
+    try:
+        if running.cancel_event.is_set():
+            raise JobCancelled(f"job {running.claimed.id} was cancelled before it started")
+        return await prepared.task.func(*prepared.args, **prepared.kwargs)
+    finally:
+        running._loop = running._atask = None
 
 
 class SyncHops:
@@ -277,8 +397,3 @@ def _run_steps(steps: list[Callable[[], Any]]) -> list[tuple[bool, Any]]:
         except BaseException as e:  # the job's own failure, not the hop's
             results.append((False, e))
     return results
-
-
-def _resolve(future: asyncio.Future[None]) -> None:
-    if not future.done():
-        future.set_result(None)

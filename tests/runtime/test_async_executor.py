@@ -10,13 +10,13 @@ import signal
 import pytest
 from django.db import connection
 
-from django_dispatch import cancel
+from django_dispatch import cancel, enqueue_many
 from django_dispatch.compat import TaskResultStatus
 from django_dispatch.models import Job
 from django_dispatch.states import JobState
 from django_dispatch.testing import drain
-from tests.conftest import wait_until
-from tests.testapp import async_tasks
+from tests.conftest import ON_POSTGRES, wait_until
+from tests.testapp import async_tasks, tasks
 from tests.testapp.models import Execution
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -163,3 +163,30 @@ def test_a_worker_with_many_async_slots_does_not_hoard_sync_jobs(start_worker):
     assert Job.objects.filter(pk__in=ids, state=JobState.SUCCEEDED).count() == 60
     # One thread + the first claim's probe of the loop (a quarter of 50) at most.
     assert most <= 1 + 13, most
+
+
+def test_two_processes_drain_a_mixed_backlog_each_job_once(start_worker):
+    """``rundispatch --processes 2`` with async slots: a backlog of async and sync
+    jobs, interleaved, drains; each job runs once, both processes take part, and
+    each kind runs where it belongs (the event loop, the job threads)."""
+    n = 300 if ON_POSTGRES else 60
+    enqueued: dict[str, list[str]] = {"async": [], "sync": [], "record": []}
+    for start in range(0, n, 10):
+        enqueued["async"] += enqueue_many(
+            async_tasks.sleeps, [((0.02, f"async-{i}"), {}) for i in range(start, start + 10)]
+        )
+        enqueued["sync"] += enqueue_many(
+            async_tasks.sync_window, [((0.001,), {}) for _ in range(start, start + 10)]
+        )
+        enqueued["record"] += enqueue_many(tasks.record, [((f"sync-{start}",), {})])
+    worker = start_worker(
+        "--processes", "2", "--concurrency", "2", "--async-concurrency", "50", "--burst"
+    )
+    assert worker.wait(180) == 0, worker.output()
+    jobs = Job.objects.filter(pk__in=[i for kind in enqueued.values() for i in kind])
+    assert {(j.state, j.attempts) for j in jobs} == {(JobState.SUCCEEDED, 1)}, worker.output()
+    assert Execution.objects.filter(key__startswith="async-").count() == n
+    assert Execution.objects.filter(key__startswith="sync-").count() == n // 10
+    assert Execution.objects.values("worker_pid").distinct().count() == 2
+    windows = [async_tasks.sync_window.get_result(i).return_value for i in enqueued["sync"]]
+    assert {w["thread"] for w in windows} == {"dispatch-job"}
