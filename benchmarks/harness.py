@@ -296,7 +296,8 @@ def measure_drain(driver: Driver, conn, count: int, logdir: Path) -> dict:
             if first is None and 0 < left < count:
                 first = (done_at, left, cpu())
                 if profiler:
-                    profiler.attach([p.pid for p in workers.procs])
+                    # With ``--processes``, the children run the jobs.
+                    profiler.attach([pid for p in workers.procs for pid in proc.tree(p.pid)])
             sessions = max(sessions, conn.execute(SESSIONS_SQL).fetchone()[0])
         last = cpu()
         peak = workers.peak_rss_mb()

@@ -77,7 +77,11 @@ MODES = {
     "idle": "every thread, waiting or not: wall time, for where jobs wait",
 }
 MODE_FLAGS = {"gil": "--gil", "active": "", "idle": "--idle"}
-JOB_LABELS = {"noop": "no-op jobs", "realistic": "realistic jobs (ORM INSERT + UPDATE each)"}
+JOB_LABELS = {
+    "noop": "no-op jobs",
+    "realistic": "realistic jobs (ORM INSERT + UPDATE each)",
+    "async-sleep": "async sleep jobs (asyncio executor)",
+}
 
 
 def parse_args() -> argparse.Namespace:
@@ -85,6 +89,15 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--jobs", type=int, default=50_000, help="no-op jobs to drain")
     p.add_argument("--realistic", action="store_true", help="also profile a realistic drain")
     p.add_argument("--realistic-jobs", type=int, default=5_000)
+    p.add_argument(
+        "--async-sleep",
+        action="store_true",
+        help="profile a drain of async jobs awaiting asyncio.sleep(--async-sleep-ms) on "
+        "rundispatch --processes W --async-concurrency N instead of the no-op drain",
+    )
+    p.add_argument("--async-sleep-jobs", type=int, default=20_000)
+    p.add_argument("--async-sleep-ms", type=float, default=50.0)
+    p.add_argument("--async-concurrency", type=int, default=200)
     p.add_argument("--workers", type=int, default=2, help="worker processes (W)")
     p.add_argument("--concurrency", type=int, default=8, help="jobs in flight per process (C)")
     p.add_argument(
@@ -152,7 +165,11 @@ def wait_for_quiet(seconds: float, threshold: float = 0.25) -> float:
 
 def profile_drain(args, pg: PgServer, python: str, pyspy: str, job: str, rawdir: Path) -> dict:
     """One drain of ``job`` jobs under py-spy on a fresh database; its driver's result."""
-    jobs = args.jobs if job == "noop" else args.realistic_jobs
+    jobs = {"noop": args.jobs, "realistic": args.realistic_jobs}.get(job, args.async_sleep_jobs)
+    extra = ["--backlog", job]
+    if job == "async-sleep":
+        extra = ["--sleep-ms", repr(args.async_sleep_ms),
+                 "--async-concurrency", str(args.async_concurrency)]  # fmt: skip
     busy = wait_for_quiet(args.quiet_wait)
     run.log(f"profiling a drain of {jobs:,} {JOB_LABELS[job]} (machine {busy:.0%} busy)")
     db = pg.create_database(f"profile_{job}")
@@ -160,7 +177,7 @@ def profile_drain(args, pg: PgServer, python: str, pyspy: str, job: str, rawdir:
            "BENCH_PYSPY_ARGS": shlex.join(pyspy_options(args))}  # fmt: skip
     try:
         result = run.run_driver(python, "dispatch", "drain", db, driver_args(args, jobs),
-                                "--backlog", job, env_extra=env)  # fmt: skip
+                                *extra, env_extra=env)  # fmt: skip
     finally:
         pg.drop_database(f"profile_{job}")
     return {**result, "jobs": jobs, "machine_busy_before": busy}
@@ -246,6 +263,8 @@ def main() -> None:
         what = f"the working tree at {sha}"
     tag = args.tag or sha
     jobs = ["noop", "realistic"] if args.realistic else ["noop"]
+    if args.async_sleep:
+        jobs = ["async-sleep"]
     with PgServer() as pg, tempfile.TemporaryDirectory(prefix="dispatch-profile-") as tmp:
         for job in jobs:
             rawdir = Path(tmp) / job

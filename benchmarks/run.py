@@ -138,6 +138,12 @@ def parse_args() -> argparse.Namespace:
         "--async-concurrency slots per process (#20)",
     )
     p.add_argument("--async-sleep-jobs", type=int, default=10_000)
+    p.add_argument(
+        "--async-baseline-ref",
+        default="",
+        help="also measure this git commit's asyncio executor, as a row of its own next to "
+        "ours in every round (a before/after within one run)",
+    )
     p.add_argument("--async-sleep-ms", type=float, default=50.0)
     p.add_argument(
         "--async-concurrency",
@@ -225,15 +231,18 @@ class Bench:
         self.counter = 0
         self.background: list[float] = []  # CPU busy before each measurement
 
-    def measure(self, system: str, phase: str, *extra: str, **overrides) -> dict:
-        """One phase of one system on a fresh database (dropped afterwards)."""
+    def measure(
+        self, system: str, phase: str, *extra: str, python: str = "", **overrides
+    ) -> dict:
+        """One phase of one system on a fresh database (dropped afterwards); ``python``:
+        another interpreter for it than the system's (an earlier commit of ours)."""
         self.counter += 1
         self.background.append(self.wait_for_quiet())
         name = f"bench_{self.counter}"
         db = self.pg.create_database(name)
         args = argparse.Namespace(**{**vars(self.args), **overrides})
         try:
-            return run_driver(self.pythons[system], system, phase, db, args, *extra)
+            return run_driver(python or self.pythons[system], system, phase, db, args, *extra)
         finally:
             self.pg.drop_database(name)
 
@@ -308,9 +317,9 @@ class Bench:
             ("dispatch [threads]", "dispatch", c, [], {},
              f"rundispatch --concurrency {c}: an async job takes a job thread and a fresh "
              "event loop per attempt"),
-            ("dispatch [asyncio]", "dispatch", a, ["--async-concurrency", str(a)], {},
-             f"rundispatch --concurrency {c} --async-concurrency {a}: async jobs on one "
-             "event loop per process"),
+            (report.ASYNC_OURS, "dispatch", a, ["--async-concurrency", str(a)], {},
+             f"rundispatch --processes {w} --concurrency {c} --async-concurrency {a}: async "
+             "jobs on one event loop per process, sync ones on its job threads"),
             ("pgqueuer [defaults, asyncpg+uvloop]", "pgqueuer", 0,
              ["--config", "defaults, asyncpg+uvloop"], {},
              "QueueManager.run() defaults: batch_size=10, no cap on tasks; asyncpg, uvloop "
@@ -330,14 +339,23 @@ class Bench:
             (f"chancy [async, {a}]", "chancy", a, ["--config", "async"], {"concurrency": a},
              f"Worker(), Queue(concurrency={a}, executor=Async, eager_polling=True)"),
         ]  # fmt: skip
+        if args.async_baseline_ref:  # before/after in one run: right after ours
+            baseline = f"{report.ASYNC_OURS} {args.async_baseline_sha}"
+            rows.insert(2, (baseline, "dispatch", *rows[1][2:]))
         out = []
         for name, system, slots, extra, overrides, config in rows:
+            if name in args.skip:
+                continue
             jobs = args.async_sleep_jobs
             if slots:
                 ceiling = w * slots * 1000 / args.async_sleep_ms  # jobs/s at best
                 jobs = min(jobs, int(ceiling * ASYNC_SLEEP_BUDGET_SECONDS))
+            python = args.async_baseline_python if name.startswith(f"{report.ASYNC_OURS} ") else ""
             out.append({"row": name, "system": system, "jobs": jobs, "extra": extra,
-                        "overrides": overrides, "config": f"{w} processes x {config}"})  # fmt: skip
+                        "overrides": overrides,
+                        "config": config if system == "dispatch" and extra else
+                        f"{w} processes x {config}",
+                        "python": python})  # fmt: skip
         return out
 
     def async_sleep(self) -> dict:
@@ -367,7 +385,8 @@ class Bench:
                 sleep = ["--sleep-ms", repr(args.async_sleep_ms)]
                 try:
                     result = self.measure(row["system"], "drain", *sleep, *row["extra"],
-                                          jobs=row["jobs"], **row["overrides"])  # fmt: skip
+                                          python=row["python"], jobs=row["jobs"],
+                                          **row["overrides"])  # fmt: skip
                 except RuntimeError as e:
                     why = (str(e).strip().splitlines() or ["?"])[-1][:300]
                     unavailable[name] = f"failed: {why}"
@@ -587,6 +606,10 @@ def main() -> None:
         except (RuntimeError, subprocess.CalledProcessError) as e:
             failures[system] = f"could not create its virtualenv: {e}"
             log(failures[system])
+    if args.async_baseline_ref:
+        args.async_baseline_python, args.async_baseline_sha = venvs.dispatch_python(
+            args.async_baseline_ref
+        )
     log(f"systems: {', '.join(pythons)} (peer configurations: {args.peer_configs}); "
         f"jobs={args.jobs} runs={args.runs} "
         f"W={args.workers} C={args.concurrency}")  # fmt: skip

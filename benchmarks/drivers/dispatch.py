@@ -128,13 +128,20 @@ class DispatchDriver(Driver):
         for start in range(0, count, CHUNK):
             enqueue_many(self.tasks.async_sleep, [((), {})] * min(CHUNK, count - start))
 
+    def processes(self, workers: int, concurrency: int) -> int:
+        """The asyncio executor's row: one ``rundispatch --processes W`` (see ``worker_argv``)."""
+        return 1 if self.args.async_concurrency else workers
+
     def worker_argv(self, concurrency: int) -> list[str]:
         argv = [sys.executable, django_setup.manage_py(), "rundispatch",
                 "--concurrency", str(concurrency)]  # fmt: skip
         if self.args.mixed_sizes:
             argv += ["--capacity", f"memory_mb={500 * concurrency}"]
         if self.args.async_concurrency:
-            argv += ["--async-concurrency", str(self.args.async_concurrency)]
+            # As a site runs it: W processes forked by one command, each with its
+            # C job threads for sync jobs beside the event loop.
+            argv += ["--async-concurrency", str(self.args.async_concurrency),
+                     "--processes", str(self.args.workers)]  # fmt: skip
         return argv
 
     def before(self) -> dict:
