@@ -231,9 +231,7 @@ class Bench:
         self.counter = 0
         self.background: list[float] = []  # CPU busy before each measurement
 
-    def measure(
-        self, system: str, phase: str, *extra: str, python: str = "", **overrides
-    ) -> dict:
+    def measure(self, system: str, phase: str, *extra: str, python: str = "", **overrides) -> dict:
         """One phase of one system on a fresh database (dropped afterwards); ``python``:
         another interpreter for it than the system's (an earlier commit of ours)."""
         self.counter += 1
