@@ -34,6 +34,7 @@ PGBOUNCER_TIER = {
     "store/test_partitions.py",
     "store/test_partition_race.py",
     "store/test_scheduler.py",
+    "store/test_atomic_finish.py",
     "runtime/test_workflows.py",
     "acceptance/test_processes.py::test_two_processes_four_threads_run_each_job_exactly_once",
 }

@@ -3,8 +3,9 @@
 ``@task(atomic=True)`` runs its function inside one transaction on the jobs'
 database, on the job thread's connection. When the function returns, the
 success is written in that same transaction: the fenced UPDATE of the job
-(``store.job_finish_if_leased``, which promotes the next job of its
-partition), and the attempt's usage record. If the fence matches no row
+(which promotes the next job of its partition, if it has one), and the
+attempt's usage record; for an unkeyed job on PostgreSQL they go to the
+server with the COMMIT, one round trip (``store.atomic_finish``). If the fence matches no row
 (the job was cancelled, timed out or reclaimed meanwhile), everything rolls
 back. An exception, a cancel or a timeout leaves the transaction by the
 exception first, rolling the body back; the failure is then written as any
@@ -31,6 +32,7 @@ from django.db import DatabaseError, InterfaceError, transaction
 
 from .. import store
 from ..conf import usage_recorded
+from ..store import atomic_finish
 from . import attempt, metering
 from .executor import Outcome
 from .reporter import report_written, signal_finished
@@ -54,7 +56,9 @@ def in_transaction[T](
     re-raised once the transaction has rolled back. ``settle`` must be the
     first thing in the transaction to write or lock the owner's row (the
     job's, the step's): until then, whoever renews or reclaims it never
-    waits for the body.
+    waits for the body. ``settle`` may commit the transaction itself, as its
+    last act, when its write won (an atomic job's success and COMMIT go in
+    one round trip): the block's own commit then has nothing left to do.
     """
     try:
         with transaction.atomic(using=db):
@@ -101,9 +105,11 @@ def execute(claimed: store.ClaimedJob, running: RunningJob, db: str) -> Outcome:
 def write_success(claimed: store.ClaimedJob, outcome: Outcome, db: str) -> bool:
     """Inside the body's transaction: the fenced success and, if it won, its usage record.
 
-    The completion wave's own statement, for a wave of one: on PostgreSQL the
-    fenced UPDATE and the usage record are one statement (and no savepoint),
-    so an atomic job pays one round trip for its success, as a wave does.
+    An unkeyed job on PostgreSQL sends them with the COMMIT, one round trip
+    for the whole success (``store.atomic_finish``), which commits the
+    transaction here: the atomic block's own commit then has nothing left to
+    do. Otherwise the completion wave's statement for a wave of one (a keyed
+    job's partition lock and promotion), committed by the block.
     The meter stops here, so the record measures the body, not the commit.
     """
     meter = metering.METERS.get(claimed.id)
@@ -113,9 +119,10 @@ def write_success(claimed: store.ClaimedJob, outcome: Outcome, db: str) -> bool:
     key = claimed.row["partition_key"]
     if key and lease.partition_key != key:
         lease = dataclasses.replace(lease, partition_key=key)
-    usage = (
-        {claimed.id: metering.entry(claimed, "succeeded")} if usage_recorded("succeeded") else None
-    )
+    entry = metering.entry(claimed, "succeeded") if usage_recorded("succeeded") else None
+    if atomic_finish.fast_path_available(db, lease):
+        return atomic_finish.job_commit_success_if_leased(lease, outcome.return_value, entry, db=db)
+    usage = {claimed.id: entry} if entry is not None else None
     won = store.jobs_finish_many_if_leased([(lease, outcome.return_value)], db=db, usage=usage)
     return claimed.id in won
 
