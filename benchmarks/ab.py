@@ -19,6 +19,12 @@ per variant: jobs per second of the drain and the CPU per job of the worker
 processes and of the whole PostgreSQL server, each less what the same
 variant spends on an empty queue (start-up and shutdown). The server is a
 throwaway one with PostgreSQL's default durability (``pgserver.py``).
+
+``--tasks`` drains other jobs than the no-op, each variant once per task per
+round, e.g. ``--tasks noop,noop_atomic,realistic,realistic_atomic``: the
+atomic check's ratios (``@task(atomic=True)`` against the same job without
+it) of several commits within one run. ``realistic`` jobs each INSERT and
+UPDATE a row of ``bench_order`` through the ORM (``bench.orders``).
 """
 
 from __future__ import annotations
@@ -34,9 +40,15 @@ import time
 from pathlib import Path
 
 import proc
+import psycopg
+from harness import ORDER_TABLE_SQL
 from pgserver import PgServer
 
 BENCH_DIR = Path(__file__).resolve().parent
+TASKS = ("noop", "noop_atomic", "realistic", "realistic_atomic")
+UNFINISHED_SQL = (
+    "SELECT count(*) FROM django_dispatch_job WHERE state NOT IN ('succeeded', 'scheduled')"
+)
 REPO_DIR = BENCH_DIR.parent
 PROJECT_DIR = BENCH_DIR / "dispatch_project"
 #: Put first on the path of every process: it drops the editable install's
@@ -55,10 +67,15 @@ import django
 django.setup()
 from django.core.management import call_command
 call_command("migrate", verbosity=0)
-from bench import tasks
+from bench import atomic_tasks, tasks
+from django.db import connection
 from django_dispatch import enqueue_many
+connection.cursor().execute('''{order_table}''')
+task = {{"noop": tasks.noop, "noop_atomic": atomic_tasks.noop_atomic,
+        "realistic": tasks.realistic, "realistic_atomic": atomic_tasks.realistic_atomic}}[{task!r}]
 for start in range(0, {jobs}, 10_000):
-    enqueue_many(tasks.noop, [((), {{}})] * min(10_000, {jobs} - start))
+    seqs = range(start, min({jobs}, start + 10_000))
+    enqueue_many(task, [((seq,) if "realistic" in {task!r} else (), {{}}) for seq in seqs])
 from datetime import timedelta
 from django.utils import timezone
 later = tasks.noop.using(run_after=timezone.now() + timedelta(days=1))
@@ -99,10 +116,14 @@ def checkout(ref: str, into: Path) -> Path:
     return tree
 
 
-def drain(args: argparse.Namespace, env: dict[str, str], server: PgServer, jobs: int) -> tuple:
-    """One backlog of ``jobs`` drained: (seconds, worker CPU s, server CPU s)."""
+def drain(
+    args: argparse.Namespace, env: dict[str, str], server: PgServer, jobs: int, task: str = "noop"
+) -> tuple:
+    """One backlog of ``jobs`` ``task`` jobs drained: (seconds, worker CPU s, server CPU s)."""
     env = {**env, "DATABASE_URL": server.create_database("ab")}
-    run = [sys.executable, "-c", BACKLOG.format(jobs=jobs, deferred=args.deferred if jobs else 0)]
+    backlog = BACKLOG.format(jobs=jobs, deferred=args.deferred if jobs else 0, task=task,
+                             order_table=ORDER_TABLE_SQL)  # fmt: skip
+    run = [sys.executable, "-c", backlog]
     subprocess.run(run, env=env, cwd=PROJECT_DIR, check=True)
     postmaster = int((server.data / "postmaster.pid").read_text().split()[0])
     server_cpu = proc.cpu_seconds(postmaster, reaped=True)
@@ -117,7 +138,12 @@ def drain(args: argparse.Namespace, env: dict[str, str], server: PgServer, jobs:
     seconds = time.monotonic() - started
     if worker.returncode:
         raise SystemExit(f"rundispatch exited with {worker.returncode}")
-    return seconds, worker_cpu, proc.cpu_seconds(postmaster, reaped=True) - server_cpu
+    server_cpu = proc.cpu_seconds(postmaster, reaped=True) - server_cpu
+    with psycopg.connect(env["DATABASE_URL"]) as conn:  # a burst that ended early: say so
+        left = conn.execute(UNFINISHED_SQL).fetchone()[0]
+    if left:
+        print(f"  warning: {left:,} of {jobs:,} {task} jobs left unfinished", flush=True)
+    return seconds, worker_cpu, server_cpu
 
 
 def environments(variants: list[tuple[str, str, str, str]], tmp: Path) -> dict[str, dict]:
@@ -140,7 +166,8 @@ def environments(variants: list[tuple[str, str, str, str]], tmp: Path) -> dict[s
 
 def report(args: argparse.Namespace, rows: dict[str, list[tuple]], settings: dict) -> None:
     print(
-        f"\n{args.jobs:,} no-op jobs (and {args.deferred:,} deferred by a day), "
+        f"\n{args.jobs:,} jobs of each of {', '.join(args.tasks)} "
+        f"(and {args.deferred:,} no-ops deferred by a day), "
         f"{args.workers} x {args.concurrency}, "
         f"medians of {args.rounds} interleaved rounds; {settings}"
     )
@@ -149,6 +176,14 @@ def report(args: argparse.Namespace, rows: dict[str, list[tuple]], settings: dic
     for label, values in rows.items():
         rate, worker, pg = (statistics.median(column) for column in zip(*values, strict=True))
         print(f"| {label} | {rate:,.0f} | {worker:.3f} | {pg:.3f} |")
+    # The atomic check's ratios, per variant: medians of the per-round ratios
+    # (a round's two drains ran back to back, so drift cancels out of each).
+    for row, values in rows.items():
+        plain = rows.get(row.removesuffix("_atomic"))
+        if row.endswith("_atomic") and plain:
+            ratios = [a[0] / b[0] for a, b in zip(values, plain, strict=True)]
+            print(f"{row} / plain: median per-round ratio {statistics.median(ratios):.2f}x "
+                  f"({', '.join(f'{r:.2f}' for r in ratios)})")  # fmt: skip
 
 
 def main() -> None:
@@ -159,22 +194,31 @@ def main() -> None:
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--concurrency", type=int, default=8)
     parser.add_argument(
+        "--tasks", default="noop",
+        help=f"comma-separated, each drained by every variant every round: {', '.join(TASKS)}",
+    )  # fmt: skip
+    parser.add_argument(
         "--deferred", type=int, default=0,
         help="also enqueue this many no-ops deferred by a day, present through the drain",
     )  # fmt: skip
     args = parser.parse_args()
+    args.tasks = [t.strip() for t in args.tasks.split(",") if t.strip()]
+    if not args.tasks or set(args.tasks) - set(TASKS):
+        parser.error(f"--tasks: choose from {', '.join(TASKS)}, got {args.tasks}")
     variants = [parse_variant(v) for v in args.variants]
     with tempfile.TemporaryDirectory(prefix="dispatch-ab-") as tmp, PgServer() as server:
         envs = environments(variants, Path(tmp))
         idle = {label: drain(args, env, server, 0) for label, env in envs.items()}
-        rows: dict[str, list[tuple]] = {label: [] for label in envs}
+        rows: dict[str, list[tuple]] = {}
         for round_ in range(1, args.rounds + 1):
             for label, env in envs.items():
-                spent = drain(args, env, server, args.jobs)
-                seconds, worker, pg = (a - b for a, b in zip(spent, idle[label], strict=True))
-                rows[label].append((args.jobs / seconds, 1000 * worker / args.jobs,
-                                    1000 * pg / args.jobs))  # fmt: skip
-                print(f"round {round_} {label}: {rows[label][-1][0]:,.0f} jobs/s", flush=True)
+                for task in args.tasks:
+                    row = label if args.tasks == ["noop"] else f"{label} {task}"
+                    spent = drain(args, env, server, args.jobs, task)
+                    seconds, worker, pg = (a - b for a, b in zip(spent, idle[label], strict=True))
+                    rows.setdefault(row, []).append((args.jobs / seconds, 1000 * worker / args.jobs,
+                                                     1000 * pg / args.jobs))  # fmt: skip
+                    print(f"round {round_} {row}: {rows[row][-1][0]:,.0f} jobs/s", flush=True)
         report(args, rows, server.settings())
 
 
