@@ -117,7 +117,9 @@ def job_commit_success_if_leased(
             return False
         raise
     finally:
-        if idle:
+        # Back as Django left it. A connection the statement broke is not
+        # IDLE, refuses the switch, and is closed by the block's end anyway.
+        if idle and raw.info.transaction_status == TransactionStatus.IDLE:
             raw.autocommit = False
     return True
 

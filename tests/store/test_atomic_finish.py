@@ -9,19 +9,22 @@ database afterwards: the body's row, the job's state, the usage record.
 
 from __future__ import annotations
 
+import contextlib
+import threading
 from datetime import UTC, datetime
 
 import pytest
-from django.db import connection, transaction
+from django.db import DatabaseError, connection, connections, transaction
 from django.test.utils import CaptureQueriesContext
 
 from django_dispatch import store
 from django_dispatch.core.states import JobState
 from django_dispatch.models import Job, JobUsage
+from django_dispatch.runtime.connections import lost_connection
 from django_dispatch.store.atomic_finish import fast_path_available, job_commit_success_if_leased
 from django_dispatch.store.types import Lease
 from django_dispatch.store.usage import UsageEntry
-from tests.conftest import ON_POSTGRES, postgres_only
+from tests.conftest import ON_POSTGRES, TEST_DB, postgres_only
 from tests.testapp import tasks
 from tests.testapp.models import SideEffect
 
@@ -156,15 +159,12 @@ def test_a_cancelled_job_is_lost_and_without_a_usage_record_nothing_is_recorded(
 @postgres_only
 def test_an_error_in_the_body_transaction_is_raised_and_commits_nothing():
     claimed = _running()
-    with pytest.raises(Exception, match="current transaction is aborted"):
-        with transaction.atomic():
-            SideEffect.objects.create(key="k", note="body")
-            with connection.cursor() as cursor:  # a raw error the body swallowed
-                try:
-                    cursor.execute("SELECT 1 / 0")
-                except Exception:
-                    pass
-            job_commit_success_if_leased(claimed.lease, None, None, db="default")
+    with pytest.raises(Exception, match="current transaction is aborted"), transaction.atomic():
+        SideEffect.objects.create(key="k", note="body")
+        # A raw error the body swallowed.
+        with connection.cursor() as cursor, contextlib.suppress(Exception):
+            cursor.execute("SELECT 1 / 0")
+        job_commit_success_if_leased(claimed.lease, None, None, db="default")
     assert Job.objects.get(pk=claimed.id).state == JobState.RUNNING
     assert not SideEffect.objects.filter(key="k").exists()
 
@@ -174,3 +174,34 @@ def test_only_unkeyed_jobs_on_postgresql_take_the_one_round_trip_path():
     keyed = Lease(1, WORKER, 1, partition_key="customer-1")
     assert fast_path_available("default", unkeyed) is ON_POSTGRES
     assert fast_path_available("default", keyed) is False
+
+
+def _terminate(pid: int) -> None:
+    """End backend ``pid`` from another thread's connection, as a failover would."""
+
+    def terminate() -> None:
+        try:
+            with connections["default"].cursor() as cursor:
+                cursor.execute("SELECT pg_terminate_backend(%s)", [pid])
+        finally:
+            connections["default"].close()
+
+    thread = threading.Thread(target=terminate)
+    thread.start()
+    thread.join()
+
+
+@postgres_only
+@pytest.mark.skipif(TEST_DB == "pgbouncer", reason="a pooled client has no backend of its own")
+@pytest.mark.parametrize("write", [True, False], ids=["body-wrote", "body-wrote-nothing"])
+def test_a_connection_cut_before_the_success_raises_and_commits_nothing(write):
+    claimed = _running()
+    with pytest.raises(DatabaseError) as raised, transaction.atomic():
+        if write:
+            SideEffect.objects.create(key="k", note="body")
+        _terminate(connection.connection.info.backend_pid)
+        job_commit_success_if_leased(claimed.lease, None, None, db="default")
+    assert lost_connection(raised.value)  # retried as a lost connection, not the job's fault
+    connection.close()
+    assert Job.objects.get(pk=claimed.id).state == JobState.RUNNING
+    assert not SideEffect.objects.filter(key="k").exists()
