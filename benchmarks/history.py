@@ -505,21 +505,34 @@ def purge_against_claims(args: argparse.Namespace) -> dict:
     finally:
         worker.terminate()
         worker.wait(60)
-    without = statistics.median(rates["without"])
+    return summarize(rates, purged, args.pauses, args.window) | {"backlog_left": pending()}
+
+
+def summarize(rates: dict, purged: dict, pauses: list[float], window: float) -> dict:
+    """Each pause's median claim rate, and its ratio to the window without a purge
+    just before each of its windows (the median of those pairs' ratios): the
+    rates drift over the run with the machine's load, so a window is compared
+    with its neighbour, not with the run's median."""
+    without = rates["without"]
+    paired: dict[str, list[float]] = {str(p): [] for p in pauses}
+    for k, before in enumerate(without):
+        pause = str(pauses[k % len(pauses)])
+        after = rates[pause][k // len(pauses)]
+        if before:
+            paired[pause].append(after / before)
     return {
         "rates": rates,
-        "without_per_s": without,
+        "without_per_s": statistics.median(without),
         "with": {
             p: {
-                "per_s": statistics.median(r),
-                "ratio": statistics.median(r) / without if without else None,
-                "deleted_per_s": statistics.median(_deleted(o) for o in purged[p]) / args.window,
+                "per_s": statistics.median(rates[p]),
+                "ratios": paired[p],
+                "ratio": statistics.median(paired[p]) if paired[p] else None,
+                "deleted_per_s": statistics.median(_deleted(o) for o in purged[p]) / window,
             }
-            for p, r in rates.items()
-            if p != "without"
+            for p in paired
         },
         "purge_output": purged,
-        "backlog_left": pending(),
     }
 
 
@@ -572,17 +585,21 @@ def render(args, info: dict, timings: dict[str, dict], purge: dict) -> str:
         "",
         f"Claims during a purge: one worker x {args.concurrency} slots draining no-op jobs; "
         f"{args.windows} rounds of {args.window:g} s windows, each without a purge then with "
-        "`dispatch_purge` at one `PURGE_PAUSE` (medians). Without a purge: "
-        f"{purge['without_per_s']:.0f} claims/s.",
+        "`dispatch_purge` at one `PURGE_PAUSE`. Without a purge: "
+        f"{purge['without_per_s']:.0f} claims/s (median; the windows: "
+        f"{', '.join(f'{r:.0f}' for r in purge['rates']['without'])}). Each purge window's "
+        "rate is divided by the rate of the window without a purge just before it; the "
+        "ratio is the median of those.",
         "",
-        "| PURGE_PAUSE (s) | claims/s with the purge | with / without (target >= 0.80) "
-        "| jobs deleted/s |",
-        "|---:|---:|---:|---:|",
+        "| PURGE_PAUSE (s) | claims/s with the purge (median) | with / the window before "
+        "(each) | median (target >= 0.80) | jobs deleted/s |",
+        "|---:|---:|---:|---:|---:|",
     ]
     for pause, row in purge["with"].items():
         ratio = row["ratio"]
+        each = ", ".join(f"{r:.2f}" for r in row["ratios"])
         lines.append(
-            f"| {pause} | {row['per_s']:.0f} | "
+            f"| {pause} | {row['per_s']:.0f} | {each} | "
             f"{'n/a' if ratio is None else f'{ratio:.2f}'} | {row['deleted_per_s']:.0f} |"
         )
     return "\n".join(lines) + "\n"
