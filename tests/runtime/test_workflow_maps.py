@@ -23,7 +23,7 @@ from django_dispatch.models import Job, WorkflowRun, WorkflowTask
 from django_dispatch.states import JobState
 from django_dispatch.store import workflows as wf_store
 from django_dispatch.store.maintenance import job_cancel
-from django_dispatch.store.workflows.common import _COUNT_SQL
+from django_dispatch.store.workflows.pgpath import _COUNT_SQL
 from django_dispatch.store.workflows.runs import cancel_held
 from django_dispatch.store.workflows.stepjobs import _link_jobs, _stretches
 from django_dispatch.testing import drain

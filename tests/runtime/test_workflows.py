@@ -195,6 +195,47 @@ def test_idempotency_key_returns_the_existing_run():
     assert Job.objects.filter(task_path=RUN_STEP).count() == 2
 
 
+def lock_waits() -> int:
+    """Lock requests waiting now (pg_locks is read live, even inside a transaction)."""
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT count(*) FROM pg_locks WHERE NOT granted")
+        return cursor.fetchone()[0]
+
+
+@pytestmark_db
+def test_a_branch_that_waited_for_the_run_lock_sees_the_other_branchs_success():
+    """Both branches of a fan-out succeed at once: the one that waited for the run's
+    lock must see the other's success, committed meanwhile, or the join never starts."""
+    if connection.vendor != "postgresql":
+        pytest.skip("row locks: SQLite has one writer, so no success waits for a run lock")
+    run = wfs.fan.start({"key": "lock-wait"})
+    drain(max_jobs=1)  # split: both branches get their jobs
+    branches = WorkflowTask.objects.filter(run=run, name__in=["left", "right"]).order_by("name")
+    claims = [wf_store.workflow_step_claim(s.pk, s.generation, s.job_id) for s in branches]
+    assert all(claims)
+    left, right = claims
+    assert left is not None and right is not None
+
+    def second() -> None:
+        try:
+            assert wf_store.workflow_step_succeed(
+                right.step_id, right.claim_id, 12, build_job=build_step_job, run_id=run.pk
+            )
+        finally:
+            connection.close()
+
+    with transaction.atomic():  # the first branch's success, its commit held back
+        assert wf_store.workflow_step_succeed(
+            left.step_id, left.claim_id, 11, build_job=build_step_job, run_id=run.pk
+        )
+        thread = threading.Thread(target=second)
+        thread.start()
+        wait_until(lock_waits, what="the second success waiting for the run's lock")
+    thread.join(10)
+    join = WorkflowTask.objects.get(run=run, name="join")
+    assert join.state == StepState.READY and join.job_id is not None
+
+
 @pytestmark_db
 def test_concurrent_starts_with_one_key_create_one_run():
     def start() -> int:

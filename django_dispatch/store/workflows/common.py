@@ -34,6 +34,7 @@ from ...core.workflow_states import RUN_ACTIVE, STEP_DONE, RunState, StepState
 from ...models import WorkflowRun, WorkflowTask
 from ..base import db_alias, db_now, error_entry, take_sqlite_write_lock
 from ..sql import JSONAppend
+from . import pgpath
 from .admission import admit_next
 from .stepjobs import RunRow, StepJobBuilder, enqueue_steps
 
@@ -184,20 +185,24 @@ def park(db: str, run_id: int) -> None:
 # --- moving a run on (all called with the run locked) ---------------------------------
 
 
-def advance(db: str, run: RunRow, build_job: StepJobBuilder) -> None:
+def advance(
+    db: str, run: RunRow, build_job: StepJobBuilder, *, steps: Sequence[Mapping[str, Any]] = ()
+) -> None:
     """After a step finished or was skipped: start what became runnable, end the run.
 
     Pending steps whose dependencies are all done get their jobs; a run whose
     steps are all done succeeds (with its last step's output) and, if it is a
     child run, completes the parent's waiting step; a stuck run with no failed
-    step left runs again.
+    step left runs again. ``steps``: the run's steps as they stand now, in
+    definition order, when the caller read them already (``pgpath``).
     """
-    steps = list(
-        WorkflowTask.objects.using(db)
-        .filter(run_id=run["id"])
-        .order_by("sequence")
-        .values("id", "name", "state", "depends_on", "generation", "output")
-    )
+    if not steps:
+        steps = list(
+            WorkflowTask.objects.using(db)
+            .filter(run_id=run["id"])
+            .order_by("sequence")
+            .values("id", "name", "state", "depends_on", "generation", "output")
+        )
     done = {s["name"] for s in steps if s["state"] in STEP_DONE}
     if run["state"] not in RUN_ACTIVE:
         return
@@ -210,12 +215,26 @@ def advance(db: str, run: RunRow, build_job: StepJobBuilder) -> None:
     runs = WorkflowRun.objects.using(db).filter(id=run["id"])
     if steps and len(done) == len(steps):
         output = steps[-1]["output"]
-        succeeded = {"state": RunState.SUCCEEDED, "output": output, "finished_at": Now()}
+        succeeded = {
+            "state": RunState.SUCCEEDED,
+            "output": output,
+            "finished_at": Now(),
+            "updated_at": Now(),
+        }
         if run["parent_task_id"] and run.get("map_batch"):
             # Only its first success counts a map child: a child replayed after
             # that is gathered with its new output, never counted twice.
-            if runs.filter(map_counted=False).update(**succeeded, map_counted=True):
-                _map_child_succeeded(db, run, build_job)
+            if pgpath.applies(db):
+                first, counts = pgpath.map_child_done(
+                    db, run["id"], output, run["parent_task_id"], run["map_batch"]
+                )
+            else:
+                first = bool(runs.filter(map_counted=False).update(**succeeded, map_counted=True))
+                counts = map_waiting(db, run["parent_task_id"], run["map_batch"]).values_list(
+                    "map_started", "map_total"
+                ).first() or (None, None)  # a read: no lock
+            if first:
+                _map_child_succeeded(db, run, build_job, counts)
             else:
                 runs.update(**succeeded)
             return
@@ -276,7 +295,9 @@ def map_waiting(db: str, step_id: int, batch: str) -> QuerySet[WorkflowTask]:
     )
 
 
-def _map_child_succeeded(db: str, child: RunRow, build_job: StepJobBuilder) -> None:
+def _map_child_succeeded(
+    db: str, child: RunRow, build_job: StepJobBuilder, counts: Sequence[int | None]
+) -> None:
     """A ``ctx.map`` child succeeded for the first time (it locked, not its parent).
 
     Its transaction does not take the parent run's lock, nor write the
@@ -288,8 +309,7 @@ def _map_child_succeeded(db: str, child: RunRow, build_job: StepJobBuilder) -> N
     """
     step_id, batch, parent_id = child["parent_task_id"], child["map_batch"], child["parent_run_id"]
     waiting = map_waiting(db, step_id, batch)
-    counts = waiting.values_list("map_started", "map_total").first()  # a read: no lock
-    if counts is None:
+    if counts[0] is None:
         return  # the step no longer waits for this set (failed, skipped, replayed)
     if counts[0] < (counts[1] or 0) and lock_run(db, run_id=parent_id) is not None:
         # Read again under the lock: another success may have admitted meanwhile.
@@ -319,34 +339,10 @@ def count_map_child(
         gather(db, step_id, batch, parent_run_id, build_job)
 
 
-#: The count on PostgreSQL. Every child of a set writes this one row, so the
-#: row lock must be held as briefly as possible:
-#: - it sets ``map_done`` and ``updated_at`` only, no indexed column (not
-#:   ``heartbeat_at``: ``dispatch_wftask_live`` indexes it), so the update is
-#:   HOT: no new index entry per count, and the 10,000th count finds the row
-#:   as fast as the first (with a new index entry each, the step's index
-#:   entries piled up and every count walked more of them);
-#: - its commit does not wait for the WAL flush (``synchronous_commit`` off
-#:   for this statement's own transaction only: ``set_config(..., true)``),
-#:   so the lock is not held across an fsync, which made the children count
-#:   one fsync at a time. What that risks is losing the count, never the
-#:   child's success (committed and flushed before): a server crash in the
-#:   next moments leaves the count short, which the sweep repairs, as it
-#:   repairs a count lost to a worker dying between the commit and this.
-_COUNT_SQL = (
-    f"UPDATE {WorkflowTask._meta.db_table} SET map_done = map_done + 1, updated_at = now() "
-    "FROM (SELECT set_config('synchronous_commit', 'off', true)) AS async_commit "
-    "WHERE id = %s AND state = %s AND map_batch = %s RETURNING map_done, map_total"
-)
-
-
 def _count_one(db: str, step_id: int, batch: str) -> tuple[int, int | None] | None:
     """map_done + 1 on the step still waiting for ``batch``: (done, total), or None."""
-    if connections[db].vendor == "postgresql" and connections[db].get_autocommit():
-        with connections[db].cursor() as cursor:
-            cursor.execute(_COUNT_SQL, [step_id, StepState.WAITING, batch])
-            row = cursor.fetchone()
-        return None if row is None else (row[0], row[1])
+    if pgpath.applies(db) and connections[db].get_autocommit():
+        return pgpath.count_child(db, step_id, batch)
     waiting = map_waiting(db, step_id, batch)
     with write_transaction(db):
         if not waiting.update(map_done=F("map_done") + 1, updated_at=Now()):

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import secrets
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -17,10 +18,11 @@ from django.db.models import F
 from django.db.models.functions import Coalesce, Now
 
 from ...core.workflow_states import RUN_ACTIVE, STEP_DONE, STEP_SKIPPABLE, StepState
-from ...models import WorkflowTask
+from ...models import WorkflowRun, WorkflowTask
 from ..base import db_now
 from ..maintenance import WORKER_LOST_PATH
 from ..sql import JSONAppend
+from . import pgpath
 from .common import (
     RunSpec,
     StepJobBuilder,
@@ -32,6 +34,7 @@ from .common import (
     error_at,
     locked_run,
     park,
+    write_transaction,
 )
 from .runs import STOP_FIELDS, insert_run, stop_steps
 from .waits import NO_WAIT, timed_out_entry
@@ -95,7 +98,11 @@ def workflow_step_claim(
     }
     steps = WorkflowTask.objects.using(db).filter(id=step_id, generation=generation, job_id=job_id)
     # The usual case first, in one statement: a ready step (which holds no claim).
-    if steps.filter(state=StepState.READY).update(**changes):
+    if pgpath.applies(db):  # with its read, in that one statement
+        claimed = pgpath.claim_ready(db, step_id, generation, job_id, claim_id)
+        if claimed is not None:
+            return _claimed_from(db, step_id, claim_id, claimed)
+    elif steps.filter(state=StepState.READY).update(**changes):
         return _claimed_step(db, step_id, claim_id)
     row = steps.values("run_id", "state", "claim_id", "wait_event_name", "wait_until").first()
     if row is None or row["state"] not in (StepState.READY, StepState.RUNNING, StepState.WAITING):
@@ -126,11 +133,8 @@ def workflow_step_claim(
 
 
 #: What a claimed step's attempt reads of its step row, and (in the same query) of its run.
-_STEP_FIELDS = (
-    "run_id", "name", "handler_path", "generation", "attempts", "failures", "max_attempts",
-    "backoff", "timeout", "checkpoint", "depends_on", "waits",
-)  # fmt: skip
-_RUN_FIELDS = ("name", "input", "queue_name", "call_context")
+_STEP_FIELDS = pgpath.STEP_FIELDS
+_RUN_FIELDS = pgpath.RUN_FIELDS
 
 
 def _claimed_step(db: str, step_id: int, claim_id: str) -> ClaimedStep | None:
@@ -142,6 +146,11 @@ def _claimed_step(db: str, step_id: int, claim_id: str) -> ClaimedStep | None:
     )
     if step is None:  # voided between the claim and this read
         return None
+    return _claimed_from(db, step_id, claim_id, step)
+
+
+def _claimed_from(db: str, step_id: int, claim_id: str, step: dict[str, Any]) -> ClaimedStep:
+    """The claimed step from its row's ``_STEP_FIELDS`` and its run's (``run__`` + name)."""
     run = {name: step[f"run__{name}"] for name in _RUN_FIELDS}
     outputs: dict[str, Any] = {}
     if step["depends_on"]:  # a first step (every one-step child of a map) has no ancestor
@@ -213,8 +222,10 @@ def workflow_step_succeed(
     which saves looking it up.
     """
     db = db_or_default(db)
-    with locked_run(db, run_id=run_id, step_id=step_id) as run:
-        if run is None:
+    if run_id is not None and pgpath.applies(db):
+        return _succeed_pg(db, run_id, step_id, claim_id, output, build_job)
+    with locked_run(db, run_id=run_id, step_id=step_id) as locked:
+        if locked is None:
             return False
         won = claim_fence(db, step_id, claim_id).update(
             state=StepState.SUCCEEDED,
@@ -224,8 +235,30 @@ def workflow_step_succeed(
             updated_at=Now(),
         )
         if won:
-            advance(db, run, build_job)
+            advance(db, locked, build_job)
     return bool(won)
+
+
+def _succeed_pg(
+    db: str, run_id: int, step_id: int, claim_id: str, output: Any, build_job: StepJobBuilder
+) -> bool:
+    """``workflow_step_succeed`` on PostgreSQL: the same transaction, fewer statements."""
+    with write_transaction(db):
+        run, won = pgpath.lock_and_succeed(db, run_id, step_id, claim_id, output)
+        if run is None:
+            return False
+        steps = pgpath.run_steps(db, run_id) if won else []
+        if won:
+            advance(db, run, build_job, steps=steps)
+        if not won or run["state"] not in RUN_ACTIVE or not _all_done(steps):
+            # The run locked and not written by its success (which a
+            # finished run's is): a transition still shows on it.
+            WorkflowRun.objects.using(db).filter(id=run_id).update(updated_at=Now())
+    return won
+
+
+def _all_done(steps: Sequence[Mapping[str, Any]]) -> bool:
+    return bool(steps) and all(step["state"] in STEP_DONE for step in steps)
 
 
 def workflow_step_fail(
