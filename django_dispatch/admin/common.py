@@ -31,6 +31,7 @@ from django.utils.translation import gettext
 from ..compat import ON_LIST_AND_PAGE
 from ..store.base import db_alias, take_sqlite_write_lock
 from ..tasks.registry import backend_for
+from .aliases import on_selected_alias
 from .paging import (
     COUNT_CAP,
     FILTER_SAMPLE,
@@ -277,8 +278,9 @@ def _code_html(error: dict[str, Any]) -> str:
 
 
 def change_url(model: type[Model], pk: Any) -> str:
+    """The change page of ``model``'s row ``pk``, on the alias the request picked."""
     opts = model._meta
-    return reverse(f"admin:{opts.app_label}_{opts.model_name}_change", args=[pk])
+    return on_selected_alias(reverse(f"admin:{opts.app_label}_{opts.model_name}_change", args=[pk]))
 
 
 def link(model: type[Model], pk: Any, label: str | None = None) -> str:
@@ -336,7 +338,8 @@ class ReplayPage(admin.ModelAdmin):
         return has_perm(request, f"replay_{self.opts.model_name}")
 
     def replay_url(self, pk: Any) -> str:
-        return reverse(f"admin:{self.opts.app_label}_{self.opts.model_name}_replay", args=[pk])
+        url = reverse(f"admin:{self.opts.app_label}_{self.opts.model_name}_replay", args=[pk])
+        return on_selected_alias(url)
 
     def get_urls(self) -> list[URLPattern]:
         view = self.admin_site.admin_view(self.replay_view)
