@@ -65,13 +65,11 @@ async def _sync[T](func: Callable[..., T], *args: Any, **kwargs: Any) -> T:
 class AsyncJobs:
     """An event loop on a thread of its own, running the async jobs the control loop hands it.
 
-    A job's coroutine ends once its success is offered to the completion
-    wave. The wave's commit settles the whole wave in one wake-up of the
-    loop (``_persisted``, ``_settle``); a success nothing observes (no
-    ``task_finished`` receiver, its write won) ends there, without a hop to
-    the sync thread, and no job has a timer of its own: one watchdog
-    (``_overdue``) looks after every success still waiting for its wave.
-    A hop, a timer and a loop wake-up per job were most of its CPU in a drain of short sleeps.
+    A job's coroutine ends once its success is offered to the completion wave.
+    The wave's commit settles the whole wave in one wake-up of the loop
+    (``_settle``): a success nothing observes (no ``task_finished`` receiver,
+    its write won) ends there without a hop to the sync thread. No job has a
+    timer: one watchdog (``_overdue``) looks after the successes awaiting a wave.
     """
 
     def __init__(self, runner: JobRunner) -> None:
@@ -82,8 +80,7 @@ class AsyncJobs:
         #: The jobs on the loop, by their asyncio task (and the hops that end them).
         self.tasks: dict[asyncio.Task[None], RunningJob] = {}
         self.hops = SyncHops(self.loop)
-        #: Successes offered to the wave, by ``id(running)``: the job and when
-        #: (loop time), oldest first, for the watchdog.
+        #: Successes offered to the wave by ``id(running)``: (job, loop time), oldest first.
         self.offered: dict[int, tuple[RunningJob, float]] = {}
         self.watchdog: asyncio.TimerHandle | None = None
         #: Successes a wave wrote (or failed to), appended by the control loop.
@@ -134,20 +131,23 @@ class AsyncJobs:
     async def _drain(self, timeout: float) -> None:
         if self.tasks and timeout > 0:
             await asyncio.wait(set(self.tasks), timeout=timeout)
-        self._forget_done()
-        if not self.tasks:
-            return
+        for done in [t for t in self.tasks if t.done()]:
+            del self.tasks[done]
         for task, running in list(self.tasks.items()):
             # Handed back, or left to a recycled process's successor to settle:
             # whatever the job does now must not be written as its outcome.
             running.abandoned = True
             running.cancel_event.set()
             task.cancel()
-        await asyncio.wait(set(self.tasks), timeout=1.0)
-
-    def _forget_done(self) -> None:
-        for task in [t for t in self.tasks if t.done()]:
-            del self.tasks[task]
+        if self.tasks:
+            await asyncio.wait(set(self.tasks), timeout=1.0)
+        # Successes offered after the last wave: no wave will write them now.
+        late = [
+            self._finish(r, r.finished, "write") for r, _ in self.offered.values() if r.finished
+        ]
+        self.offered.clear()
+        if late:
+            await asyncio.wait(late, timeout=5.0)
 
     async def _run(self, running: RunningJob) -> None:
         """One job: the job runner's steps, task code awaited here, the
@@ -268,9 +268,8 @@ class AsyncJobs:
     def _settle(self) -> None:
         """On the loop: end each job of the waves written since the last call.
 
-        A won success nothing observes ends here; the others (``task_finished``
-        to send, a lost write to let go of, a failed wave to write one by one)
-        take a hop to the sync thread (``_after``).
+        A won success nothing observes ends here; the others (``task_finished`` to
+        send, a lost write, a failed wave) take a hop to the sync thread (``_after``).
         """
         self.settle_scheduled = False  # before reading: a later append schedules again
         quiet: list[RunningJob] = []
@@ -316,11 +315,12 @@ class AsyncJobs:
             assert running.finished is not None
             self._finish(running, running.finished, "write")
 
-    def _finish(self, running: RunningJob, outcome: Outcome, then: After) -> None:
+    def _finish(self, running: RunningJob, outcome: Outcome, then: After) -> asyncio.Task[None]:
         """``_after`` in a task of its own, which ``stop`` waits for like a job."""
         task = self.loop.create_task(self._end(running, outcome, running.meter, then))
         self.tasks[task] = running
         task.add_done_callback(self._forget)
+        return task
 
     async def _end(
         self, running: RunningJob, outcome: Outcome | None, meter: Any, then: After
