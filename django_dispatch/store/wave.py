@@ -37,26 +37,33 @@ from .base import hot_cursor, job_sql
 from .finish import _FINISH_MANY_SQL, FINISHED_USAGE_ROWS, finish_params
 from .leasing import claimed_job
 from .partitions import lock_partitions, partitions_promote
-from .sources.fused_pg import _CLAIM_CTES, CLAIMED_ROWS_SQL, claimed_rows
-from .types import CLAIM_FIELDS, ClaimedJob, Lease
+from .sources.fused_pg import _CLAIM_CTES, CLAIMED_ROWS_SQL, claim_sql, claimed_rows
+from .types import ClaimedJob, Lease
 from .usage import UsageEntry, usage_insert_sql
 
 #: The wave: ``done`` (the fenced finish, returning its winners), ``recorded``
-#: (their usage records: none when the array is NULL), then the claim's CTEs;
-#: one row per candidate, the winners and the keys they freed on every row,
-#: and one row (the candidate's columns NULL) when the claim found none. The
-#: body of the function ``WAVE_FUNCTION``, which runs it.
+#: (their usage records), then the claim's CTEs; one row per candidate, the
+#: winners and the keys they freed on every row, and one row (the candidate's
+#: columns NULL) when the claim found none. ``{recorded}`` is empty without
+#: usage records.
 _WAVE_SQL = """
-WITH done AS ({finish}),
-recorded AS ({insert}),{claim}
+WITH done AS ({finish}){recorded},{claim}
 SELECT w.won, w.freed, c.*
 FROM (
     SELECT array_agg(id) AS won,
-        array_agg(DISTINCT partition_key::text) FILTER (WHERE partition_key IS NOT NULL) AS freed
+        array_agg(DISTINCT partition_key) FILTER (WHERE partition_key IS NOT NULL) AS freed
     FROM done
 ) AS w LEFT JOIN ({claimed}) AS c ON true
 ORDER BY c.priority DESC, c.run_after, c.id
 """
+#: The wave without a claim (no slot to fill).
+_FINISH_ONLY_SQL = """
+WITH done AS ({finish}){recorded}
+SELECT array_agg(id) AS won,
+    array_agg(DISTINCT partition_key) FILTER (WHERE partition_key IS NOT NULL) AS freed
+FROM done
+"""
+_RENDERED: dict[tuple[str, bool, bool], str] = {}
 
 
 @dataclass(frozen=True, slots=True)
@@ -82,11 +89,29 @@ class WaveResult:
     passed: int = 0
 
 
+def _template(connection: Any, usage: bool, claim: bool) -> str:
+    key = (connection.alias, usage, claim)
+    sql = _RENDERED.get(key)
+    if sql is None:
+        recorded = ""
+        if usage:
+            insert = usage_insert_sql(connection, FINISHED_USAGE_ROWS).strip()
+            recorded = f",\nrecorded AS ({insert})"
+        sql = (_WAVE_SQL if claim else _FINISH_ONLY_SQL).format(
+            finish=job_sql(connection, _FINISH_MANY_SQL).strip(),
+            recorded=recorded,
+            claim=_CLAIM_CTES,
+            claimed=CLAIMED_ROWS_SQL.strip(),
+        )
+        _RENDERED[key] = sql
+    return sql
+
+
 def jobs_finish_many_and_claim(
     results: Sequence[tuple[Lease, Any]],
     *,
     db: str,
-    claim: WaveClaim,
+    claim: WaveClaim | None,
     usage: Mapping[int, UsageEntry] | None = None,
 ) -> WaveResult:
     """running -> succeeded for ``results`` (fenced, with the winners' ``usage``) and
@@ -97,22 +122,34 @@ def jobs_finish_many_and_claim(
     winner whose lease did not carry its key has its partition promoted after
     the commit, under the key's lock.
     """
+    connection = connections[db]
+    template = _template(connection, bool(usage), claim is not None and claim.limit > 0)
     params = finish_params(results, usage)
-    params.setdefault("usage", None)
-    params.update(
-        window=claim.limit,
-        worker_id=claim.worker_id,
-        lease_seconds=claim.lease_seconds,
-        namespace=claim.namespace,
-        queues=list(claim.queues),
-        paused=list(claim.paused),
-    )
-    with hot_cursor(connections[db]) as cursor:
-        cursor.execute(_CALL_SQL, params)
+    if claim is not None and claim.limit > 0:
+        sql = claim_sql(
+            queues=bool(claim.queues),
+            exclude=False,
+            db=db,
+            namespace=claim.namespace,
+            paused=bool(claim.paused),
+            template=template,
+        )
+        params.update(
+            window=claim.limit,
+            lease=claim.limit,
+            worker_id=claim.worker_id,
+            lease_seconds=claim.lease_seconds,
+            queues=list(claim.queues),
+            paused=list(claim.paused),
+        )
+    else:
+        sql = job_sql(connection, template)
+    with hot_cursor(connection) as cursor:
+        cursor.execute(sql, params)
         records = cursor.fetchall()
     won, freed = records[0][0], records[0][1]
     result = WaveResult(won=set(won or ()))
-    if records[0][2] is not None:
+    if claim is not None and claim.limit > 0 and records[0][2] is not None:
         leased, locked = claimed_rows(records, skip=2)
         result.passed = len(locked)
         if leased:
@@ -125,77 +162,3 @@ def jobs_finish_many_and_claim(
             lock_partitions(db, set(freed))
             partitions_promote(db, set(freed), results[0][0].namespace)
     return result
-
-
-#: The wave's PL/pgSQL function (migration 0024): the same statement, whose
-#: plans PostgreSQL keeps per session. Planning the statement was about 45%
-#: of its server time (``EXPLAIN ANALYZE``: 0.39 of 0.87 ms for a wave of 8),
-#: paid on every wave; psycopg's prepared statements would keep the plan too,
-#: but PgBouncer before 1.21 cannot pass them in transaction mode. A
-#: function's plans live inside the server session, where a pooler never
-#: looks. ``force_generic_plan``: one plan for every wave, never re-planned
-#: for its parameters (the claim's plan does not depend on them: one ordered
-#: scan of the claim index, see ``sources.fused_pg``).
-WAVE_FUNCTION = "django_dispatch_wave"
-#: ``_WAVE_SQL``'s parameters, as the function names them.
-_FUNCTION_PARAMS = {
-    "%(ids)s": "p_ids",
-    "%(workers)s": "p_workers",
-    "%(epochs)s": "p_epochs",
-    "%(values)s": "p_values",
-    "%(usage)s": "p_usage",
-    "%(worker_id)s": "p_worker_id",
-    "%(lease_seconds)s": "p_lease_seconds",
-    "%(window)s": "p_window",
-    "%(lease)s": "p_window",
-}
-_FUNCTION_SQL = """CREATE OR REPLACE FUNCTION {name}(
-    p_ids bigint[], p_workers text[], p_epochs bigint[], p_values jsonb[], p_usage jsonb,
-    p_worker_id text, p_lease_seconds double precision, p_window integer,
-    p_namespace text, p_queues text[], p_paused text[]
-) RETURNS TABLE (won bigint[], freed text[], {columns}, db_now timestamptz, leased boolean)
-LANGUAGE plpgsql SET plan_cache_mode = force_generic_plan
-AS $wave$
-#variable_conflict use_column
-BEGIN
-RETURN QUERY {body};
-END
-$wave$"""
-#: The claim's filters in the function: every queue when ``p_queues`` is empty.
-_FUNCTION_FILTERS = (
-    " AND (cardinality(p_queues) = 0 OR queue_name = ANY(p_queues))"
-    " AND NOT (queue_name = ANY(p_paused))"
-)
-#: The function's call: its rows are ``_WAVE_SQL``'s.
-_CALL_SQL = (
-    f"SELECT * FROM {WAVE_FUNCTION}(%(ids)s::bigint[], %(workers)s::text[],"
-    " %(epochs)s::bigint[], %(values)s::jsonb[], %(usage)s::jsonb, %(worker_id)s::text,"
-    " %(lease_seconds)s::float8, %(window)s::integer, %(namespace)s::text,"
-    " %(queues)s::text[], %(paused)s::text[])"
-)
-
-
-def wave_function_sql(connection: Any) -> str:
-    """``CREATE OR REPLACE FUNCTION`` of the wave for ``connection``'s database, from
-    ``_WAVE_SQL`` and the models' column types (migration 0024; a test holds the
-    installed function to this text)."""
-    from ..models import Job
-
-    body = _WAVE_SQL.format(
-        finish=_FINISH_MANY_SQL.strip(),
-        insert=usage_insert_sql(connection, FINISHED_USAGE_ROWS).strip(),
-        claim=_CLAIM_CTES,
-        claimed=CLAIMED_ROWS_SQL.strip(),
-    )
-    body = job_sql(connection, body).format(
-        fields=", ".join(CLAIM_FIELDS),
-        filters=_FUNCTION_FILTERS,
-        namespace="p_namespace",
-        lease_filters="",
-    )
-    for param, name in _FUNCTION_PARAMS.items():
-        body = body.replace(param, name)
-    columns = ", ".join(
-        f"{name} {Job._meta.get_field(name).db_type(connection)}" for name in CLAIM_FIELDS
-    )
-    return _FUNCTION_SQL.format(name=WAVE_FUNCTION, columns=columns, body=body.strip())

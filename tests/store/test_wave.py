@@ -154,20 +154,3 @@ def test_a_worker_drains_keyed_and_plain_jobs_in_order_with_one_statement_waves(
         assert [k for k in ran if k in keys] == keys  # FIFO within the partition
     waves = [q["sql"] for q in queries.captured_queries if "WITH done AS" in q["sql"]]
     assert waves, "no wave went through the one statement"
-
-
-def test_the_installed_function_is_the_current_rendering_of_the_wave():
-    """The migration froze the function's text: a change to the wave's SQL, the
-    lease or the claimed columns must come with a migration installing it again."""
-    import importlib
-
-    from django_dispatch.store.wave import WAVE_FUNCTION, wave_function_sql
-
-    frozen = importlib.import_module("django_dispatch.migrations.0024_wave_function")
-    current = wave_function_sql(connection)
-    assert frozen.CREATE.strip() == current.strip(), "add a migration that installs it again"
-    with connection.cursor() as cursor:
-        cursor.execute("SELECT prosrc FROM pg_proc WHERE proname = %s", [WAVE_FUNCTION])
-        (installed,) = cursor.fetchone()
-    body = current.split("$wave$")[1]
-    assert installed == body

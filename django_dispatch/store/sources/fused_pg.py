@@ -105,6 +105,7 @@ def claim_sql(
     namespace: str = "",
     paused: bool = False,
     limited: bool = False,
+    template: str = _CLAIM_SQL,
 ) -> str:
     """``_CLAIM_SQL`` with the filters in use (named parameters, see ``_claim_pg``),
     for database ``db`` (default: the job table's) and ``namespace`` (a literal:
@@ -112,7 +113,8 @@ def claim_sql(
     limits, and the statement leases none of their rows (the limits gate,
     ``gates.limits.ConcurrencyGate``, admits them). Built once per set of
     arguments: every claim asks, and formatting the text was 1% of a worker's
-    CPU in a drain of short jobs."""
+    CPU in a drain of short jobs. ``template``: another statement holding
+    ``_CLAIM_CTES`` (``store.wave``'s), rendered the same way."""
     connection = connections[db or db_alias()]
     filters = ""
     if queues:
@@ -121,7 +123,7 @@ def claim_sql(
         filters += " AND NOT (id = ANY(%(exclude)s))"
     if paused:
         filters += PAUSED_FILTER_SQL
-    return job_sql(connection, _CLAIM_SQL).format(
+    return job_sql(connection, template).format(
         fields=", ".join(CLAIM_FIELDS),
         filters=filters,
         namespace=namespace_literal(namespace),
