@@ -36,7 +36,7 @@ from .executor import Outcome
 from .outcomes import hand_back, let_go, persist, record_timeout, release, usage_outcome
 from .reporter import Reporter, settle_quietly, signal_finished
 from .running import RunningJob
-from .slots import Slots
+from .slots import COMPLETION_BATCH, Slots
 
 __all__ = [
     "BatchCompleter",
@@ -50,8 +50,6 @@ __all__ = [
 
 logger = logging.getLogger("django_dispatch.worker")
 
-#: Most successes written by one batched UPDATE.
-COMPLETION_BATCH = 200
 #: Longest wait for the rest of a wave of finishing jobs (see ``coalesce``).
 COALESCE_SECONDS = 0.002
 

@@ -19,6 +19,8 @@ from .running import RunningJob
 
 #: While every recent job ran shorter than this, jobs are claimed ahead of free threads.
 PREFETCH_JOB_SECONDS = 0.05
+#: The most successes one completion wave writes (``completer.take``).
+COMPLETION_BATCH = 200
 #: How fast a long job is forgotten: the slowest recent run shrinks by this
 #: factor per job that ends (a 1 s job stops claiming ahead for ~300 jobs).
 SLOWEST_DECAY = 0.99
@@ -59,7 +61,12 @@ class Slots:
 
         A success waiting for its wave holds no slot: its thread has gone on
         (``BatchCompleter.hand_over``), and the wave that writes it is written in
-        the claim's transaction.
+        the claim's transaction. Only one wave's worth, though: a wave writes at
+        most ``COMPLETION_BATCH`` successes, so with hundreds of async slots
+        finishing at once, counting every waiting success free would let the
+        claims lease faster than the waves write, and the jobs leased here
+        would pile up (thousands, each renewed by the heartbeat). The
+        successes beyond one wave keep their slot until written.
 
         With an asyncio executor, a claim cannot ask for async jobs only: it
         learns which task a job runs once it has it. It asks for the free
@@ -73,11 +80,12 @@ class Slots:
         threads = self.concurrency + self.ahead()
         with self.lock:
             busy = [r for r in self.running.values() if r.finished is None]
+            beyond_a_wave = max(0, len(self.running) - len(busy) - COMPLETION_BATCH)
             if not self.async_concurrency:
-                return threads - len(busy)
+                return max(0, threads - len(busy) - beyond_a_wave)
             on_loop = sum(1 for r in busy if r.on_loop)
             threads_free = threads - (len(busy) - on_loop)
-            loop_free = self.async_concurrency - on_loop
+            loop_free = self.async_concurrency - on_loop - beyond_a_wave
             if threads_free < 0 or loop_free <= 0:
                 return max(0, threads_free)
             return threads_free + max(1, round(loop_free * self.async_share))

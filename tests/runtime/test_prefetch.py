@@ -193,3 +193,28 @@ def test_jobs_claimed_ahead_of_a_long_job_go_back_to_an_idle_worker(start_worker
     assert pids == {first.pid, second.pid}, pids
     for result in long:
         assert tasks.sleep_then_record.get_result(result.id).attempts == 1
+
+
+def test_successes_beyond_one_wave_keep_their_slot():
+    """A wave writes at most COMPLETION_BATCH successes: counting every waiting
+    success free would let a worker with hundreds of async slots lease jobs
+    faster than its waves write them, without bound."""
+    from django_dispatch.runtime.slots import COMPLETION_BATCH
+
+    slots = Slots(8, async_concurrency=1000)
+    slots.async_share = 1.0
+    assert slots.free() == 8 + 1000
+    finished = Outcome("succeeded")
+    for n in range(1, COMPLETION_BATCH + 1):  # one wave's worth: all free again
+        slots.running[n] = fake_running(n)
+        slots.running[n].on_loop, slots.running[n].finished = True, finished
+    assert slots.free() == 8 + 1000
+    for n in range(COMPLETION_BATCH + 1, COMPLETION_BATCH + 901):  # 900 more waiting
+        slots.running[n] = fake_running(n)
+        slots.running[n].on_loop, slots.running[n].finished = True, finished
+    assert slots.free() == 8 + 100
+    threads_only = Slots(8)
+    threads_only.running = {n: fake_running(n) for n in range(1, COMPLETION_BATCH + 11)}
+    for running in threads_only.running.values():
+        running.finished = finished
+    assert threads_only.free() == 0  # 10 beyond a wave: more than the 8 threads
