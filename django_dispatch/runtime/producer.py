@@ -112,7 +112,9 @@ class Producer:
 
     def produce(self, life: Lifecycle) -> bool:
         """One turn's claim; True: go round again at once, without waiting."""
-        self.give_back(self.slots.behind_long_jobs())
+        self.give_back(
+            self.slots.behind_long_jobs(), why="claimed ahead, behind a job that ran long"
+        )
         claimed = self.guard(self.cycle) or 0
         if self.done(claimed):
             life.drain()
@@ -233,19 +235,11 @@ class Producer:
             queues=opts.queues, db=self.db, namespace=opts.namespace, placement=self.placement()
         )
 
-    def give_back(self, unstarted: list[RunningJob]) -> None:
+    def give_back(self, unstarted: list[RunningJob], why: str) -> None:
         """Hand back jobs no thread started, taken out of the slots: fenced by
-        their leases, no attempt spent. They no longer count as claimed here
-        (``--max-jobs``, ``testing.drain``'s count): this worker did not run them."""
+        their leases, no attempt spent, reported with ``why``. They no longer
+        count as claimed here (``--max-jobs``, ``testing.drain``'s count): this
+        worker did not run them."""
         self.claimed_total -= len(unstarted)
-        give_up_after = self.settings.LEASE_SECONDS
         for running in unstarted:
-            self.guard(
-                partial(
-                    completer.hand_back,
-                    running.claimed,
-                    timed_out=None,
-                    give_up_after=give_up_after,
-                    task=None,
-                )
-            )
+            self.guard(partial(completer.release, running.claimed, why=why))

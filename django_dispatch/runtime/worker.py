@@ -373,7 +373,7 @@ class Worker:
         """At a stop: hand back the jobs no thread has started (claimed ahead,
         ``Slots.ahead``), at once and without spending an attempt, rather
         than run them during the shutdown timeout."""
-        self.producer.give_back(self.slots.take_unstarted())
+        self.producer.give_back(self.slots.take_unstarted(), why="handed back at shutdown")
 
     def hand_back(self) -> None:
         """Return unfinished jobs to the queue without spending an attempt."""
