@@ -35,6 +35,7 @@ PGBOUNCER_TIER = {
     "store/test_partition_race.py",
     "store/test_scheduler.py",
     "store/test_atomic_finish.py",
+    "store/test_wave.py",
     "runtime/test_workflows.py",
     "acceptance/test_processes.py::test_two_processes_four_threads_run_each_job_exactly_once",
 }

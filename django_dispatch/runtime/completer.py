@@ -24,13 +24,13 @@ from collections.abc import Callable
 from functools import partial
 from typing import Any
 
-from django.db import DatabaseError, InterfaceError, transaction
+from django.db import transaction
 
 from .. import store
 from ..conf import usage_recorded
 from ..observability import joblog
 from ..store.usage import UsageEntry
-from ..store.wave import WaveClaim, jobs_finish_many_and_claim
+from ..store.wave import WaveClaim, jobs_finish_many_and_claim, wave_promote_freed
 from . import metering
 from .executor import Outcome
 from .outcomes import hand_back, let_go, persist, record_timeout, release, usage_outcome
@@ -185,17 +185,25 @@ class BatchCompleter:
         except BaseException:
             self.abort(batch)
             raise
-        if self.slots is not None:
-            self.slots.drop_written(batch)
-        self.settle(batch, wave.won)
-        self.passed = wave.passed
+        # Committed: from here on nothing may abort the wave, and what it
+        # leased must start whatever fails below.
         claimed = wave.claimed
+        try:
+            if self.slots is not None:
+                self.slots.drop_written(batch)
+            self.settle(batch, wave.won)
+            wave_promote_freed(wave, db=self.db)
+        except Exception:
+            logger.warning("a wave committed, but settling its jobs or promoting the "
+                           "partitions they freed failed (the leader's sweep promotes "
+                           "stalled partitions)", exc_info=True)  # fmt: skip
+        self.passed = wave.passed
         free = spec.limit - len(claimed)
         if wave.passed and free > 0:
-            try:  # what was claimed above is leased: it must start whatever happens here
+            try:
                 with transaction.atomic(using=self.db):
                     claimed += claim(free)
-            except (DatabaseError, InterfaceError):
+            except Exception:
                 logger.warning("claiming keyed jobs failed; will retry", exc_info=True)
         return claimed
 

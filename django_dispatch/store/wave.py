@@ -87,6 +87,10 @@ class WaveResult:
     claimed: list[ClaimedJob] = field(default_factory=list)
     #: Candidates the claim locked but could not lease (keyed: the gates decide).
     passed: int = 0
+    #: Partition keys its winners freed that their leases did not carry: promote
+    #: them (``wave_promote_freed``) once the statement has committed.
+    freed: set[str] = field(default_factory=set)
+    namespace: str = ""
 
 
 def _template(connection: Any, usage: bool, claim: bool) -> str:
@@ -157,8 +161,18 @@ def jobs_finish_many_and_claim(
             result.claimed = [
                 claimed_job(row, claim.worker_id, now, claim.namespace) for row in leased
             ]
-    if freed:  # a lease built without its key: promote after the commit, under the lock
-        with transaction.atomic(using=db):
-            lock_partitions(db, set(freed))
-            partitions_promote(db, set(freed), results[0][0].namespace)
+    if freed:  # a lease built without its key: promoted after the commit, under the lock
+        result.freed, result.namespace = set(freed), results[0][0].namespace
     return result
+
+
+def wave_promote_freed(result: WaveResult, *, db: str) -> None:
+    """Promote the next job of each partition ``result``'s winners freed, under
+    the keys' locks. Separate from the wave: the wave has committed by then,
+    so a failure here must not be taken for the wave's (its successes are
+    written, its claims leased); the leader's sweep promotes a stalled
+    partition (``partitions_promote_stalled``) if this never runs."""
+    if result.freed:
+        with transaction.atomic(using=db):
+            lock_partitions(db, result.freed)
+            partitions_promote(db, result.freed, result.namespace)
