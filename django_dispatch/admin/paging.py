@@ -90,7 +90,7 @@ def merged_rows(
     if high <= low:
         return []
     ids = [pk for part in parts for pk in part.order_by("-pk").values_list("pk", flat=True)[:high]]
-    ids = sorted(ids, reverse=True)[low:high]
+    ids = sorted(set(ids), reverse=True)[low:high]  # a row that changed part: read twice
     return list(rows.filter(pk__in=ids).order_by("-pk")) if ids else []
 
 

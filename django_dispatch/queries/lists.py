@@ -73,7 +73,9 @@ def jobs_list(
     # Each part's newest ids (read off its index), merged here; then
     # only the page's rows are read and built, not every part's page of them.
     ids = [pk for part in parts for pk in _page(part.values_list("pk", flat=True), before, limit)]
-    ids = sorted(ids, reverse=True)[:limit]
+    # A set: a job that moved from one part to the other between the two reads
+    # (a failed job retried) is read by both, and must fill one place, not two.
+    ids = sorted(set(ids), reverse=True)[:limit]
     rows = _jobs(state=state, queue=queue, task=task, backend=backend)
     return list(rows.filter(pk__in=ids).order_by("-id")) if ids else []
 
