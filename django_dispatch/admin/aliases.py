@@ -20,7 +20,7 @@ import functools
 from collections.abc import Callable
 from contextvars import ContextVar
 from typing import Any
-from urllib.parse import parse_qs, urlencode
+from urllib.parse import parse_qs, urlencode, urlsplit
 
 from django.contrib import admin
 from django.db.models import QuerySet
@@ -99,7 +99,7 @@ def on_selected_alias(url: str) -> str:
     own change pages; the links we build to other models carry it here.
     """
     alias = _SELECTED.get()
-    if alias is None or f"{PARAM}=" in url:
+    if alias is None or PARAM in parse_qs(urlsplit(url).query):
         return url
     return f"{url}{'&' if '?' in url else '?'}{urlencode({PARAM: alias})}"
 

@@ -141,7 +141,7 @@ def gather_stalled(
     (``common.count_map_child``); a worker that dies between the two leaves
     the count one short, and the set would wait for ever. "No count for a
     while" is the step's ``updated_at``, which every count sets (not
-    ``heartbeat_at``, which is indexed: see ``common._COUNT_SQL``). The children are
+    ``heartbeat_at``, which is indexed: see ``pgpath._COUNT_SQL``). The children are
     counted here first, with no lock (a set still running is left alone,
     and looked at again ``older_than_seconds`` later); ``gather`` checks
     again under the parent run's lock.
