@@ -153,13 +153,17 @@ def test_the_wave_statement_records_what_its_orm_twin_would():
     claimed = {c.id: c for c in _claim()}
     Job.objects.filter(pk=ids[0]).update(lease_epoch=99)  # taken over meanwhile
     results = [(claimed[i].lease, {"v": i}) for i in ids]
+    # What the worker measured varies (a wall clock unknown, resources held);
+    # what the lease says is the row's, as metering.entry builds it, and the
+    # statement reads it from the row.
+    Job.objects.filter(pk=ids[3]).update(resources={"gpu": 1})
     usage = {
         i: UsageEntry(
             job_id=i,
             namespace="",
-            task_path="a.b",
-            queue_name="q",
-            attempt=1,
+            task_path=claimed[i].row["task_path"],
+            queue_name=claimed[i].row["queue_name"],
+            attempt=claimed[i].row["attempts"],
             worker_id=WORKER,
             host="h",
             outcome="succeeded",
@@ -167,7 +171,7 @@ def test_the_wave_statement_records_what_its_orm_twin_would():
             wall_seconds=None if i == ids[1] else 0.1 * i,
             cpu_seconds=0.25,
             peak_rss_mb=12.5,
-            resources=None if i == ids[2] else {"gpu": 1},
+            resources={"gpu": 1} if i == ids[3] else None,
         )
         for i in ids
     }

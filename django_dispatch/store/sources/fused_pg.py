@@ -46,7 +46,7 @@ from ..types import CLAIM_FIELDS
 #: query (tests/store/test_claim.py checks the plan). Table and states come from the models
 #: (``job_sql``); tests/store/test_raw_sql_twins.py runs it beside the ORM path on
 #: the same rows.
-_CLAIM_CTES = """
+CANDIDATES_CTE = """
 candidates AS MATERIALIZED (
     SELECT {fields}, now() AS db_now
     FROM {job}
@@ -55,7 +55,10 @@ candidates AS MATERIALIZED (
     ORDER BY priority DESC, run_after, id
     LIMIT %(window)s
     FOR UPDATE SKIP LOCKED
-), leased AS (
+)"""
+_CLAIM_CTES = (
+    CANDIDATES_CTE
+    + """, leased AS (
     UPDATE {job} AS j SET{lease_set}
     FROM (
         SELECT id, db_now FROM candidates WHERE partition_key IS NULL AND concurrency_key IS NULL
@@ -64,6 +67,7 @@ candidates AS MATERIALIZED (
     WHERE j.id = c.id
     RETURNING j.id
 )""".replace("{lease_set}", lease_set_sql(row="j.", now="c.db_now"))
+)
 #: The candidates in claim order, each with whether the statement leased it.
 CLAIMED_ROWS_SQL = """
 SELECT candidates.*, leased.id IS NOT NULL AS leased
