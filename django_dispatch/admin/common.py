@@ -32,6 +32,7 @@ from ..compat import ON_LIST_AND_PAGE
 from ..store.base import db_alias, take_sqlite_write_lock
 from ..tasks.registry import backend_for
 from .aliases import on_selected_alias
+from .display import format_safe
 from .paging import (
     COUNT_CAP,
     FILTER_SAMPLE,
@@ -110,8 +111,8 @@ class BigTable(admin.ModelAdmin):
     def action_checkbox(self, obj: Any) -> SafeString:
         """Django's row checkbox, written out: Django renders a form widget through
         the template engine for each row, a third of a page of 100 rows' time."""
-        label = format_html(gettext("Select this object for an action - {}"), str(obj))
-        return format_html(
+        label = format_safe(gettext("Select this object for an action - {}"), str(obj))
+        return format_safe(
             '<input type="checkbox" name="{}" value="{}" class="action-select" aria-label="{}">',
             helpers.ACTION_CHECKBOX_NAME,
             obj.pk,

@@ -10,10 +10,26 @@ server's clock, so a skewed browser clock does not distort it).
 from __future__ import annotations
 
 from datetime import datetime
+from html import escape
+from typing import Any
 
 from django.utils import timezone
-from django.utils.html import format_html
 from django.utils.safestring import SafeString
+
+
+def html(value: Any) -> str:
+    """Django's ``conditional_escape``: safe text kept, anything else escaped.
+
+    Without its lazy-text wrapper, which costs more than the escaping: a
+    change list escapes a few thousand values a page."""
+    if hasattr(value, "__html__"):
+        return value.__html__()
+    return escape(str(value))
+
+
+def format_safe(template: str, *args: Any) -> SafeString:
+    """``format_html`` (the same output) for the columns a change list renders per row."""
+    return SafeString(template.format(*[html(a) for a in args]))
 
 
 def human_seconds(seconds: float | None) -> str:
@@ -54,8 +70,8 @@ def age_html(moment: datetime | None, now: datetime | None = None) -> SafeString
     seconds = (now - moment).total_seconds()
     text = relative(seconds)
     local = timezone.localtime(moment)
-    exact = local.strftime("%Y-%m-%d %H:%M:%S.%f")[:-3] + local.strftime(" %Z")
-    return format_html(
+    exact = f"{local:%Y-%m-%d %H:%M:%S}.{local.microsecond // 1000:03d} {local.tzname() or ''}"
+    return format_safe(
         '<time class="dispatch-age" datetime="{}" data-age="{}" title="{}">{}</time>',
         moment.isoformat(),
         f"{seconds:.3f}",
@@ -83,6 +99,6 @@ BADGES = {
 def badge_html(state: str, label: str | None = None) -> SafeString:
     """A coloured state badge; the colour follows the state, the text says it."""
     kind = BADGES.get(state.lower(), "pending")
-    return format_html(
+    return format_safe(
         '<span class="dispatch-badge dispatch-badge-{}">{}</span>', kind, label or state
     )

@@ -18,13 +18,12 @@ from typing import Any
 from django.contrib import admin
 from django.db.models import Min
 from django.utils import timezone
-from django.utils.html import format_html
 
 from ..core.states import LIVE, JobState
 from ..models import Job, WorkflowRun, WorkflowTask
 from ..store import read_database_for
 from .common import change_url
-from .display import age_html, badge_html, human_seconds
+from .display import age_html, badge_html, format_safe, human_seconds
 
 #: The internal task each workflow step runs as.
 STEP_TASK = "django_dispatch.workflows.tasks.run_step"
@@ -42,7 +41,7 @@ def job_badge(job: Job, now: Any = None) -> str:
             # Not runnable yet: its run_after (a deferral, or a retry's backoff) is shown;
             # a scheduled job already due is made pending by the next claim.
             label = "retry backoff" if job.attempts else "deferred"
-            return format_html(
+            return format_safe(
                 '{}<div class="dispatch-sub">runs {}</div>',
                 badge_html("deferred", label),
                 age_html(job.run_after, now),
@@ -54,7 +53,7 @@ def job_badge(job: Job, now: Any = None) -> str:
         # Pending keyed jobs behind a live head are demoted to blocked only
         # when a worker next looks at them; to the operator they are blocked now.
         behind = f" behind #{head}" if head is not None and head < job.pk else ""
-        return format_html(
+        return format_safe(
             '<span title="{}">{}</span>',
             blocked_reason(job),
             badge_html("blocked", f"blocked{behind}"),
@@ -140,7 +139,7 @@ class JobColumns:
         step: WorkflowTask | None = getattr(job, "dispatch_step", None)
         if step is not None:
             run: WorkflowRun = step.run
-            return format_html(
+            return format_safe(
                 'step <a href="{}">{}</a><div class="dispatch-sub">'
                 '<a href="{}">{} #{}</a> · {}</div>',
                 change_url(WorkflowTask, step.pk),
@@ -151,8 +150,8 @@ class JobColumns:
                 job.queue_name,
             )
         module, _, name = job.task_path.rpartition(".")
-        key = format_html(" · [{}]", job.partition_key) if job.partition_key else ""
-        return format_html(
+        key = format_safe(" · [{}]", job.partition_key) if job.partition_key else ""
+        return format_safe(
             '<span title="{}">{}</span><div class="dispatch-sub">{}{}</div>',
             job.task_path,
             name or module,
@@ -183,7 +182,7 @@ class JobColumns:
         if job.started_at is None:
             if job.state in (JobState.PENDING, JobState.SCHEDULED, JobState.BLOCKED):
                 waited = (timezone.now() - ready).total_seconds()
-                return format_html("<em>{}</em>", human_seconds(max(waited, 0)))
+                return format_safe("<em>{}</em>", human_seconds(max(waited, 0)))
             return "-"
         return human_seconds(max((job.started_at - ready).total_seconds(), 0))
 
@@ -195,7 +194,7 @@ class JobColumns:
             return "-"
         if job.finished_at is None:
             if job.state == JobState.RUNNING:
-                return format_html(
+                return format_safe(
                     "<em>{}</em>", human_seconds((timezone.now() - began).total_seconds())
                 )
             return "-"
@@ -213,4 +212,4 @@ class JobColumns:
         cls = str(last.get("exception_class_path", "?")).rpartition(".")[2]
         text = f"{cls}: {last.get('message', '')}".strip().rstrip(":")
         short = text if len(text) <= ERROR_SUMMARY else text[: ERROR_SUMMARY - 1] + "…"
-        return format_html('<span class="dispatch-error-summary" title="{}">{}</span>', text, short)
+        return format_safe('<span class="dispatch-error-summary" title="{}">{}</span>', text, short)
