@@ -26,7 +26,7 @@ plain case depends on it.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
@@ -34,12 +34,11 @@ from typing import Any
 from django.db import connections, transaction
 
 from .base import hot_cursor, job_sql
-from .finish import finish_params, finish_sql, finished_usage_sql
+from .finish import MeasuredUsage, finish_params, finish_sql, finished_usage_sql
 from .leasing import claimed_job, lease_set_sql
 from .partitions import lock_partitions, partitions_promote
 from .sources.fused_pg import CANDIDATES_CTE, claim_sql, claimed_rows
 from .types import ClaimedJob, Lease
-from .usage import UsageEntry
 
 #: The wave: ``done`` (the fenced finish, returning its winners), ``recorded``
 #: (their usage records), ``candidates`` (the claim's scan, ``sources.fused_pg``)
@@ -128,7 +127,7 @@ def jobs_finish_many_and_claim(
     *,
     db: str,
     claim: WaveClaim | None,
-    usage: Mapping[int, UsageEntry] | None = None,
+    usage: MeasuredUsage | None = None,
 ) -> WaveResult:
     """running -> succeeded for ``results`` (fenced, with the winners' ``usage``) and
     the claim of ``claim.limit`` unkeyed jobs, in one statement on PostgreSQL.

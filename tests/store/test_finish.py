@@ -31,3 +31,28 @@ def test_finishing_many_is_fenced_per_row_and_promotes_freed_partitions():
     # Stored as SQL NULL, as the one-by-one path stores it, not as JSON null.
     assert Job.objects.filter(pk=plain.id, return_value__isnull=True).exists()
     assert [c.id for c in claim(worker="w2")] == [int(second.id)]
+
+
+TRICKY = [
+    'a "quoted" \\ back\\slash {brace}, comma',
+    "NULL",
+    "",
+    {"k": 'v"\\', "{": [None, "}", "\\\\"]},
+    ["ü", "\x01\t\n"],
+    1.5e-300,
+    None,
+]
+
+
+def test_finishing_many_stores_any_return_value_exactly():
+    """The wave's arrays travel as text literals: every value must come back as
+    returned, whatever quotes, backslashes, braces or words it holds; so must a
+    worker id that is not plain."""
+    ids = [int(tasks.add.enqueue(i, 0).id) for i in range(len(TRICKY))]
+    worker = 'w "odd", {id}\\x'
+    claimed = {c.id: c for c in claim(worker=worker, limit=len(ids))}
+    results = [(claimed[i].lease, value) for i, value in zip(ids, TRICKY, strict=True)]
+    assert store.jobs_finish_many_if_leased(results) == set(ids)
+    for job_id, value in zip(ids, TRICKY, strict=True):
+        job = Job.objects.get(pk=job_id)
+        assert (job.state, job.return_value, job.worker_id) == (JobState.SUCCEEDED, value, worker)
