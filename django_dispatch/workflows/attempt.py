@@ -111,7 +111,12 @@ def record(
     step_id, claim_id = claimed.step_id, claimed.claim_id
     if outcome.kind == "succeeded":
         won = wf_store.workflow_step_succeed(
-            step_id, claim_id, outcome.value, build_job=build_job, run_id=claimed.run_id
+            step_id,
+            claim_id,
+            outcome.value,
+            build_job=build_job,
+            run_id=claimed.run_id,
+            map_child=claimed.map_child,
         )
     elif outcome.kind == "child":
         won = _start_child(claimed, outcome.value, build_job)

@@ -549,3 +549,127 @@ def test_a_count_lost_after_a_childs_commit_is_repaired_by_the_sweep():
     assert (step.state, step.map_done, step.output) == (StepState.SUCCEEDED, 3, [0, 2, 4])
     run = run_to_end(run)
     assert run.state == RunState.SUCCEEDED and run.output == {"doubled": [0, 2, 4]}
+
+
+# --- a map child's success, and the set's insert, on PostgreSQL -----------------------
+
+
+def claim_first_child(run: WorkflowRun) -> wf_store.ClaimedStep:
+    child = (
+        WorkflowTask.objects.filter(run__parent_run=run, job_id__isnull=False)
+        .order_by("run__map_index")
+        .first()
+    )
+    assert child is not None
+    claimed = wf_store.workflow_step_claim(child.pk, child.generation, child.job_id)
+    assert claimed is not None and claimed.map_child
+    return claimed
+
+
+def succeed(claimed: wf_store.ClaimedStep, output: object, claim_id: str | None = None) -> bool:
+    """As the step job records a success: with the run and the map flag its claim read."""
+    return wf_store.workflow_step_succeed(
+        claimed.step_id,
+        claim_id or claimed.claim_id,
+        output,
+        build_job=build_step_job,
+        run_id=claimed.run_id,
+        map_child=claimed.map_child,
+    )
+
+
+@pytestmark_db
+def test_a_one_step_childs_success_is_one_statement_and_counts_it():
+    if connection.vendor != "postgresql":
+        pytest.skip("the one-statement success is PostgreSQL's (migration 0024)")
+    run = fan("one-statement", 3)
+    drain(max_jobs=1)  # spread: three runnable children
+    claimed = claim_first_child(run)
+    with CaptureQueriesContext(connection) as statements:
+        assert succeed(claimed, 0)
+    assert len(statements) == 1, [q["sql"] for q in statements.captured_queries]
+    child = WorkflowRun.objects.get(pk=claimed.run_id)
+    assert (child.state, child.output, child.map_counted) == (RunState.SUCCEEDED, 0, True)
+    step = WorkflowTask.objects.get(pk=claimed.step_id)
+    assert (step.state, step.output, step.claim_id) == (StepState.SUCCEEDED, 0, None)
+    assert spread(run).map_done == 1
+    job_cancel(claimed_job(claimed))  # its step was finished here, not by its job
+    run = run_to_end(run)  # the last child's count gathers
+    assert run.state == RunState.SUCCEEDED and run.output == {"doubled": [0, 2, 4]}
+    assert spread(run).map_done == 3
+
+
+def claimed_job(claimed: wf_store.ClaimedStep) -> int:
+    job_id = WorkflowTask.objects.values_list("job_id", flat=True).get(pk=claimed.step_id)
+    assert job_id is not None
+    return job_id
+
+
+@pytestmark_db
+def test_a_map_childs_success_under_a_void_claim_writes_nothing():
+    run = fan("void-claim", 2)
+    drain(max_jobs=1)
+    claimed = claim_first_child(run)
+    assert not succeed(claimed, 0, claim_id="0" * 32)
+    child = WorkflowRun.objects.get(pk=claimed.run_id)
+    assert (child.state, child.map_counted) == (RunState.RUNNING, False)
+    assert WorkflowTask.objects.get(pk=claimed.step_id).state == StepState.RUNNING
+    assert spread(run).map_done == 0
+    assert succeed(claimed, 0)  # the claim that holds it still can
+    assert spread(run).map_done == 1
+
+
+@pytestmark_db
+def test_a_child_of_a_set_with_held_children_admits_the_next_one():
+    run = fan("admits", 4, max_parallel=2)
+    drain(max_jobs=1)
+    claimed = claim_first_child(run)
+    assert succeed(claimed, 0)
+    step = spread(run)
+    assert (step.map_started, step.map_done) == (3, 1) and runnable_kids(run) == 3
+    job_cancel(claimed_job(claimed))
+    run = run_to_end(run)
+    assert run.output == {"doubled": [0, 2, 4, 6]}
+
+
+@pytestmark_db
+def test_a_set_is_inserted_as_the_orm_inserts_each_child():
+    """On PostgreSQL all but the first child are copied by the database: each
+    must come out as the ORM would have inserted it, in input order."""
+    run = fan("copied", 5, max_parallel=3)
+    drain(max_jobs=1)
+    step = spread(run)
+    children = sorted(kids(run), key=lambda c: c.map_index)
+    assert [c.map_index for c in children] == list(range(5))
+    assert [c.input for c in children] == [{"key": "copied", "n": n, "sleep": 0} for n in range(5)]
+    assert children == sorted(children, key=lambda c: c.pk)  # ids in input order
+    first = children[0]
+    for child in children:
+        assert (child.name, child.state, child.queue_name, child.namespace) == (
+            first.name, RunState.RUNNING, first.queue_name, first.namespace,
+        )  # fmt: skip
+        assert (child.parent_run_id, child.parent_task_id, child.map_batch) == (
+            run.pk, step.pk, step.map_batch,
+        )  # fmt: skip
+        assert (child.map_counted, child.output, child.call_context) == (False, None, None)
+    steps = {s.run_id: s for s in WorkflowTask.objects.filter(run__parent_run=run)}
+    assert len(steps) == 5
+    for index, child in enumerate(children):
+        row = steps[child.pk]
+        assert (row.name, row.handler_path, row.namespace) == (
+            "double", steps[first.pk].handler_path, first.namespace,
+        )  # fmt: skip
+        if index < 3:  # admitted: ready, with a job of its own
+            assert (row.state, row.claim_id) == (StepState.READY, None)
+            job = Job.objects.get(pk=row.job_id)
+            assert job.args == [row.pk, row.generation] and job.kwargs == {}
+            assert (job.state, job.max_attempts, job.queue_name) == (
+                JobState.PENDING, 1, child.queue_name,
+            )  # fmt: skip
+            assert job.task_path == Job.objects.get(pk=steps[first.pk].job_id).task_path
+        else:  # held: no job yet
+            assert (row.state, row.job_id) == (StepState.PENDING, None)
+    assert Job.objects.filter(args__0__in=[s.pk for s in steps.values()]).count() == 3
+    run = run_to_end(run)
+    assert run.output == {"doubled": [0, 2, 4, 6, 8]}
+    assert executions("copied") == {n: 1 for n in range(5)}

@@ -13,7 +13,9 @@ and is written out once, not built by the ORM per call:
   (``lock_and_succeed``); then the read of the run's steps for ``advance``
   (``run_steps``, written out rather than built by the ORM);
 - a map child's run success, and the read of its set's admission counters
-  (``map_child_done``); after its commit, its count (``count_child``).
+  (``map_child_done``); after its commit, its count (``count_child``);
+- the whole success of a one-step map child, with nothing to admit: its
+  step's, its run's and its count, one statement (``map_child_succeed``).
 
 The transitions, their fences and their lock order are the ORM path's,
 statement for statement; only the round trips are fewer.
@@ -38,7 +40,7 @@ STEP_FIELDS = (
     "run_id", "name", "handler_path", "generation", "attempts", "failures", "max_attempts",
     "backoff", "timeout", "checkpoint", "depends_on", "waits",
 )  # fmt: skip
-RUN_FIELDS = ("name", "input", "queue_name", "call_context")
+RUN_FIELDS = ("name", "input", "queue_name", "call_context", "map_batch")
 
 _CLAIM_READY_SQL = (
     f"UPDATE {_STEPS} AS s SET state = %s, claim_id = %s, attempts = s.attempts + 1, "
@@ -111,6 +113,21 @@ _COUNT_SQL = (
     f"UPDATE {_STEPS} SET map_done = map_done + 1, updated_at = now() "
     "FROM (SELECT set_config('synchronous_commit', 'off', true)) AS async_commit "
     "WHERE id = %s AND state = %s AND map_batch = %s RETURNING map_done, map_total"
+)
+
+
+#: A one-step map child's whole success, in autocommit (``pgsucceed``): the
+#: function of migration 0024, planned once per server session (as one
+#: statement of CTEs, its planning cost the server more than its execution).
+#: Its commit does not wait for the WAL flush, for the reason of
+#: ``_COUNT_SQL`` (the waiting step stays locked until the commit); what that
+#: risks is the success being lost in a server crash together with the job's
+#: completion, which is written after it, so flushed with it or later: the
+#: job then runs again and re-claims its step, as any job whose completion
+#: was lost.
+_MAP_CHILD_SUCCEED_SQL = (
+    "SELECT parent_step, parent_run, batch, written, done, total "
+    "FROM django_dispatch_map_child_succeed(%s, %s, %s, %s)"
 )
 
 
@@ -209,3 +226,22 @@ def count_child(db: str, step_id: int, batch: str) -> tuple[int, int | None] | N
         cursor.execute(_COUNT_SQL, [step_id, StepState.WAITING, batch])
         row = cursor.fetchone()
     return None if row is None else (row[0], row[1])
+
+
+def map_child_succeed(
+    db: str, run_id: int, step_id: int, claim_id: str, output: Any
+) -> tuple[int, int, str, bool, int | None, int | None] | None:
+    """A one-step map child's success, its run's and its count, in autocommit.
+
+    None: the run is not a running, uncounted map child. Else (parent step,
+    parent run, set, written?, map_done, map_total); not written: the fence
+    did not match, the run has other steps, or the set has children to admit
+    (the caller then takes the general path, which decides); no counts: the
+    step no longer waits for this set.
+    """
+    with connections[db].cursor() as cursor:
+        cursor.execute(_MAP_CHILD_SUCCEED_SQL, [run_id, step_id, claim_id, _json_param(db, output)])
+        row = cursor.fetchone()
+    if row is None:
+        return None
+    return row[0], row[1], row[2], bool(row[3]), row[4], row[5]

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import dataclasses
 import secrets
-from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -18,11 +17,11 @@ from django.db.models import F
 from django.db.models.functions import Coalesce, Now
 
 from ...core.workflow_states import RUN_ACTIVE, STEP_DONE, STEP_SKIPPABLE, StepState
-from ...models import WorkflowRun, WorkflowTask
+from ...models import WorkflowTask
 from ..base import db_now
 from ..maintenance import WORKER_LOST_PATH
 from ..sql import JSONAppend
-from . import pgpath
+from . import pgpath, pgsucceed
 from .common import (
     RunSpec,
     StepJobBuilder,
@@ -34,7 +33,6 @@ from .common import (
     error_at,
     locked_run,
     park,
-    write_transaction,
 )
 from .runs import STOP_FIELDS, insert_run, stop_steps
 from .waits import NO_WAIT, timed_out_entry
@@ -64,6 +62,8 @@ class ClaimedStep:
     waits: list[Any] = dataclasses.field(default_factory=list)
     #: The run's call context (who or what started it).
     call_context: Any = None
+    #: Whether the run is a child of a ``ctx.map`` set.
+    map_child: bool = False
 
 
 def workflow_step_claim(
@@ -88,6 +88,11 @@ def workflow_step_claim(
     """
     db = db_or_default(db)
     claim_id = secrets.token_hex(16)
+    # The usual case first, in one statement: a ready step (which holds no claim).
+    if pgpath.applies(db):  # with its read, in that one statement
+        claimed = pgpath.claim_ready(db, step_id, generation, job_id, claim_id)
+        if claimed is not None:
+            return _claimed_from(db, step_id, claim_id, claimed)
     changes: dict[str, Any] = {
         "state": StepState.RUNNING,
         "claim_id": claim_id,
@@ -97,12 +102,7 @@ def workflow_step_claim(
         "updated_at": Now(),
     }
     steps = WorkflowTask.objects.using(db).filter(id=step_id, generation=generation, job_id=job_id)
-    # The usual case first, in one statement: a ready step (which holds no claim).
-    if pgpath.applies(db):  # with its read, in that one statement
-        claimed = pgpath.claim_ready(db, step_id, generation, job_id, claim_id)
-        if claimed is not None:
-            return _claimed_from(db, step_id, claim_id, claimed)
-    elif steps.filter(state=StepState.READY).update(**changes):
+    if not pgpath.applies(db) and steps.filter(state=StepState.READY).update(**changes):
         return _claimed_step(db, step_id, claim_id)
     row = steps.values("run_id", "state", "claim_id", "wait_event_name", "wait_until").first()
     if row is None or row["state"] not in (StepState.READY, StepState.RUNNING, StepState.WAITING):
@@ -181,6 +181,7 @@ def _claimed_from(db: str, step_id: int, claim_id: str, step: dict[str, Any]) ->
         queue_name=run["queue_name"],
         waits=list(step["waits"] or []),
         call_context=run["call_context"],
+        map_child=run["map_batch"] is not None,
     )
 
 
@@ -214,16 +215,22 @@ def workflow_step_succeed(
     build_job: StepJobBuilder,
     db: str | None = None,
     run_id: int | None = None,
+    map_child: bool = False,
 ) -> bool:
     """running -> succeeded with its output; dependents that became runnable get
     their jobs, and the run may succeed, all in one transaction.
 
     ``run_id``: the step's run when the caller has it (its claim read it),
-    which saves looking it up.
+    which saves looking it up. ``map_child``: the run is a ``ctx.map`` child
+    (its claim read that too), whose success may take one statement (``pgsucceed``).
     """
     db = db_or_default(db)
     if run_id is not None and pgpath.applies(db):
-        return _succeed_pg(db, run_id, step_id, claim_id, output, build_job)
+        if map_child:
+            fused = pgsucceed.succeed_map_child(db, run_id, step_id, claim_id, output, build_job)
+            if fused is not None:
+                return fused
+        return pgsucceed.succeed(db, run_id, step_id, claim_id, output, build_job)
     with locked_run(db, run_id=run_id, step_id=step_id) as locked:
         if locked is None:
             return False
@@ -237,28 +244,6 @@ def workflow_step_succeed(
         if won:
             advance(db, locked, build_job)
     return bool(won)
-
-
-def _succeed_pg(
-    db: str, run_id: int, step_id: int, claim_id: str, output: Any, build_job: StepJobBuilder
-) -> bool:
-    """``workflow_step_succeed`` on PostgreSQL: the same transaction, fewer statements."""
-    with write_transaction(db):
-        run, won = pgpath.lock_and_succeed(db, run_id, step_id, claim_id, output)
-        if run is None:
-            return False
-        steps = pgpath.run_steps(db, run_id) if won else []
-        if won:
-            advance(db, run, build_job, steps=steps)
-        if not won or run["state"] not in RUN_ACTIVE or not _all_done(steps):
-            # The run locked and not written by its success (which a
-            # finished run's is): a transition still shows on it.
-            WorkflowRun.objects.using(db).filter(id=run_id).update(updated_at=Now())
-    return won
-
-
-def _all_done(steps: Sequence[Mapping[str, Any]]) -> bool:
-    return bool(steps) and all(step["state"] in STEP_DONE for step in steps)
 
 
 def workflow_step_fail(

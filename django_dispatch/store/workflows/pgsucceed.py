@@ -1,0 +1,68 @@
+"""A step's success on PostgreSQL: the general one in fewer statements, and a
+one-step ``ctx.map`` child's in one.
+
+Every child of a map is a run of (usually) one step, so at thousands of
+children a child's own statements are most of what the map costs. The general
+success (``succeed``) is ``steps.workflow_step_succeed``'s transaction with
+the run's lock and the step's write in one statement (``pgpath``). A one-step
+child with nothing to admit (``succeed_map_child``) needs none of what that
+transaction is for: no other step of its run can start, and no held sibling
+waits for a slot. Its step's success, its run's and its count on the waiting
+step are one statement in autocommit, where they were a transaction of four
+statements and a count after it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from django.db import connections
+from django.db.models.functions import Now
+
+from ...core.workflow_states import RUN_ACTIVE, STEP_DONE
+from ...models import WorkflowRun
+from . import pgpath
+from .common import StepJobBuilder, advance, gather, write_transaction
+
+
+def succeed(
+    db: str, run_id: int, step_id: int, claim_id: str, output: Any, build_job: StepJobBuilder
+) -> bool:
+    """``workflow_step_succeed`` on PostgreSQL: the same transaction, fewer statements."""
+    with write_transaction(db):
+        run, won = pgpath.lock_and_succeed(db, run_id, step_id, claim_id, output)
+        if run is None:
+            return False
+        steps = pgpath.run_steps(db, run_id) if won else []
+        if won:
+            advance(db, run, build_job, steps=steps)
+        if not won or run["state"] not in RUN_ACTIVE or not _all_done(steps):
+            # The run locked and not written by its success (which a
+            # finished run's is): a transition still shows on it.
+            WorkflowRun.objects.using(db).filter(id=run_id).update(updated_at=Now())
+    return won
+
+
+def _all_done(steps: Sequence[Mapping[str, Any]]) -> bool:
+    return bool(steps) and all(step["state"] in STEP_DONE for step in steps)
+
+
+def succeed_map_child(
+    db: str, run_id: int, step_id: int, claim_id: str, output: Any, build_job: StepJobBuilder
+) -> bool | None:
+    """A one-step map child's success in one statement; the count that reaches the
+    set's total gathers. None: not that case (the caller takes ``succeed``).
+
+    Only outside a transaction: its commit skips the WAL flush (``pgpath``),
+    which must never extend to a caller's transaction.
+    """
+    if not connections[db].get_autocommit():
+        return None
+    done = pgpath.map_child_succeed(db, run_id, step_id, claim_id, output)
+    if done is None or not done[3]:
+        return None  # the general path decides (a lost fence: it finds it lost)
+    parent_step, parent_run, batch, _, counted, total = done
+    if counted is not None and counted >= (total or 0):
+        gather(db, parent_step, batch, parent_run, build_job)
+    return True
