@@ -296,14 +296,29 @@ class BatchCompleter:
         assert outcome is not None
         try:
             if not self.after_wave(running, outcome):  # the wave failed
-                persist(
-                    running.claimed,
-                    outcome,
-                    give_up_after=self.wait_seconds,
-                    report=not running.abandoned,
-                )
+                try:
+                    persist(
+                        running.claimed,
+                        outcome,
+                        give_up_after=self.wait_seconds,
+                        report=not running.abandoned,
+                    )
+                finally:
+                    self.release(running)
         finally:
             metering.forget(running.claimed.id, running.meter)
+
+    def release(self, running: RunningJob) -> None:
+        """A success whose wave failed, once it wrote its own outcome (or gave up).
+
+        Its slot goes: otherwise the heartbeat renews the lease of a job
+        already written (or, if its write gave up, one that must be reclaimed
+        and now never is), a stopping worker waits on it until its deadline,
+        and ``--burst`` never ends.
+        """
+        if self.slots is not None:
+            self.slots.drop_written([running])
+        self.wakeup.set()  # the control loop: a slot is free
 
     def coalesce(self, running: int) -> None:
         """Let a wave of finishing jobs gather before writing it.
