@@ -7,7 +7,8 @@ the ORM path (used on SQLite, and kept as the reference) takes two or three,
 and is written out once, not built by the ORM per call:
 
 - the claim of a ready step, and the read of what its attempt needs of the
-  step and its run: one ``UPDATE ... FROM ... RETURNING`` (``claim_ready``);
+  step and its run: one ``UPDATE ... FROM ... RETURNING``, in a function of
+  migration 0024 so that it is planned once per server session (``claim_ready``);
 - the success's opening: the run's lock and the fenced write of the step, one
   statement whose CTEs run in that order, because the second reads the first
   (``lock_and_succeed``); then the read of the run's steps for ``advance``
@@ -15,7 +16,8 @@ and is written out once, not built by the ORM per call:
 - a map child's run success, and the read of its set's admission counters
   (``map_child_done``); after its commit, its count (``count_child``);
 - the whole success of a one-step map child, with nothing to admit: its
-  step's, its run's and its count, one statement (``map_child_succeed``).
+  step's, its run's and its count, one call of a function of migration 0024
+  (``map_child_succeed``).
 
 The transitions, their fences and their lock order are the ORM path's,
 statement for statement; only the round trips are fewer.
@@ -42,16 +44,11 @@ STEP_FIELDS = (
 )  # fmt: skip
 RUN_FIELDS = ("name", "input", "queue_name", "call_context", "map_batch")
 
-_CLAIM_READY_SQL = (
-    f"UPDATE {_STEPS} AS s SET state = %s, claim_id = %s, attempts = s.attempts + 1, "
-    "heartbeat_at = statement_timestamp(), "
-    "started_at = COALESCE(s.started_at, statement_timestamp()), "
-    "updated_at = statement_timestamp() "
-    f"FROM {_RUNS} AS r "
-    "WHERE s.id = %s AND s.generation = %s AND s.job_id = %s AND s.state = %s "
-    "AND r.id = s.run_id RETURNING "
-    + ", ".join([*(f"s.{name}" for name in STEP_FIELDS), *(f"r.{name}" for name in RUN_FIELDS)])
-)
+#: The claim of a ready step and the read of its attempt's fields: the
+#: function of migration 0024 (an ``UPDATE ... FROM ... RETURNING``), planned
+#: once per server session; sent as a statement, its planning cost the server
+#: about as much as its execution, at every claim.
+_CLAIM_READY_SQL = "SELECT * FROM django_dispatch_step_claim_ready(%s, %s, %s, %s)"
 
 #: The run's lock, then the step's fenced success (``s`` reads ``r``, so the
 #: run row is locked first, as everywhere else). The lock is a ``FOR
@@ -153,10 +150,7 @@ def claim_ready(
     """ready -> running with ``claim_id`` for the job entrusted with the step; the
     step's and its run's fields (the run's prefixed ``run__``), or None."""
     with connections[db].cursor() as cursor:
-        cursor.execute(
-            _CLAIM_READY_SQL,
-            [StepState.RUNNING, claim_id, step_id, generation, job_id, StepState.READY],
-        )
+        cursor.execute(_CLAIM_READY_SQL, [step_id, generation, job_id, claim_id])
         row = cursor.fetchone()
     if row is None:
         return None
