@@ -50,18 +50,13 @@ UNFINISHED_SQL = (
     "WHERE id > {after} AND state IN ('pending', 'blocked', 'running')"
 )
 
-#: The map check: of ``items`` children, those not counted yet on the waiting
-#: step, plus one while the parent run (the first run inserted) has not
-#: succeeded (its fan-in done, its output gathered). So the drain ends when the
-#: parent run succeeds, and counts down one per child. Read through the primary
-#: key and the waiting step's partial index, as the plain drain's poll reads
-#: the live jobs' index: counting the 10,000 runs at every poll cost the server
-#: about 3 ms a poll, some 0.1 ms per child, charged to the map.
+#: The map check: of ``items`` children, those not succeeded yet, plus one while
+#: the parent run has not succeeded (its fan-in done, its output gathered). So the
+#: drain ends when the parent run succeeds, and counts down one per child.
 MAP_UNFINISHED_SQL = (
-    "SELECT CASE WHEN (SELECT state FROM django_dispatch_workflowrun ORDER BY id LIMIT 1)"
-    " = 'succeeded' THEN 0 ELSE {items} + 1 - COALESCE((SELECT map_done FROM"
-    " django_dispatch_workflowtask WHERE state = 'waiting' AND map_batch IS NOT NULL"
-    " LIMIT 1), 0) END"
+    "SELECT {items} - count(*) FILTER (WHERE parent_run_id IS NOT NULL AND state = 'succeeded')"
+    " + count(*) FILTER (WHERE parent_run_id IS NULL AND state <> 'succeeded')"
+    " FROM django_dispatch_workflowrun"
 )
 
 
