@@ -150,8 +150,23 @@ class Producer:
         claimed = self.completer.write_wave(batch, self.claim, limit, self.fused_claim)
         if self.completer.passed:  # keyed jobs are about: the gates claim for a while
             self.gated_until = time.monotonic() + self.settings.POLL_INTERVAL
-        self.start(claimed)
+        if claimed:
+            self.start(claimed)
         return len(claimed)
+
+    def flush(self) -> None:
+        """At the worker's end: write every success still waiting, a wave at a time.
+
+        One last wave writes at most ``COMPLETION_BATCH``; a stop that reached
+        its deadline with more waiting (hundreds of async slots finishing at
+        once) would leave the rest unwritten and leased, to run again after
+        their lease. If a wave fails, the rest write their own outcomes
+        (``abort``: each job through the reporter, retried up to a lease)."""
+        while not self.completer.waiting.empty():
+            if self.guard(lambda: self.cycle(claim=False)) is None:
+                while batch := self.completer.take():
+                    self.completer.abort(batch)
+                return
 
     def fused_claim(self, limit: int) -> WaveClaim | None:
         """The wave's claim as one statement with its successes (``store.wave``),

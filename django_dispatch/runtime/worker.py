@@ -229,7 +229,7 @@ class Worker:
     def _shut_down(self, maintenance: Maintenance) -> None:
         """Write the last wave, stop every thread, leave the worker table."""
         opts = self.options
-        self._guard(lambda: self.producer.cycle(claim=False))
+        self.producer.flush()
         self.completer.stop()  # after the last wave: its successes are reported
         # Threads still in task code after a hand-back are not waited for:
         # their jobs are back in the queue, and exiting ends them. Nor
