@@ -26,6 +26,7 @@ from django.http import HttpRequest
 from django.utils.functional import cached_property
 
 from ..queries.counting import capped_count
+from ..queries.lists import newest_of
 from ..queries.reading import read_alias
 from ..store.base import db_alias
 
@@ -84,14 +85,11 @@ def merged_rows(
     """Rows ``low`` to ``high`` (newest first by primary key) of ``rows``, the parts' union.
 
     Each part reads the ids of its newest ``high`` rows through its own index
-    (page N costs what N pages of one part do); the ids are merged here, and
-    only the page's rows are read and built.
+    (page N costs what N pages of one part do); the ids are merged in the
+    same statement, and only the page's rows are read and built
+    (``queries.lists.newest_of``).
     """
-    if high <= low:
-        return []
-    ids = [pk for part in parts for pk in part.order_by("-pk").values_list("pk", flat=True)[:high]]
-    ids = sorted(set(ids), reverse=True)[low:high]  # a row that changed part: read twice
-    return list(rows.filter(pk__in=ids).order_by("-pk")) if ids else []
+    return list(newest_of(rows, list(parts), low, high))
 
 
 class RecentValuesFilter(admin.AllValuesFieldListFilter):

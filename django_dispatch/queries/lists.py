@@ -26,7 +26,10 @@ from __future__ import annotations
 
 from typing import Any
 
+from django.core.exceptions import EmptyResultSet
+from django.db import connections
 from django.db.models import Model, QuerySet
+from django.db.models.expressions import RawSQL
 
 from ..compat import Task
 from ..core.states import FINISHED_STATES, LIVE_STATES, JobState
@@ -44,6 +47,7 @@ __all__ = [
     "dead_letters_list",
     "jobs_count",
     "jobs_list",
+    "newest_of",
     "runs_count",
     "runs_list",
 ]
@@ -70,14 +74,47 @@ def jobs_list(
     parts = _job_parts(state=state, queue=queue, task=task, backend=backend)
     if len(parts) == 1:
         return _page(parts[0], before, limit)
-    # Each part's newest ids (read off its index), merged here; then
-    # only the page's rows are read and built, not every part's page of them.
-    ids = [pk for part in parts for pk in _page(part.values_list("pk", flat=True), before, limit)]
-    # A set: a job that moved from one part to the other between the two reads
-    # (a failed job retried) is read by both, and must fill one place, not two.
-    ids = sorted(set(ids), reverse=True)[:limit]
+    # Each part's newest ids (read off its index), merged in the same
+    # statement; only the page's rows are read and built, not every part's.
+    _page_limit(limit)
+    if before is not None:
+        parts = [part.filter(id__lt=_id(before, "before")) for part in parts]
     rows = _jobs(state=state, queue=queue, task=task, backend=backend)
-    return list(rows.filter(pk__in=ids).order_by("-id")) if ids else []
+    return list(newest_of(rows, parts, 0, limit))
+
+
+def newest_of[M: Model](rows: QuerySet[M], parts: list[QuerySet[M]], low: int, high: int) -> Any:
+    """Rows ``low`` to ``high`` of ``rows``, newest first by primary key, where
+    ``rows`` is the union of ``parts``: one statement.
+
+    ``rows WHERE pk IN (SELECT pk FROM (part 1's newest ``high``) UNION …
+    ORDER BY pk DESC LIMIT … OFFSET low)``: each part reads its newest ids
+    off its own index (its ``ORDER BY … LIMIT`` a subquery of its own, so the
+    planner keeps that plan), and only the page's rows are read whole. One
+    round trip, where reading each part's ids apart, then the rows, took one
+    per part and one more; and one snapshot, so a row that moved from one
+    part to the other (a failed job retried) is seen in one part only
+    (UNION, not UNION ALL, for parts that overlap).
+    """
+    if high <= low:
+        return rows.none()
+    pk = rows.model._meta.pk
+    newest = []
+    params: list[Any] = []
+    for n, part in enumerate(parts):
+        ids = part.order_by(f"-{pk.name}").values_list(pk.name, flat=True)[:high]
+        try:
+            sql, part_params = ids.query.get_compiler(using=part.db).as_sql()
+        except EmptyResultSet:  # a part that matches nothing, such as ``pk__in=[]``
+            continue
+        newest.append(f"SELECT * FROM ({sql}) AS part{n}")
+        params += part_params
+    if not newest:
+        return rows.none()
+    column = connections[rows.db].ops.quote_name(pk.column or pk.name)
+    union = " UNION ".join(newest)
+    page = f"SELECT {column} FROM ({union}) AS parts ORDER BY {column} DESC LIMIT %s OFFSET %s"
+    return rows.filter(pk__in=RawSQL(page, (*params, high - low, low))).order_by(f"-{pk.name}")
 
 
 def jobs_count(
@@ -241,12 +278,16 @@ def _runs(state: Any, name: Any, backend: str) -> QuerySet[WorkflowRun]:
     return rows
 
 
-def _page(rows: QuerySet[Any], before: Any, limit: Any) -> list[Any]:
+def _page_limit(limit: Any) -> None:
     if isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= MAX_LIMIT:
         raise ValueError(
             f"limit must be a whole number from 1 to {MAX_LIMIT}, got {limit!r}; "
             "for more rows, ask for the next page with before=<the last id you got>."
         )
+
+
+def _page(rows: QuerySet[Any], before: Any, limit: Any) -> list[Any]:
+    _page_limit(limit)
     if before is not None:
         rows = rows.filter(id__lt=_id(before, "before"))
     return list(rows.order_by("-id")[:limit])
