@@ -14,6 +14,15 @@ from ..core.states import FINISHED_STATES, QUEUED_STATES, TERMINAL, JobState
 from ..models import DeadLetter, Job
 from .base import db_alias, notify, now_plus, state_in
 
+#: A purge rests at least this many times as long as its last batch took: on a
+#: machine whose cores the workers and the database already use, the purge
+#: takes at most a quarter of the time, so the claims keep most of theirs
+#: (measured in docs/performance.md "History at scale").
+PURGE_YIELD = 3.0
+#: The most the duty cycle alone rests after one batch (a batch slowed by a
+#: lock or a checkpoint should not stall the purge for minutes).
+PURGE_YIELD_MAX = 2.0
+
 #: A cancelled job whose worker has not let go yet still holds its partition:
 #: deleting it would let the next job of the key overlap the running code.
 _STILL_HELD = Q(state=JobState.CANCELLED, lease_expires_at__isnull=False)
@@ -163,16 +172,21 @@ def purge_past_retention(
     batches, each its own short statement (autocommit: no transaction spans
     two), until both are caught up or ``max_seconds`` pass: a busy site's
     purge keeps up with its finishing rate, and no delete holds locks for long.
-    Between two batches it sleeps ``pause`` seconds (``DISPATCH["PURGE_PAUSE"]``
-    when None): a purge catching up on millions of rows would otherwise keep
-    the server busy deleting without a break, and the claims, which never
-    wait on its rows' locks, would still wait for its CPU and disk.
+    Between two batches it rests: ``pause`` seconds (``DISPATCH["PURGE_PAUSE"]``
+    when None), and at least ``PURGE_YIELD`` times what the batch took
+    (``purge_rest``). A purge catching up on millions of rows would otherwise
+    keep the server busy deleting without a break, and the claims, which
+    never wait on its rows' locks, would still wait for its CPU and disk: a
+    fixed pause leaves a purge whose batches are slow (a loaded server, a
+    cold cache) most of the time, the duty cycle at most
+    ``1 / (PURGE_YIELD + 1)`` of it, however slow the server.
     """
     if pause is None:
         pause = get_settings().PURGE_PAUSE
     deadline = time.monotonic() + max_seconds
     jobs = letters = 0
     while True:
+        started = time.monotonic()
         batch_jobs = jobs_purge(job_retention, batch=batch, db=db, namespace=namespace)
         batch_letters = dead_letters_purge(
             older_than=dead_letter_retention, batch=batch, db=db, namespace=namespace
@@ -180,10 +194,18 @@ def purge_past_retention(
         jobs, letters = jobs + batch_jobs, letters + batch_letters
         if batch_jobs < batch and batch_letters < batch:
             break
-        if time.monotonic() + pause >= deadline:
+        ended = time.monotonic()
+        rest = purge_rest(ended - started, pause)
+        if ended + rest >= deadline:
             break
-        time.sleep(pause)
+        time.sleep(rest)
     return jobs, letters
+
+
+def purge_rest(took: float, pause: float) -> float:
+    """Seconds a purge rests after a batch that took ``took`` s: ``pause``, and at
+    least ``PURGE_YIELD`` times the batch (at most ``PURGE_YIELD_MAX`` s for that)."""
+    return max(pause, min(PURGE_YIELD * took, PURGE_YIELD_MAX))
 
 
 def jobs_delete_finished(job_ids: Sequence[int], *, db: str | None = None) -> int:

@@ -457,7 +457,8 @@ def test_the_purge_deletes_in_batches_of_purge_batch_each_its_own_transaction(mo
     assert deleted == 230
     assert _delete_sizes(seen) == [50, 50, 50, 50, 30]
     assert in_transaction and max(in_transaction) <= 1, in_transaction
-    assert pauses == [0.25] * 4  # between batches, not after the last
+    # Between batches, not after the last; at least the pause (more: the duty cycle).
+    assert len(pauses) == 4 and min(pauses) >= 0.25, pauses
     assert Job.objects.count() == 5  # the live ones stay
 
 
@@ -482,7 +483,7 @@ def test_the_purge_pause_comes_from_the_setting_and_the_time_budget_holds(settin
     deleted, _ = purge_past_retention(
         {"succeeded": 7 * 86400}, dead_letter_retention=1e9, batch=50, max_seconds=60
     )
-    assert (deleted, pauses) == (120, [0.5, 0.5])
+    assert deleted == 120 and len(pauses) == 2 and min(pauses) >= 0.5, pauses
     Job.objects.bulk_create(
         Job(
             task_path=ADD,
@@ -498,6 +499,62 @@ def test_the_purge_pause_comes_from_the_setting_and_the_time_budget_holds(settin
         {"succeeded": 7 * 86400}, dead_letter_retention=1e9, batch=50, max_seconds=0.4
     )
     assert deleted == 50  # one batch; the pause would have passed the budget
+
+
+def test_the_purge_rests_at_least_purge_yield_times_its_batch():
+    """The duty cycle: after a batch that took t s the purge rests at least
+    ``PURGE_YIELD`` x t (so it runs at most ``1 / (PURGE_YIELD + 1)`` of the
+    time, however slow the server), never less than ``PURGE_PAUSE``, and a
+    batch slowed by a lock does not stall it beyond ``PURGE_YIELD_MAX``."""
+    from django_dispatch.store.dead_letters import PURGE_YIELD, PURGE_YIELD_MAX, purge_rest
+
+    assert PURGE_YIELD >= 1
+    assert purge_rest(0.001, 0.05) == 0.05  # a fast batch: the pause
+    assert purge_rest(0.1, 0.05) == pytest.approx(PURGE_YIELD * 0.1)  # a slow one: more
+    assert purge_rest(0.1, 0.0) == pytest.approx(PURGE_YIELD * 0.1)  # even with no pause
+    assert purge_rest(60.0, 0.05) == PURGE_YIELD_MAX
+    assert purge_rest(60.0, 5.0) == 5.0  # the pause asked for, if longer
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_slow_batch_makes_the_purge_rest_longer(monkeypatch):
+    """Measured on the real purge: each rest is at least PURGE_YIELD x the batch's time."""
+    from django_dispatch.store import dead_letters as module
+
+    Job.objects.bulk_create(
+        Job(
+            task_path=ADD,
+            queue_name="default",
+            state="succeeded",
+            finished_at=timezone_old(),
+            args=[],
+            kwargs={},
+        )
+        for _ in range(150)
+    )
+    took: list[float] = []
+    purge_batch = module.jobs_purge
+
+    def slow_batch(*args, **kwargs):  # the real batch, on a server 50 ms slower
+        started = module.time.monotonic()
+        module.time.sleep(0.05)
+        deleted = purge_batch(*args, **kwargs)
+        took.append(module.time.monotonic() - started)
+        return deleted
+
+    rests: list[float] = []
+    monkeypatch.setattr(module, "jobs_purge", slow_batch)
+    real_sleep = module.time.sleep
+    monkeypatch.setattr(
+        module.time, "sleep", lambda s: real_sleep(s) if s == 0.05 else rests.append(s)
+    )
+    deleted, _ = purge_past_retention(
+        {"succeeded": 7 * 86400}, dead_letter_retention=1e9, batch=50, max_seconds=60, pause=0
+    )
+    assert deleted == 150
+    assert len(rests) == 3  # after each full batch; the fourth found nothing
+    for rest, batch in zip(rests, took[:3], strict=True):
+        assert rest >= module.PURGE_YIELD * batch
 
 
 def timezone_old():
