@@ -90,6 +90,12 @@ def execute(claimed: store.ClaimedJob, running: RunningJob, db: str) -> Outcome:
         concluded.append(outcome)
         if outcome.kind != "succeeded":  # cancelled meanwhile, or a value that is not JSON
             return False
+        # From here on the job waits only for its commit, as a success waits
+        # for its wave: its slot counts free for the next claim, and the wait
+        # (a WAL flush, which a busy server's disk can stretch past the
+        # prefetch's 50 ms) is not taken for a long-running job, which would
+        # hand back the jobs claimed ahead and stop claiming ahead for a while.
+        running.finished = outcome
         won = write_success(claimed, outcome, db)
         running.persisted, running.won = True, won
         return won
@@ -97,7 +103,7 @@ def execute(claimed: store.ClaimedJob, running: RunningJob, db: str) -> Outcome:
     try:
         in_transaction(db, lambda: task.func(*args, **kwargs), settle)
     except BaseException as e:  # the body, the write or the commit: all rolled back
-        running.persisted, running.won = False, False
+        running.persisted, running.won, running.finished = False, False, None
         return attempt.conclude(claimed, running, prepared, error=e)
     return concluded[0]
 

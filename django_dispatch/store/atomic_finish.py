@@ -8,18 +8,24 @@ sends it before the first statement), the fenced write, COMMIT. A wave of
 plain jobs shares them among hundreds of jobs; an atomic job cannot.
 
 ``job_commit_success_if_leased`` sends the fenced UPDATE, the usage record
-and the COMMIT as one simple-protocol query (``stmt; COMMIT``); when the body
-wrote nothing the transaction is not open yet, and the statement runs alone,
-its own implicit transaction. The statement is also cheaper to plan than the
-wave's (no arrays to unnest, no JSON rows to join): this one runs once per
-job, unprepared (Django's default), so its planning is paid every time.
+and the COMMIT as one simple-protocol query (``SELECT f(...); COMMIT``);
+when the body wrote nothing the transaction is not open yet, and the call
+runs alone, its own implicit transaction.
+
+The write itself is the PL/pgSQL function of migration 0026
+(``django_dispatch_atomic_success``). It runs once per job, and nothing is
+prepared (Django's default, and all that PgBouncer in transaction mode
+passes): sent as SQL, the statement was parsed, analysed and planned on
+every job, the planner weighing each of the job table's 21 indexes, which
+was most of an atomic job's server time (perf). The function's statements
+are planned once per server session; the call is a plain statement, cheap
+to plan, and passes PgBouncer as any other.
 
 The fence must stop the COMMIT that follows it in the same query, which the
-client never gets to decide on: when the UPDATE matched no row, the final
-SELECT fails (a cast that cannot succeed), the server skips the rest of the
-query, and the transaction is left aborted for the caller to roll back. Only
-the result decides the cast, so the planner cannot fold it into an error of
-every call. The error is recognised by its SQLSTATE and ``LOST``.
+client never gets to decide on: when the UPDATE matched no row, the function
+raises, the server skips the rest of the query, and the transaction is left
+aborted for the caller to roll back. The error is recognised by its SQLSTATE
+(22P02, as the failing cast that did this before the function) and ``LOST``.
 
 PostgreSQL on psycopg 3 and unkeyed jobs only (``fast_path_available``): a
 keyed job's success takes its partition's lock before the UPDATE and promotes
@@ -35,34 +41,23 @@ from typing import Any
 
 from django.db import DataError, connections
 
-from ..models import JobUsage
-from .base import job_sql
 from .types import Lease
 from .usage import UsageEntry
 
-#: What the fence's failed cast says, in the server's log and in the error.
+#: What the lost fence's error says, in the server's log and in the error.
 LOST = "django_dispatch: lease lost, success rolled back"
-#: invalid_text_representation: how a failed cast to integer reports itself.
+#: invalid_text_representation: the SQLSTATE the function raises it with.
 _CAST_FAILED = "22P02"
 
-_SUCCESS_SQL = """
-WITH done AS (
-    UPDATE {job} SET state = {succeeded}, return_value = %s::jsonb, finished_at = now(),
-        lease_expires_at = NULL
-    WHERE id = %s AND state = {running} AND worker_id = %s AND lease_epoch = %s
-    RETURNING id
-){usage}
-SELECT (CASE WHEN count(*) = 1 THEN '1' ELSE '{lost}' END)::integer FROM done"""
-#: The winner's usage record, from ``done`` so that a lost fence writes none.
-_USAGE_SQL = """,
-recorded AS (
-    INSERT INTO {table} (namespace, job_id, task_path, queue_name, attempt, worker_id, host,
-        outcome, started_at, wall_seconds, cpu_seconds, peak_rss_mb, resources)
-    SELECT %s, done.id, %s, %s, %s, %s, %s, %s, %s::timestamptz, %s::float8, %s::float8,
-        %s::float8, %s::jsonb
-    FROM done
-)"""
-_RENDERED: dict[tuple[str, bool, bool], str] = {}
+#: The fenced success and its usage record, by the function of migration
+#: 0026 (its statements planned once per server session). ``%s::boolean``:
+#: whether to write the record; the last five: what the worker alone knows
+#: of it (NULL without a record). The casts pick the function's signature.
+_SUCCESS_SQL = (
+    "SELECT django_dispatch_atomic_success(%s::bigint, %s::text, %s::bigint, %s::jsonb,"
+    " %s::boolean, %s::text, %s::text, %s::float8, %s::float8, %s::float8)"
+)
+_NO_RECORD = [False, None, None, None, None, None]
 
 
 def fast_path_available(db: str, lease: Lease) -> bool:
@@ -97,14 +92,17 @@ def job_commit_success_if_leased(
     # The body wrote nothing: psycopg has not sent BEGIN yet.
     idle = raw.info.transaction_status == TransactionStatus.IDLE
     params: list[Any] = [
-        None if return_value is None else json.dumps(return_value),
         lease.job_id,
         lease.worker_id,
         lease.epoch,
+        None if return_value is None else json.dumps(return_value),
     ]
-    if usage is not None:
-        params += _usage_params(usage)
-    sql = _sql(connection, usage is not None, commit=not idle)
+    if usage is None:
+        params += _NO_RECORD
+    else:  # the rest of the record comes from the row
+        params += [True, usage.host, usage.outcome]
+        params += [usage.wall_seconds, usage.cpu_seconds, usage.peak_rss_mb]
+    sql = _SUCCESS_SQL if idle else _SUCCESS_SQL + ";\nCOMMIT"
     try:
         if idle:
             # One statement is its own transaction: psycopg's BEGIN is not
@@ -132,34 +130,3 @@ def _client_cursor(connection: Any) -> Any:
 
     # django-stubs declare the class without psycopg's arguments.
     return connection._prepare_cursor(Cursor(connection.connection))  # type: ignore[call-arg]
-
-
-def _sql(connection: Any, with_usage: bool, *, commit: bool) -> str:
-    key = (connection.alias, with_usage, commit)
-    sql = _RENDERED.get(key)
-    if sql is None:
-        usage = ""
-        if with_usage:
-            table = connection.ops.quote_name(JobUsage._meta.db_table)
-            usage = _USAGE_SQL.format(table=table)
-        template = _SUCCESS_SQL.replace("{usage}", usage).replace("{lost}", LOST)
-        sql = job_sql(connection, template) + (";\nCOMMIT" if commit else "")
-        _RENDERED[key] = sql
-    return sql
-
-
-def _usage_params(e: UsageEntry) -> list[Any]:
-    return [
-        e.namespace,
-        e.task_path,
-        e.queue_name,
-        e.attempt,
-        e.worker_id,
-        e.host,
-        e.outcome,
-        e.started_at,
-        e.wall_seconds,
-        e.cpu_seconds,
-        e.peak_rss_mb,
-        None if e.resources is None else json.dumps(e.resources),
-    ]

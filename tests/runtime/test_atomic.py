@@ -13,13 +13,16 @@ from datetime import timedelta
 from pathlib import Path
 
 import pytest
-from django.db import transaction
+from django.db import connection, transaction
 from django.db.models import F
 from django.utils import timezone
 
 from django_dispatch import run_now, store, task
 from django_dispatch.compat import InvalidTask, task_finished
 from django_dispatch.models import Artifact, DeadLetter, Job, JobUsage
+from django_dispatch.runtime import atomic, attempt
+from django_dispatch.runtime.running import RunningJob
+from django_dispatch.runtime.slots import Slots
 from django_dispatch.services.jobs import cancel
 from django_dispatch.states import JobState
 from django_dispatch.testing import drain
@@ -229,3 +232,31 @@ def test_an_atomic_success_is_not_taken_for_lost_while_its_report_runs(caplog):
     assert Job.objects.get(pk=enqueued.id).state == JobState.SUCCEEDED
     stops = [r.getMessage() for r in caplog.records if "asking it to stop" in r.getMessage()]
     assert stops == []
+
+
+def test_an_atomic_success_waiting_for_its_commit_is_not_taken_for_a_long_running_job():
+    """While an atomic job's success is being committed (a WAL flush, which a busy
+    disk stretches), its slot counts free for the next claim, and the wait is not
+    taken for a long job: the job claimed ahead stays, and claiming ahead goes on."""
+    atomic_tasks.write_rows.enqueue("committing", rows=1)
+    tasks.noop.enqueue()
+    first, ahead = store.jobs_claim(worker_id="w-slots", queues=(), limit=2, lease_seconds=30)
+    slots = Slots(concurrency=1, prefetch=1)
+    slots.ran(0.001)  # only short jobs so far: one is claimed ahead of the thread
+    committing = RunningJob(claimed=first, lease_seconds=30, begun_at=time.monotonic() - 1.0)
+    waiting = RunningJob(claimed=ahead, lease_seconds=30)  # no thread yet
+    slots.running = {first.id: committing, ahead.id: waiting}
+    attempt.resolve(committing)
+    seen: list[tuple[int, list[RunningJob]]] = []
+
+    def observe(execute, sql, params, many, context):
+        if "dispatch_job" in sql or "atomic_success" in sql:  # the success's write
+            seen.append((slots.free(), slots.behind_long_jobs()))
+        return execute(sql, params, many, context)
+
+    with connection.execute_wrapper(observe):
+        outcome = atomic.execute(first, committing, "default")
+    assert (outcome.kind, committing.won) == ("succeeded", True)
+    assert seen and all(entry == (1, []) for entry in seen), seen
+    assert not waiting.abandoned and slots.ahead() == 1
+    assert notes("committing") == ["atomic"]

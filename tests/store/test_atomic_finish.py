@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import contextlib
 import threading
-from datetime import UTC, datetime
 
 import pytest
 from django.db import DatabaseError, connection, connections, transaction
@@ -34,12 +33,13 @@ WORKER = "w-atomic"
 
 
 def _running() -> store.ClaimedJob:
-    tasks.add.enqueue(1, 2)
-    (claimed,) = store.jobs_claim(worker_id=WORKER, queues=(), limit=1, lease_seconds=30)
+    tasks.add.using(queue_name="atomic-q").enqueue(1, 2)
+    (claimed,) = store.jobs_claim(worker_id=WORKER, queues=("atomic-q",), limit=1, lease_seconds=30)
     return claimed
 
 
 def _usage(claimed: store.ClaimedJob) -> UsageEntry:
+    """The record as ``metering.entry`` makes it: what the row knows, from the claim."""
     return UsageEntry(
         job_id=claimed.id,
         namespace=claimed.lease.namespace,
@@ -49,11 +49,11 @@ def _usage(claimed: store.ClaimedJob) -> UsageEntry:
         worker_id=WORKER,
         host="host-1",
         outcome="succeeded",
-        started_at=datetime(2026, 1, 2, 3, 4, 5, 678901, tzinfo=UTC),
+        started_at=claimed.claimed_at,
         wall_seconds=0.25,
         cpu_seconds=None,
         peak_rss_mb=61.5,
-        resources={"memory_mb": 20},
+        resources=claimed.row.get("resources"),
     )
 
 
@@ -101,6 +101,9 @@ def test_a_won_fence_commits_the_body_the_success_and_its_record_in_one_round_tr
     record = JobUsage.objects.get(job_id=claimed.id)
     assert (
         record.outcome,
+        record.namespace,
+        record.task_path,
+        record.queue_name,
         record.worker_id,
         record.host,
         record.attempt,
@@ -111,14 +114,17 @@ def test_a_won_fence_commits_the_body_the_success_and_its_record_in_one_round_tr
         record.resources,
     ) == (
         "succeeded",
+        claimed.lease.namespace,
+        "tests.testapp.tasks.add",
+        "atomic-q",
         WORKER,
         "host-1",
         1,
-        datetime(2026, 1, 2, 3, 4, 5, 678901, tzinfo=UTC),
+        claimed.claimed_at,
         0.25,
         None,
         61.5,
-        {"memory_mb": 20},
+        claimed.row.get("resources"),
     )
     assert connection.get_autocommit()  # the block ended as any other
 
