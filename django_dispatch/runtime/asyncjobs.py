@@ -302,15 +302,16 @@ class AsyncJobs:
         self.conns.done()  # read by ``ready_for_task``: the thread is busy, not idle
 
     def _overdue(self) -> None:
-        """The watchdog: successes whose wave was not written within about a
-        lease are written one by one; then it waits for the next oldest."""
-        self.watchdog = None
-        wait = self.runner.completer.wait_seconds
-        now = self.loop.time()
+        """The watchdog: successes no wave took within about a lease are written one
+        by one, oldest first; those a wave took are its own (``BatchCompleter.withdraw``)."""
+        self.watchdog, completer, now = None, self.runner.completer, self.loop.time()
+        wait = completer.wait_seconds
         for key, (running, offered_at) in list(self.offered.items()):
             if now - offered_at < wait:  # the oldest first: the rest are younger
                 self.watchdog = self.loop.call_later(offered_at + wait - now, self._overdue)
                 return
+            if not completer.withdraw(running):
+                continue
             del self.offered[key]
             assert running.finished is not None
             self._finish(running, running.finished, "write")

@@ -81,6 +81,8 @@ class BatchCompleter:
         self.wakeup = wakeup
         self.wait_seconds = wait_seconds  # about a lease: then write it yourself
         self.waiting: queue.SimpleQueue[RunningJob] = queue.SimpleQueue()
+        #: ``take`` against ``withdraw``: a success goes to a wave or is withdrawn, never both.
+        self.taking = threading.Lock()
         self.slots = slots
         self.db = db or store.db_alias()
         #: Reports the successes written in waves (``start`` to ``stop``).
@@ -124,14 +126,34 @@ class BatchCompleter:
         return True
 
     def take(self) -> list[RunningJob]:
-        """The successes waiting now, at most ``COMPLETION_BATCH``."""
+        """The successes waiting now, at most ``COMPLETION_BATCH``, each marked
+        as in a wave; one withdrawn meanwhile (``withdraw``) is skipped."""
         batch: list[RunningJob] = []
-        while len(batch) < COMPLETION_BATCH:
-            try:
-                batch.append(self.waiting.get_nowait())
-            except queue.Empty:
-                break
+        with self.taking:
+            while len(batch) < COMPLETION_BATCH:
+                try:
+                    running = self.waiting.get_nowait()
+                except queue.Empty:
+                    break
+                if not running.withdrawn:
+                    running.in_wave = True
+                    batch.append(running)
         return batch
+
+    def withdraw(self, running: RunningJob) -> bool:
+        """Take a waiting success back to write it one by one (the asyncio
+        watchdog, when no wave came for about a lease); False once a wave
+        has it, which then settles it, or has it write its own if it fails.
+
+        Never both: were a success written by the watchdog and by a wave,
+        whichever wrote second would find the job finished and report it
+        lost, and ``task_finished`` would not be sent.
+        """
+        with self.taking:
+            if running.in_wave:
+                return False
+            running.withdrawn = True
+            return True
 
     def write_wave(
         self,
@@ -304,11 +326,11 @@ class BatchCompleter:
                         report=not running.abandoned,
                     )
                 finally:
-                    self.release(running)
+                    self.give_slot_back(running)
         finally:
             metering.forget(running.claimed.id, running.meter)
 
-    def release(self, running: RunningJob) -> None:
+    def give_slot_back(self, running: RunningJob) -> None:
         """A success whose wave failed, once it wrote its own outcome (or gave up).
 
         Its slot goes: otherwise the heartbeat renews the lease of a job

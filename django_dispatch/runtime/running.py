@@ -48,6 +48,10 @@ class RunningJob:
     #: The attempt's meter (``metering.Meter``) while its success waits for
     #: the wave that writes its usage record, its thread gone on to another job.
     meter: Any = None
+    #: Taken by a completion wave (``BatchCompleter.take``), or withdrawn from
+    #: the waves to be written one by one (``BatchCompleter.withdraw``).
+    in_wave: bool = False
+    withdrawn: bool = False
     _loop: asyncio.AbstractEventLoop | None = None
     _atask: asyncio.Task[Any] | None = None
 
