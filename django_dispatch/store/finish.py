@@ -255,7 +255,9 @@ def finish_params(
     }
     if usage:
         entries = [usage.get(job_id) for job_id in ids]
-        first = next(e for e in entries if e is not None)
+        # A wave's records share the worker's host and the outcome. With no
+        # entry for any of ``results``, every ``metered`` is false: no record.
+        first = next((e for e in entries if e is not None), Measured(None, None, None, "", ""))
         params.update(
             metered=bool_array([e is not None for e in entries]),
             walls=float_array([None if e is None else e.wall_seconds for e in entries]),

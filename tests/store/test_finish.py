@@ -4,7 +4,9 @@ import pytest
 
 from django_dispatch import store
 from django_dispatch.core.states import JobState
-from django_dispatch.models import Job
+from django_dispatch.models import Job, JobUsage
+from django_dispatch.store.finish import Measured
+from tests.conftest import postgres_only
 from tests.store.helpers import claim
 from tests.testapp import tasks
 
@@ -56,3 +58,16 @@ def test_finishing_many_stores_any_return_value_exactly():
     for job_id, value in zip(ids, TRICKY, strict=True):
         job = Job.objects.get(pk=job_id)
         assert (job.state, job.return_value, job.worker_id) == (JobState.SUCCEEDED, value, worker)
+
+
+@postgres_only
+def test_usage_entries_for_other_jobs_write_no_record():
+    """Only a result's own entry makes a record (on PostgreSQL, in the finishing
+    statement): entries for jobs not in the wave are ignored, and a wave with
+    none of its own writes no record at all."""
+    job = tasks.add.enqueue(1, 1)
+    (claimed,) = claim(limit=1)
+    other = {int(job.id) + 1000: Measured(0.5, 0.25, 10.0, "h", "succeeded")}
+    assert store.jobs_finish_many_if_leased([(claimed.lease, 2)], usage=other) == {int(job.id)}
+    assert Job.objects.get(pk=job.id).state == JobState.SUCCEEDED
+    assert not JobUsage.objects.exists()
