@@ -88,6 +88,42 @@ def test_overview_counts_queues_and_flags_the_unserved_one():
 
 
 @pytest.mark.django_db
+def test_wait_and_run_percentiles_are_the_jobs_own():
+    """Wait: from enqueue (or the later deferral) to the first start; run: the last
+    attempt; a start before the deferral (a retry run early) waits 0, not less."""
+    now = timezone.now()
+
+    def finished(wait: float, run: float, deferred: float = 0.0, attempt: float = 0.0) -> Job:
+        enqueued = now - timedelta(minutes=10)
+        started = enqueued + timedelta(seconds=deferred + wait)
+        return Job(
+            task_path="tests.testapp.tasks.add",
+            queue_name="timed",
+            state="succeeded",
+            args=[],
+            kwargs={},
+            enqueued_at=enqueued,
+            deferred_until=enqueued + timedelta(seconds=deferred) if deferred else None,
+            started_at=started,
+            last_attempted_at=started + timedelta(seconds=attempt) if attempt else None,
+            finished_at=started + timedelta(seconds=attempt + run),
+        )
+
+    Job.objects.bulk_create(
+        [
+            finished(wait=2.0, run=3.0),
+            finished(wait=4.0, run=1.5, deferred=60.0),
+            finished(wait=6.0, run=0.25, attempt=30.0),
+            finished(wait=-5.0, run=9.0, deferred=60.0),
+        ]
+    )
+    queue = {q.name: q for q in console.overview().queues}["timed"]
+    # Waits 0 (clamped), 2, 4, 6; runs 0.25, 1.5, 3, 9 (nearest rank).
+    assert (queue.wait_p50, queue.wait_p95) == (pytest.approx(2.0), pytest.approx(6.0))
+    assert (queue.run_p50, queue.run_p95) == (pytest.approx(1.5), pytest.approx(9.0))
+
+
+@pytest.mark.django_db
 def test_keyed_jobs_behind_another_of_their_key_count_as_blocked():
     """A worker marks them blocked only when it next looks; the operator sees it now."""
     for n in range(3):
