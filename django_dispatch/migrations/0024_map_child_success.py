@@ -1,5 +1,5 @@
-"""On PostgreSQL, a step's claim and a one-step ``ctx.map`` child's whole
-success as functions.
+"""On PostgreSQL, a step's claim and a one-step ``ctx.map`` child's success
+as functions.
 
 Sent as statements, these (``store.workflows.pgpath``) cost the server more
 to plan than to run: about 0.6 ms of planning per child for the success at
@@ -14,16 +14,16 @@ passes PgBouncer in transaction mode as any other.
 entrusted with it, for its generation, returning what the attempt reads of
 the step and its run (``pgpath.STEP_FIELDS``, then ``RUN_FIELDS``).
 
-``django_dispatch_map_child_succeed``, in this order (the lock order of every run transition: the
-run, its step, then the parent's step): lock the child run while it is a
+``django_dispatch_map_child_succeed``, in this order (the lock order of every
+run transition: the run, then its step): lock the child run while it is a
 running map child not counted yet; give up, writing nothing, when the run
 has another step or its set still has held children to admit (both need the
 general path); the step's success under its claim fence; the run's success,
-counted once (``map_counted``); the count on the parent step while it waits
-for the set. Each statement reads what the ones before it committed or
-wrote, as in a transaction of separate statements. Its commit skips the WAL
-flush (see ``pgpath``). The text is frozen here: a change needs a migration
-that replaces the function.
+counted once (``map_counted``). Each statement reads what the ones before it
+wrote, as in a transaction of separate statements. The count on the parent
+step follows the commit, in a statement of its own (``common.count_map_child``).
+The text is frozen here: a change needs a migration that replaces the
+function.
 """
 
 from django.db import migrations
@@ -55,8 +55,7 @@ $$;
 
 CREATE OR REPLACE FUNCTION django_dispatch_map_child_succeed(
     p_run bigint, p_step bigint, p_claim text, p_output jsonb)
-RETURNS TABLE (parent_step bigint, parent_run bigint, batch text, written boolean,
-               done bigint, total bigint)
+RETURNS TABLE (parent_step bigint, parent_run bigint, batch text, written boolean)
 LANGUAGE plpgsql AS $$
 DECLARE
     child record;
@@ -93,17 +92,15 @@ BEGIN
     SET state = 'succeeded', output = p_output, finished_at = statement_timestamp(),
         updated_at = statement_timestamp(), map_counted = true
     WHERE id = p_run;
-    PERFORM set_config('synchronous_commit', 'off', true);
-    UPDATE django_dispatch_workflowtask
-    SET map_done = map_done + 1, updated_at = now()
-    WHERE id = child.parent_task_id AND state = 'waiting' AND map_batch = child.map_batch
-    RETURNING map_done, map_total INTO done, total;
     written := true;
     RETURN NEXT;
 END;
 $$;
 """
-DROP = "DROP FUNCTION IF EXISTS django_dispatch_map_child_succeed(bigint, bigint, text, jsonb);"
+DROP = """
+DROP FUNCTION IF EXISTS django_dispatch_map_child_succeed(bigint, bigint, text, jsonb);
+DROP FUNCTION IF EXISTS django_dispatch_step_claim_ready(bigint, integer, bigint, text);
+"""
 
 
 def create(apps, schema_editor):

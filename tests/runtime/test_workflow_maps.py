@@ -579,7 +579,7 @@ def succeed(claimed: wf_store.ClaimedStep, output: object, claim_id: str | None 
 
 
 @pytestmark_db
-def test_a_one_step_childs_success_is_one_statement_and_counts_it():
+def test_a_one_step_childs_success_is_one_statement_then_its_count():
     if connection.vendor != "postgresql":
         pytest.skip("the one-statement success is PostgreSQL's (migration 0024)")
     run = fan("one-statement", 3)
@@ -587,7 +587,9 @@ def test_a_one_step_childs_success_is_one_statement_and_counts_it():
     claimed = claim_first_child(run)
     with CaptureQueriesContext(connection) as statements:
         assert succeed(claimed, 0)
-    assert len(statements) == 1, [q["sql"] for q in statements.captured_queries]
+    sql = [q["sql"] for q in statements.captured_queries]
+    assert len(sql) == 2 and "django_dispatch_map_child_succeed" in sql[0], sql
+    assert "map_done = map_done + 1" in sql[1], sql  # the count, after the commit
     child = WorkflowRun.objects.get(pk=claimed.run_id)
     assert (child.state, child.output, child.map_counted) == (RunState.SUCCEEDED, 0, True)
     step = WorkflowTask.objects.get(pk=claimed.step_id)

@@ -15,9 +15,9 @@ and is written out once, not built by the ORM per call:
   (``run_steps``, written out rather than built by the ORM);
 - a map child's run success, and the read of its set's admission counters
   (``map_child_done``); after its commit, its count (``count_child``);
-- the whole success of a one-step map child, with nothing to admit: its
-  step's, its run's and its count, one call of a function of migration 0024
-  (``map_child_succeed``).
+- the success of a one-step map child with nothing to admit, its step's and
+  its run's: one call of a function of migration 0024 (``map_child_succeed``),
+  then its count (``count_child``).
 
 The transitions, their fences and their lock order are the ORM path's,
 statement for statement; only the round trips are fewer.
@@ -113,17 +113,13 @@ _COUNT_SQL = (
 )
 
 
-#: A one-step map child's whole success, in autocommit (``pgsucceed``): the
-#: function of migration 0024, planned once per server session (as one
-#: statement of CTEs, its planning cost the server more than its execution).
-#: Its commit does not wait for the WAL flush, for the reason of
-#: ``_COUNT_SQL`` (the waiting step stays locked until the commit); what that
-#: risks is the success being lost in a server crash together with the job's
-#: completion, which is written after it, so flushed with it or later: the
-#: job then runs again and re-claims its step, as any job whose completion
-#: was lost.
+#: A one-step map child's success, in autocommit (``pgsucceed``): the function
+#: of migration 0024, planned once per server session (as statements, their
+#: planning cost the server more than their execution). Its commit waits for
+#: the WAL flush as any success's: only the count after it may be lost (see
+#: ``_COUNT_SQL``).
 _MAP_CHILD_SUCCEED_SQL = (
-    "SELECT parent_step, parent_run, batch, written, done, total "
+    "SELECT parent_step, parent_run, batch, written "
     "FROM django_dispatch_map_child_succeed(%s, %s, %s, %s)"
 )
 
@@ -224,18 +220,17 @@ def count_child(db: str, step_id: int, batch: str) -> tuple[int, int | None] | N
 
 def map_child_succeed(
     db: str, run_id: int, step_id: int, claim_id: str, output: Any
-) -> tuple[int, int, str, bool, int | None, int | None] | None:
-    """A one-step map child's success, its run's and its count, in autocommit.
+) -> tuple[int, int, str, bool] | None:
+    """A one-step map child's success and its run's, in autocommit.
 
     None: the run is not a running, uncounted map child. Else (parent step,
-    parent run, set, written?, map_done, map_total); not written: the fence
-    did not match, the run has other steps, or the set has children to admit
-    (the caller then takes the general path, which decides); no counts: the
-    step no longer waits for this set.
+    parent run, set, written?); not written: the fence did not match, the run
+    has other steps, or the set has children to admit (the caller then takes
+    the general path, which decides).
     """
     with connections[db].cursor() as cursor:
         cursor.execute(_MAP_CHILD_SUCCEED_SQL, [run_id, step_id, claim_id, _json_param(db, output)])
         row = cursor.fetchone()
     if row is None:
         return None
-    return row[0], row[1], row[2], bool(row[3]), row[4], row[5]
+    return row[0], row[1], row[2], bool(row[3])

@@ -1,5 +1,5 @@
 """A step's success on PostgreSQL: the general one in fewer statements, and a
-one-step ``ctx.map`` child's in one.
+one-step ``ctx.map`` child's in one, then its count.
 
 Every child of a map is a run of (usually) one step, so at thousands of
 children a child's own statements are most of what the map costs. The general
@@ -7,9 +7,9 @@ success (``succeed``) is ``steps.workflow_step_succeed``'s transaction with
 the run's lock and the step's write in one statement (``pgpath``). A one-step
 child with nothing to admit (``succeed_map_child``) needs none of what that
 transaction is for: no other step of its run can start, and no held sibling
-waits for a slot. Its step's success, its run's and its count on the waiting
-step are one statement in autocommit, where they were a transaction of four
-statements and a count after it.
+waits for a slot. Its step's success and its run's are one statement in
+autocommit (a function call), where they were a transaction of four
+statements; its count on the waiting step follows, as before.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from django.db.models.functions import Now
 from ...core.workflow_states import RUN_ACTIVE, STEP_DONE
 from ...models import WorkflowRun
 from . import pgpath
-from .common import StepJobBuilder, advance, gather, write_transaction
+from .common import StepJobBuilder, advance, count_map_child, write_transaction
 
 
 def succeed(
@@ -51,18 +51,17 @@ def _all_done(steps: Sequence[Mapping[str, Any]]) -> bool:
 def succeed_map_child(
     db: str, run_id: int, step_id: int, claim_id: str, output: Any, build_job: StepJobBuilder
 ) -> bool | None:
-    """A one-step map child's success in one statement; the count that reaches the
-    set's total gathers. None: not that case (the caller takes ``succeed``).
+    """A one-step map child's success in one statement, then its count (the count
+    that reaches the set's total gathers). None: not that case (the caller
+    takes ``succeed``).
 
-    Only outside a transaction: its commit skips the WAL flush (``pgpath``),
-    which must never extend to a caller's transaction.
+    Only outside a transaction: the count must follow the success's commit.
     """
     if not connections[db].get_autocommit():
         return None
     done = pgpath.map_child_succeed(db, run_id, step_id, claim_id, output)
     if done is None or not done[3]:
         return None  # the general path decides (a lost fence: it finds it lost)
-    parent_step, parent_run, batch, _, counted, total = done
-    if counted is not None and counted >= (total or 0):
-        gather(db, parent_step, batch, parent_run, build_job)
+    parent_step, parent_run, batch, _ = done
+    count_map_child(db, parent_step, batch, parent_run, build_job)
     return True
