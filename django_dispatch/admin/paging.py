@@ -104,7 +104,11 @@ class RecentValuesFilter(admin.AllValuesFieldListFilter):
 
     def __init__(self, field, request, params, model, model_admin, field_path):
         super().__init__(field, request, params, model, model_admin, field_path)
-        values = recent_values(model, field.name, list_database(request))
+        database = list_database(request)
+        found = sampled_values(request, model, model_admin, database).get(field.name)
+        if found is None:  # a filter not in the admin's list_filter (built elsewhere)
+            found = recent_values(model, [field.name], database)[field.name]
+        values = set(found)
         values.update(self.lookup_val or [])
         # A list where Django has a queryset: choices() only iterates it.
         self.lookup_choices = sorted(  # type: ignore[assignment]
@@ -112,19 +116,42 @@ class RecentValuesFilter(admin.AllValuesFieldListFilter):
         )
 
 
-def recent_values(model: Any, field: str, database: str) -> set[Any]:
-    """The distinct values of ``field`` among the newest ``FILTER_SAMPLE`` rows.
+def sampled_values(
+    request: HttpRequest, model: Any, model_admin: Any, database: str
+) -> dict[str, set[Any]]:
+    """The values of every ``RecentValuesFilter`` column of ``model_admin``'s list, read
+    together: one sample of the newest rows for the page, not one per filter."""
+    cache = request.__dict__.setdefault("_dispatch_sampled_values", {})
+    key = (model, database)
+    if key not in cache:
+        fields = [
+            spec[0]
+            for spec in model_admin.get_list_filter(request)
+            if isinstance(spec, (list, tuple))
+            and isinstance(spec[1], type)
+            and issubclass(spec[1], RecentValuesFilter)
+            and "__" not in spec[0]
+        ]
+        cache[key] = recent_values(model, fields, database)
+    return cache[key]
+
+
+def recent_values(model: Any, fields: Sequence[str], database: str) -> dict[str, set[Any]]:
+    """The distinct values of each of ``fields`` among the newest ``FILTER_SAMPLE`` rows.
 
     ``SELECT DISTINCT * FROM (the newest rows, by primary key, LIMIT n)``:
     the LIMIT keeps the sample a subquery of its own, read off the primary
-    key's index, and only the few distinct values leave the database (the
-    5,000 values, fetched and de-duplicated here, cost as much as the rest of
-    the filter). The ORM has no DISTINCT over a sliced subquery, and
+    key's index, and only the few distinct combinations leave the database
+    (the 5,000 rows, fetched and de-duplicated here, cost as much as the rest
+    of the filter). The ORM has no DISTINCT over a sliced subquery, and
     ``pk IN (newest ids)`` with DISTINCT let the planner join the sample to
-    a scan of the whole table once it had a few hundred thousand rows.
+    a scan of the whole table once it had a few hundred thousand rows. All
+    the filters' columns are read in one sample: three filters cost one
+    read of the newest rows, not three.
     """
-    sample = model._default_manager.using(database).order_by("-pk").values_list(field)
+    sample = model._default_manager.using(database).order_by("-pk").values_list(*fields)
     sql, params = sample[:FILTER_SAMPLE].query.get_compiler(using=database).as_sql()
-    with connections[database].cursor() as cursor:  # the sample's one column
+    with connections[database].cursor() as cursor:  # the sample's columns
         cursor.execute(f"SELECT DISTINCT * FROM ({sql}) sample", params)
-        return {value for (value,) in cursor.fetchall()}
+        rows = cursor.fetchall()
+    return {name: {row[n] for row in rows} for n, name in enumerate(fields)}

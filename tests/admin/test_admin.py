@@ -257,6 +257,26 @@ def test_job_changelist_never_counts_the_whole_table(client, login, monkeypatch)
 
 
 @pytest.mark.django_db
+def test_the_value_filters_are_read_in_one_sample(client, login):
+    """The job list's three value filters (namespace, queue, task) offer the values
+    of the newest rows, read in one query for all three; a value selected but not
+    in the sample is offered too."""
+    tasks.add.using(queue_name="emails").enqueue(1, 2)
+    tasks.echo.using(queue_name="reports").enqueue("x")
+    login(*ALL_VIEW)
+    with CaptureQueriesContext(connection) as ctx:
+        response = client.get(url("job", "changelist") + "?queue_name=elsewhere")
+    samples = [q["sql"] for q in ctx.captured_queries if "SELECT DISTINCT" in q["sql"].upper()]
+    assert len(samples) == 1, samples
+    choices = {
+        spec.title: {c["display"] for c in spec.choices(response.context["cl"])}
+        for spec in response.context["cl"].filter_specs
+    }
+    assert {"emails", "reports", "elsewhere"} <= choices["queue name"]
+    assert {"tests.testapp.tasks.add", "tests.testapp.tasks.echo"} <= choices["task path"]
+
+
+@pytest.mark.django_db
 def test_job_changelist_pages_merge_finished_and_live_jobs_newest_first(client, login):
     """The job list reads finished and live jobs apart (each through its own
     indexes) and merges them: every page is the next 100 of all matching jobs,
