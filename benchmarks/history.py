@@ -76,7 +76,7 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--rows", type=int, default=10_000_000, help="finished jobs of history")
     p.add_argument("--runs", type=int, default=7, help="timed runs per read (median)")
     p.add_argument("--live", type=int, default=2_000, help="live jobs in every state")
-    p.add_argument("--backlog", type=int, default=300_000, help="no-op jobs the worker drains")
+    p.add_argument("--backlog", type=int, default=500_000, help="no-op jobs the worker drains")
     p.add_argument("--window", type=float, default=3.0, help="seconds per claim-rate window")
     p.add_argument(
         "--windows", type=int, default=12, help="pairs of windows (without, with) per pause"
@@ -89,6 +89,11 @@ def parse_args() -> argparse.Namespace:
     )
     p.add_argument("--concurrency", type=int, default=4, help="the worker's slots")
     p.add_argument("--quick", action="store_true", help="200,000 rows, fewer runs: a smoke test")
+    p.add_argument(
+        "--not-before",
+        default="",
+        help="HH:MM (UTC): fill the tables now, start timing only then (a quiet window)",
+    )
     p.add_argument("--output-dir", type=Path, default=BENCH_DIR / "results")
     p.add_argument("--tag", default="", help="name suffix of the report files")
     args = p.parse_args()
@@ -97,6 +102,18 @@ def parse_args() -> argparse.Namespace:
         args.window, args.windows, args.pauses = 2.0, 5, [0.05]
         args.tag = args.tag or "quick"
     return args
+
+
+def wait_until(hhmm: str) -> None:
+    """Sleep until ``hhmm`` (UTC) today, if it is ahead."""
+    if not hhmm:
+        return
+    now = datetime.datetime.now(datetime.UTC)
+    hour, minute = (int(x) for x in hhmm.split(":"))
+    ahead = (now.replace(hour=hour, minute=minute, second=0) - now).total_seconds()
+    if ahead > 0:
+        log(f"waiting {ahead:.0f} s, until {hhmm} UTC, to time")
+        time.sleep(ahead)
 
 
 def log(message: str) -> None:
@@ -673,6 +690,8 @@ def main() -> None:
         fill_history(args.rows, recent)
         vacuum_analyze()
         log(f"history: filled in {time.monotonic() - started:.0f} s; timing")
+        wait_until(args.not_before)
+        info["load average when timing began"] = " ".join(f"{x:.2f}" for x in os.getloadavg())
         timings = time_reads(args.runs)
         log("history: timed; the purge against the claims")
         purge = purge_against_claims(args)
