@@ -12,7 +12,7 @@ import time
 from datetime import datetime
 
 import pytest
-from django.db import connection, transaction
+from django.db import connection, connections, transaction
 from django.db.models.functions import Now
 from django.test import override_settings
 from django.test.utils import CaptureQueriesContext
@@ -675,3 +675,44 @@ def test_a_set_is_inserted_as_the_orm_inserts_each_child():
     run = run_to_end(run)
     assert run.output == {"doubled": [0, 2, 4, 6, 8]}
     assert executions("copied") == {n: 1 for n in range(5)}
+
+
+@pytestmark_db
+def test_a_one_step_childs_count_that_fails_leaves_its_success_to_the_sweep():
+    """The count follows the child's committed success: if it fails (here a lock
+    timeout on the waiting step, as a deadlock or a dropped connection would),
+    the step's job must not fail with it; the sweep repairs the count."""
+    if connection.vendor != "postgresql":
+        pytest.skip("the one-statement success is PostgreSQL's (migration 0024)")
+    run = fan("count-fails", 2)
+    drain(max_jobs=1)
+    claimed = claim_first_child(run)
+    waiting = spread(run)
+    holder = connections.create_connection("default")
+    try:
+        holder.set_autocommit(False)
+        with holder.cursor() as cursor:
+            cursor.execute(
+                "SELECT id FROM django_dispatch_workflowtask WHERE id = %s FOR UPDATE", [waiting.pk]
+            )
+        with connection.cursor() as cursor:
+            cursor.execute("SET lock_timeout = '200ms'")
+        try:
+            assert succeed(claimed, 0)  # the count timed out, the success stands
+        finally:
+            with connection.cursor() as cursor:
+                cursor.execute("RESET lock_timeout")
+    finally:
+        holder.rollback()
+        holder.close()
+    child = WorkflowRun.objects.get(pk=claimed.run_id)
+    assert (child.state, child.output) == (RunState.SUCCEEDED, 0)
+    assert spread(run).map_done == 0  # not counted
+    time.sleep(0.05)
+    assert wf_store.sweep_stale_steps(0, build_job=build_step_job) == []  # one child runs on
+    job_cancel(claimed_job(claimed))  # its step was finished here, not by its job
+    drain(max_jobs=1)  # the other child: counted, 1 of 2
+    time.sleep(0.05)
+    assert wf_store.sweep_stale_steps(0, build_job=build_step_job) == [waiting.pk]
+    run = run_to_end(run)
+    assert run.state == RunState.SUCCEEDED and run.output == {"doubled": [0, 2]}

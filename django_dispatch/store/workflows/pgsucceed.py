@@ -8,12 +8,13 @@ the run's lock and the step's write in one statement (``pgpath``). A one-step
 child with nothing to admit (``succeed_map_child``) needs none of what that
 transaction is for: no other step of its run can start, and no held sibling
 waits for a slot. Its step's success and its run's are one statement in
-autocommit (a function call), where they were a transaction of four
-statements; its count on the waiting step follows, as before.
+autocommit (a function call); its count on the waiting step follows, once
+that has committed.
 """
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -24,6 +25,8 @@ from ...core.workflow_states import RUN_ACTIVE, STEP_DONE
 from ...models import WorkflowRun
 from . import pgpath
 from .common import StepJobBuilder, advance, count_map_child, write_transaction
+
+logger = logging.getLogger("django_dispatch.store")
 
 
 def succeed(
@@ -56,6 +59,9 @@ def succeed_map_child(
     takes ``succeed``).
 
     Only outside a transaction: the count must follow the success's commit.
+    A count that fails (a dropped connection, a deadlock while gathering) is
+    logged and left to the stale-step sweep, which repairs short counts: the
+    child's success is committed, so the job that ran it must not be failed.
     """
     if not connections[db].get_autocommit():
         return None
@@ -63,5 +69,13 @@ def succeed_map_child(
     if done is None or not done[3]:
         return None  # the general path decides (a lost fence: it finds it lost)
     parent_step, parent_run, batch, _ = done
-    count_map_child(db, parent_step, batch, parent_run, build_job)
+    try:
+        count_map_child(db, parent_step, batch, parent_run, build_job)
+    except Exception:
+        logger.exception(
+            "counting map child run %s on step %s failed; the stale-step sweep will "
+            "repair the count",
+            run_id,
+            parent_step,
+        )
     return True
