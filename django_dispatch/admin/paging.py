@@ -132,7 +132,9 @@ def sampled_values(
             and issubclass(spec[1], RecentValuesFilter)
             and "__" not in spec[0]
         ]
-        cache[key] = recent_values(model, fields, database)
+        # No such filter (a caller's own list_filter): no sample, and no
+        # ``values_list()`` of every column.
+        cache[key] = recent_values(model, fields, database) if fields else {}
     return cache[key]
 
 

@@ -4,7 +4,7 @@ Django builds every cell of a change list through ``items_for_result``: the
 column looked up by name on the model and on the admin, the empty value
 looked up, a ``format_html``, and for the linked column a ``reverse()`` and
 ``add_preserved_filters`` (a URL parsed and resolved again), per cell and per
-row. On a page of 100 rows of ten columns that was most of the page's time
+row. On a page of 100 rows of ten columns that is most of the page's time
 (about 0.4 ms a row, three to four times the time of the same list empty).
 All of it but the value itself is the same for every row of a column: here
 it is worked out once per page, and a cell is one call and a concatenation.

@@ -2,12 +2,11 @@
 
 An atomic job's success is written in its body's transaction, one job at a
 time (``store.atomic_finish``), so nothing shares its statement the way a
-wave of plain successes shares one. Sent as SQL, that statement was parsed,
-analysed and planned on every job (Django prepares nothing, and PgBouncer in
-transaction mode passes no prepared statements): profiled with perf during
-an atomic no-op drain, parsing, analysis and planning were about 45% of the
-server's CPU, the planner weighing each of the job table's 21 indexes
-(``get_relation_info`` alone 11%). A PL/pgSQL function's statements are
+wave of plain successes shares one. Sent as SQL, that statement would be
+parsed, analysed and planned on every job (Django prepares nothing, and
+PgBouncer in transaction mode passes no prepared statements), the planner
+weighing each of the job table's 21 indexes: most of the server's time for an
+atomic job (docs/performance.md has the profile). A PL/pgSQL function's statements are
 planned once per server session and then reused (the UPDATE is a lookup by
 primary key, so the generic plan is the plan), and its call is a plain
 statement that passes PgBouncer in transaction mode as any other.

@@ -15,17 +15,17 @@ runs alone, its own implicit transaction.
 The write itself is the PL/pgSQL function of migration 0026
 (``django_dispatch_atomic_success``). It runs once per job, and nothing is
 prepared (Django's default, and all that PgBouncer in transaction mode
-passes): sent as SQL, the statement was parsed, analysed and planned on
-every job, the planner weighing each of the job table's 21 indexes, which
-was most of an atomic job's server time (perf). The function's statements
-are planned once per server session; the call is a plain statement, cheap
-to plan, and passes PgBouncer as any other.
+passes): sent as SQL, the statement would be parsed, analysed and planned
+on every job, the planner weighing each of the job table's 21 indexes, most
+of an atomic job's server time. The function's statements are planned once
+per server session; the call is a plain statement, cheap to plan, and
+passes PgBouncer as any other.
 
 The fence must stop the COMMIT that follows it in the same query, which the
 client never gets to decide on: when the UPDATE matched no row, the function
 raises, the server skips the rest of the query, and the transaction is left
 aborted for the caller to roll back. The error is recognised by its SQLSTATE
-(22P02, as the failing cast that did this before the function) and ``LOST``.
+(22P02, which no statement of ours raises otherwise) and ``LOST``.
 
 PostgreSQL on psycopg 3 and unkeyed jobs only (``fast_path_available``): a
 keyed job's success takes its partition's lock before the UPDATE and promotes
@@ -47,7 +47,7 @@ from .usage import UsageEntry
 #: What the lost fence's error says, in the server's log and in the error.
 LOST = "django_dispatch: lease lost, success rolled back"
 #: invalid_text_representation: the SQLSTATE the function raises it with.
-_CAST_FAILED = "22P02"
+_LOST_SQLSTATE = "22P02"
 
 #: The fenced success and its usage record, by the function of migration
 #: 0026 (its statements planned once per server session). ``%s::boolean``:
@@ -111,7 +111,7 @@ def job_commit_success_if_leased(
         with connection.wrap_database_errors, _client_cursor(connection) as cursor:
             cursor.execute(sql, params)
     except DataError as e:
-        if getattr(e.__cause__, "sqlstate", None) == _CAST_FAILED and LOST in str(e):
+        if getattr(e.__cause__, "sqlstate", None) == _LOST_SQLSTATE and LOST in str(e):
             return False
         raise
     finally:

@@ -15,9 +15,10 @@ from ..models import DeadLetter, Job
 from .base import db_alias, notify, now_plus, state_in
 
 #: A purge rests at least this many times as long as its last batch took: on a
-#: machine whose cores the workers and the database already use, the purge
-#: takes at most a quarter of the time, so the claims keep most of theirs
-#: (measured in docs/performance.md "History at scale").
+#: machine whose cores the workers and the database already use, a purge of
+#: batches up to ``PURGE_YIELD_MAX / PURGE_YIELD`` s takes at most a quarter of
+#: the time, so the claims keep most of theirs (measured in
+#: docs/performance.md "History at scale").
 PURGE_YIELD = 3.0
 #: The most the duty cycle alone rests after one batch (a batch slowed by a
 #: lock or a checkpoint should not stall the purge for minutes).
@@ -178,8 +179,9 @@ def purge_past_retention(
     keep the server busy deleting without a break, and the claims, which
     never wait on its rows' locks, would still wait for its CPU and disk: a
     fixed pause leaves a purge whose batches are slow (a loaded server, a
-    cold cache) most of the time, the duty cycle at most
-    ``1 / (PURGE_YIELD + 1)`` of it, however slow the server.
+    cold cache) most of the time; the duty cycle is at most
+    ``1 / (PURGE_YIELD + 1)`` of it for batches up to ``PURGE_YIELD_MAX /
+    PURGE_YIELD`` s (a slower batch rests ``PURGE_YIELD_MAX``).
     """
     if pause is None:
         pause = get_settings().PURGE_PAUSE

@@ -38,9 +38,9 @@ logger = logging.getLogger("django_dispatch.store")
 class Measured(NamedTuple):
     """What a success's usage record takes from the worker on PostgreSQL: the
     rest (task, queue, attempt, worker, start, resources) is the winner's own
-    row (``_FINISH_MANY_USAGE_SQL``). A tuple, built per job for a wave where
-    a ``UsageEntry`` of 13 fields was a visible share of a no-op's CPU; a
-    ``UsageEntry`` serves as well."""
+    row (``_FINISH_MANY_USAGE_SQL``). A tuple of five, built per job of a
+    wave: a ``UsageEntry`` of 13 fields per job is a visible share of a no-op
+    job's CPU. A ``UsageEntry`` serves as well."""
 
     wall_seconds: float | None
     cpu_seconds: float | None
@@ -60,12 +60,11 @@ MeasuredUsage = Mapping[int, "UsageEntry | Measured"]
 #:
 #: The fence's state test is written ``(state = 'running') IS TRUE`` (the same
 #: for a NOT NULL column) so that the planner cannot answer it from the
-#: partial index ``dispatch_job_lease`` (``WHERE state = 'running'``): with it,
-#: the planner estimated "a few running rows" and scanned that whole index
-#: (a bitmap scan, which never marks dead entries, so every job finished since
-#: the last vacuum stays in it: 12,400 entries read per wave of 8 after 20,000
-#: jobs) instead of looking each id up in the primary key. Measured: the
-#: statement's execution 0.81 -> 0.51 ms per wave of 8 jobs.
+#: partial index ``dispatch_job_lease`` (``WHERE state = 'running'``): on it,
+#: the planner estimates "a few running rows" and scans that whole index (a
+#: bitmap scan, which never marks dead entries, so it reads every job
+#: finished since the last vacuum) instead of looking each id up in the
+#: primary key. docs/performance.md has the plans and the timings.
 #:
 #: ``{more}`` and ``{returning}``: the measured values and the row's own
 #: columns of the winners' usage records (``_FINISH_MANY_USAGE_SQL``), or nothing.
@@ -155,9 +154,9 @@ def _lock_late(db: str, keys: set[str]) -> set[str]:
 #: claim's clock that ``ClaimedJob.claimed_at`` holds too, its resources), and
 #: from the worker only what it measured, as three more arrays beside the
 #: finish's own (``metered``: the job has a record to write), plus the host
-#: and the outcome, the same for the whole wave of one worker. Parsing and
-#: planning 13 JSON fields per record was a visible share of the statement's
-#: server time. Its twin is ``_finish_many_orm`` followed by
+#: and the outcome, the same for the whole wave of one worker: parsing and
+#: planning 13 JSON fields per record would be a visible share of the
+#: statement's server time. Its twin is ``_finish_many_orm`` followed by
 #: ``usage_record_many`` of the winners (tests/store/test_usage_wave.py).
 _FINISH_MANY_USAGE_SQL = """
 WITH done AS ({finish}),

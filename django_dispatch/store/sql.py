@@ -39,8 +39,8 @@ class JSONAppend(Func):
 # PostgreSQL array literals, for the hot statements' array parameters.
 #
 # A Python list handed to psycopg is adapted element by element (a dumper
-# looked up per list, each element dumped in Python): about a tenth of a busy
-# worker's CPU went there for the wave's arrays, profiled. One ``str`` each,
+# looked up per list, each element dumped in Python): for the wave's arrays,
+# a tenth of a busy worker's CPU. One ``str`` each,
 # joined in C where it can be, is a single text parameter the statement casts
 # (``%(ids)s::bigint[]``): the same values, the server parsing what psycopg
 # would otherwise have built.

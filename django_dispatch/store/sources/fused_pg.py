@@ -22,11 +22,9 @@ from ..gates.limits import LIMITED_FILTER_SQL
 from ..leasing import lease_set_sql
 from ..types import CLAIM_FIELDS
 
-#: ``runnable_candidates`` plus the lease of its unkeyed rows, for PostgreSQL.
-#:
-#: ``candidates`` is one ordered scan of the partial index
-#: ``dispatch_job_claim`` (namespace, priority desc, run_after, id; pending
-#: jobs without needs), locking due rows in claim order until it has
+#: The claim's candidates, for PostgreSQL: one ordered scan of the partial
+#: index ``dispatch_job_claim`` (namespace, priority desc, run_after, id;
+#: pending jobs without needs), locking due rows in claim order until it has
 #: ``%(window)s``. Jobs deferred to later are not in that index: they wait as
 #: ``scheduled`` until the stager makes them pending (``store.staging``), so
 #: the scan reads no deferred job and needs no walk of the priorities.
@@ -34,18 +32,8 @@ from ..types import CLAIM_FIELDS
 #: written as pending by a client whose clock runs ahead of the database's
 #: is not claimed before it is due by the database's clock. The LIMIT stops
 #: the scan as soon as the window is locked (MATERIALIZED: locked once, read
-#: twice).
-#:
-#: ``leased`` takes the first ``%(lease)s`` unkeyed candidates and writes their
-#: lease with ``leasing``'s SET list, exactly as ``jobs_lease`` would. Keyed
-#: candidates stay locked but untouched: the partition rules decide about
-#: them in Python. Every row comes back, in claim order whatever the plan,
-#: with its values from before the update (``leasing.claimed_job`` applies the
-#: lease to them) and whether this statement
-#: leased it. Served by the partial index ``dispatch_job_claim``, like the ORM
-#: query (tests/store/test_claim.py checks the plan). Table and states come from the models
-#: (``job_sql``); tests/store/test_raw_sql_twins.py runs it beside the ORM path on
-#: the same rows.
+#: twice). Served by the partial index ``dispatch_job_claim``, like the ORM
+#: query (tests/store/test_claim.py checks the plan).
 CANDIDATES_CTE = """
 candidates AS MATERIALIZED (
     SELECT {fields}, now() AS db_now
@@ -56,6 +44,16 @@ candidates AS MATERIALIZED (
     LIMIT %(window)s
     FOR UPDATE SKIP LOCKED
 )"""
+#: ``runnable_candidates`` plus the lease of its unkeyed rows, for PostgreSQL.
+#:
+#: ``leased`` takes the first ``%(lease)s`` unkeyed candidates and writes their
+#: lease with ``leasing``'s SET list, exactly as ``jobs_lease`` would. Keyed
+#: candidates stay locked but untouched: the partition rules decide about
+#: them in Python. Every row comes back, in claim order whatever the plan,
+#: with its values from before the update (``leasing.claimed_job`` applies the
+#: lease to them) and whether this statement leased it. Table and states come
+#: from the models (``job_sql``); tests/store/test_raw_sql_twins.py runs it
+#: beside the ORM path on the same rows.
 _CLAIM_CTES = (
     CANDIDATES_CTE
     + """, leased AS (

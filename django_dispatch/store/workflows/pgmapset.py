@@ -2,8 +2,8 @@
 every other one copied from it by the database.
 
 At 10,000 children the ORM's per-row work (a model instance, its fields
-prepared and sent, for each run, step and job) was seconds of the drain, one
-worker's thread held the whole time. Here the first child's run, steps and
+prepared and sent, for each run, step and job) takes seconds, one worker's
+thread held the whole time. Here the first child's run, steps and
 first steps' jobs are inserted as anywhere else (``maps._insert_set`` with
 one input), so every column gets the value the ORM gives it; then one
 ``INSERT ... SELECT`` per table copies them for the other children, changing
