@@ -19,6 +19,7 @@ from django.utils import timezone
 from django_dispatch import enqueue_many, services, store
 from django_dispatch.admin.common import CappedPaginator
 from django_dispatch.checks import check_dispatch_settings
+from django_dispatch.compat import ADMIN_ACTIONS_ON_CHANGE_PAGE
 from django_dispatch.models import CronEntry, DeadLetter, Job, Worker
 from django_dispatch.states import JobState
 from django_dispatch.testing import drain
@@ -166,6 +167,7 @@ def test_cancel_with_cancel_job_reports_counts(client, login):
 
 
 @pytest.mark.django_db
+@pytest.mark.skipif(not ADMIN_ACTIONS_ON_CHANGE_PAGE, reason="actions on the page: Django 6.1")
 def test_cancel_from_the_change_form(client, login):
     login(*ALL_VIEW, "cancel_job")
     job = tasks.add.enqueue(1, 2)
@@ -651,6 +653,7 @@ def post_change_form_action(client, model: str, pk: int, action: str) -> str:
     return page(client.get(change))
 
 
+@pytest.mark.skipif(not ADMIN_ACTIONS_ON_CHANGE_PAGE, reason="actions on the page: Django 6.1")
 @pytest.mark.slow
 @pytest.mark.django_db(transaction=True)
 def test_change_page_actions_succeed_while_a_worker_commits(client, login, start_worker):
