@@ -53,7 +53,7 @@ from .types import ClaimedJob, Lease
 #: claim's ORDER BY and LIMIT, and whether a row was leased is what its keys
 #: say rather than a join with ``leased``'s RETURNING rows: PostgreSQL runs a
 #: data-modifying CTE to completion whether or not anything reads it. Each
-#: plan node less is planning time saved on every wave, and planning was
+#: plan node less is planning time saved on every wave, and planning is
 #: about 40% of this statement's server time.
 _WAVE_SQL = """
 WITH done AS ({finish}){recorded},{candidates},
