@@ -176,7 +176,15 @@ class BatchCompleter:
         partition key.
         """
         if fused is not None and not any(r.claimed.lease.partition_key for r in batch):
-            spec = fused(limit)
+            try:
+                # Planning reads the flow state, the control connection's
+                # next statement: a cut connection fails it, and the taken
+                # successes must then write their own, or their slots are
+                # kept for good (a stop, ``--burst``, waits on them forever).
+                spec = fused(limit)
+            except BaseException:
+                self.abort(batch)
+                raise
             if spec is not None:
                 return self.write_fused(batch, claim, spec)
         self.passed = 0

@@ -11,15 +11,26 @@ keep its slot (and its lease renewed) after its own write.
 
 from __future__ import annotations
 
+import gc
 import threading
 import time
+from dataclasses import replace
 
 import pytest
 from django.db import connections
 
 from django_dispatch import enqueue_many
+from django_dispatch.conf import get_settings
 from django_dispatch.core.states import JobState
 from django_dispatch.models import Job
+from django_dispatch.runtime import flow_cache, metering
+from django_dispatch.runtime.completer import BatchCompleter
+from django_dispatch.runtime.executor import Outcome
+from django_dispatch.runtime.options import WorkerOptions
+from django_dispatch.runtime.producer import Producer
+from django_dispatch.runtime.running import RunningJob
+from django_dispatch.runtime.slots import Slots
+from django_dispatch.runtime.worker import Worker
 from django_dispatch.testing import drain
 from tests.conftest import postgres_only
 from tests.testapp import tasks
@@ -70,9 +81,65 @@ def test_a_drain_whose_control_connection_is_cut_again_and_again_ends_with_every
     drainer.join(60)
     stop.set()
     killer.join()
-    assert not drainer.is_alive(), "the drain hung after its connection was cut"
+    hung = drainer.is_alive()
+    if hung:  # stop it: a worker left running would take later tests' jobs
+        for worker in [o for o in gc.get_objects() if isinstance(o, Worker)]:
+            worker.force_stop = True
+            worker.request_stop("the test ended")
+        drainer.join(30)
+    assert not hung, "the drain hung after its connection was cut"
     assert cut, "the control connection was never cut: the test proved nothing"
     assert ran and ran[0] >= JOBS
     assert Job.objects.filter(state=JobState.SUCCEEDED).count() == JOBS
     keys = set(SideEffect.objects.values_list("key", flat=True))
     assert keys == {f"job-{i}" for i in range(JOBS)}
+
+
+def _terminate(conn) -> None:
+    """End ``conn``'s server session from another connection, as a restart would."""
+    conn.ensure_connection()
+    pid = conn.connection.info.backend_pid
+    other = connections.create_connection("default")
+    try:
+        with other.cursor() as cursor:
+            cursor.execute("SELECT pg_terminate_backend(%s)", [pid])
+    finally:
+        other.close()
+
+
+def test_a_wave_whose_planning_read_fails_has_its_successes_write_their_own():
+    """The wave's plan reads the flow state on the control connection before
+    its statement: when that read is what meets the cut, the successes the
+    wave took must still be written and give their slots back."""
+    enqueue_many(tasks.noop, [((i,), {}) for i in range(3)])
+    # A poll interval of a minute: the claim below stages, so the wave's plan
+    # does not leave the statement to the staging claim; it reads the flow state.
+    settings = replace(get_settings(), POLL_INTERVAL=60.0)
+    claimed = flow_cache.jobs_claim(
+        worker_id="w-plan", queues=(), limit=3, lease_seconds=30, db="default",
+        namespace="", max_age=settings.POLL_INTERVAL,
+    )  # fmt: skip
+    assert len(claimed) == 3
+    slots = Slots(8)  # free slots: the wave claims, so it plans its claim
+    batch = BatchCompleter(threading.Event(), 30, slots=slots, db="default")
+    batch.start()
+    producer = Producer(
+        WorkerOptions(worker_id="w-plan"), settings, db="default", slots=slots, batch=batch
+    )
+    try:
+        for job in claimed:
+            running = RunningJob(claimed=job, lease_seconds=30)
+            slots.running[job.id] = running
+            meter = metering.start(job.id, thread_cpu=True)
+            meter.stop()
+            assert batch.hand_over(running, Outcome("succeeded", job.id), meter)
+        flow_cache.forget_paused()  # the next wave reads the flow state first
+        _terminate(connections["default"])
+        assert producer.guard(producer.cycle) is None  # the read met the cut
+        deadline = time.monotonic() + 20
+        while slots.running and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert not slots.running, "a success whose wave failed kept its slot"
+    finally:
+        batch.stop()
+    assert Job.objects.filter(state=JobState.SUCCEEDED).count() == 3
