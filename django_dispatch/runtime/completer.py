@@ -210,8 +210,8 @@ class BatchCompleter:
         claim of unkeyed jobs commit together. Keyed candidates it passed by are
         claimed through the gates, in a transaction of their own (``claim``),
         for the slots still free; ``passed`` tells the producer."""
-        results, usage = self.fused_values(batch)
         try:
+            results, usage = self.fused_values(batch)
             wave = jobs_finish_many_and_claim(results, db=self.db, claim=spec, usage=usage)
         except BaseException:
             self.abort(batch)
