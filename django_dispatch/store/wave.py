@@ -5,11 +5,12 @@ A wave written as a transaction takes four round trips (``BEGIN``, the
 successes' ``UPDATE``, the claim, ``COMMIT``), and between them the server
 session sits idle in a transaction while the worker waits for a CPU: behind
 a pooler in transaction mode, 50 busy processes kept 18 of 20 pool sessions
-idle that way (docs/performance.md, "Fleet"). Here the fenced finish of
-``store.finish`` (with its usage records) and the fused claim of
-``sources.fused_pg`` are data-modifying CTEs of one statement, sent in
-autocommit: PostgreSQL runs it as its own transaction, so both commit
-together, or neither, as in ``BatchCompleter.write_wave``'s transaction.
+idle that way (docs/performance.md, "Fleet"). Here the fenced finish with
+its usage records (the function of migration 0027, planned once per server
+session) and the fused claim of ``sources.fused_pg`` (data-modifying CTEs)
+are one statement, sent in autocommit: PostgreSQL runs it as its own
+transaction, so both commit together, or neither, as in
+``BatchCompleter.write_wave``'s transaction.
 
 It is the plain case only, and the caller (``runtime.completer``) knows when
 that is: no success of the wave holds a partition key (a freed key needs its
@@ -19,9 +20,8 @@ unkeyed candidates only, exactly as the fused claim's first round does;
 keyed candidates (a partition, a concurrency or rate limit) are only locked,
 and those locks end with the statement, so the result says how many were
 passed (``WaveResult.passed``), for the caller to claim them through the
-gates in a transaction of their own. The CTEs share one snapshot: the claim
-does not see the finish's rows (running, never pending), and nothing in the
-plain case depends on it.
+gates in a transaction of their own. The claim does not see the finish's
+rows (running, never pending), and nothing in the plain case depends on it.
 """
 
 from __future__ import annotations
@@ -34,50 +34,69 @@ from typing import Any
 from django.db import connections, transaction
 
 from .base import hot_cursor, job_sql
-from .finish import MeasuredUsage, finish_params, finish_sql, finished_usage_sql
+from .finish import MeasuredUsage, finish_params
 from .leasing import claimed_job, lease_set_sql
 from .partitions import lock_partitions, partitions_promote
 from .sources.fused_pg import CANDIDATES_CTE, claim_sql, claimed_rows
 from .types import ClaimedJob, Lease
 
-#: The wave: ``done`` (the fenced finish, returning its winners), ``recorded``
-#: (their usage records), ``candidates`` (the claim's scan, ``sources.fused_pg``)
-#: and ``leased`` (the lease of its unkeyed rows); one row per candidate, the
-#: winners and the keys they freed on every row, and one row (the candidate's
-#: columns NULL) when the claim found none. ``{recorded}`` is empty without
-#: usage records.
+#: The finish of the wave's successes and their usage records: the function
+#: of migration 0027 (``django_dispatch_finish_wave``), whose statements are
+#: planned once per server session: its UPDATE reaches the job table by
+#: primary key only, so the generic plan is the plan. It returns one row: the
+#: winners' ids (``won``) and the partition keys they freed (``freed``), each
+#: NULL for none. Without usage records the usage arrays are NULL (no record).
+#: The casts pick the function's signature.
+_FINISH_CALL = (
+    "django_dispatch_finish_wave(%(ids)s::bigint[], %(workers)s::text[],"
+    " %(epochs)s::bigint[], %(values)s::jsonb[], %(metered)s::boolean[],"
+    " %(walls)s::float8[], %(cpus)s::float8[], %(rss)s::float8[], %(host)s::text,"
+    " %(outcome)s::text)"
+)
+#: The wave: the finish (``_FINISH_CALL``, ``f``), ``candidates`` (the claim's
+#: scan, ``sources.fused_pg``) and ``leased`` (the lease of its unkeyed rows);
+#: one row per candidate, the winners and the keys they freed on every row,
+#: and one row (the candidate's columns NULL) when the claim found none.
 #:
 #: The claim here always leases every unkeyed candidate (its window is its
 #: lease: no queue limits in the plain case), so ``leased`` takes them all
 #: straight from ``candidates``, which has them locked, without the fused
 #: claim's ORDER BY and LIMIT, and whether a row was leased is what its keys
 #: say rather than a join with ``leased``'s RETURNING rows: PostgreSQL runs a
-#: data-modifying CTE to completion whether or not anything reads it. Each
-#: plan node less is planning time saved on every wave, and planning is
-#: about 40% of this statement's server time.
-_WAVE_SQL = """
-WITH done AS ({finish}){recorded},{candidates},
+#: data-modifying CTE to completion whether or not anything reads it. The
+#: claim's part is planned on every wave (its plan depends on the data), and
+#: each plan node less is planning time saved.
+#:
+#: The function's statements take their own snapshots; the claim's scan sees
+#: the statement's. Neither depends on the other: the finish writes running
+#: rows, the claim reads and leases pending ones.
+_WAVE_SQL = (
+    """
+WITH {candidates},
 leased AS (
     UPDATE {job} AS j SET{lease_set}
     FROM candidates AS c
     WHERE j.id = c.id AND c.partition_key IS NULL AND c.concurrency_key IS NULL
 )
-SELECT w.won, w.freed, c.*, c.partition_key IS NULL AND c.concurrency_key IS NULL
-FROM (
-    SELECT array_agg(id) AS won,
-        array_agg(DISTINCT partition_key) FILTER (WHERE partition_key IS NOT NULL) AS freed
-    FROM done
-) AS w LEFT JOIN candidates AS c ON true
+SELECT f.won, f.freed, c.*, c.partition_key IS NULL AND c.concurrency_key IS NULL
+FROM """
+    + _FINISH_CALL
+    + """ AS f LEFT JOIN candidates AS c ON true
 ORDER BY c.priority DESC, c.run_after, c.id
-""".replace("{lease_set}", lease_set_sql(row="j.", now="c.db_now"))
-#: The wave without a claim (no slot to fill).
-_FINISH_ONLY_SQL = """
-WITH done AS ({finish}){recorded}
-SELECT array_agg(id) AS won,
-    array_agg(DISTINCT partition_key) FILTER (WHERE partition_key IS NOT NULL) AS freed
-FROM done
 """
-_RENDERED: dict[tuple[str, bool, bool], str] = {}
+).replace("{lease_set}", lease_set_sql(row="j.", now="c.db_now"))
+_WAVE_SQL = _WAVE_SQL.replace("{candidates}", CANDIDATES_CTE)
+#: The wave without a claim (no slot to fill).
+_FINISH_ONLY_SQL = "SELECT won, freed FROM " + _FINISH_CALL
+#: The function's usage parameters when the wave writes no usage record.
+_NO_USAGE = {
+    "metered": None,
+    "walls": None,
+    "cpus": None,
+    "rss": None,
+    "host": None,
+    "outcome": None,
+}
 
 
 @dataclass(frozen=True, slots=True)
@@ -107,21 +126,6 @@ class WaveResult:
     namespace: str = ""
 
 
-def _template(connection: Any, usage: bool, claim: bool) -> str:
-    key = (connection.alias, usage, claim)
-    sql = _RENDERED.get(key)
-    if sql is None:
-        recorded = ""
-        if usage:
-            recorded = f",\nrecorded AS ({finished_usage_sql(connection).strip()})"
-        sql = (_WAVE_SQL if claim else _FINISH_ONLY_SQL).replace(
-            "{finish}", finish_sql(connection, usage).strip()
-        )
-        sql = sql.replace("{recorded}", recorded).replace("{candidates}", CANDIDATES_CTE)
-        _RENDERED[key] = sql
-    return sql
-
-
 def jobs_finish_many_and_claim(
     results: Sequence[tuple[Lease, Any]],
     *,
@@ -138,8 +142,10 @@ def jobs_finish_many_and_claim(
     the commit, under the key's lock.
     """
     connection = connections[db]
-    template = _template(connection, bool(usage), claim is not None and claim.limit > 0)
+    template = _WAVE_SQL if claim is not None and claim.limit > 0 else _FINISH_ONLY_SQL
     params = finish_params(results, usage)
+    if not usage:
+        params.update(_NO_USAGE)
     if claim is not None and claim.limit > 0:
         sql = claim_sql(
             queues=bool(claim.queues),

@@ -152,11 +152,10 @@ def test_a_worker_drains_keyed_and_plain_jobs_in_order_with_one_statement_waves(
     assert sorted(ran) == sorted([*plain, *keyed["A"], *keyed["B"]])
     for keys in keyed.values():
         assert [k for k in ran if k in keys] == keys  # FIFO within the partition
-    # The finish's CTE alone is also the transaction path's (its usage records):
-    # the one-statement wave is the finish and the claim's candidates together.
+    # The one-statement wave is the finish's function and the claim's candidates together.
     waves = [
         q["sql"]
         for q in queries.captured_queries
-        if "WITH done AS" in q["sql"] and "candidates AS" in q["sql"]
+        if "django_dispatch_finish_wave(" in q["sql"] and "candidates AS" in q["sql"]
     ]
     assert waves, "no wave went through the one statement"
