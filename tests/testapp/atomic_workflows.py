@@ -142,3 +142,28 @@ effect_plain = Workflow("tests.effect_step_plain")
 def effect_at_least_once(ctx):
     """``effect_once`` without ``atomic=True``: faults duplicate its effect."""
     return _effect(ctx)
+
+
+# --- the chaos suite's map: a step fanning out to atomic children ------------------
+
+map_child = Workflow("tests.chaos_map_child")
+
+
+@map_child.step(atomic=True, max_attempts=5, backoff=0.2)
+def child_effect(ctx):
+    """One effect row per execution, keyed by the child's place in the map."""
+    row = SideEffect.objects.create(
+        key=ctx.input["key"], note="effect", job_id=str(ctx.run_id), worker_pid=os.getpid()
+    )
+    time.sleep(ctx.input["seconds"])
+    SideEffect.objects.filter(pk=row.pk).update(finished_at=timezone.now())
+    return ctx.input["n"]
+
+
+map_parent = Workflow("tests.chaos_map_parent")
+
+
+@map_parent.step(max_attempts=5, backoff=0.2)
+def fans_out_to_children(ctx):
+    """The children's outputs, gathered in the order of the inputs."""
+    return ctx.map(map_child, ctx.input["children"], max_parallel=ctx.input["max_parallel"])
