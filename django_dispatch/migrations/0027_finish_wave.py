@@ -1,28 +1,34 @@
-"""On PostgreSQL, the fenced finish of a wave of successes as one function.
+"""On PostgreSQL, the fenced finish of a wave of successes, and the lease of
+the jobs its claim locked, as two functions.
 
 A worker's wave (``store.wave``) is one statement: the successes' fenced
-UPDATE, their usage records and the claim that refills the slots. Sent as
-SQL it is parsed, analysed and planned on every wave (Django prepares
-nothing, and PgBouncer in transaction mode passes no prepared statements),
-and planning was about 40% of its server time, the planner weighing the job
-table's 21 indexes at every reference to the table. The finish and the
-records are here planned once per server session and then reused: the
-UPDATE looks each id up in the primary key (the function allows the planner
-nothing else: no hash or merge join, no sequential scan), so the generic
-plan is the plan; the claim, whose plan depends on the data, stays SQL in the statement
-that calls this. The call passes PgBouncer in transaction mode as any other
-statement.
+UPDATE, their usage records, the claim that refills the slots and its
+lease. Sent as SQL it is parsed, analysed and planned on every wave (Django
+prepares nothing, and PgBouncer in transaction mode passes no prepared
+statements), and planning was about 40% of its server time, the planner
+weighing the job table's 21 indexes at every reference to the table. Here
+the finish with its records, and the lease, are planned once per server
+session and then reused: each UPDATE looks its ids up in the primary key
+(the functions allow the planner nothing else: no hash or merge join, no
+sequential scan), so the generic plan is the plan. The claim's scan, whose
+plan depends on the data, stays SQL in the statement that calls them, and
+passes the ids it locked to the lease. The call passes PgBouncer in
+transaction mode as any other statement.
 
-What it does, as the SQL it replaces did: every id whose row is still
-``running`` under the same worker and lease epoch becomes ``succeeded``
-with its return value; a row whose fence fails (cancelled, timed out,
-reclaimed) is left alone. Each winner with ``p_metered`` true gets its usage
-record: what the row knows taken from the row, what the worker measured
-from the arrays. It returns the winners' ids (``won``, NULL for none) and
-the partition keys they freed (``freed``, NULL for none). The arrays are
-parallel (``unnest`` pads shorter ones with NULL: no usage arrays, no
-records). The text is frozen here: a change needs a migration that replaces
-the function.
+``django_dispatch_finish_wave``, as the SQL it replaces did: every id whose
+row is still ``running`` under the same worker and lease epoch becomes
+``succeeded`` with its return value; a row whose fence fails (cancelled,
+timed out, reclaimed) is left alone. Each winner with ``p_metered`` true
+gets its usage record: what the row knows taken from the row, what the
+worker measured from the arrays. It returns the winners' ids (``won``, NULL
+for none) and the partition keys they freed (``freed``, NULL for none). The
+arrays are parallel (``unnest`` pads shorter ones with NULL: no usage
+arrays, no records).
+
+``django_dispatch_lease_wave``: ``store.leasing``'s lease of the given ids,
+rows the calling statement has locked.
+
+The texts are frozen here: a change needs a migration that replaces them.
 """
 
 from django.db import migrations
@@ -69,7 +75,39 @@ BEGIN
 END;
 $$;
 """
+#: The lease of the rows a wave's claim locked: ``store.leasing``'s SET list
+#: (``_LEASE_SET``, here with the row's own columns and ``p_now``, the claim's
+#: database clock), by primary key; the rows are the caller's, locked in the
+#: same statement. Returns how many rows it leased.
+CREATE_LEASE = """
+CREATE OR REPLACE FUNCTION django_dispatch_lease_wave(
+    p_ids bigint[], p_worker text, p_lease_seconds float8, p_now timestamptz)
+RETURNS integer
+LANGUAGE plpgsql
+SET enable_hashjoin = off SET enable_mergejoin = off SET enable_seqscan = off
+AS $$
+DECLARE
+    leased integer;
+BEGIN
+    UPDATE django_dispatch_job AS j SET
+        state = 'running',
+        worker_id = p_worker,
+        lease_epoch = j.lease_epoch + 1,
+        lease_expires_at = p_now + p_lease_seconds * interval '1 second',
+        heartbeat_at = p_now,
+        attempts = j.attempts + 1,
+        started_at = COALESCE(j.started_at, p_now),
+        last_attempted_at = p_now,
+        worker_ids = COALESCE(j.worker_ids, '[]'::jsonb) || jsonb_build_array(p_worker)
+    FROM unnest(p_ids) AS d(id)
+    WHERE j.id = d.id;
+    GET DIAGNOSTICS leased = ROW_COUNT;
+    RETURN leased;
+END;
+$$;
+"""
 DROP = """
+DROP FUNCTION IF EXISTS django_dispatch_lease_wave(bigint[], text, float8, timestamptz);
 DROP FUNCTION IF EXISTS django_dispatch_finish_wave(
     bigint[], text[], bigint[], jsonb[], boolean[], float8[], float8[], float8[], text, text);
 """
@@ -78,6 +116,7 @@ DROP FUNCTION IF EXISTS django_dispatch_finish_wave(
 def create(apps, schema_editor):
     if schema_editor.connection.vendor == "postgresql":
         schema_editor.execute(CREATE)
+        schema_editor.execute(CREATE_LEASE)
 
 
 def drop(apps, schema_editor):

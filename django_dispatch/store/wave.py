@@ -35,7 +35,7 @@ from django.db import connections, transaction
 
 from .base import hot_cursor, job_sql
 from .finish import MeasuredUsage, finish_params
-from .leasing import claimed_job, lease_set_sql
+from .leasing import claimed_job
 from .partitions import lock_partitions, partitions_promote
 from .sources.fused_pg import CANDIDATES_CTE, claim_sql, claimed_rows
 from .types import ClaimedJob, Lease
@@ -53,39 +53,46 @@ _FINISH_CALL = (
     " %(walls)s::float8[], %(cpus)s::float8[], %(rss)s::float8[], %(host)s::text,"
     " %(outcome)s::text)"
 )
+#: The lease of the claim's unkeyed candidates: the function of migration
+#: 0027 (``django_dispatch_lease_wave``, ``leasing``'s SET list by primary
+#: key, planned once per server session), given the ids ``candidates`` locked
+#: and the claim's clock. One row, whatever the candidates.
+_LEASE_CALL = """(
+    SELECT django_dispatch_lease_wave(
+        array_agg(id) FILTER (WHERE partition_key IS NULL AND concurrency_key IS NULL),
+        %(worker_id)s::text, %(lease_seconds)s::float8, max(db_now)) AS leased
+    FROM candidates
+)"""
 #: The wave: the finish (``_FINISH_CALL``, ``f``), ``candidates`` (the claim's
-#: scan, ``sources.fused_pg``) and ``leased`` (the lease of its unkeyed rows);
-#: one row per candidate, the winners and the keys they freed on every row,
-#: and one row (the candidate's columns NULL) when the claim found none.
+#: scan, ``sources.fused_pg``) and the lease of its unkeyed rows
+#: (``_LEASE_CALL``, ``l``); one row per candidate, the winners and the keys
+#: they freed on every row, and one row (the candidate's columns NULL) when
+#: the claim found none.
 #:
 #: The claim here always leases every unkeyed candidate (its window is its
-#: lease: no queue limits in the plain case), so ``leased`` takes them all
+#: lease: no queue limits in the plain case), so the lease takes them all
 #: straight from ``candidates``, which has them locked, without the fused
 #: claim's ORDER BY and LIMIT, and whether a row was leased is what its keys
-#: say rather than a join with ``leased``'s RETURNING rows: PostgreSQL runs a
-#: data-modifying CTE to completion whether or not anything reads it. The
-#: claim's part is planned on every wave (its plan depends on the data), and
-#: each plan node less is planning time saved.
+#: say. ``candidates`` is materialized once, before the lease writes: its
+#: rows are the values from before the lease (``leasing.claimed_job``
+#: applies it). Only the claim's scan is planned on every wave (its plan
+#: depends on the data); each plan node less is planning time saved.
 #:
-#: The function's statements take their own snapshots; the claim's scan sees
-#: the statement's. Neither depends on the other: the finish writes running
-#: rows, the claim reads and leases pending ones.
+#: The functions' statements take their own snapshots; the claim's scan sees
+#: the statement's. The finish writes running rows, the claim reads and
+#: leases pending ones: neither depends on the other.
 _WAVE_SQL = (
     """
-WITH {candidates},
-leased AS (
-    UPDATE {job} AS j SET{lease_set}
-    FROM candidates AS c
-    WHERE j.id = c.id AND c.partition_key IS NULL AND c.concurrency_key IS NULL
-)
+WITH {candidates}
 SELECT f.won, f.freed, c.*, c.partition_key IS NULL AND c.concurrency_key IS NULL
 FROM """
     + _FINISH_CALL
-    + """ AS f LEFT JOIN candidates AS c ON true
+    + " AS f CROSS JOIN "
+    + _LEASE_CALL
+    + """ AS l LEFT JOIN candidates AS c ON true
 ORDER BY c.priority DESC, c.run_after, c.id
 """
-).replace("{lease_set}", lease_set_sql(row="j.", now="c.db_now"))
-_WAVE_SQL = _WAVE_SQL.replace("{candidates}", CANDIDATES_CTE)
+).replace("{candidates}", CANDIDATES_CTE)
 #: The wave without a claim (no slot to fill).
 _FINISH_ONLY_SQL = "SELECT won, freed FROM " + _FINISH_CALL
 #: The function's usage parameters when the wave writes no usage record.
