@@ -344,7 +344,7 @@ async def _call(prepared: attempt.Prepared, running: RunningJob) -> Any:
     running._loop = asyncio.get_running_loop()
     running._atask = asyncio.current_task()
     try:
-        if running.cancel_event.is_set():
+        if running.stop_requested:
             raise JobCancelled(f"job {running.claimed.id} was cancelled before it started")
         return await prepared.task.func(*prepared.args, **prepared.kwargs)
     finally:

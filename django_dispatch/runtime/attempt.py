@@ -101,7 +101,7 @@ def prepare(claimed: ClaimedJob, running: RunningJob) -> Outcome | Prepared:
     executor's sync thread), never on an event loop.
     """
     row = claimed.row
-    if running.cancel_event.is_set():  # cancelled while waiting for a thread
+    if running.stop_requested:  # cancelled while waiting for a thread
         return Outcome(kind="discarded")
     # Retrying cannot help a task that does not import or arguments that do
     # not fit: fail the job, keep the worker.
@@ -167,12 +167,12 @@ def conclude(
             error,
             task=task,
             result=result,
-            stop_asked=running.cancel_event.is_set(),
+            stop_asked=running.stop_requested,
             cancelled_error=cancelled_error,
             connection_lost=not cancelled_error and lost_connection(error),
             policy=retry_policy(claimed, task),
         )
-    if running.cancel_event.is_set() or running.abandoned:
+    if running.stop_requested or running.abandoned:
         return Outcome(kind="discarded", task_result=result)
     try:
         value = to_json(value, f"The return value of {task.module_path}")
@@ -207,7 +207,7 @@ async def run_async(
     """Run an async task on the running event loop, cancellable (``RunningJob.stop``) and timed."""
     running._loop = asyncio.get_running_loop()
     running._atask = asyncio.current_task()
-    if running.cancel_event.is_set():
+    if running.stop_requested:
         raise JobCancelled(f"job {running.claimed.id} was cancelled before it started")
     try:
         async with asyncio.timeout(timeout):

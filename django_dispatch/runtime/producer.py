@@ -212,18 +212,21 @@ class Producer:
         """Hand each claimed job to a job thread, or, with an asyncio executor,
         an async job to its event loop (resolving the task here: its module is
         imported once, then it is a lookup)."""
-        on_loop: list[RunningJob] = []
         async_jobs, pool = self.async_jobs, self.pool
         assert pool is not None
-        for job in claimed:
-            running = RunningJob(claimed=job, lease_seconds=self.settings.LEASE_SECONDS)
-            lane = async_jobs is not None and attempt.is_async(running)
-            running.on_loop = lane
-            with self.slots.lock:
-                self.slots.running[job.id] = running
-            if lane:
-                on_loop.append(running)
-            else:
+        lease_seconds = self.settings.LEASE_SECONDS
+        runs = [RunningJob(claimed=job, lease_seconds=lease_seconds) for job in claimed]
+        on_loop: list[RunningJob] = []
+        if async_jobs is not None:
+            for running in runs:
+                running.on_loop = attempt.is_async(running)
+                if running.on_loop:
+                    on_loop.append(running)
+        # Every job is in the slots before any thread can start (and end) it.
+        with self.slots.lock:
+            self.slots.running.update((running.claimed.id, running) for running in runs)
+        for running in runs:
+            if not running.on_loop:
                 pool.submit(running)
         if async_jobs is not None:
             if on_loop:

@@ -6,13 +6,16 @@ import asyncio
 import contextlib
 import threading
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from ..compat import Task
 from ..exceptions import UnknownTask
 from ..store import ClaimedJob
 from .executor import Outcome
+
+#: Serialises the making of a job's cancel event (``RunningJob.cancel_event``).
+_EVENT_MADE = threading.Lock()
 
 
 @dataclass
@@ -30,7 +33,12 @@ class RunningJob:
     deadline: float | None = None  # monotonic; None: no timeout or not started
     #: When a job thread picked it up (monotonic); None while it waits, claimed ahead.
     begun_at: float | None = None
-    cancel_event: threading.Event = field(default_factory=threading.Event)
+    #: Asked to stop (``stop``): a plain flag. The ``threading.Event`` a task's
+    #: context reads is made only when something asks for it
+    #: (``cancel_event``): an Event per job (a Condition and a Lock) is a
+    #: measurable share of a no-op job's CPU, and most jobs never need one.
+    stop_asked: bool = False
+    _cancel_event: threading.Event | None = None
     abandoned: bool = False  # timed out or handed back: its result is dropped
     # Batched completion: the outcome waiting for the control loop's write,
     # then whether that write won (None: it failed, write it one by one).
@@ -55,9 +63,40 @@ class RunningJob:
     _loop: asyncio.AbstractEventLoop | None = None
     _atask: asyncio.Task[Any] | None = None
 
+    @property
+    def cancel_event(self) -> threading.Event:
+        """The job's stop event, shared with its task's context, made on first use
+        and set at once if the job was asked to stop before.
+
+        The event is published before the flag is read, and ``stop`` sets the
+        flag before it reads the event: whichever comes second sees the
+        other's write, so a stop is never lost between the two.
+        """
+        event = self._cancel_event
+        if event is None:
+            with _EVENT_MADE:
+                event = self._cancel_event
+                if event is None:
+                    event = self._cancel_event = threading.Event()
+                    if self.stop_asked:
+                        event.set()
+        return event
+
+    @property
+    def stop_requested(self) -> bool:
+        """Whether the job was asked to stop: by ``stop``, or through its event
+        (a task's context sets it when the lease is lost)."""
+        if self.stop_asked:
+            return True
+        event = self._cancel_event
+        return event is not None and event.is_set()
+
     def stop(self) -> None:
         """Ask the job to stop: flag for sync tasks, cancellation for async ones."""
-        self.cancel_event.set()
+        self.stop_asked = True
+        event = self._cancel_event
+        if event is not None:
+            event.set()
         loop, atask = self._loop, self._atask
         if loop is not None and atask is not None:
             with contextlib.suppress(RuntimeError):  # loop already closed
