@@ -63,6 +63,14 @@ class DeadLetter(models.Model):
             # ``job`` column's own index).
             models.Index("namespace", "id", name="dispatch_dl_list"),
             models.Index("namespace", "task_path", "id", name="dispatch_dl_list_task"),
+            # The ones not replayed yet (the console's count, ``replayed=False``):
+            # few beside the replayed ones, and read without visiting the rows.
+            models.Index(
+                "namespace",
+                "id",
+                name="dispatch_dl_unreplayed",
+                condition=models.Q(replayed_at__isnull=True),
+            ),
         ]
 
     def __str__(self) -> str:

@@ -6,16 +6,25 @@ time a dashboard asks. So the counting functions (``jobs.count``,
 ``dead_letters.count``, ``workflows.count_runs``) answer exactly only up to
 ``DISPATCH["COUNT_EXACT_MAX"]`` rows; above that, on PostgreSQL, they answer
 the planner's estimate of the matching rows (from the statistics ``ANALYZE``
-keeps, autovacuum's and ours): "about N", read in one ``EXPLAIN``, whatever
-the size of the history. ``exact=True`` always counts.
+keeps, autovacuum's and ours): "about N", whatever the size of the history.
+``exact=True`` always counts.
 
 Rows are counted first, through a ``LIMIT`` of one past the cap, so a
 count under the cap is always exact and reads at most the cap's rows: the
 planner's estimate is never trusted where a small number is the answer (a
 drained backlog's statistics can still say 400,000 pending; filters that
 never go together are estimated as if independent). Only a count past the
-cap asks the planner; an estimate below what the probe saw is known stale
-(rows added since the last ANALYZE), and that count is then made exactly.
+cap answers the planner's estimate; an estimate below what the probe saw is
+known stale (rows added since the last ANALYZE), and that count is then
+made exactly.
+
+On PostgreSQL the probe and the estimate are one statement:
+``EXPLAIN (ANALYZE) SELECT pk … LIMIT cap + 1`` runs the probe (the
+``Limit`` node's actual rows are the rows counted) and shows the plan it
+ran (its input's planned rows are the estimate of every matching row). A
+probe and a separate ``EXPLAIN`` planned the query twice and took two
+round trips; an ``EXPLAIN ANALYZE`` sends no rows back, so no ``COUNT``
+aggregate handles each of the cap's rows either.
 
 The live jobs are never estimated (``queries.lists.jobs_count`` counts them
 exactly, through their partial indexes): their states change far faster
@@ -36,7 +45,7 @@ from django.db.models import Model, QuerySet
 
 from ..conf import get_settings
 
-__all__ = ["bounded_count", "capped_count", "estimated_rows"]
+__all__ = ["bounded_count", "capped_count", "estimated_rows", "probe"]
 
 
 def bounded_count(rows: QuerySet[Any], *, exact: bool = False) -> int:
@@ -44,10 +53,9 @@ def bounded_count(rows: QuerySet[Any], *, exact: bool = False) -> int:
     if exact:
         return rows.count()
     cap = get_settings().COUNT_EXACT_MAX
-    counted = rows.order_by().values("pk")[: cap + 1].count()
+    counted, estimate = probe(rows, cap)
     if counted <= cap:
         return counted
-    estimate = estimated_rows(rows)
     if estimate is None or estimate < counted:  # SQLite, or statistics known stale
         return rows.count()
     return estimate
@@ -60,8 +68,32 @@ def capped_count(rows: QuerySet[Any], cap: int) -> tuple[int, bool]:
     Always through a ``LIMIT`` of one past the cap, never from the planner's
     estimate, which can say "more than" over an empty page.
     """
-    counted = rows[: cap + 1].count()
+    counted, _ = probe(rows, cap)
     return min(counted, cap), counted > cap
+
+
+def probe(rows: QuerySet[Any], cap: int) -> tuple[int, int | None]:
+    """``(counted, estimate)``: the rows ``rows`` matches, counted up to ``cap + 1``,
+    and the planner's estimate of them all (PostgreSQL; None elsewhere), read in
+    one statement (see the module docstring)."""
+    if rows.query.is_empty():  # ``.none()``: Django runs no statement
+        return 0, 0
+    if connections[rows.db].vendor != "postgresql":
+        return rows.order_by().values("pk")[: cap + 1].count(), None
+    limited = rows.order_by().values("pk")[: cap + 1]
+    try:
+        sql, params = limited.query.get_compiler(using=rows.db).as_sql()
+    except EmptyResultSet:  # a filter that matches nothing, such as ``pk__in=[]``
+        return 0, 0
+    with connections[rows.db].cursor() as cursor:
+        cursor.execute(f"EXPLAIN (ANALYZE, TIMING OFF, SUMMARY OFF, FORMAT JSON) {sql}", params)
+        plan = _top(cursor.fetchone())
+    if plan.get("Node Type") != "Limit" or not plan.get("Plans"):
+        # Not the plan this reads (no such plan is known): count as Django would.
+        return rows.order_by().values("pk")[: cap + 1].count(), None
+    # Rows per loop times loops: PostgreSQL 18 shows the first as a fraction.
+    counted = round(float(plan["Actual Rows"]) * float(plan.get("Actual Loops", 1)))
+    return counted, int(plan["Plans"][0]["Plan Rows"])
 
 
 def estimated_rows[M: Model](rows: QuerySet[M]) -> int | None:
@@ -78,3 +110,11 @@ def estimated_rows[M: Model](rows: QuerySet[M]) -> int | None:
         return 0
     plan: Any = json.loads(explained)
     return int(plan[0]["Plan"]["Plan Rows"])
+
+
+def _top(row: Any) -> dict[str, Any]:
+    """The top plan node of an ``EXPLAIN (FORMAT JSON)`` result row (text or parsed)."""
+    explained = row[0]
+    if isinstance(explained, (str, bytes)):
+        explained = json.loads(explained)
+    return dict(explained[0]["Plan"])

@@ -22,7 +22,8 @@ from django.urls import reverse
 from django.utils import timezone
 
 from django_dispatch.models import CronEntry, Job, Worker
-from django_dispatch.queries import console
+from django_dispatch.queries import console, console_timings
+from django_dispatch.store.base import LIVE_JOBS_BY_STATE
 from django_dispatch.testing import drain
 from tests.conftest import postgres_only
 from tests.testapp import tasks
@@ -121,6 +122,81 @@ def test_wait_and_run_percentiles_are_the_jobs_own():
     # Waits 0 (clamped), 2, 4, 6; runs 0.25, 1.5, 3, 9 (nearest rank).
     assert (queue.wait_p50, queue.wait_p95) == (pytest.approx(2.0), pytest.approx(6.0))
     assert (queue.run_p50, queue.run_p95) == (pytest.approx(1.5), pytest.approx(9.0))
+
+
+@postgres_only
+@pytest.mark.django_db
+def test_postgresqls_percentiles_are_the_nearest_ranks_of_the_same_sample():
+    """On PostgreSQL the percentiles are worked out by the database (``percentile_disc``):
+    for every queue they are the nearest ranks ``percentile`` takes of the sample's
+    durations, negative waits counted as 0."""
+    now = timezone.now()
+    made = []
+    for n in range(97):
+        enqueued = now - timedelta(minutes=30)
+        started = enqueued + timedelta(seconds=((n * 37) % 101) / 10 - 1.0)  # some < 0
+        made.append(
+            Job(
+                task_path="tests.testapp.tasks.add",
+                queue_name=("a", "b", "c")[n % 3] if n < 90 else "d",
+                state="succeeded" if n % 5 else "failed",
+                args=[],
+                kwargs={},
+                enqueued_at=enqueued,
+                started_at=started,
+                finished_at=started + timedelta(seconds=((n * 53) % 89) / 7),
+            )
+        )
+    Job.objects.bulk_create(made)
+    since = now - console.WINDOW
+    rows = console.QueueRows()
+    console_timings.add_timings(rows, "", since, "default")
+    waits: dict[str, list[float]] = {}
+    runs: dict[str, list[float]] = {}
+    for queue, wait, run in console_timings.timing_sample("", since, "default"):
+        waits.setdefault(queue, []).append(max(wait.total_seconds(), 0.0))
+        runs.setdefault(queue, []).append(max(run.total_seconds(), 0.0))
+    assert sorted(rows) == sorted(waits) == ["a", "b", "c", "d"]
+    for name, row in rows.items():
+        p = console_timings.percentile
+        assert (row.wait_p50, row.wait_p95) == (p(waits[name], 0.5), p(waits[name], 0.95))
+        assert (row.run_p50, row.run_p95) == (p(runs[name], 0.5), p(runs[name], 0.95))
+    assert rows["a"].wait_p50 != rows["a"].wait_p95  # not all alike: the ranks are tested
+
+
+@postgres_only
+@pytest.mark.django_db
+def test_postgresqls_one_pass_live_counts_are_the_joined_counts():
+    """On PostgreSQL the live counts group the capped rows as they are read; they are
+    what the ORM's join of the capped ids back to their rows counts."""
+    now = timezone.now()
+    made = []
+    for n in range(40):
+        made.append(
+            Job(
+                task_path="tests.testapp.tasks.echo",
+                queue_name=("default", "emails")[n % 2],
+                args=[n],
+                kwargs={},
+                partition_key=f"user:{n % 3}" if n % 4 == 0 else None,
+                run_after=now + timedelta(hours=1) if n % 5 == 0 else now - timedelta(seconds=n),
+            )
+        )
+    Job.objects.bulk_create(made)
+
+    def ordered(found):
+        return sorted(
+            (tuple(r[k] for k in ("queue_name", "n", "due", "oldest", "keyed_due", "keys_due")))
+            for r in found
+        )
+
+    for state in LIVE_JOBS_BY_STATE:
+        live = console.jobs("", "default").filter(LIVE_JOBS_BY_STATE[state]).order_by()
+        one_pass = console.live_counts_in_one_pass(live, now, "default")
+        assert ordered(one_pass) == ordered(console.live_counts_joined(live, now, "default"))
+    pending = ordered(console.live_counts("", "pending", now, "default"))
+    assert [row[:3] for row in pending] == [("default", 20, 16), ("emails", 20, 16)]
+    assert pending[0][4:] == (8, 3)  # n = 4, 8, …, 36 but the deferred 20: 3 keys
 
 
 @pytest.mark.django_db

@@ -1,0 +1,110 @@
+"""The console's wait and run time percentiles per queue, from the newest finished jobs.
+
+On PostgreSQL the percentiles are worked out where the sample is read
+(``percentile_disc``, one row per queue): sending the ``TIMING_SAMPLE``
+rows' durations to be parsed, grouped and sorted here cost more than the
+rest of the overview's reads together. SQLite has no ordered-set
+aggregates: it sends the sample, and the same nearest-rank percentiles are
+taken here.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import defaultdict
+from datetime import datetime, timedelta
+from typing import TYPE_CHECKING, Any
+
+from django.db import connections
+from django.db.models import DurationField, ExpressionWrapper, F, QuerySet
+from django.db.models.functions import Coalesce, Greatest
+
+from ..core.states import FINISHED_STATES, JobState
+from ..models import Job
+from ..store.base import state_in
+
+if TYPE_CHECKING:
+    from .console import QueueRows
+
+#: Finished jobs whose wait and run times make the percentiles.
+TIMING_SAMPLE = 2_000
+FINISHED_SHOWN = (JobState.SUCCEEDED, JobState.FAILED)
+#: The percentiles shown: the median and the 95th.
+QUANTILES = (0.5, 0.95)
+
+
+def percentile(values: list[float], q: float) -> float | None:
+    """The ``q`` quantile (0..1) of ``values`` by nearest rank; None when empty."""
+    if not values:
+        return None
+    ordered = sorted(values)
+    return ordered[max(0, math.ceil(q * len(ordered)) - 1)]
+
+
+def sample(namespace: str, since: datetime, db: str) -> QuerySet[Job, tuple[Any, ...]]:
+    """The newest finished jobs' (queue, wait, run), the durations worked out by
+    the database."""
+    ready = Greatest("enqueued_at", Coalesce("deferred_until", "enqueued_at"))
+    return (
+        Job.objects.using(db)
+        .filter(
+            state_in(FINISHED_STATES),  # dispatch_job_finished's condition, for SQLite
+            namespace=namespace,
+            state__in=FINISHED_SHOWN,
+            finished_at__gte=since,
+            started_at__isnull=False,
+        )
+        .order_by("-finished_at")
+        .annotate(
+            wait=ExpressionWrapper(F("started_at") - ready, output_field=DurationField()),
+            run=ExpressionWrapper(
+                F("finished_at") - Coalesce("last_attempted_at", "started_at"),
+                output_field=DurationField(),
+            ),
+        )
+        .values_list("queue_name", "wait", "run")[:TIMING_SAMPLE]
+    )
+
+
+def timing_sample(namespace: str, since: datetime, db: str) -> list[tuple[Any, ...]]:
+    """The sample's rows: (queue, wait, run)."""
+    return list(sample(namespace, since, db))
+
+
+def queue_percentiles(
+    namespace: str, since: datetime, db: str
+) -> dict[str, tuple[list[timedelta], list[timedelta]]]:
+    """Per queue, the sample's wait and run percentiles (``QUANTILES``), on PostgreSQL:
+    ``percentile_disc`` is the nearest rank, as ``percentile``."""
+    sql, params = sample(namespace, since, db).query.get_compiler(using=db).as_sql()
+    quantiles = ", ".join(str(q) for q in QUANTILES)
+    with connections[db].cursor() as cursor:
+        cursor.execute(
+            f"SELECT s.queue_name, "
+            f"percentile_disc(ARRAY[{quantiles}]) WITHIN GROUP (ORDER BY s.wait), "
+            f"percentile_disc(ARRAY[{quantiles}]) WITHIN GROUP (ORDER BY s.run) "
+            f"FROM ({sql}) s GROUP BY s.queue_name",
+            params,
+        )
+        return {queue: (waits, runs) for queue, waits, runs in cursor.fetchall()}
+
+
+def add_timings(rows: QueueRows, namespace: str, since: datetime, db: str) -> None:
+    """Wait and run time percentiles per queue, from the timing sample. A negative
+    duration (a retry started before its deferral ended) counts as 0: clamping
+    each value or the percentile is the same, the clamp keeping the order."""
+    if connections[db].vendor == "postgresql":
+        for name, (waits, runs) in queue_percentiles(namespace, since, db).items():
+            queue = rows[name]
+            queue.wait_p50, queue.wait_p95 = (max(w.total_seconds(), 0.0) for w in waits)
+            queue.run_p50, queue.run_p95 = (max(r.total_seconds(), 0.0) for r in runs)
+        return
+    wait_values: dict[str, list[float]] = defaultdict(list)
+    run_values: dict[str, list[float]] = defaultdict(list)
+    for queue_name, wait, run in timing_sample(namespace, since, db):
+        wait_values[queue_name].append(max(wait.total_seconds(), 0.0))
+        run_values[queue_name].append(max(run.total_seconds(), 0.0))
+    for name, values in wait_values.items():
+        queue = rows[name]
+        queue.wait_p50, queue.wait_p95 = (percentile(values, q) for q in QUANTILES)
+        queue.run_p50, queue.run_p95 = (percentile(run_values[name], q) for q in QUANTILES)
