@@ -90,6 +90,11 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--realistic", action="store_true", help="also profile a realistic drain")
     p.add_argument("--realistic-jobs", type=int, default=5_000)
     p.add_argument(
+        "--atomic",
+        action="store_true",
+        help="the no-op and realistic drains of their @task(atomic=True) twins",
+    )
+    p.add_argument(
         "--async-sleep",
         action="store_true",
         help="profile a drain of async jobs awaiting asyncio.sleep(--async-sleep-ms) on "
@@ -166,7 +171,7 @@ def wait_for_quiet(seconds: float, threshold: float = 0.25) -> float:
 def profile_drain(args, pg: PgServer, python: str, pyspy: str, job: str, rawdir: Path) -> dict:
     """One drain of ``job`` jobs under py-spy on a fresh database; its driver's result."""
     jobs = {"noop": args.jobs, "realistic": args.realistic_jobs}.get(job, args.async_sleep_jobs)
-    extra = ["--backlog", job]
+    extra = ["--backlog", job, *(["--atomic"] if args.atomic else [])]
     if job == "async-sleep":
         extra = ["--sleep-ms", repr(args.async_sleep_ms),
                  "--async-concurrency", str(args.async_concurrency)]  # fmt: skip
@@ -261,7 +266,7 @@ def main() -> None:
         sha = subprocess.run(["git", "describe", "--always", "--dirty"], cwd=BENCH_DIR,
                              capture_output=True, text=True).stdout.strip()  # fmt: skip
         what = f"the working tree at {sha}"
-    tag = args.tag or sha
+    tag = (args.tag or sha) + ("-atomic" if args.atomic else "")
     jobs = ["noop", "realistic"] if args.realistic else ["noop"]
     if args.async_sleep:
         jobs = ["async-sleep"]

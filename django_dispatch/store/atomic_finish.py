@@ -10,7 +10,8 @@ plain jobs shares them among hundreds of jobs; an atomic job cannot.
 ``job_commit_success_if_leased`` sends the fenced UPDATE, the usage record
 and the COMMIT as one simple-protocol query (``SELECT f(...); COMMIT``);
 when the body wrote nothing the transaction is not open yet, and the call
-runs alone, its own implicit transaction.
+runs alone, its own implicit transaction. It goes by libpq, past Django's
+cursor: ``connection.queries`` and ``execute_wrapper``s do not see it.
 
 The write itself is the PL/pgSQL function of migration 0026
 (``django_dispatch_atomic_success``). It runs once per job, and nothing is
@@ -36,10 +37,11 @@ COMMIT in it is an ordinary transaction; nothing is prepared.
 
 from __future__ import annotations
 
+import functools
 import json
 from typing import Any
 
-from django.db import DataError, connections
+from django.db import connections
 
 from .types import Lease
 from .usage import UsageEntry
@@ -54,10 +56,10 @@ _LOST_SQLSTATE = "22P02"
 #: whether to write the record; the last five: what the worker alone knows
 #: of it (NULL without a record). The casts pick the function's signature.
 _SUCCESS_SQL = (
-    "SELECT django_dispatch_atomic_success(%s::bigint, %s::text, %s::bigint, %s::jsonb,"
-    " %s::boolean, %s::text, %s::text, %s::float8, %s::float8, %s::float8)"
+    b"SELECT django_dispatch_atomic_success(%b::bigint, %b::text, %b::bigint, %b::jsonb,"
+    b" %b::boolean, %b::text, %b::text, %b::float8, %b::float8, %b::float8)"
 )
-_NO_RECORD = [False, None, None, None, None, None]
+_NO_RECORD = [b"false", b"NULL", b"NULL", b"NULL", b"NULL", b"NULL"]
 
 
 def fast_path_available(db: str, lease: Lease) -> bool:
@@ -65,8 +67,11 @@ def fast_path_available(db: str, lease: Lease) -> bool:
     if lease.partition_key:
         return False
     connection = connections[db]
-    if connection.vendor != "postgresql":
-        return False
+    return connection.vendor == "postgresql" and _is_psycopg3()
+
+
+@functools.cache
+def _is_psycopg3() -> bool:
     from django.db.backends.postgresql.psycopg_any import is_psycopg3
 
     return is_psycopg3
@@ -83,50 +88,59 @@ def job_commit_success_if_leased(
     reclaimed meanwhile), nothing is committed, and the transaction is left
     for the caller to roll back. Any other error is raised, nothing committed.
     Call it last in the transaction: it commits.
+
+    Sent by libpq itself (``PQexec``, which releases the GIL while it waits),
+    not through a cursor: one statement of our own whose only result is its
+    error or its absence needs none of a cursor's machinery (adapters,
+    result loaders, psycopg's transaction start, toggling autocommit when the
+    body wrote nothing), which cost the job thread more than the round trip.
+    The values go as literals escaped by libpq for the connection's encoding
+    (``PQescapeLiteral``): the simple protocol that carries ``; COMMIT`` has
+    no parameters.
     """
-    from psycopg.pq import TransactionStatus
+    from psycopg import errors, pq
 
     connection = connections[db]
     connection.ensure_connection()  # the job thread checked it before the body
     raw = connection.connection
-    # The body wrote nothing: psycopg has not sent BEGIN yet.
-    idle = raw.info.transaction_status == TransactionStatus.IDLE
-    params: list[Any] = [
-        lease.job_id,
-        lease.worker_id,
-        lease.epoch,
-        None if return_value is None else json.dumps(return_value),
+    pgconn = raw.pgconn
+    # The body wrote nothing: psycopg has not sent BEGIN yet, and the call is
+    # its own transaction; else its COMMIT goes with it.
+    idle = pgconn.transaction_status == pq.TransactionStatus.IDLE
+    encoding = raw.info.encoding
+    escape = pq.Escaping(pgconn).escape_literal
+
+    def text(value: str | None) -> bytes:
+        return b"NULL" if value is None else escape(value.encode(encoding))
+
+    args = [
+        b"%d" % lease.job_id,
+        text(lease.worker_id),
+        b"%d" % lease.epoch,
+        text(None if return_value is None else json.dumps(return_value)),
     ]
     if usage is None:
-        params += _NO_RECORD
+        args += _NO_RECORD
     else:  # the rest of the record comes from the row
-        params += [True, usage.host, usage.outcome]
-        params += [usage.wall_seconds, usage.cpu_seconds, usage.peak_rss_mb]
-    sql = _SUCCESS_SQL if idle else _SUCCESS_SQL + ";\nCOMMIT"
-    try:
-        if idle:
-            # One statement is its own transaction: psycopg's BEGIN is not
-            # needed, and would cost a round trip of its own.
-            raw.autocommit = True
-        with connection.wrap_database_errors, _client_cursor(connection) as cursor:
-            cursor.execute(sql, params)
-    except DataError as e:
-        if getattr(e.__cause__, "sqlstate", None) == _LOST_SQLSTATE and LOST in str(e):
+        args += [b"true", text(usage.host), text(usage.outcome)]
+        args += [_float(x) for x in (usage.wall_seconds, usage.cpu_seconds, usage.peak_rss_mb)]
+    sql = _SUCCESS_SQL % tuple(args)
+    if not idle:
+        sql += b";\nCOMMIT"
+    with connection.wrap_database_errors:
+        result = pgconn.exec_(sql)
+        if result.status in (pq.ExecStatus.TUPLES_OK, pq.ExecStatus.COMMAND_OK):
+            return True
+        if pgconn.status != pq.ConnStatus.OK:
+            raise errors.OperationalError(
+                pgconn.get_error_message(encoding) or "the connection was lost"
+            )
+        error = errors.error_from_result(result, encoding=encoding)
+        if error.sqlstate == _LOST_SQLSTATE and LOST in str(error):
             return False
-        raise
-    finally:
-        # Back as Django left it. A connection the statement broke is not
-        # IDLE, refuses the switch, and is closed by the block's end anyway.
-        if idle and raw.info.transaction_status == TransactionStatus.IDLE:
-            raw.autocommit = False
-    return True
+        raise error
 
 
-def _client_cursor(connection: Any) -> Any:
-    """A psycopg client-binding cursor: the simple query protocol, which runs
-    ``stmt; COMMIT`` in one message (the extended protocol takes one statement).
-    Django's own cursor is one too, unless the site turned server-side binding on."""
-    from django.db.backends.postgresql.base import Cursor
-
-    # django-stubs declare the class without psycopg's arguments.
-    return connection._prepare_cursor(Cursor(connection.connection))  # type: ignore[call-arg]
+def _float(value: float | None) -> bytes:
+    # Quoted: float8's input also reads repr's nan and inf.
+    return b"NULL" if value is None else f"'{float(value)!r}'".encode()

@@ -25,6 +25,7 @@ from django_dispatch.runtime.running import RunningJob
 from django_dispatch.runtime.slots import Slots
 from django_dispatch.services.jobs import cancel
 from django_dispatch.states import JobState
+from django_dispatch.store import atomic_finish
 from django_dispatch.testing import drain
 from tests.conftest import ON_POSTGRES, postgres_only, wait_until
 from tests.testapp import atomic_tasks, tasks
@@ -234,7 +235,9 @@ def test_an_atomic_success_is_not_taken_for_lost_while_its_report_runs(caplog):
     assert stops == []
 
 
-def test_an_atomic_success_waiting_for_its_commit_is_not_taken_for_a_long_running_job():
+def test_an_atomic_success_waiting_for_its_commit_is_not_taken_for_a_long_running_job(
+    monkeypatch,
+):
     """While an atomic job's success is being committed (a WAL flush, which a busy
     disk stretches), its slot counts free for the next claim, and the wait is not
     taken for a long job: the job claimed ahead stays, and claiming ahead goes on."""
@@ -250,10 +253,18 @@ def test_an_atomic_success_waiting_for_its_commit_is_not_taken_for_a_long_runnin
     seen: list[tuple[int, list[RunningJob]]] = []
 
     def observe(execute, sql, params, many, context):
-        if "dispatch_job" in sql or "atomic_success" in sql:  # the success's write
+        if "dispatch_job" in sql:  # the success's write, through Django's cursor
             seen.append((slots.free(), slots.behind_long_jobs()))
         return execute(sql, params, many, context)
 
+    # On PostgreSQL the success goes by libpq, past Django's cursor: watch the call.
+    sent_by_libpq = atomic_finish.job_commit_success_if_leased
+
+    def observed(*args, **kwargs):
+        seen.append((slots.free(), slots.behind_long_jobs()))
+        return sent_by_libpq(*args, **kwargs)
+
+    monkeypatch.setattr(atomic_finish, "job_commit_success_if_leased", observed)
     with connection.execute_wrapper(observe):
         outcome = atomic.execute(first, committing, "default")
     assert (outcome.kind, committing.won) == ("succeeded", True)

@@ -10,6 +10,7 @@ database afterwards: the body's row, the job's state, the usage record.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import threading
 
 import pytest
@@ -84,12 +85,17 @@ def test_a_won_fence_commits_the_body_the_success_and_its_record_in_one_round_tr
             claimed.lease, {"total": 3}, _usage(claimed), write=write, hooks=hooks
         )
     assert (won, rolled_back, hooks) == (True, False, ["committed"])
-    # The body's INSERT (if any), then the success and its COMMIT in one query
-    # (Django logs its transaction control too: BEGIN, and its own COMMIT,
-    # which finds the transaction committed already).
+    # Through Django's cursor only the body's INSERT (if any; Django logs its
+    # transaction control too: BEGIN, and its own COMMIT, which finds the
+    # transaction committed already). The success goes by libpq, with the
+    # COMMIT in the same query when the body had opened a transaction: the
+    # server's record of the connection's last query shows both.
     sent = [q["sql"] for q in queries if q["sql"] not in ("BEGIN", "COMMIT")]
-    assert len(sent) == (2 if write else 1), sent
-    assert sent[-1].rstrip().endswith("COMMIT") == write
+    assert len(sent) == (1 if write else 0), sent
+    if TEST_DB != "pgbouncer":  # a pooled client has no backend of its own
+        last = _last_query(connection.connection.info.backend_pid)
+        assert last.startswith("SELECT django_dispatch_atomic_success("), last
+        assert last.rstrip().endswith("COMMIT") == write, last
     row = Job.objects.get(pk=claimed.id)
     assert (row.state, row.return_value, row.lease_expires_at) == (
         JobState.SUCCEEDED,
@@ -180,6 +186,44 @@ def test_only_unkeyed_jobs_on_postgresql_take_the_one_round_trip_path():
     keyed = Lease(1, WORKER, 1, partition_key="customer-1")
     assert fast_path_available("default", unkeyed) is ON_POSTGRES
     assert fast_path_available("default", keyed) is False
+
+
+def _last_query(pid: int) -> str:
+    """The last query backend ``pid`` received, read from another thread's connection."""
+    found: list[str] = []
+
+    def read() -> None:
+        try:
+            with connections["default"].cursor() as cursor:
+                cursor.execute("SELECT query FROM pg_stat_activity WHERE pid = %s", [pid])
+                found.append(cursor.fetchone()[0])
+        finally:
+            connections["default"].close()
+
+    thread = threading.Thread(target=read)
+    thread.start()
+    thread.join()
+    return found[0]
+
+
+@postgres_only
+def test_values_that_need_escaping_reach_the_row_and_the_record_intact():
+    """The success's values travel as literals escaped by libpq: quotes,
+    backslashes, newlines and non-ASCII text must arrive as they left."""
+    worker = "w'at\\x\nü"
+    tasks.add.using(queue_name="atomic-q").enqueue(1, 2)
+    (claimed,) = store.jobs_claim(worker_id=worker, queues=("atomic-q",), limit=1, lease_seconds=30)
+    value = {"note": "it's a \\ back'slash\n\u2028 ü 🙂", "n": [1.5, None, True]}
+    usage = dataclasses.replace(
+        _usage(claimed), worker_id=worker, host="h'ost\\", cpu_seconds=0.125
+    )
+    won, rolled_back = _commit(claimed.lease, value, usage, write=True, hooks=[])
+    assert (won, rolled_back) == (True, False)
+    row = Job.objects.get(pk=claimed.id)
+    assert (row.state, row.return_value, row.worker_id) == (JobState.SUCCEEDED, value, worker)
+    record = JobUsage.objects.get(job_id=claimed.id)
+    assert (record.worker_id, record.host, record.cpu_seconds) == (worker, "h'ost\\", 0.125)
+    assert SideEffect.objects.filter(key="k").count() == 1
 
 
 def _terminate(pid: int) -> None:
