@@ -39,6 +39,7 @@ from .paging import (
     CappedPaginator,
     RecentValuesFilter,
     list_database,
+    listed_fields,
     merged_rows,
     newest_first,
 )
@@ -84,7 +85,11 @@ class BigTable(admin.ModelAdmin):
         return super().changelist_view(request, extra_context)
 
     def get_queryset(self, request: HttpRequest) -> QuerySet[Any]:
-        return super().get_queryset(request).using(list_database(request))
+        rows = super().get_queryset(request).using(list_database(request))
+        # A change list shown reads only what its columns show (``listed_fields``).
+        listing = getattr(request, "dispatch_reads_replica", False)
+        fields = listed_fields(self, request) if listing else None
+        return rows.only(*fields) if fields else rows
 
     def list_parts(self, queryset: QuerySet[Any]) -> list[QuerySet[Any]] | None:
         """The change list's rows as parts read apart (``paging``), or None: one query."""

@@ -102,6 +102,14 @@ class DeadLetterAdmin(
         "replayed",
         "replay_job",
     ]
+    #: The fields each column reads (``paging.listed_fields``); "": ``__str__``.
+    list_reads = {
+        "": ("task_path", "job_id", "error_class"),
+        "short_error_message": ("error_message",),
+        "failed_age": ("failed_at",),
+        "replayed": ("replayed_at",),
+        "replay_job": ("replay_job_id",),
+    }
     bulk_action = "replay_entries"
     bulk_permission = "replay"
     bulk_label = "Replay all matching…"

@@ -100,6 +100,29 @@ class JobAdmin(
         "run_display",
         "error_summary",
     ]
+    #: The fields each column reads (``paging.listed_fields``); "": every row's
+    #: ``__str__``, ``attach_steps`` and ``attach_partition_heads``.
+    list_reads = {
+        "": ("task_path", "state", "namespace", "partition_key", "args"),
+        "state_badge": (
+            "state",
+            "run_after",
+            "attempts",
+            "partition_key",
+            "concurrency_key",
+            "flow_queue",
+            "task_path",
+            "return_value",
+        ),
+        "task_display": ("task_path", "queue_name", "partition_key"),
+        "tries": ("attempts", "max_attempts"),
+        "enqueued_age": ("enqueued_at",),
+        "wait_display": ("enqueued_at", "deferred_until", "started_at", "state"),
+        "run_display": ("last_attempted_at", "started_at", "finished_at", "state"),
+        "run_after_display": ("state", "run_after"),
+        "finished_age": ("finished_at",),
+        "error_summary": ("errors",),
+    }
     list_filter = [
         "state",
         CallContextFilter,

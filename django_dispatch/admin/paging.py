@@ -67,6 +67,33 @@ class CappedPaginator(Paginator):
         return min(counted, self.cap)
 
 
+def listed_fields(model_admin: Any, request: HttpRequest) -> list[str] | None:
+    """The model fields a change list's rows are read with, or None: every field.
+
+    A page builds 100 model instances, and a job has 39 columns, nine of them
+    JSON decoded one by one, most shown on its own page only. A model admin's
+    ``list_reads`` names the fields each of its columns reads (the key ``""``:
+    what every row needs, its ``__str__`` and the page's lookups); a column it
+    does not name and that is no field of the model (one a subclass adds)
+    makes the page read every field, never a query per row for a field left
+    out.
+    """
+    reads: dict[str, Sequence[str]] | None = getattr(model_admin, "list_reads", None)
+    if not reads:
+        return None
+    opts = model_admin.model._meta
+    concrete = {field.name for field in opts.concrete_fields}
+    wanted = {opts.pk.name, *reads.get("", ())}
+    for column in model_admin.get_list_display(request):
+        if isinstance(column, str) and column in reads:
+            wanted.update(reads[column])
+        elif isinstance(column, str) and column in concrete:
+            wanted.add(column)
+        else:
+            return None
+    return sorted(wanted)
+
+
 def list_database(request: HttpRequest) -> str:
     """The database a changelist request reads (see ``common.BigTable``)."""
     return read_alias() if getattr(request, "dispatch_reads_replica", False) else db_alias()
