@@ -42,6 +42,7 @@ LANGUAGE plpgsql
 -- Only nested loops over index scans: each id looked up in the primary key,
 -- whatever the table's size when the plan was made (a generic plan guesses
 -- ten ids; a hash join over a scan of the table would read it all per wave).
+SET plan_cache_mode = force_generic_plan
 SET enable_hashjoin = off SET enable_mergejoin = off SET enable_seqscan = off
 AS $$
 BEGIN
@@ -84,6 +85,7 @@ CREATE OR REPLACE FUNCTION django_dispatch_lease_wave(
     p_ids bigint[], p_worker text, p_lease_seconds float8, p_now timestamptz)
 RETURNS integer
 LANGUAGE plpgsql
+SET plan_cache_mode = force_generic_plan
 SET enable_hashjoin = off SET enable_mergejoin = off SET enable_seqscan = off
 AS $$
 DECLARE
@@ -106,7 +108,36 @@ BEGIN
 END;
 $$;
 """
+#: The claim's scan (``sources.fused_pg.CANDIDATES_CTE``) for a wave: due
+#: pending jobs without needs of ``p_namespace``, in ``p_queues`` (NULL: every
+#: queue) and not in ``p_paused`` (NULL: none), in claim order, locked, at
+#: most ``p_window``, skipping rows another claimer holds. Its generic plan can
+#: be nothing but the ordered scan of the claim index that stops at the
+#: window: no sort, no bitmap or sequential scan is allowed it (a generic
+#: plan left to itself may sort every due job to find the first few).
+CREATE_SCAN = """
+CREATE OR REPLACE FUNCTION django_dispatch_claim_scan(
+    p_namespace text, p_window integer, p_queues text[], p_paused text[])
+RETURNS SETOF django_dispatch_job
+LANGUAGE plpgsql
+SET plan_cache_mode = force_generic_plan
+SET enable_sort = off SET enable_bitmapscan = off SET enable_seqscan = off
+AS $$
+BEGIN
+    RETURN QUERY
+    SELECT * FROM django_dispatch_job
+    WHERE namespace = p_namespace AND state = 'pending' AND resource_shape IS NULL
+        AND run_after <= now()
+        AND (p_queues IS NULL OR queue_name = ANY(p_queues))
+        AND (p_paused IS NULL OR NOT (queue_name = ANY(p_paused)))
+    ORDER BY priority DESC, run_after, id
+    LIMIT p_window
+    FOR UPDATE SKIP LOCKED;
+END;
+$$;
+"""
 DROP = """
+DROP FUNCTION IF EXISTS django_dispatch_claim_scan(text, integer, text[], text[]);
 DROP FUNCTION IF EXISTS django_dispatch_lease_wave(bigint[], text, float8, timestamptz);
 DROP FUNCTION IF EXISTS django_dispatch_finish_wave(
     bigint[], text[], bigint[], jsonb[], boolean[], float8[], float8[], float8[], text, text);
@@ -117,6 +148,7 @@ def create(apps, schema_editor):
     if schema_editor.connection.vendor == "postgresql":
         schema_editor.execute(CREATE)
         schema_editor.execute(CREATE_LEASE)
+        schema_editor.execute(CREATE_SCAN)
 
 
 def drop(apps, schema_editor):

@@ -37,7 +37,7 @@ from .base import hot_cursor, job_sql
 from .finish import MeasuredUsage, finish_params
 from .leasing import claimed_job
 from .partitions import lock_partitions, partitions_promote
-from .sources.fused_pg import CANDIDATES_CTE, claim_sql, claimed_rows
+from .sources.fused_pg import claim_sql, claimed_rows
 from .types import ClaimedJob, Lease
 
 #: The finish of the wave's successes and their usage records: the function
@@ -81,6 +81,16 @@ _LEASE_CALL = """(
 #: The functions' statements take their own snapshots; the claim's scan sees
 #: the statement's. The finish writes running rows, the claim reads and
 #: leases pending ones: neither depends on the other.
+#: The claim's candidates: ``sources.fused_pg.CANDIDATES_CTE``'s scan, by
+#: the function of migration 0027 (``django_dispatch_claim_scan``: the same
+#: filters, its plan the ordered scan of the claim index, made once per server
+#: session), the columns the claim reads taken from its rows.
+_CANDIDATES_CTE = """
+candidates AS MATERIALIZED (
+    SELECT {fields}, now() AS db_now
+    FROM django_dispatch_claim_scan({namespace}, %(window)s::integer, %(queues)s::text[],
+        %(paused)s::text[])
+)"""
 _WAVE_SQL = (
     """
 WITH {candidates}
@@ -92,7 +102,7 @@ FROM """
     + """ AS l LEFT JOIN candidates AS c ON true
 ORDER BY c.priority DESC, c.run_after, c.id
 """
-).replace("{candidates}", CANDIDATES_CTE)
+).replace("{candidates}", _CANDIDATES_CTE)
 #: The wave without a claim (no slot to fill).
 _FINISH_ONLY_SQL = "SELECT won, freed FROM " + _FINISH_CALL
 #: The function's usage parameters when the wave writes no usage record.
@@ -166,8 +176,8 @@ def jobs_finish_many_and_claim(
             window=claim.limit,
             worker_id=claim.worker_id,
             lease_seconds=claim.lease_seconds,
-            queues=list(claim.queues),
-            paused=list(claim.paused),
+            queues=list(claim.queues) or None,  # NULL: every queue
+            paused=list(claim.paused) or None,
         )
     else:
         sql = job_sql(connection, template)
