@@ -659,7 +659,9 @@ def main() -> None:
 
         info = {
             "date": f"{datetime.datetime.now(datetime.UTC):%Y-%m-%d %H:%M} UTC",
-            "commit": subprocess.run(
+            # A ``git archive`` snapshot has no repository: its runner names the commit.
+            "commit": os.environ.get("BENCH_COMMIT")
+            or subprocess.run(
                 ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True
             ).stdout.strip(),
             "django_dispatch": __version__,
