@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import threading
+import time
 
 import pytest
 from django.db import DatabaseError, connection, connections, transaction
@@ -224,6 +225,22 @@ def test_values_that_need_escaping_reach_the_row_and_the_record_intact():
     record = JobUsage.objects.get(job_id=claimed.id)
     assert (record.worker_id, record.host, record.cpu_seconds) == (worker, "h'ost\\", 0.125)
     assert SideEffect.objects.filter(key="k").count() == 1
+
+
+@postgres_only
+def test_finished_at_is_when_the_success_was_written_not_when_the_body_began():
+    """The body's transaction began with its first write: the job's
+    ``finished_at`` must be the success's time, after the rest of the body."""
+    claimed = _running()
+    with transaction.atomic():
+        SideEffect.objects.create(key="k", note="body")  # the transaction's start
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT now()")
+            began = cursor.fetchone()[0]
+        time.sleep(0.3)  # the rest of the body
+        assert job_commit_success_if_leased(claimed.lease, None, None, db="default")
+    finished = Job.objects.get(pk=claimed.id).finished_at
+    assert (finished - began).total_seconds() >= 0.3
 
 
 def _terminate(pid: int) -> None:
