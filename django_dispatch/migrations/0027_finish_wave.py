@@ -1,19 +1,22 @@
-"""On PostgreSQL, the fenced finish of a wave of successes, and the lease of
-the jobs its claim locked, as two functions.
+"""On PostgreSQL, a worker's one-statement wave as three functions: the
+fenced finish of its successes, the claim's scan, and the lease of what the
+scan locked.
 
 A worker's wave (``store.wave``) is one statement: the successes' fenced
 UPDATE, their usage records, the claim that refills the slots and its
 lease. Sent as SQL it is parsed, analysed and planned on every wave (Django
 prepares nothing, and PgBouncer in transaction mode passes no prepared
 statements), and planning was about 40% of its server time, the planner
-weighing the job table's 21 indexes at every reference to the table. Here
-the finish with its records, and the lease, are planned once per server
-session and then reused: each UPDATE looks its ids up in the primary key
-(the functions allow the planner nothing else: no hash or merge join, no
-sequential scan), so the generic plan is the plan. The claim's scan, whose
-plan depends on the data, stays SQL in the statement that calls them, and
-passes the ids it locked to the lease. The call passes PgBouncer in
-transaction mode as any other statement.
+weighing the job table's 21 indexes at every reference to the table. A
+function's statements are planned once per server session and then reused,
+and each function here forces its generic plan and allows its planner only
+the plan it must have, so the plan is the same whatever the table held when
+it was made: the finish and the lease look each id up in the primary key
+(no hash or merge join, no sequential scan), the scan reads the claim index
+in its order and stops at the window (no sort, no bitmap or sequential
+scan; a generic plan left to itself may sort every due job to find the
+first few). The statement that calls them passes PgBouncer in transaction
+mode as any other.
 
 ``django_dispatch_finish_wave``, as the SQL it replaces did: every id whose
 row is still ``running`` under the same worker and lease epoch becomes
@@ -24,6 +27,10 @@ worker measured from the arrays. It returns the winners' ids (``won``, NULL
 for none) and the partition keys they freed (``freed``, NULL for none). The
 arrays are parallel (``unnest`` pads shorter ones with NULL: no usage
 arrays, no records).
+
+``django_dispatch_claim_scan``: ``sources.fused_pg.CANDIDATES_CTE``'s scan
+(due pending jobs without needs of a namespace, in claim order, locked,
+skipping rows another claimer holds), the job table's rows.
 
 ``django_dispatch_lease_wave``: ``store.leasing``'s lease of the given ids,
 rows the calling statement has locked.

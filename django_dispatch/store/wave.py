@@ -6,10 +6,10 @@ successes' ``UPDATE``, the claim, ``COMMIT``), and between them the server
 session sits idle in a transaction while the worker waits for a CPU: behind
 a pooler in transaction mode, 50 busy processes kept 18 of 20 pool sessions
 idle that way (docs/performance.md, "Fleet"). Here the fenced finish with
-its usage records (the function of migration 0027, planned once per server
-session) and the fused claim of ``sources.fused_pg`` (data-modifying CTEs)
-are one statement, sent in autocommit: PostgreSQL runs it as its own
-transaction, so both commit together, or neither, as in
+its usage records, the claim's scan and its lease (the functions of
+migration 0027, planned once per server session) are one statement, sent
+in autocommit: PostgreSQL runs it as its own transaction, so the successes
+and the leases commit together, or neither, as in
 ``BatchCompleter.write_wave``'s transaction.
 
 It is the plain case only, and the caller (``runtime.completer``) knows when
@@ -64,7 +64,7 @@ _LEASE_CALL = """(
     FROM candidates
 )"""
 #: The wave: the finish (``_FINISH_CALL``, ``f``), ``candidates`` (the claim's
-#: scan, ``sources.fused_pg``) and the lease of its unkeyed rows
+#: scan, ``_CANDIDATES_CTE``) and the lease of its unkeyed rows
 #: (``_LEASE_CALL``, ``l``); one row per candidate, the winners and the keys
 #: they freed on every row, and one row (the candidate's columns NULL) when
 #: the claim found none.
