@@ -159,3 +159,40 @@ def test_a_worker_drains_keyed_and_plain_jobs_in_order_with_one_statement_waves(
         if "django_dispatch_finish_wave(" in q["sql"] and "candidates AS" in q["sql"]
     ]
     assert waves, "no wave went through the one statement"
+
+
+def test_a_wave_beside_a_backlog_reads_by_index_only_what_it_writes_and_claims():
+    """The wave's functions keep one plan per server session, made generic: it
+    must be the primary key for the finish and the lease and the claim index,
+    read in order up to the window, for the scan, whatever the table holds. The
+    backend's scan counters (``pg_stat_xact_user_tables``, which count the
+    functions' statements too; read before and after, as they may still hold
+    earlier transactions' counts) show it: no sequential scan, and rows fetched
+    by index in proportion to the wave, not to the 3,000 jobs waiting."""
+    from django.db import transaction
+
+    from django_dispatch import enqueue_many
+
+    enqueue_many(tasks.noop, [((), {}) for _ in range(3000)])
+    claim = WaveClaim(WORKER, 8, 30.0)
+    wave = jobs_finish_many_and_claim([], db=DB, claim=claim)
+    for _ in range(6):  # past the session's first calls, whatever plans they made
+        results = [(c.lease, None) for c in wave.claimed]
+        wave = jobs_finish_many_and_claim(results, db=DB, claim=claim, usage=_usage(wave.claimed))
+        assert len(wave.won) == len(results) == 8
+    results = [(c.lease, None) for c in wave.claimed]
+    counters = (
+        "SELECT seq_scan, idx_tup_fetch FROM pg_stat_xact_user_tables WHERE relid = %s::regclass"
+    )
+    with transaction.atomic(), connection.cursor() as cursor:
+        cursor.execute(counters, [Job._meta.db_table])
+        seq_before, fetched_before = cursor.fetchone()
+        wave = jobs_finish_many_and_claim(results, db=DB, claim=claim, usage=_usage(wave.claimed))
+        cursor.execute(counters, [Job._meta.db_table])
+        seq_after, fetched_after = cursor.fetchone()
+    assert len(wave.won) == 8 and len(wave.claimed) == 8
+    assert seq_after == seq_before
+    fetched = fetched_after - fetched_before  # 8 finished, 8 scanned, 8 leased
+    assert fetched <= 32, (
+        f"the wave fetched {fetched} job rows by index for 8 finished and 8 claimed"
+    )
