@@ -135,8 +135,17 @@ def test_paused_queues_and_served_queues_are_filtered():
 def test_a_worker_drains_keyed_and_plain_jobs_in_order_with_one_statement_waves():
     """A worker's waves go through the one statement while nothing keyed is about,
     and through the gates once keyed jobs appear: each key's jobs still run one
-    at a time, oldest first, and every job runs once."""
-    from django_dispatch.testing import drain
+    at a time, oldest first, and every job runs once.
+
+    The worker is ``testing.drain``'s, but polling every 5 s rather than
+    every 10 ms: a wave that stages takes the transaction, and staging is due
+    every half poll interval, which on a slow machine would be every wave."""
+    from dataclasses import replace
+
+    from django_dispatch.conf import get_settings
+    from django_dispatch.runtime.options import WorkerOptions
+    from django_dispatch.runtime.worker import Worker
+    from django_dispatch.tasks.registry import backend_for
     from tests.testapp.models import Execution
 
     plain = [f"plain-{i}" for i in range(40)]
@@ -146,8 +155,20 @@ def test_a_worker_drains_keyed_and_plain_jobs_in_order_with_one_statement_waves(
     for i in range(5):
         for k, keys in keyed.items():
             tasks.record.using(partition_key=k).enqueue(keys[i])
+    worker = Worker(
+        WorkerOptions(
+            worker_id=WORKER,
+            namespace=getattr(backend_for("default"), "namespace", ""),
+            concurrency=4,
+            burst=True,
+            scheduler=False,
+        ),
+        settings=replace(get_settings(), POLL_INTERVAL=5.0, LISTEN=False),
+        close_connections=False,
+    )
     with CaptureQueriesContext(connection) as queries:
-        assert drain(concurrency=4) == 50
+        worker.run()  # --burst: returns once nothing runs and nothing is due
+    assert worker.claimed_total == 50
     ran = list(Execution.objects.order_by("id").values_list("key", flat=True))
     assert sorted(ran) == sorted([*plain, *keyed["A"], *keyed["B"]])
     for keys in keyed.values():
