@@ -97,12 +97,23 @@ def _freeze_past_the_lease(chaos: Chaos, victim, *, until_taken_over: bool = Fal
         )
         elsewhere = elsewhere | others
     try:
-        # The frozen bodies hold their transactions open: the reclaim must not wait for them.
+        # The frozen bodies hold their transactions open: the reclaim must not
+        # wait for them. A lease and a sweep take about 3 s; the rest is room
+        # for a slow, loaded machine.
         chaos.wait(
             lambda: elsewhere.count() == len(held),
-            LEASE * 6,
+            LEASE * 15,
             "the frozen worker's jobs to be taken over elsewhere",
         )
+    except AssertionError as e:
+        rows = retry_db(
+            lambda: list(
+                Job.objects.filter(pk__in=held).values(
+                    "id", "state", "worker_id", "lease_expires_at", "attempts"
+                )
+            )
+        )
+        raise AssertionError(f"{e}: the frozen worker's jobs now: {rows}") from None
     finally:
         victim.signal(signal.SIGCONT)
     time.sleep(LEASE)  # the woken worker finishes its bodies: fenced out, rolled back
