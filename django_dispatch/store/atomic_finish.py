@@ -42,6 +42,7 @@ import json
 from typing import Any
 
 from django.db import connections
+from django.db.transaction import TransactionManagementError
 
 from .types import Lease
 from .usage import UsageEntry
@@ -101,6 +102,17 @@ def job_commit_success_if_leased(
     from psycopg import errors, pq
 
     connection = connections[db]
+    # A body that marked its transaction for rollback (``set_rollback(True)``,
+    # or a database error caught inside a savepoint-less ``atomic``) must
+    # commit nothing: a cursor would refuse the statement, but this call
+    # sends its COMMIT past Django's cursor, so it checks first.
+    if connection.needs_rollback:
+        raise TransactionManagementError(
+            "the atomic task's transaction was marked for rollback "
+            "(transaction.set_rollback(True), or a database error caught inside it): "
+            "its writes are rolled back and this attempt fails. To end a job without "
+            "keeping its writes, raise an exception from the task instead."
+        )
     connection.ensure_connection()  # the job thread checked it before the body
     raw = connection.connection
     pgconn = raw.pgconn

@@ -76,6 +76,19 @@ def test_a_retry_that_succeeds_keeps_only_its_own_writes():
     assert notes("second-time") == ["attempt-2"]
 
 
+def test_a_body_that_marks_its_transaction_for_rollback_commits_nothing():
+    """``transaction.set_rollback(True)`` in the body: Django's promise is that
+    the block rolls back, so neither the body's rows nor a success may commit."""
+    result = atomic_tasks.write_then_mark_for_rollback.enqueue("dry-run")
+    drain()
+    row = job(result)
+    assert notes("dry-run") == []
+    assert row.state == JobState.FAILED
+    assert row.errors[-1]["exception_class_path"].endswith("TransactionManagementError")
+    if ON_POSTGRES:  # SQLite's success goes through a cursor: Django's own refusal
+        assert "marked for rollback" in row.errors[-1]["message"]
+
+
 def test_a_success_commits_its_rows_its_success_and_its_usage_record_together():
     result = atomic_tasks.write_rows.enqueue("paid", rows=3)
     drain()

@@ -131,3 +131,13 @@ def write_past_timeout(context, key: str, write_first: bool = True):
         time.sleep(0.02)
     _row(key, note="after")
     return key
+
+
+@task(atomic=True, max_attempts=1)
+def write_then_mark_for_rollback(key: str):
+    """Writes a row, asks Django to roll the transaction back, and returns normally."""
+    from django.db import transaction
+
+    _row(key)
+    transaction.set_rollback(True)
+    return key
