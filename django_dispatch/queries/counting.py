@@ -88,12 +88,15 @@ def probe(rows: QuerySet[Any], cap: int) -> tuple[int, int | None]:
     with connections[rows.db].cursor() as cursor:
         cursor.execute(f"EXPLAIN (ANALYZE, TIMING OFF, SUMMARY OFF, FORMAT JSON) {sql}", params)
         plan = _top(cursor.fetchone())
-    if plan.get("Node Type") != "Limit" or not plan.get("Plans"):
+    # The Limit's input is its "Outer" child: InitPlans (an uncorrelated
+    # subquery in a filter) are listed beside it, often first.
+    outer = [p for p in plan.get("Plans", ()) if p.get("Parent Relationship") == "Outer"]
+    if plan.get("Node Type") != "Limit" or len(outer) != 1:
         # Not the plan this reads (no such plan is known): count as Django would.
         return rows.order_by().values("pk")[: cap + 1].count(), None
     # Rows per loop times loops: PostgreSQL 18 shows the first as a fraction.
     counted = round(float(plan["Actual Rows"]) * float(plan.get("Actual Loops", 1)))
-    return counted, int(plan["Plans"][0]["Plan Rows"])
+    return counted, int(outer[0]["Plan Rows"])
 
 
 def estimated_rows[M: Model](rows: QuerySet[M]) -> int | None:

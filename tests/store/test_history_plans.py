@@ -17,6 +17,7 @@ from datetime import timedelta
 
 import pytest
 from django.db import connection, transaction
+from django.db.models import Subquery
 from django.utils import timezone
 
 from django_dispatch import dead_letters, jobs, workflows
@@ -273,6 +274,19 @@ def test_a_probe_and_its_estimate_are_one_statement(history, settings):
         with statements(connection) as seen:
             assert call() > 100
         assert len(seen) == asked, seen
+
+
+@postgres_only
+@pytest.mark.django_db(transaction=True)
+def test_a_probe_whose_filter_has_a_subquery_reads_the_limits_input(history):
+    """An uncorrelated subquery in the filter is an InitPlan, listed beside the
+    Limit's input in the plan: the estimate is the input's, not the InitPlan's
+    one row (which, below the rows counted, would be taken for stale
+    statistics and make the count a full COUNT)."""
+    first = WorkflowRun.objects.filter(namespace="").order_by("pk").values("namespace")[:1]
+    runs = WorkflowRun.objects.filter(namespace=Subquery(first))
+    counted, estimate = counting.probe(runs, 100)
+    assert counted == 101 and estimate is not None and abs(estimate - RUNS) <= RUNS / 10
 
 
 @postgres_only
