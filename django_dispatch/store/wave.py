@@ -78,9 +78,9 @@ _LEASE_CALL = """(
 #: applies it). Only the claim's scan is planned on every wave (its plan
 #: depends on the data); each plan node less is planning time saved.
 #:
-#: The functions' statements take their own snapshots; the claim's scan sees
-#: the statement's. The finish writes running rows, the claim reads and
-#: leases pending ones: neither depends on the other.
+#: Each function's statement takes its own snapshot, the claim's scan as
+#: well (a volatile function). The finish writes running rows, the claim reads
+#: and leases pending ones: neither depends on the other.
 #: The claim's candidates: ``sources.fused_pg.CANDIDATES_CTE``'s scan, by
 #: the function of migration 0027 (``django_dispatch_claim_scan``: the same
 #: filters, its plan the ordered scan of the claim index, made once per server
