@@ -115,10 +115,19 @@ def test_every_dashboard_query_returns_data_from_workers_under_load(
         (fail_always, "default", ALIAS)
     ]
     # fail_always raises every time, fail_twice two attempts in three; add never.
-    failing = wait_for(
-        lambda: len(alerts := prom.alerts("DispatchFailureRateHigh")) == 2 and alerts,
-        "the failure-rate alert for both failing tasks",
-    )
+    # The rule's rate() needs a counter that grows between two scrapes: a
+    # process whose failures of a task all came before that series' first
+    # scrape adds nothing to it, so the failures go on while the test waits.
+    more = iter(range(10_000))
+
+    def failing_alerts() -> list:
+        n = next(more)
+        tasks.fail_always.enqueue(f"boom more {n}")
+        tasks.fail_twice.enqueue(f"retry-more-{n}")
+        alerts = prom.alerts("DispatchFailureRateHigh")
+        return alerts if len(alerts) == 2 else []
+
+    failing = wait_for(failing_alerts, "the failure-rate alert for both failing tasks")
     assert sorted(a["task"].rsplit(".", 1)[1] for a in failing) == ["fail_always", "fail_twice"]
     for name in ("DispatchQueueNoLiveWorker", "DispatchNoLeader", "DispatchQueueOldestJobTooOld"):
         assert prom.alerts(name) == [] and prom.alerts(name, "pending") == [], name
