@@ -453,7 +453,11 @@ def test_a_worker_paused_past_the_stale_window_registers_again(start_worker):
     wait_until(lambda: store.leadership_holder() == ("sweeper", True), what="a leader")
     sleeper = start_worker("--worker-id", "sleeper", "--concurrency", "1")
     rows = Worker.objects.filter(id="sleeper")
-    wait_until(rows.exists, what="the second worker to register")
+    # Started, not only registered: the row is first written as the id is
+    # taken, and a worker paused before its start-up's registration would
+    # bring the row back through it, not through the heartbeat under test.
+    wait_until(lambda: "worker sleeper started" in sleeper.output(), what="the second worker")
+    assert rows.exists()
     sleeper.signal(signal.SIGSTOP)
     try:
         wait_until(lambda: not rows.exists(), timeout=10, what="the leader to delete the row")
