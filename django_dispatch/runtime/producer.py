@@ -119,7 +119,9 @@ class Producer:
         if self.done(claimed):
             life.drain()
             return True
-        return bool(claimed and self.slots.free())
+        # Successes queued for the next wave hold their slots until it takes
+        # them (``Slots.free``), but that wave is due at once all the same.
+        return bool(claimed and (self.slots.free() or not self.completer.waiting.empty()))
 
     def wait(self, duties: list[Every]) -> None:
         """Sleep until woken (a job ended, a notification) or the next duty is due."""

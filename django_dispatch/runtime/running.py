@@ -64,6 +64,16 @@ class RunningJob:
     _atask: asyncio.Task[Any] | None = None
 
     @property
+    def awaits_wave(self) -> bool:
+        """A success queued for a completion wave that no wave has taken yet
+        (nor the watchdog withdrawn): it holds its slot (``Slots.free``)."""
+        return (
+            self.finished is not None
+            and self.on_persisted is not None
+            and not (self.in_wave or self.withdrawn or self.persisted)
+        )
+
+    @property
     def cancel_event(self) -> threading.Event:
         """The job's stop event, shared with its task's context, made on first use
         and set at once if the job was asked to stop before.

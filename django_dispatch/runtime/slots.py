@@ -59,14 +59,17 @@ class Slots:
     def free(self) -> int:
         """How many jobs the next claim may take.
 
-        A success waiting for its wave holds no slot: its thread has gone on
-        (``BatchCompleter.hand_over``), and the wave that writes it is written in
-        the claim's transaction. Only one wave's worth, though: a wave writes at
-        most ``COMPLETION_BATCH`` successes, so with hundreds of async slots
-        finishing at once, counting every waiting success free would let the
-        claims lease faster than the waves write, and the jobs leased here
-        would pile up (thousands, each renewed by the heartbeat). The
-        successes beyond one wave keep their slot until written.
+        A success the wave being written has taken (``BatchCompleter.take``)
+        holds no slot: its thread has gone on (``BatchCompleter.hand_over``),
+        and the claim commits with its write. Nor does an atomic success
+        waiting for its own commit. A success queued for a later wave still
+        holds its slot (``RunningJob.awaits_wave``): a wave writes at most
+        ``COMPLETION_BATCH`` of them, and with hundreds of async slots ending
+        faster than the waves write, counting those free would let the claims
+        lease without bound (thousands of jobs leased and unstarted, which sit
+        out their lease if the worker dies, while other workers starve). So a
+        worker never holds more leased jobs than its slots and the jobs
+        claimed ahead.
 
         With an asyncio executor, a claim cannot ask for async jobs only: it
         learns which task a job runs once it has it. It asks for the free
@@ -75,17 +78,24 @@ class Slots:
         nothing while sync jobs wait for a thread. So jobs sit claimed and
         unstarted (leased, renewed, handed back at shutdown) only briefly,
         and a queue of sync jobs is not hoarded by a worker that has 200
-        async slots and 8 threads.
+        async slots and 8 threads. Async jobs that a claim for free threads
+        brought in past the loop's slots take those threads' room: the
+        loop's slots plus the threads bound what a worker holds.
         """
         threads = self.concurrency + self.ahead()
         with self.lock:
-            busy = [r for r in self.running.values() if r.finished is None]
-            beyond_a_wave = max(0, len(self.running) - len(busy) - COMPLETION_BATCH)
+            held = on_loop = 0
+            for running in self.running.values():
+                if running.finished is None or running.awaits_wave:
+                    held += 1
+                    on_loop += running.on_loop
             if not self.async_concurrency:
-                return max(0, threads - len(busy) - beyond_a_wave)
-            on_loop = sum(1 for r in busy if r.on_loop)
-            threads_free = threads - (len(busy) - on_loop)
-            loop_free = self.async_concurrency - on_loop - beyond_a_wave
+                return max(0, threads - held)
+            # Async jobs past the loop's slots came in for free threads (a
+            # claim learns what it took only once it has it): they take those
+            # threads' room, or a claim per turn would add more without bound.
+            loop_free = self.async_concurrency - on_loop
+            threads_free = threads - (held - on_loop) + min(0, loop_free)
             if threads_free < 0 or loop_free <= 0:
                 return max(0, threads_free)
             return threads_free + max(1, round(loop_free * self.async_share))

@@ -6,6 +6,7 @@ by how long a test took.
 """
 
 import signal
+import time
 
 import pytest
 from django.db import connection
@@ -190,3 +191,33 @@ def test_two_processes_drain_a_mixed_backlog_each_job_once(start_worker):
     assert Execution.objects.values("worker_pid").distinct().count() == 2
     windows = [async_tasks.sync_window.get_result(i).return_value for i in enqueued["sync"]]
     assert {w["thread"] for w in windows} == {"dispatch-job"}
+
+
+def test_a_worker_never_holds_more_leased_jobs_than_its_slots(start_worker):
+    """A worker holds at most its async slots, its threads and what it claims
+    ahead of them, leased. Jobs leased and not started would sit out their
+    lease if the worker died, and other workers starve meanwhile. Two ways
+    past it: successes queued for a later wave counted as free slots (a wave
+    writes at most ``COMPLETION_BATCH`` of them, and 300 jobs end at once
+    here), and claims for the free threads that bring in async jobs while
+    the loop is full, one turn after another.
+
+    One process, 1 thread and 300 async slots; a job is leased (``running``)
+    from its claim to its wave's commit."""
+    from django_dispatch.runtime.slots import COMPLETION_BATCH
+
+    slots, threads = 300, 1
+    assert slots > COMPLETION_BATCH  # one wave cannot write all the slots' successes
+    n = 3000 if ON_POSTGRES else 1200
+    for start in range(0, n, 500):
+        enqueue_many(async_tasks.sleeps, [((0.1,), {}) for _ in range(start, min(n, start + 500))])
+    worker = start_worker(
+        "--async-concurrency", str(slots), "--concurrency", str(threads), "--burst"
+    )
+    most, deadline = 0, time.monotonic() + 180
+    while worker.popen.poll() is None and time.monotonic() < deadline:
+        most = max(most, Job.objects.filter(state=JobState.RUNNING).count())
+    assert worker.wait(10) == 0, worker.output()  # stops the worker if it is still running
+    assert Job.objects.filter(state=JobState.SUCCEEDED, attempts=1).count() == n
+    # The slots, the thread and one job claimed ahead of it (PostgreSQL).
+    assert most <= slots + 2 * threads, most

@@ -68,11 +68,13 @@ def test_jobs_held_ahead_go_back_once_a_running_job_is_long():
     assert slots.behind_long_jobs() == []
 
 
-def test_a_success_waiting_for_its_wave_holds_no_slot():
+def test_a_success_its_wave_is_writing_holds_no_slot():
     slots = Slots(2)
     slots.running = {1: fake_running(1), 2: fake_running(2)}
     assert slots.free() == 0
-    slots.running[1].finished = Outcome(kind="succeeded")
+    queued(slots.running[1])
+    assert slots.free() == 0  # until a wave takes it
+    slots.running[1].in_wave = True
     assert slots.free() == 1
 
 
@@ -195,26 +197,34 @@ def test_jobs_claimed_ahead_of_a_long_job_go_back_to_an_idle_worker(start_worker
         assert tasks.sleep_then_record.get_result(result.id).attempts == 1
 
 
-def test_successes_beyond_one_wave_keep_their_slot():
-    """A wave writes at most COMPLETION_BATCH successes: counting every waiting
+def queued(running: RunningJob, on_loop: bool = False) -> RunningJob:
+    """A success handed to the completer, waiting for a wave to take it."""
+    running.on_loop, running.finished = on_loop, Outcome("succeeded")
+    running.on_persisted = lambda: None
+    return running
+
+
+def test_successes_queued_for_a_later_wave_keep_their_slot():
+    """A wave writes at most COMPLETION_BATCH successes: counting every queued
     success free would let a worker with hundreds of async slots lease jobs
-    faster than its waves write them, without bound."""
+    faster than its waves write them, without bound. Only those the wave being
+    written took (``in_wave``) free their slots."""
     from django_dispatch.runtime.slots import COMPLETION_BATCH
 
     slots = Slots(8, async_concurrency=1000)
     slots.async_share = 1.0
     assert slots.free() == 8 + 1000
-    finished = Outcome("succeeded")
-    for n in range(1, COMPLETION_BATCH + 1):  # one wave's worth: all free again
-        slots.running[n] = fake_running(n)
-        slots.running[n].on_loop, slots.running[n].finished = True, finished
-    assert slots.free() == 8 + 1000
-    for n in range(COMPLETION_BATCH + 1, COMPLETION_BATCH + 901):  # 900 more waiting
-        slots.running[n] = fake_running(n)
-        slots.running[n].on_loop, slots.running[n].finished = True, finished
-    assert slots.free() == 8 + 100
+    for n in range(1, 1001):  # every slot's job ended, its success queued
+        slots.running[n] = queued(fake_running(n), on_loop=True)
+    assert slots.free() == 8  # the threads only
+    for n in range(1, COMPLETION_BATCH + 1):  # the wave being written took these
+        slots.running[n].in_wave = True
+    assert slots.free() == 8 + COMPLETION_BATCH
+    slots.running[COMPLETION_BATCH + 1].withdrawn = True  # the watchdog writes it
+    assert slots.free() == 8 + COMPLETION_BATCH + 1
     threads_only = Slots(8)
-    threads_only.running = {n: fake_running(n) for n in range(1, COMPLETION_BATCH + 11)}
-    for running in threads_only.running.values():
-        running.finished = finished
-    assert threads_only.free() == 0  # 10 beyond a wave: more than the 8 threads
+    threads_only.running = {n: queued(fake_running(n)) for n in range(1, 11)}
+    assert threads_only.free() == 0  # 10 queued: more than the 8 threads
+    for running in list(threads_only.running.values())[:4]:
+        running.in_wave = True
+    assert threads_only.free() == 2
