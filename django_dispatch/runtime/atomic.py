@@ -61,7 +61,7 @@ def in_transaction[T](
     one round trip): the block's own commit then has nothing left to do.
     """
     try:
-        with transaction.atomic(using=db):
+        with transaction.atomic(using=db), atomic_finish.begin_with_first_statement(db):
             value = body()
             if not settle(value):
                 raise _RollBack

@@ -37,8 +37,10 @@ COMMIT in it is an ordinary transaction; nothing is prepared.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from django.db import connections
@@ -151,6 +153,75 @@ def job_commit_success_if_leased(
         if error.sqlstate == _LOST_SQLSTATE and LOST in str(error):
             return False
         raise error
+
+
+@contextlib.contextmanager
+def begin_with_first_statement(db: str) -> Iterator[None]:
+    """Inside a just-opened ``atomic`` block on ``db``: its BEGIN rides its first statement.
+
+    psycopg opens the transaction with a BEGIN of its own, one round trip
+    (a wake-up of the job thread and of the server) before the body's first
+    statement. Here that statement, if it goes through a Django cursor with
+    client-side binding (Django's default, sent by the simple protocol that
+    takes several statements), is sent as ``BEGIN; <statement>`` and its
+    result is the one the cursor shows. Anything else that starts the
+    transaction (a raw psycopg cursor, a COPY, ``executemany``, a named
+    cursor, a server-side binding) still gets psycopg's own BEGIN first:
+    no statement of the block ever runs outside its transaction. Nothing is
+    changed where this is not PostgreSQL on psycopg 3.
+    """
+    connection = connections[db]
+    raw = connection.connection
+    if (
+        connection.vendor != "postgresql"
+        or not _is_psycopg3()
+        or raw is None
+        or raw.autocommit
+        or not hasattr(raw, "_autocommit")
+        or not hasattr(raw, "_get_tx_start_command")
+    ):
+        yield
+        return
+    with connection.execute_wrapper(_BeginFirst(raw)):
+        yield
+
+
+class _BeginFirst:
+    """The execute wrapper of ``begin_with_first_statement``: armed for one statement."""
+
+    __slots__ = ("armed", "raw")
+
+    def __init__(self, raw: Any) -> None:
+        self.raw, self.armed = raw, True
+
+    def __call__(
+        self, execute: Callable[..., Any], sql: str, params: Any, many: bool, context: Any
+    ) -> Any:
+        if not self.armed:
+            return execute(sql, params, many, context)
+        self.armed = False
+        from psycopg import ClientCursor, pq
+
+        raw, cursor = self.raw, context["cursor"].cursor
+        if (
+            many
+            or getattr(execute, "__name__", None) != "_execute"  # callproc, or wrapped again
+            or type(cursor).execute is not ClientCursor.execute
+            or not isinstance(cursor, ClientCursor)
+            or raw._pipeline is not None
+            or raw.pgconn.transaction_status != pq.TransactionStatus.IDLE
+        ):
+            return execute(sql, params, many, context)  # psycopg sends its BEGIN
+        begin = raw._get_tx_start_command().decode() + ";\n"
+        # psycopg sends its own BEGIN only while it is not in autocommit:
+        # for this one statement it is told it is, and the statement carries it.
+        raw._autocommit = True
+        try:
+            result = execute(begin + sql, params, many, context)
+        finally:
+            raw._autocommit = False
+        cursor.nextset()  # past BEGIN's result, to the statement's
+        return result
 
 
 def _float(value: float | None) -> bytes:
