@@ -5,7 +5,8 @@ database, on the job thread's connection. When the function returns, the
 success is written in that same transaction: the fenced UPDATE of the job
 (which promotes the next job of its partition, if it has one), and the
 attempt's usage record; for an unkeyed job on PostgreSQL they go to the
-server with the COMMIT, one round trip (``store.atomic_finish``). If the fence matches no row
+server with the COMMIT, one round trip, and the transaction's BEGIN goes with
+the body's first statement, none (``store.atomic_finish``). If the fence matches no row
 (the job was cancelled, timed out or reclaimed meanwhile), everything rolls
 back. An exception, a cancel or a timeout leaves the transaction by the
 exception first, rolling the body back; the failure is then written as any
