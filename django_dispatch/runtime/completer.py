@@ -87,7 +87,8 @@ class BatchCompleter:
         self.db = db or store.db_alias()
         #: Reports the successes written in waves (``start`` to ``stop``).
         self.reporter: Reporter | None = None
-        #: Keyed candidates the last one-statement wave passed by (``write_fused``).
+        #: Jobs of concurrency groups the last one-statement wave passed by
+        #: (``write_fused``): only the gates may claim them.
         self.passed = 0
 
     def start(self) -> None:
@@ -171,11 +172,11 @@ class BatchCompleter:
         Returns the claimed jobs, for the producer to start.
 
         ``fused(limit)``: the claim as one statement with the successes
-        (``store.wave``: one round trip), or None when this wave needs the
-        transaction (the gates, staging); never for a wave that frees a
-        partition key.
+        (``store.wave``: one round trip, partitions included), or None when
+        this wave needs the transaction (a placement, queue limits, a
+        concurrency group waiting, staging).
         """
-        if fused is not None and not any(r.claimed.lease.partition_key for r in batch):
+        if fused is not None:
             try:
                 # Planning reads the flow state, the control connection's
                 # next statement: a cut connection fails it, and the taken
@@ -206,10 +207,13 @@ class BatchCompleter:
         claim: Callable[[int], list[store.ClaimedJob]],
         spec: WaveClaim,
     ) -> list[store.ClaimedJob]:
-        """``write_wave`` as one statement (``store.wave``): the successes and the
-        claim of unkeyed jobs commit together. Keyed candidates it passed by are
-        claimed through the gates, in a transaction of their own (``claim``),
-        for the slots still free; ``passed`` tells the producer."""
+        """``write_wave`` as one statement (``store.wave``): the successes, the
+        promotions of the keys they free and the claim commit together. When
+        the statement passed candidates by or demoted some (they wait behind
+        their partition's head), the gates claim for the slots still free, in
+        a transaction of their own (``claim``: it reads on past what it sets
+        aside); ``passed``, the jobs of concurrency groups it passed by, tells
+        the producer to claim through the gates for a while."""
         try:
             results, usage = self.fused_values(batch)
             wave = jobs_finish_many_and_claim(results, db=self.db, claim=spec, usage=usage)
@@ -228,9 +232,9 @@ class BatchCompleter:
             logger.warning("a wave committed, but settling its jobs or promoting the "
                            "partitions they freed failed (the leader's sweep promotes "
                            "stalled partitions)", exc_info=True)  # fmt: skip
-        self.passed = wave.passed
+        self.passed = wave.grouped
         free = spec.limit - len(claimed)
-        if wave.passed and free > 0:
+        if (wave.passed or wave.demoted) and free > 0:
             try:
                 with transaction.atomic(using=self.db):
                     claimed += claim(free)

@@ -19,13 +19,13 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
-from django.db import transaction
+from django.db import connections, transaction
 from django.db.models import Case, F, Q, QuerySet, Value, When
 from django.db.models.functions import Now
 
 from ..core.states import JobState, waiting_state
 from ..models import Job
-from .base import db_alias, notify, now_plus
+from .base import db_alias, job_sql, notify, now_plus
 from .dead_letters import dead_letter_insert
 from .partitions import lock_partitions, partitions_promote
 from .types import Lease
@@ -215,6 +215,25 @@ def job_ack_cancelled(
     return acked
 
 
+#: ``jobs_renew_leases`` on PostgreSQL: the fenced renewal (id, epoch, running,
+#: this worker), its rows locked in id order first, as the wave's finish locks
+#: them (migration 0030). An UPDATE locks in the order its plan reads them (a
+#: bitmap scan: the heap's), and two statements locking the same rows in
+#: different orders can deadlock. One statement, in autocommit: a worker
+#: frozen mid-heartbeat holds no row lock (the rescue skips locked rows).
+#: ``statement_timestamp()`` is Django's ``Now()`` there.
+_RENEW_PG_SQL = """
+UPDATE {job} AS j SET
+    lease_expires_at = statement_timestamp() + %(seconds)s * interval '1 second',
+    heartbeat_at = statement_timestamp()
+FROM (
+    SELECT id FROM {job} WHERE id = ANY(%(ids)s) AND state = {running} AND worker_id = %(worker)s
+    ORDER BY id FOR UPDATE
+) AS l, unnest(%(ids)s::bigint[], %(epochs)s::bigint[]) AS d(id, epoch)
+WHERE j.id = l.id AND j.id = d.id AND j.lease_epoch = d.epoch
+"""
+
+
 def jobs_renew_leases(
     leases: Iterable[Lease], *, lease_seconds: float, db: str | None = None
 ) -> set[int]:
@@ -234,7 +253,21 @@ def jobs_renew_leases(
     fence = Job.objects.using(db).filter(
         held, state=JobState.RUNNING, worker_id=leases[0].worker_id
     )
-    renewed = fence.update(lease_expires_at=now_plus(lease_seconds), heartbeat_at=Now())
+    connection = connections[db]
+    if connection.vendor == "postgresql":
+        with connection.cursor() as cursor:
+            cursor.execute(
+                job_sql(connection, _RENEW_PG_SQL),
+                {
+                    "ids": [lease.job_id for lease in leases],
+                    "epochs": [lease.epoch for lease in leases],
+                    "worker": leases[0].worker_id,
+                    "seconds": lease_seconds,
+                },
+            )
+            renewed = cursor.rowcount
+    else:  # one writer at a time: no lock order to keep
+        renewed = fence.update(lease_expires_at=now_plus(lease_seconds), heartbeat_at=Now())
     if renewed == len(leases):
         return set()
     still = set(fence.values_list("id", flat=True))

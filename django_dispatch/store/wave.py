@@ -7,21 +7,26 @@ session sits idle in a transaction while the worker waits for a CPU: behind
 a pooler in transaction mode, 50 busy processes kept 18 of 20 pool sessions
 idle that way (docs/performance.md, "Fleet"). Here the fenced finish with
 its usage records, the claim's scan and its lease (the functions of
-migration 0027, planned once per server session) are one statement, sent
-in autocommit: PostgreSQL runs it as its own transaction, so the successes
-and the leases commit together, or neither, as in
+migrations 0027 and 0030, planned once per server session) are one
+statement, sent in autocommit: PostgreSQL runs it as its own transaction,
+so the successes and the leases commit together, or neither, as in
 ``BatchCompleter.write_wave``'s transaction.
 
-It is the plain case only, and the caller (``runtime.completer``) knows when
-that is: no success of the wave holds a partition key (a freed key needs its
-lock before the finish and a promotion after it), no placement, no queue
-limits, no concurrency group waiting, no staging due. The claim leases the
-unkeyed candidates only, exactly as the fused claim's first round does;
-keyed candidates (a partition, a concurrency or rate limit) are only locked,
-and those locks end with the statement, so the result says how many were
-passed (``WaveResult.passed``), for the caller to claim them through the
-gates in a transaction of their own. The claim does not see the finish's
-rows (running, never pending), and nothing in the plain case depends on it.
+Partitions too: a wave whose successes hold partition keys takes the keys'
+locks, finishes, and promotes the next job of each key it freed, in that
+order, inside ``django_dispatch_finish_keyed_wave``, before the claim locks
+any row (key locks before row locks, as every transition of a key takes
+them). The lease (``django_dispatch_lease_runnable``) leases unkeyed rows
+and keyed rows that are their partition's runnable head (the partition
+gate's rule), and demotes keyed rows that wait behind something, where
+their key's lock is free. What it neither leases nor demotes (a job of a
+concurrency group, a key whose lock is busy) is passed by, its lock ending
+with the statement: the result says how many (``WaveResult.passed``), for
+the caller to claim them through the gates in a transaction of their own.
+
+The caller (``runtime.completer``) sends a wave here only in the plain
+case: no placement, no queue limits, no concurrency group waiting, no
+staging due.
 """
 
 from __future__ import annotations
@@ -33,78 +38,85 @@ from typing import Any
 
 from django.db import connections, transaction
 
-from .base import hot_cursor, job_sql
+from .base import hot_cursor, job_sql, notify_channel
 from .finish import MeasuredUsage, finish_params
 from .leasing import claimed_job
 from .partitions import lock_partitions, partitions_promote
 from .sources.fused_pg import claim_sql, claimed_rows
+from .sql import text_array
 from .types import ClaimedJob, Lease
 
-#: The finish of the wave's successes and their usage records: the function
-#: of migration 0027 (``django_dispatch_finish_wave``), whose statements are
-#: planned once per server session: its UPDATE reaches the job table by
-#: primary key only, so the generic plan is the plan. It returns one row: the
-#: winners' ids (``won``) and the partition keys they freed (``freed``), each
-#: NULL for none. Without usage records the usage arrays are NULL (no record).
-#: The casts pick the function's signature.
-_FINISH_CALL = (
-    "django_dispatch_finish_wave(%(ids)s::bigint[], %(workers)s::text[],"
+_FINISH_ARGS = (
+    "%(ids)s::bigint[], %(workers)s::text[],"
     " %(epochs)s::bigint[], %(values)s::jsonb[], %(metered)s::boolean[],"
     " %(walls)s::float8[], %(cpus)s::float8[], %(rss)s::float8[], %(host)s::text,"
-    " %(outcome)s::text)"
+    " %(outcome)s::text"
 )
-#: The lease of the claim's unkeyed candidates: the function of migration
-#: 0027 (``django_dispatch_lease_wave``, ``leasing``'s SET list by primary
-#: key, planned once per server session), given the ids ``candidates`` locked
-#: and the claim's clock. One row, whatever the candidates.
-_LEASE_CALL = """(
-    SELECT django_dispatch_lease_wave(
-        array_agg(id) FILTER (WHERE partition_key IS NULL AND concurrency_key IS NULL),
-        %(worker_id)s::text, %(lease_seconds)s::float8, max(db_now)) AS leased
-    FROM candidates
-)"""
-#: The wave: the finish (``_FINISH_CALL``, ``f``), ``candidates`` (the claim's
-#: scan, ``_CANDIDATES_CTE``) and the lease of its unkeyed rows
-#: (``_LEASE_CALL``, ``l``); one row per candidate, the winners and the keys
-#: they freed on every row, and one row (the candidate's columns NULL) when
-#: the claim found none.
+#: The finish of the wave's successes and their usage records: the function
+#: of migration 0030 (``django_dispatch_finish_wave``), planned once per
+#: server session; it reaches the job table by primary key only, in id order
+#: (the heartbeat's renewal locks the same rows in the same order). One row:
+#: the winners' ids (``won``) and the partition keys they freed (``freed``),
+#: each NULL for none. Without usage records the usage arrays are NULL. The
+#: casts pick the function's signature.
+_FINISH_CALL = "django_dispatch_finish_wave(" + _FINISH_ARGS + ")"
+#: The same for a wave whose successes hold partition keys
+#: (``django_dispatch_finish_keyed_wave``): the keys' locks first, then the
+#: finish, then the promotion of each freed key's next job (and a NOTIFY);
+#: ``freed`` is then only the keys it could not promote (not in ``keys``).
+_FINISH_KEYED_CALL = (
+    "django_dispatch_finish_keyed_wave("
+    + _FINISH_ARGS
+    + ", %(keys)s::text[], %(key_namespace)s::text, %(channel)s::text)"
+)
+#: The wave: the finish (``fin``), then the claim's scan (``candidates``:
+#: ``django_dispatch_claim_scan``, 0027's, ``sources.fused_pg.CANDIDATES_CTE``'s
+#: filters as an ordered scan of the claim index), then the lease
+#: (``django_dispatch_lease_runnable``). One row per candidate, in claim
+#: order, each with whether it was leased, and the winners, the keys left to
+#: promote and how many candidates were demoted on every row; one row (the
+#: candidate's columns NULL) when the claim found none.
 #:
-#: The claim here always leases every unkeyed candidate (its window is its
-#: lease: no queue limits in the plain case), so the lease takes them all
-#: straight from ``candidates``, which has them locked, without the fused
-#: claim's ORDER BY and LIMIT, and whether a row was leased is what its keys
-#: say. ``candidates`` is materialized once, before the lease writes: its
-#: rows are the values from before the lease (``leasing.claimed_job``
-#: applies it). Only the claim's scan is planned on every wave (its plan
-#: depends on the data); each plan node less is planning time saved.
-#:
-#: Each function's statement takes its own snapshot, the claim's scan as
-#: well (a volatile function). The finish writes running rows, the claim reads
-#: and leases pending ones: neither depends on the other.
-#: The claim's candidates: ``sources.fused_pg.CANDIDATES_CTE``'s scan, by
-#: the function of migration 0027 (``django_dispatch_claim_scan``: the same
-#: filters, its plan the ordered scan of the claim index, made once per server
-#: session), the columns the claim reads taken from its rows.
-_CANDIDATES_CTE = """
+#: Every CTE is MATERIALIZED: each calls a volatile function, which must run
+#: exactly once whatever the plan (a CTE inlined into a join may be rescanned).
+#: The scan's window is read from ``fin``: that orders the finish, and with it
+#: the keyed finish's partition locks, before the scan locks any row. Each
+#: function's statements take their own snapshots (volatile functions) and
+#: see what the statement wrote before them. ``candidates`` holds the values
+#: from before the lease (``leasing.claimed_job`` applies it); a row counts as
+#: leased only if the lease function says so (it leases only rows still
+#: pending, keyed ones only as their partition's runnable head). Candidates
+#: of a concurrency group are left to the gates.
+_WAVE_SQL = """
+WITH fin AS MATERIALIZED (SELECT won, freed FROM {finish}),
 candidates AS MATERIALIZED (
     SELECT {fields}, now() AS db_now
-    FROM django_dispatch_claim_scan({namespace}, %(window)s::integer, %(queues)s::text[],
-        %(paused)s::text[])
-)"""
-_WAVE_SQL = (
-    """
-WITH {candidates}
-SELECT f.won, f.freed, c.*, c.partition_key IS NULL AND c.concurrency_key IS NULL
-FROM """
-    + _FINISH_CALL
-    + " AS f CROSS JOIN "
-    + _LEASE_CALL
-    + """ AS l LEFT JOIN candidates AS c ON true
+    FROM django_dispatch_claim_scan({namespace}, (SELECT %(window)s::integer FROM fin),
+        %(queues)s::text[], %(paused)s::text[])
+),
+lease AS MATERIALIZED (
+    SELECT r.leased, r.demoted
+    FROM (
+        SELECT array_agg(id) AS ids, array_agg(partition_key) AS keys, max(db_now) AS db_now
+        FROM candidates WHERE concurrency_key IS NULL
+    ) AS a
+    CROSS JOIN LATERAL django_dispatch_lease_runnable(a.ids, a.keys, %(worker_id)s::text,
+        %(lease_seconds)s::float8, a.db_now, {namespace}) AS r
+)
+SELECT f.won, f.freed, cardinality(l.demoted), c.*, c.id = ANY(l.leased)
+FROM fin AS f CROSS JOIN lease AS l LEFT JOIN candidates AS c ON true
 ORDER BY c.priority DESC, c.run_after, c.id
 """
-).replace("{candidates}", _CANDIDATES_CTE)
+#: ``{finish}`` filled: by whether the wave holds keyed successes.
+_WAVE = {
+    False: _WAVE_SQL.replace("{finish}", _FINISH_CALL),
+    True: _WAVE_SQL.replace("{finish}", _FINISH_KEYED_CALL),
+}
 #: The wave without a claim (no slot to fill).
-_FINISH_ONLY_SQL = "SELECT won, freed FROM " + _FINISH_CALL
+_FINISH_ONLY = {
+    False: "SELECT won, freed FROM " + _FINISH_CALL,
+    True: "SELECT won, freed FROM " + _FINISH_KEYED_CALL,
+}
 #: The function's usage parameters when the wave writes no usage record.
 _NO_USAGE = {
     "metered": None,
@@ -135,8 +147,12 @@ class WaveResult:
 
     won: set[int] = field(default_factory=set)
     claimed: list[ClaimedJob] = field(default_factory=list)
-    #: Candidates the claim locked but could not lease (keyed: the gates decide).
+    #: Candidates the claim locked but neither leased nor demoted: the gates decide.
     passed: int = 0
+    #: Of those, the jobs of a concurrency group (only the gates may lease them).
+    grouped: int = 0
+    #: Keyed candidates demoted behind their partition's head (out of the claim index).
+    demoted: int = 0
     #: Partition keys its winners freed that their leases did not carry: promote
     #: them (``wave_promote_freed``) once the statement has committed.
     freed: set[str] = field(default_factory=set)
@@ -150,20 +166,27 @@ def jobs_finish_many_and_claim(
     claim: WaveClaim | None,
     usage: MeasuredUsage | None = None,
 ) -> WaveResult:
-    """running -> succeeded for ``results`` (fenced, with the winners' ``usage``) and
-    the claim of ``claim.limit`` unkeyed jobs, in one statement on PostgreSQL.
+    """running -> succeeded for ``results`` (fenced, with the winners' ``usage``,
+    the keys they free promoted) and the claim of ``claim.limit`` jobs, in one
+    statement on PostgreSQL.
 
-    Run outside a transaction, it is one: the successes and the leases commit
-    together. ``results`` must hold no partitioned job (see the module); a
-    winner whose lease did not carry its key has its partition promoted after
-    the commit, under the key's lock.
+    Run outside a transaction, it is one: the successes, the promotions and
+    the leases commit together. A winner whose lease did not carry its key
+    has its partition promoted after the commit, under the key's lock.
     """
     connection = connections[db]
-    template = _WAVE_SQL if claim is not None and claim.limit > 0 else _FINISH_ONLY_SQL
+    claiming = claim is not None and claim.limit > 0
+    keys = sorted({lease.partition_key for lease, _ in results if lease.partition_key})
+    template = (_WAVE if claiming else _FINISH_ONLY)[bool(keys)]
     params = finish_params(results, usage)
     if not usage:
         params.update(_NO_USAGE)
-    if claim is not None and claim.limit > 0:
+    if keys:
+        namespace = results[0][0].namespace
+        params.update(
+            keys=text_array(keys), key_namespace=namespace, channel=notify_channel(namespace)
+        )
+    if claim is not None and claiming:
         sql = claim_sql(
             queues=bool(claim.queues),
             exclude=False,
@@ -186,9 +209,11 @@ def jobs_finish_many_and_claim(
         records = cursor.fetchall()
     won, freed = records[0][0], records[0][1]
     result = WaveResult(won=set(won or ()))
-    if claim is not None and claim.limit > 0 and records[0][2] is not None:
-        leased, locked = claimed_rows(records, skip=2)
-        result.passed = len(locked)
+    if claim is not None and claiming and records[0][3] is not None:
+        leased, locked = claimed_rows(records, skip=3)
+        result.demoted = records[0][2] or 0
+        result.passed = len(locked) - result.demoted
+        result.grouped = sum(1 for row in locked if row["concurrency_key"] is not None)
         if leased:
             now: datetime = leased[0]["db_now"]
             result.claimed = [

@@ -5,9 +5,8 @@ its own transaction.
 What must hold is what holds for the wave written as a transaction
 (``jobs_finish_many_if_leased`` then ``jobs_claim``): each success fenced by
 its lease, a record for each winner only, the claim in claim order with the
-very lease ``jobs_claim`` writes, and no keyed job leased without the gates
-(its lock ends with the statement: it is passed, for the caller to claim
-through the gates).
+very lease ``jobs_claim`` writes, and a keyed job leased only as the
+partition gate would (tests/store/test_wave_keyed.py).
 """
 
 from __future__ import annotations
@@ -77,12 +76,12 @@ def test_one_statement_finishes_fenced_records_winners_and_claims_in_order():
     assert Job.objects.get(pk=running[1].id).state == JobState.CANCELLED
     recorded = sorted(JobUsage.objects.values_list("job_id", "outcome", "worker_id"))
     assert recorded == sorted((i, "succeeded", WORKER) for i in winners)
-    # The window is the free slots, in claim order; its keyed head was locked,
-    # not leased (the caller claims it through the gates, in a transaction).
-    assert [c.id for c in wave.claimed] == [high, low[0]]
-    assert wave.passed == 1
+    # The window is the free slots, in claim order; the keyed job is its
+    # partition's head with nothing of it running: leased as the gate would.
+    assert [c.id for c in wave.claimed] == [keyed, high, low[0]]
+    assert (wave.passed, wave.demoted) == (0, 0)
     pending = Job.objects.filter(state=JobState.PENDING).values_list("id", flat=True)
-    assert sorted(pending) == sorted([keyed, low[1], low[2]])
+    assert sorted(pending) == sorted([low[1], low[2]])
     for claimed in wave.claimed:  # the lease as written, as jobs_claim's rows say it
         job = Job.objects.get(pk=claimed.id)
         assert job.state == JobState.RUNNING
@@ -91,7 +90,7 @@ def test_one_statement_finishes_fenced_records_winners_and_claims_in_order():
         assert (row["attempts"], row["worker_ids"]) == (job.attempts, job.worker_ids)
         assert (row["started_at"], row["lease_epoch"]) == (job.started_at, job.lease_epoch)
         assert claimed.claimed_at == job.last_attempted_at
-        assert claimed.lease.partition_key is None
+        assert claimed.lease.partition_key == ("K" if claimed.id == keyed else None)
 
 
 def test_each_claimed_row_is_the_row_as_its_lease_left_it():
@@ -133,9 +132,9 @@ def test_paused_queues_and_served_queues_are_filtered():
 
 
 def test_a_worker_drains_keyed_and_plain_jobs_in_order_with_one_statement_waves():
-    """A worker's waves go through the one statement while nothing keyed is about,
-    and through the gates once keyed jobs appear: each key's jobs still run one
-    at a time, oldest first, and every job runs once.
+    """A worker's waves go through the one statement, keyed successes and keyed
+    claims included: each key's jobs still run one at a time, oldest first,
+    and every job runs once.
 
     The worker is ``testing.drain``'s, but polling every 5 s rather than
     every 10 ms: a wave that stages takes the transaction, and staging is due
@@ -180,6 +179,8 @@ def test_a_worker_drains_keyed_and_plain_jobs_in_order_with_one_statement_waves(
         if "django_dispatch_finish_wave(" in q["sql"] and "candidates AS" in q["sql"]
     ]
     assert waves, "no wave went through the one statement"
+    keyed_waves = [q for q in queries.captured_queries if "finish_keyed_wave(" in q["sql"]]
+    assert keyed_waves, "no wave freeing a partition key went through the one statement"
 
 
 def test_a_wave_beside_a_backlog_reads_by_index_only_what_it_writes_and_claims():
