@@ -100,6 +100,30 @@ def test_a_success_commits_its_rows_its_success_and_its_usage_record_together():
     assert usage.wall_seconds is not None
 
 
+def test_keyed_atomic_jobs_commit_their_writes_and_hand_their_key_on_in_order():
+    # A keyed success takes the wave's path inside the body's transaction
+    # (the key's lock, the promotion of the next job), whether the body's
+    # first statement carried the BEGIN (it wrote) or that path opened the
+    # transaction itself (it wrote nothing).
+    keyed = atomic_tasks.write_rows.using(partition_key="customer-1")
+    results = [keyed.enqueue("keyed-a", rows=2), keyed.enqueue("keyed-b", rows=0)]
+    results.append(keyed.enqueue("keyed-c", rows=1))
+    drain()
+    rows = [job(result) for result in results]
+    assert [(row.state, row.return_value) for row in rows] == [
+        (JobState.SUCCEEDED, "keyed-a"),
+        (JobState.SUCCEEDED, "keyed-b"),
+        (JobState.SUCCEEDED, "keyed-c"),
+    ]
+    assert rows[0].finished_at <= rows[1].finished_at <= rows[2].finished_at
+    assert (notes("keyed-a"), notes("keyed-b"), notes("keyed-c")) == (
+        ["atomic"] * 2,
+        [],
+        ["atomic"],
+    )
+    assert JobUsage.objects.filter(job_id__in=[row.pk for row in rows]).count() == 3
+
+
 def test_jobs_enqueued_by_an_atomic_task_exist_only_if_its_writes_commit():
     sent = atomic_tasks.write_and_enqueue.enqueue("sent")
     failed = atomic_tasks.write_and_enqueue.enqueue("unsent", fail=True)
