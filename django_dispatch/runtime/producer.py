@@ -30,7 +30,7 @@ from .connections import database_went_away
 from .jobthreads import JobThreads
 from .options import Every, WorkerOptions
 from .running import RunningJob
-from .slots import PREFETCH_JOB_SECONDS, Slots
+from .slots import COMPLETION_BATCH, PG_WAVE, PREFETCH_JOB_SECONDS, Slots
 
 logger = logging.getLogger("django_dispatch.worker")
 
@@ -143,7 +143,7 @@ class Producer:
         so the wave carries whatever finished while the last one was written.
         Returns the number of jobs claimed.
         """
-        batch = self.completer.take()
+        batch = self.take_wave()
         limit = self.slots.free() if claim else 0
         if self.options.max_jobs is not None:
             limit = min(limit, self.options.max_jobs - self.claimed_total)
@@ -155,6 +155,17 @@ class Producer:
         if claimed:
             self.start(claimed)
         return len(claimed)
+
+    def take_wave(self) -> list[RunningJob]:
+        """The successes the next wave writes: on PostgreSQL up to ``PG_WAVE``,
+        in ``COMPLETION_BATCH`` takes; elsewhere one take."""
+        batch = self.completer.take()
+        while self.one_statement and COMPLETION_BATCH <= len(batch) < PG_WAVE:
+            more = self.completer.take()
+            batch += more
+            if len(more) < COMPLETION_BATCH:
+                break
+        return batch
 
     def flush(self) -> None:
         """At the worker's end: write every success still waiting, a wave at a time.

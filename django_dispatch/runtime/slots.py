@@ -19,8 +19,16 @@ from .running import RunningJob
 
 #: While every recent job ran shorter than this, jobs are claimed ahead of free threads.
 PREFETCH_JOB_SECONDS = 0.05
-#: The most successes one completion wave writes (``completer.take``).
+#: The most successes one completion wave writes (``completer.take``); on
+#: SQLite, whose ORM write fences them with one OR term each, and refuses an
+#: expression tree deeper than 1,000.
 COMPLETION_BATCH = 200
+#: The most one wave writes on PostgreSQL (``Producer.take_wave``: several
+#: ``take``), one statement whatever its size. Hundreds of async slots end at
+#: once, and a success a wave leaves behind holds its slot (``Slots.free``)
+#: for another round trip: waves of 200 bounded a process with 1,000 async
+#: slots well under its slots' rate.
+PG_WAVE = 1000
 #: How fast a long job is forgotten: the slowest recent run shrinks by this
 #: factor per job that ends (a 1 s job stops claiming ahead for ~300 jobs).
 SLOWEST_DECAY = 0.99

@@ -198,17 +198,18 @@ def test_a_worker_never_holds_more_leased_jobs_than_its_slots(start_worker):
     ahead of them, leased. Jobs leased and not started would sit out their
     lease if the worker died, and other workers starve meanwhile. Two ways
     past it: successes queued for a later wave counted as free slots (a wave
-    writes at most ``COMPLETION_BATCH`` of them, and 300 jobs end at once
-    here), and claims for the free threads that bring in async jobs while
-    the loop is full, one turn after another.
+    writes at most ``PG_WAVE`` of them on PostgreSQL, ``COMPLETION_BATCH``
+    elsewhere, and more jobs than that end at once here), and claims for the
+    free threads that bring in async jobs while the loop is full, one turn
+    after another.
 
-    One process, 1 thread and 300 async slots; a job is leased (``running``)
-    from its claim to its wave's commit."""
-    from django_dispatch.runtime.slots import COMPLETION_BATCH
+    One process, 1 thread and 100 async slots more than a wave writes; a job
+    is leased (``running``) from its claim to its wave's commit."""
+    from django_dispatch.runtime.slots import COMPLETION_BATCH, PG_WAVE
 
-    slots, threads = 300, 1
-    assert slots > COMPLETION_BATCH  # one wave cannot write all the slots' successes
-    n = 3000 if ON_POSTGRES else 1200
+    wave = PG_WAVE if ON_POSTGRES else COMPLETION_BATCH
+    slots, threads = wave + 100, 1  # one wave cannot write all their successes
+    n = 3 * slots if ON_POSTGRES else 4 * slots
     for start in range(0, n, 500):
         enqueue_many(async_tasks.sleeps, [((0.1,), {}) for _ in range(start, min(n, start + 500))])
     worker = start_worker(

@@ -214,6 +214,7 @@ def test_successes_queued_for_a_later_wave_keep_their_slot():
     slots = Slots(8, async_concurrency=1000)
     slots.async_share = 1.0
     assert slots.free() == 8 + 1000
+    assert COMPLETION_BATCH < 1000
     for n in range(1, 1001):  # every slot's job ended, its success queued
         slots.running[n] = queued(fake_running(n), on_loop=True)
     assert slots.free() == 8  # the threads only
