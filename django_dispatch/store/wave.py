@@ -78,7 +78,9 @@ _FINISH_KEYED_CALL = (
 #: candidate's columns NULL) when the claim found none.
 #:
 #: Every CTE is MATERIALIZED: each calls a volatile function, which must run
-#: exactly once whatever the plan (a CTE inlined into a join may be rescanned).
+#: exactly once whatever the plan (a CTE inlined into a join may be rescanned;
+#: ``(l.r).leased`` and ``(l.r).demoted`` read the one result the lease's CTE
+#: holds, where ``(f(...)).*`` would call the function once per column).
 #: The scan's window is read from ``fin``: that orders the finish, and with it
 #: the keyed finish's partition locks, before the scan locks any row. Each
 #: function's statements take their own snapshots (volatile functions) and
@@ -95,15 +97,11 @@ candidates AS MATERIALIZED (
         %(queues)s::text[], %(paused)s::text[])
 ),
 lease AS MATERIALIZED (
-    SELECT r.leased, r.demoted
-    FROM (
-        SELECT array_agg(id) AS ids, array_agg(partition_key) AS keys, max(db_now) AS db_now
-        FROM candidates WHERE concurrency_key IS NULL
-    ) AS a
-    CROSS JOIN LATERAL django_dispatch_lease_runnable(a.ids, a.keys, %(worker_id)s::text,
-        %(lease_seconds)s::float8, a.db_now, {namespace}) AS r
+    SELECT django_dispatch_lease_runnable(array_agg(id), array_agg(partition_key),
+        %(worker_id)s::text, %(lease_seconds)s::float8, max(db_now), {namespace}) AS r
+    FROM candidates WHERE concurrency_key IS NULL
 )
-SELECT f.won, f.freed, cardinality(l.demoted), c.*, c.id = ANY(l.leased)
+SELECT f.won, f.freed, cardinality((l.r).demoted), c.*, c.id = ANY((l.r).leased)
 FROM fin AS f CROSS JOIN lease AS l LEFT JOIN candidates AS c ON true
 ORDER BY c.priority DESC, c.run_after, c.id
 """
