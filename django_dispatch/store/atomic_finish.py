@@ -177,8 +177,9 @@ def begin_with_first_statement(db: str) -> Iterator[None]:
         or not _is_psycopg3()
         or raw is None
         or raw.autocommit
-        or not hasattr(raw, "_autocommit")
-        or not hasattr(raw, "_get_tx_start_command")
+        # psycopg's private parts this leans on; a release without them
+        # gets psycopg's own BEGIN, as everywhere else.
+        or not all(hasattr(raw, a) for a in ("_autocommit", "_get_tx_start_command", "_pipeline"))
     ):
         yield
         return
