@@ -102,7 +102,7 @@ def parse_args() -> argparse.Namespace:
     )
     p.add_argument("--async-sleep-jobs", type=int, default=20_000)
     p.add_argument("--async-sleep-ms", type=float, default=50.0)
-    p.add_argument("--async-concurrency", type=int, default=200)
+    p.add_argument("--async-concurrency", type=int, default=1000)
     p.add_argument("--workers", type=int, default=2, help="worker processes (W)")
     p.add_argument("--concurrency", type=int, default=8, help="jobs in flight per process (C)")
     p.add_argument(

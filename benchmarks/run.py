@@ -148,9 +148,10 @@ def parse_args() -> argparse.Namespace:
     p.add_argument(
         "--async-concurrency",
         type=int,
-        default=200,
+        default=1000,
         help="async slots per process: rundispatch --async-concurrency, and the peers' "
-        "slot-matched async rows",
+        "slot-matched async rows (1,000: at 200 our row was bound by its slots, see "
+        "docs/performance.md)",
     )
     p.add_argument(
         "--atomic",
