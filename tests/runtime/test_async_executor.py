@@ -212,8 +212,15 @@ def test_a_worker_never_holds_more_leased_jobs_than_its_slots(start_worker):
     n = 3 * slots if ON_POSTGRES else 4 * slots
     for start in range(0, n, 500):
         enqueue_many(async_tasks.sleeps, [((0.1,), {}) for _ in range(start, min(n, start + 500))])
+    # A lease long enough that a slow machine does not lose one (and run its
+    # job twice) while hundreds of successes wait for their wave.
     worker = start_worker(
-        "--async-concurrency", str(slots), "--concurrency", str(threads), "--burst"
+        "--async-concurrency",
+        str(slots),
+        "--concurrency",
+        str(threads),
+        "--burst",
+        overrides={"LEASE_SECONDS": 30},
     )
     most, deadline = 0, time.monotonic() + 180
     while worker.popen.poll() is None and time.monotonic() < deadline:
