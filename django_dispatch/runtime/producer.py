@@ -150,7 +150,7 @@ class Producer:
         if not batch and limit <= 0:
             return 0
         claimed = self.completer.write_wave(batch, self.claim, limit, self.fused_claim)
-        if self.completer.passed:  # keyed jobs are about: the gates claim for a while
+        if self.completer.passed:  # concurrency groups are about: the gates claim for a while
             self.gated_until = time.monotonic() + self.settings.POLL_INTERVAL
         if claimed:
             self.start(claimed)
@@ -185,7 +185,7 @@ class Producer:
         """The wave's claim as one statement with its successes (``store.wave``),
         or None where it needs ``claim``'s transaction: SQLite, a worker with a
         placement, staging due, queue limits, a concurrency group waiting,
-        every served queue paused, or keyed jobs passed by lately."""
+        every served queue paused, or a concurrency group's jobs passed by lately."""
         if not self.one_statement or time.monotonic() < self.gated_until:
             return None
         opts, max_age = self.options, self.settings.POLL_INTERVAL
