@@ -12,38 +12,18 @@ Each case is checked from the database afterwards.
 
 from __future__ import annotations
 
-import threading
-
 import pytest
-from django.db import IntegrityError, connection, connections, transaction
+from django.db import IntegrityError, connection, transaction
 
 from django_dispatch.store.atomic_finish import begin_with_first_statement
 from tests.conftest import TEST_DB, postgres_only
+from tests.server_activity import last_query
 from tests.testapp.models import SideEffect
 
 # In the PgBouncer tier too: the BEGIN that rides a statement must hold through a pooler.
 pytestmark = [pytest.mark.django_db(transaction=True), postgres_only, pytest.mark.pgbouncer]
 
 INSERT = "INSERT INTO testapp_sideeffect (key, job_id, worker_pid, note) VALUES "
-
-
-def _last_query(pid: int) -> str:
-    """The last query backend ``pid`` received, read from another thread's connection."""
-    found: list[str] = []
-
-    def read() -> None:
-        try:
-            with connections["default"].cursor() as cursor:
-                cursor.execute("SELECT query FROM pg_stat_activity WHERE pid = %s", [pid])
-                found.append(cursor.fetchone()[0])
-        finally:
-            connections["default"].close()
-
-    thread = threading.Thread(target=read)
-    thread.start()
-    thread.join(timeout=60)
-    assert not thread.is_alive(), "pg_stat_activity did not answer within 60 s"
-    return found[0]
 
 
 class _Abort(Exception):
@@ -54,7 +34,7 @@ def test_the_first_statement_carries_the_begin_and_its_own_result():
     with transaction.atomic(), begin_with_first_statement("default"):
         row = SideEffect.objects.create(key="k", note="first")
         if TEST_DB != "pgbouncer":  # a pooled client has no backend of its own
-            last = _last_query(connection.connection.info.backend_pid)
+            last = last_query(connection.connection.info.backend_pid)
             assert last.startswith("BEGIN;\n") and "INSERT" in last, last
         # The INSERT's RETURNING, not BEGIN's empty result, gave the id.
         assert SideEffect.objects.filter(pk=row.pk, note="first").exists()

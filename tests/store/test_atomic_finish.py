@@ -26,6 +26,7 @@ from django_dispatch.store.atomic_finish import fast_path_available, job_commit_
 from django_dispatch.store.types import Lease
 from django_dispatch.store.usage import UsageEntry
 from tests.conftest import ON_POSTGRES, TEST_DB, postgres_only
+from tests.server_activity import last_query
 from tests.testapp import tasks
 from tests.testapp.models import SideEffect
 
@@ -94,7 +95,7 @@ def test_a_won_fence_commits_the_body_the_success_and_its_record_in_one_round_tr
     sent = [q["sql"] for q in queries if q["sql"] not in ("BEGIN", "COMMIT")]
     assert len(sent) == (1 if write else 0), sent
     if TEST_DB != "pgbouncer":  # a pooled client has no backend of its own
-        last = _last_query(connection.connection.info.backend_pid)
+        last = last_query(connection.connection.info.backend_pid)
         assert last.startswith("SELECT django_dispatch_atomic_success("), last
         assert last.rstrip().endswith("COMMIT") == write, last
     row = Job.objects.get(pk=claimed.id)
@@ -187,24 +188,6 @@ def test_only_unkeyed_jobs_on_postgresql_take_the_one_round_trip_path():
     keyed = Lease(1, WORKER, 1, partition_key="customer-1")
     assert fast_path_available("default", unkeyed) is ON_POSTGRES
     assert fast_path_available("default", keyed) is False
-
-
-def _last_query(pid: int) -> str:
-    """The last query backend ``pid`` received, read from another thread's connection."""
-    found: list[str] = []
-
-    def read() -> None:
-        try:
-            with connections["default"].cursor() as cursor:
-                cursor.execute("SELECT query FROM pg_stat_activity WHERE pid = %s", [pid])
-                found.append(cursor.fetchone()[0])
-        finally:
-            connections["default"].close()
-
-    thread = threading.Thread(target=read)
-    thread.start()
-    thread.join()
-    return found[0]
 
 
 @postgres_only
