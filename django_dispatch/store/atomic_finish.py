@@ -219,10 +219,36 @@ class _BeginFirst:
         raw._autocommit = True
         try:
             result = execute(begin + sql, params, many, context)
+        except Exception as error:
+            _fail_block_if_begin_never_ran(raw, error, context["connection"])
+            raise
         finally:
             raw._autocommit = False
         cursor.nextset()  # past BEGIN's result, to the statement's
         return result
+
+
+def _fail_block_if_begin_never_ran(raw: Any, error: Exception, connection: Any) -> None:
+    """Leave the block failed when the server refused ``BEGIN; <statement>`` whole.
+
+    The server parses a query's every statement before it runs any: a
+    statement it cannot parse fails without its ``BEGIN``, so no transaction
+    is open to fail with it. The block's next statement would then open a
+    fresh one, and a body that caught the error would commit what followed,
+    where psycopg's own ``BEGIN`` would have left the transaction failed (every
+    later statement refused, the block rolled back). Marking the block for
+    rollback gives that outcome. An error raised before anything was sent
+    (no SQLSTATE: the client's) leaves nothing to mark: psycopg's own
+    ``BEGIN`` would have opened a transaction with nothing in it either.
+    """
+    from psycopg import pq
+
+    cause = error.__cause__ or error
+    if (
+        getattr(cause, "sqlstate", None)
+        and raw.pgconn.transaction_status == pq.TransactionStatus.IDLE
+    ):
+        connection.needs_rollback = True
 
 
 def _float(value: float | None) -> bytes:

@@ -13,7 +13,7 @@ Each case is checked from the database afterwards.
 from __future__ import annotations
 
 import pytest
-from django.db import IntegrityError, connection, transaction
+from django.db import DatabaseError, IntegrityError, connection, transaction
 
 from django_dispatch.store.atomic_finish import begin_with_first_statement
 from tests.conftest import TEST_DB, postgres_only
@@ -83,6 +83,21 @@ def test_a_first_statement_that_fails_rolls_the_block_back_and_the_connection_go
     with transaction.atomic(), begin_with_first_statement("default"):
         SideEffect.objects.create(key="k", note="after")
     assert list(SideEffect.objects.values_list("note", flat=True)) == ["after"]
+
+
+def test_a_first_statement_the_server_cannot_parse_leaves_the_block_failed():
+    """The server parses ``BEGIN; <statement>`` whole before running any of it:
+    a statement it cannot parse fails without its BEGIN. A body that catches
+    the error must still not commit what it writes next."""
+    with transaction.atomic(), begin_with_first_statement("default"):
+        with pytest.raises(DatabaseError), connection.cursor() as cursor:
+            cursor.execute("SELEC 1")
+        with pytest.raises(DatabaseError):  # refused, as after psycopg's own BEGIN
+            SideEffect.objects.create(key="k", note="after a caught error")
+    assert not SideEffect.objects.exists()
+    with transaction.atomic(), begin_with_first_statement("default"):
+        SideEffect.objects.create(key="k", note="next block")
+    assert list(SideEffect.objects.values_list("note", flat=True)) == ["next block"]
 
 
 def test_inside_an_open_transaction_it_sends_nothing_of_its_own():
