@@ -68,13 +68,28 @@ MeasuredUsage = Mapping[int, "UsageEntry | Measured"]
 #:
 #: ``{more}`` and ``{returning}``: the measured values and the row's own
 #: columns of the winners' usage records (``_FINISH_MANY_USAGE_SQL``), or nothing.
+#:
+#: ``l`` locks the rows the fence holds first, in id order (its ``FOR
+#: UPDATE`` sits above the sort), and only those: a row another worker
+#: leased since is not locked here, as the UPDATE would not lock it, so a
+#: fenced-out finish never makes a lease's holder wait. An UPDATE alone
+#: locks in the order its plan reads the rows (the heap's, or the array's),
+#: while the heartbeat's renewal and the one-statement wave lock a worker's
+#: running rows in id order (``store.leases``, migration 0030): two
+#: statements locking the same rows in different orders can deadlock.
 _FINISH_MANY_SQL = """
 UPDATE {job} AS j SET
     state = {succeeded}, return_value = d.return_value, finished_at = now(),
     lease_expires_at = NULL
-FROM unnest(%(ids)s::bigint[], %(workers)s::text[], %(epochs)s::bigint[], %(values)s::jsonb[]{more})
+FROM (
+    SELECT id FROM {job} WHERE (state = {running}) IS TRUE
+        AND (id, worker_id, lease_epoch) IN (
+            SELECT * FROM unnest(%(ids)s::bigint[], %(workers)s::text[], %(epochs)s::bigint[]))
+    ORDER BY id FOR UPDATE
+) AS l,
+unnest(%(ids)s::bigint[], %(workers)s::text[], %(epochs)s::bigint[], %(values)s::jsonb[]{more})
     AS d(id, worker_id, lease_epoch, return_value{more_names})
-WHERE j.id = d.id AND (j.state = {running}) IS TRUE AND j.worker_id = d.worker_id
+WHERE j.id = l.id AND j.id = d.id AND (j.state = {running}) IS TRUE AND j.worker_id = d.worker_id
     AND j.lease_epoch = d.lease_epoch
 RETURNING j.id, j.partition_key{returning}
 """

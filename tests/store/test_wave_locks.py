@@ -1,4 +1,4 @@
-"""Lock order: the wave's finish and the heartbeat's renewal lock a worker's
+"""Lock order: the waves' finishes and the heartbeat's renewal lock a worker's
 running rows in id order, whatever order they were handed in or lie in the
 heap, so the two (on two connections of one worker) cannot deadlock.
 
@@ -89,18 +89,35 @@ def test_the_wave_finish_locks_in_id_order_whatever_order_it_was_handed():
     assert won == [{low.id, high.id}]
 
 
+def _low_after_high_in_the_heap(low: int, high: int) -> None:
+    """A later version of the lower id's row, in the heap after the higher id's
+    and not a HOT update (an indexed column changes: the indexes point at the
+    new version), where an UPDATE reading the heap would lock it second."""
+    Job.objects.filter(pk=low).update(lease_expires_at=now_plus(60))
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT id, ctid FROM django_dispatch_job WHERE id IN (%s, %s)", [low, high])
+        ctids = {i: tuple(int(p) for p in c.strip("()").split(",")) for i, c in cursor.fetchall()}
+    assert ctids[low] > ctids[high]
+
+
+def test_the_transactional_finish_locks_in_id_order_whatever_the_order_or_the_heap():
+    """The finish of a wave written in a transaction (placements, queue limits,
+    concurrency groups, staging), which the one-statement wave does not cover."""
+    low, high = _two_running()
+    _low_after_high_in_the_heap(low.id, high.id)
+    results = [(high.lease, None), (low.lease, None)]  # handed over high first
+    won: list[set[int]] = []
+
+    def write() -> None:
+        won.append(store.jobs_finish_many_if_leased(results))
+
+    assert _holds_low_while_waiting_on_high(low.id, high.id, write)
+    assert won == [{low.id, high.id}]
+
+
 def test_the_heartbeat_renewal_locks_in_id_order_whatever_the_heap_order():
     low, high = _two_running()
-    # A later version of the lower id's row, in the heap after the higher id's
-    # and not a HOT update (an indexed column changes: the indexes point at the
-    # new version), where an UPDATE reading the heap would lock it second.
-    Job.objects.filter(pk=low.id).update(lease_expires_at=now_plus(60))
-    with connection.cursor() as cursor:
-        cursor.execute(
-            "SELECT id, ctid FROM django_dispatch_job WHERE id IN (%s, %s)", [low.id, high.id]
-        )
-        ctids = {i: tuple(int(p) for p in c.strip("()").split(",")) for i, c in cursor.fetchall()}
-    assert ctids[low.id] > ctids[high.id]
+    _low_after_high_in_the_heap(low.id, high.id)
     lost: list[set[int]] = []
 
     def write() -> None:
