@@ -17,7 +17,7 @@ from django.db.models import Q, TextField
 from django.db.models.functions import Cast
 from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
 from django.urls import reverse
-from django.utils.text import Truncator, smart_split, unescape_string_literal
+from django.utils.text import smart_split, unescape_string_literal
 
 from .. import services
 from ..compat import admin_action
@@ -44,7 +44,7 @@ from .common import (
     selected_ids,
     username,
 )
-from .display import age_html
+from .display import age_html, short_text
 from .forms import ReplayForm
 from .history import record
 
@@ -209,7 +209,7 @@ class DeadLetterAdmin(
 
     @admin.display(description="Error message")
     def short_error_message(self, letter: DeadLetter) -> str:
-        return Truncator(letter.error_message).chars(80)
+        return short_text(letter.error_message, 80)
 
     @admin.display(description="Replayed", boolean=True, ordering="replayed_at")
     def replayed(self, letter: DeadLetter) -> bool:

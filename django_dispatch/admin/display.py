@@ -9,12 +9,14 @@ server's clock, so a skewed browser clock does not distort it).
 
 from __future__ import annotations
 
+import unicodedata
 from datetime import datetime
 from html import escape
 from typing import Any
 
 from django.utils import timezone
 from django.utils.safestring import SafeString
+from django.utils.text import Truncator
 
 
 def html(value: Any) -> str:
@@ -68,15 +70,18 @@ def age_html(moment: datetime | None, now: datetime | None = None) -> SafeString
         return "-"
     now = now or timezone.now()
     seconds = (now - moment).total_seconds()
-    text = relative(seconds)
     local = timezone.localtime(moment)
-    exact = f"{local:%Y-%m-%d %H:%M:%S}.{local.microsecond // 1000:03d} {local.tzname() or ''}"
-    return format_safe(
-        '<time class="dispatch-age" datetime="{}" data-age="{}" title="{}">{}</time>',
-        moment.isoformat(),
-        f"{seconds:.3f}",
-        exact,
-        text,
+    if local.year >= 1000:  # what strftime's %Y-%m-%d %H:%M:%S gives, at a third of its cost
+        day = f"{local.year}-{local.month:02d}-{local.day:02d}"
+        clock = f"{local.hour:02d}:{local.minute:02d}:{local.second:02d}"
+    else:
+        day, clock = f"{local:%Y-%m-%d}", f"{local:%H:%M:%S}"
+    exact = f"{day} {clock}.{local.microsecond // 1000:03d} {local.tzname() or ''}"
+    # An ISO time, a number and the relative text hold nothing HTML escapes; the
+    # time zone's name is escaped (what ``format_safe`` gives, without its calls).
+    return SafeString(
+        f'<time class="dispatch-age" datetime="{moment.isoformat()}" data-age="{seconds:.3f}" '
+        f'title="{escape(exact)}">{relative(seconds)}</time>'
     )
 
 
@@ -102,3 +107,13 @@ def badge_html(state: str, label: str | None = None) -> SafeString:
     return format_safe(
         '<span class="dispatch-badge dispatch-badge-{}">{}</span>', kind, label or state
     )
+
+
+def short_text(text: Any, length: int) -> str:
+    """``Truncator(text).chars(length)``, the same text, without its per-character
+    walk where nothing is cut: Truncator returns short text NFC-normalized, whole."""
+    if type(text) is str:
+        normal = unicodedata.normalize("NFC", text)
+        if len(normal) <= length:
+            return normal
+    return Truncator(text).chars(length)

@@ -12,12 +12,15 @@ page's workflow step jobs, looked up in one query for the whole page
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Iterable
 from typing import Any
 
 from django.contrib import admin
 from django.db.models import Min
 from django.utils import timezone
+from django.utils.encoding import force_str
+from django.utils.hashable import make_hashable
 
 from ..core.states import LIVE, JobState
 from ..models import Job, WorkflowRun, WorkflowTask
@@ -60,7 +63,21 @@ def job_badge(job: Job, now: Any = None) -> str:
         )
     if state == JobState.SUCCEEDED and step_outcome(job) == "failed":
         return badge_html("step failed", "step failed")
-    return badge_html(state, job.get_state_display())
+    return badge_html(state, state_label(job))
+
+
+def state_label(job: Job) -> str:
+    """``job.get_state_display()``, its choices made a dict once, not once a row."""
+    field = type(job)._meta.get_field("state")
+    return force_str(
+        choice_labels(field).get(make_hashable(job.state), job.state), strings_only=True
+    )
+
+
+@functools.cache
+def choice_labels(field: Any) -> dict[Any, Any]:
+    """A field's choices by value (lazy labels stay lazy: translated when shown)."""
+    return dict(make_hashable(field.flatchoices))
 
 
 def blocked_reason(job: Job) -> str:

@@ -38,6 +38,7 @@ from ..models import DeadLetter, Job, WorkflowRun
 from ..store.base import using_backend
 from ..tasks.registry import namespace_for
 from .counting import bounded_count
+from .instances import quick
 from .reading import read_alias
 
 __all__ = [
@@ -114,7 +115,8 @@ def newest_of[M: Model](rows: QuerySet[M], parts: list[QuerySet[M]], low: int, h
     column = connections[rows.db].ops.quote_name(pk.column or pk.name)
     union = " UNION ".join(newest)
     page = f"SELECT {column} FROM ({union}) AS parts ORDER BY {column} DESC LIMIT %s OFFSET %s"
-    return rows.filter(pk__in=RawSQL(page, (*params, high - low, low))).order_by(f"-{pk.name}")
+    page_rows = rows.filter(pk__in=RawSQL(page, (*params, high - low, low)))
+    return quick(page_rows.order_by(f"-{pk.name}"))
 
 
 def jobs_count(
@@ -290,7 +292,7 @@ def _page(rows: QuerySet[Any], before: Any, limit: Any) -> list[Any]:
     _page_limit(limit)
     if before is not None:
         rows = rows.filter(id__lt=_id(before, "before"))
-    return list(rows.order_by("-id")[:limit])
+    return list(quick(rows.order_by("-id")[:limit]))
 
 
 def _id(value: Any, name: str) -> int:
