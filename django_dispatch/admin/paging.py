@@ -61,7 +61,12 @@ class CappedPaginator(Paginator):
             return super().count
         counted = 0
         for part in self.parts or [object_list]:
-            n, more = capped_count(part, self.cap)
+            # Each part is counted only as far as the cap still needs: past it
+            # the page says "more than" whatever the parts after hold, so a
+            # history that fills the cap alone leaves the live part unread.
+            if counted > self.cap:
+                break
+            n, more = capped_count(part, self.cap - counted)
             counted += n + more
         self.capped = counted > self.cap
         return min(counted, self.cap)

@@ -20,6 +20,7 @@ from django_dispatch import enqueue_many, services, store
 from django_dispatch.admin.common import CappedPaginator
 from django_dispatch.checks import check_dispatch_settings
 from django_dispatch.compat import ADMIN_ACTIONS_ON_CHANGE_PAGE
+from django_dispatch.core.states import FINISHED_STATES, LIVE_STATES
 from django_dispatch.models import CronEntry, DeadLetter, Job, Worker
 from django_dispatch.states import JobState
 from django_dispatch.testing import drain
@@ -733,3 +734,28 @@ def test_atomic_requests_on_sqlite_are_warned_about_without_immediate(monkeypatc
     options = {**db.settings_dict.get("OPTIONS", {}), "transaction_mode": "IMMEDIATE"}
     monkeypatch.setitem(db.settings_dict, "OPTIONS", options)
     assert not warned()
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize(("cap", "count", "capped", "statements"), [
+    (1000, 250, False, 2),  # under the cap: every part counted, exactly
+    (200, 200, True, 2),  # the finished 90, then the live part only up to 111
+    (50, 50, True, 1),  # the finished part alone passes the cap: the live one is not read
+])  # fmt: skip
+def test_the_parts_are_counted_only_as_far_as_the_cap_needs(
+    monkeypatch, cap, count, capped, statements
+):
+    """The job list's count adds its parts' counts, each read only up to what the cap
+    still needs: the same count and "more than", fewer index entries read."""
+    enqueue_many(tasks.add, [((i, i), {}) for i in range(250)])
+    finished = sorted(Job.objects.values_list("pk", flat=True))[:90]
+    Job.objects.filter(pk__in=finished).update(state="running")
+    Job.objects.filter(pk__in=finished).update(state="succeeded", finished_at=timezone.now())
+    rows = Job.objects.order_by("-pk")
+    monkeypatch.setattr(CappedPaginator, "cap", cap)
+    paginator = CappedPaginator(rows, 100)
+    paginator.parts = [rows.filter(state__in=FINISHED_STATES), rows.filter(state__in=LIVE_STATES)]
+    with CaptureQueriesContext(connection) as ctx:
+        assert paginator.count == count
+    assert paginator.capped is capped
+    assert len(_count_queries(ctx.captured_queries)) == statements

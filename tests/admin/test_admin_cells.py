@@ -106,3 +106,15 @@ def test_whole_numbers_are_djangos(grouping: bool) -> None:
             expected = display_for_field(value, field, "-")
             assert shown == str(expected), value
     assert not plain_numbers(Job._meta.get_field("state"))
+
+
+def test_the_row_checkbox_is_djangos() -> None:
+    """The row checkbox written out is what Django's widget renders, escaping and all."""
+    from django.contrib import admin
+
+    job_admin = admin.site._registry[Job]
+    for job in (Job(pk=7, task_path='a.<b>&"c"', state="failed"), Job(pk=10**12, task_path="x")):
+        ours = job_admin.action_checkbox(job)
+        assert ours == admin.ModelAdmin.action_checkbox(job_admin, job)
+    with translation.override("de"):
+        assert job_admin.action_checkbox(job) == admin.ModelAdmin.action_checkbox(job_admin, job)

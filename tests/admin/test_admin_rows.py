@@ -17,6 +17,7 @@ from django.urls import reverse
 from django.utils import timezone
 
 from django_dispatch import services, store
+from django_dispatch.admin import rows
 from django_dispatch.admin.rows import page_results, row_cells
 from django_dispatch.models import CronEntry, DeadLetter, Job
 from django_dispatch.testing import drain
@@ -109,3 +110,31 @@ def test_a_column_it_does_not_cover_is_left_to_django(admin_client, history, mon
     assert row_cells(cl) is None
     assert len(page_results(cl)) == Job.objects.count()
     assert str(Job.objects.order_by("-id").first()) in response.content.decode()
+
+
+@pytest.mark.parametrize(
+    "model, query",
+    [("job", ""), ("job", "?state__exact=failed"), ("deadletter", "")],
+)
+def test_joined_rows_render_the_same_page(admin_client, history, monkeypatch, model, query):
+    """The rows joined into one item (``rows.joined``) make the very page Django's
+    template makes of them one by one."""
+    changelist = reverse(f"admin:django_dispatch_{model}_changelist") + query
+    token = re.compile(r'(name="csrfmiddlewaretoken" value=)"[^"]*"')
+    response = admin_client.get(changelist)
+    cl = response.context["cl"]
+    pages = [token.sub(r"\1", steady(response.content.decode()))]
+    assert len(rows.joined(cl, rows.page_results(cl))) == 1 < len(rows.page_results(cl))
+    monkeypatch.setattr(rows, "joined", lambda cl, found: found)
+    pages.append(token.sub(r"\1", steady(admin_client.get(changelist).content.decode())))
+    assert pages[0] == pages[1]
+    assert pages[0].count("<tr>") >= len(cl.result_list) >= 2
+
+
+def test_a_rows_template_of_its_own_gets_the_rows_one_by_one(admin_client, history, monkeypatch):
+    """Where a project's template renders the rows (not Django's), it gets them apart."""
+    response = admin_client.get(reverse("admin:django_dispatch_job_changelist"))
+    cl = response.context["cl"]
+    found = rows.page_results(cl)
+    monkeypatch.setattr(rows, "STOCK_ROWS", rows.STOCK_ROWS / "elsewhere")
+    assert rows.joined(cl, found) == found
