@@ -125,16 +125,14 @@ class QuickRows(ModelIterable):
     ) -> Iterator[Any]:
         connection = compiler.connection
         converters = compiler.get_converters([s[0] for s in compiler.select])
-        convert = []
-        for position, (functions, expression) in converters.items():
-            for function in functions:
-                if getattr(function, "__func__", None) is _json_from_db and (
-                    function.__self__.decoder is None
-                ):
-                    function = _quick_json(function)
-                convert.append((position, function, expression))
+        # (position, converter, expression, whether a JSON constant may be answered
+        # first), in Django's order: a value goes through its converters in turn.
+        steps = [
+            (position, function, expression, _plain_json(function))
+            for position, (functions, expression) in converters.items()
+            for function in functions
+        ]
         names = [f.attname for f in fields]
-        fetch_mode = self.queryset._fetch_mode  # type: ignore[attr-defined]
         # Setting a foreign key's id (not None) makes Django's instance look up,
         # and so create, its state's empty cache of related objects.
         related = [
@@ -142,35 +140,38 @@ class QuickRows(ModelIterable):
             for n, f in enumerate(fields)
             if type(_descriptor(model, f.attname)) is ForeignKeyDeferredAttribute
         ]
+        # Set in this order by ``from_db`` after ``__init__``.
+        loaded = {"adding": False, "db": db, "fetch_mode": self.queryset._fetch_mode}  # type: ignore[attr-defined]
+        constants = CONSTANTS
         new = model.__new__
         for rows in results:
             for row in rows:
-                if convert:
+                if steps:
                     row = list(row)
-                    for position, function, expression in convert:
-                        row[position] = function(row[position], expression, connection)
+                    for position, function, expression, json in steps:
+                        value = row[position]
+                        if json and type(value) is str:
+                            make = constants.get(value)
+                            if make is not None:
+                                row[position] = make()
+                                continue
+                        row[position] = function(value, expression, connection)
                 obj = new(model)
                 state = ModelState()
-                if related and any(row[n] is not None for n in related):
-                    state.fields_cache = {}
-                state.adding = False
-                state.db = db
-                state.fetch_mode = fetch_mode
+                for n in related:
+                    if row[n] is not None:
+                        state.fields_cache = {}
+                        break
+                state.__dict__.update(loaded)
                 values = obj.__dict__
                 values["_state"] = state
                 values.update(zip(names, row, strict=False))
                 yield obj
 
 
-def _quick_json(parse: Callable[..., Any]) -> Callable[..., Any]:
-    """``JSONField.from_db_value`` with its common constants answered without parsing."""
-    constants = CONSTANTS
-
-    def from_db(value: Any, expression: Any, connection: Any) -> Any:
-        if type(value) is str:
-            make = constants.get(value)
-            if make is not None:
-                return make()
-        return parse(value, expression, connection)
-
-    return from_db
+def _plain_json(function: Any) -> bool:
+    """Whether ``function`` is ``JSONField.from_db_value`` of a field without a decoder:
+    the texts of ``CONSTANTS`` are then those values, nothing else."""
+    return getattr(function, "__func__", None) is _json_from_db and (
+        function.__self__.decoder is None
+    )
