@@ -44,6 +44,8 @@ _model_from_db = Model.__dict__["from_db"].__func__
 
 def quick[M: Model](rows: QuerySet[M]) -> QuerySet[M]:
     """``rows``, iterated by ``QuickRows``: the same instances, built faster."""
+    if rows._iterable_class is not ModelIterable:  # type: ignore[attr-defined]
+        return rows  # values(), values_list(), or a caller's own iterable: not instances
     rows = rows._chain()  # type: ignore[attr-defined]
     rows._iterable_class = QuickRows
     return rows

@@ -67,6 +67,9 @@ def test_jobs_built_as_django_builds_them() -> None:
     rows = Job.objects.order_by("-id")
     same(list(rows), list(quick(rows)))
     assert quick(rows)._iterable_class is QuickRows
+    values = rows.values_list("id", flat=True)
+    assert list(quick(values)) == list(values)  # not instances: left as they are
+    assert quick(rows.values("id"))._iterable_class is not QuickRows
     only = rows.only("id", "state", "args", "finished_at")
     same(list(only), list(quick(only)))
 
