@@ -20,6 +20,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 from typing import Any
 
+import django
 from django.db.models import JSONField, Model, QuerySet
 from django.db.models.base import ModelState
 from django.db.models.fields.related_descriptors import ForeignKeyDeferredAttribute
@@ -38,13 +39,19 @@ CONSTANTS: dict[str, Callable[[], Any]] = {
     "false": lambda: False,
 }
 
+#: The Django whose ``Model.from_db`` and ``ModelState`` this module mirrors
+#: (its fetch modes among them, which 5.2 and 6.0 lack). Any other version gets
+#: Django's own iterable: a list there costs what Django's costs, never a
+#: wrong instance.
+MIRRORED = django.VERSION[:2] == (6, 1)
+
 _json_from_db = JSONField.from_db_value
 _model_from_db = Model.__dict__["from_db"].__func__
 
 
 def quick[M: Model](rows: QuerySet[M]) -> QuerySet[M]:
     """``rows``, iterated by ``QuickRows``: the same instances, built faster."""
-    if rows._iterable_class is not ModelIterable:  # type: ignore[attr-defined]
+    if not MIRRORED or rows._iterable_class is not ModelIterable:  # type: ignore[attr-defined]
         return rows  # values(), values_list(), or a caller's own iterable: not instances
     rows = rows._chain()  # type: ignore[attr-defined]
     rows._iterable_class = QuickRows
@@ -86,7 +93,8 @@ class QuickRows(ModelIterable):
         query = queryset.query
         model = queryset.model
         if (
-            query.select_related
+            not MIRRORED
+            or query.select_related
             or query.annotation_select
             or query.extra_select
             or queryset._known_related_objects  # type: ignore[attr-defined]
