@@ -45,7 +45,7 @@ from .maintenance import Maintenance
 from .options import Every, WorkerOptions
 from .producer import Producer
 from .running import RunningJob
-from .slots import Slots
+from .slots import PREFETCH_FACTOR, Slots
 
 logger = logging.getLogger("django_dispatch.worker")
 
@@ -94,11 +94,7 @@ class Worker:
         self.slots = Slots(
             options.concurrency,
             options.async_concurrency,
-            # Twice the threads: on PostgreSQL a wave is one statement whose
-            # server cost is mostly fixed (about 0.57 ms, and 0.035 ms per
-            # job), and a wave carries what the worker holds: claiming further
-            # ahead makes the waves bigger and each job's share smaller.
-            prefetch=2 * options.concurrency if postgres else 0,
+            prefetch=PREFETCH_FACTOR * options.concurrency if postgres else 0,
         )
         #: What the worker row says about this process (see ``store.workers``).
         self.registration = registration(options, self.db)
