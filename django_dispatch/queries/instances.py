@@ -10,9 +10,10 @@ the instance's ``__dict__`` in the same order, the same ``_state``, the
 same values (a JSON value that is one of those constants is made anew
 each time, a list or dict the caller may change), and falls back to
 Django's own iterable wherever it could differ: a related or annotated
-select, a model with ``pre_init``/``post_init`` receivers, its own
-``__init__`` or ``from_db``, a field with a descriptor of its own, a
-``JSONField`` with a decoder or a ``from_db_value`` of its own.
+select, a model with ``pre_init``/``post_init`` receivers, an ``__init__``,
+``__setattr__`` or ``from_db`` of its own or of a mixin's, a field with a
+descriptor of its own, a ``JSONField`` with a decoder or a ``from_db_value``
+of its own.
 """
 
 from __future__ import annotations
@@ -47,6 +48,8 @@ MIRRORED = django.VERSION[:2] == (6, 1)
 
 _json_from_db = JSONField.from_db_value
 _model_from_db = Model.__dict__["from_db"].__func__
+#: ``Model`` and its own bases: their ``__init__`` is the one ``from_db`` mirrors.
+_DJANGOS = frozenset(Model.__mro__)
 
 
 def quick[M: Model](rows: QuerySet[M]) -> QuerySet[M]:
@@ -59,9 +62,19 @@ def quick[M: Model](rows: QuerySet[M]) -> QuerySet[M]:
 
 
 def plain(model: type[Model]) -> bool:
-    """Whether Django's ``from_db`` for ``model`` is exactly "set each selected field"."""
+    """Whether Django's ``from_db`` for ``model`` is exactly "set each selected field".
+
+    Not if any class of the model's own defines ``__init__`` (a mixin after
+    ``Model`` is reached by its ``super().__init__()``, though ``model.__init__``
+    is still Django's) or ``__setattr__`` (the fields are put straight in the
+    instance's ``__dict__``).
+    """
     return (
-        model.__init__ is Model.__init__
+        not any(
+            "__init__" in klass.__dict__ or "__setattr__" in klass.__dict__
+            for klass in model.__mro__
+            if klass not in _DJANGOS
+        )
         and getattr(model.from_db, "__func__", None) is _model_from_db
         and not pre_init.has_listeners(model)
         and not post_init.has_listeners(model)
@@ -124,11 +137,12 @@ class QuickRows(ModelIterable):
         """Django's way, for a select this module does not cover (already run)."""
         queryset = self.queryset
         fields = compiler.klass_info["select_fields"]
+        built = compiler.klass_info["model"]  # what Django's own iterable builds
         start, end = fields[0], fields[-1] + 1
         names = [s[0].target.attname for s in compiler.select[start:end]]
         fetch_mode = queryset._fetch_mode  # type: ignore[attr-defined]
         for row in compiler.results_iter(results):
-            yield model.from_db(queryset.db, names, row[start:end], fetch_mode=fetch_mode)
+            yield built.from_db(queryset.db, names, row[start:end], fetch_mode=fetch_mode)
 
     def _quick(
         self, compiler: Any, results: Any, model: type[Model], fields: list[Any], db: str

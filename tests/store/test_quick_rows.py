@@ -15,12 +15,14 @@ from typing import Any
 
 import pytest
 from django.db.models import F
+from django.db.models.query import ModelIterable
 from django.db.models.signals import post_init
+from django.test.utils import isolate_apps
 from django.utils import timezone
 
 from django_dispatch import dead_letters, jobs, workflows
 from django_dispatch.models import DeadLetter, Job, WorkflowRun, WorkflowTask
-from django_dispatch.queries.instances import MIRRORED, QuickRows, quick
+from django_dispatch.queries.instances import MIRRORED, QuickRows, plain, quick
 
 ADD = "tests.testapp.tasks.add"
 
@@ -99,7 +101,10 @@ def test_related_annotated_and_observed_selects_are_djangos() -> None:
     run = WorkflowRun.objects.create(name="signup", state="running")
     WorkflowTask.objects.create(run=run, name="a", sequence=0)
     related = WorkflowTask.objects.select_related("run")
-    assert [t.run.name for t in quick(related)] == ["signup"]
+    tasks = list(quick(related))
+    # Joined, not loaded later one query per row.
+    assert all(WorkflowTask._meta.get_field("run").is_cached(t) for t in tasks)
+    assert [t.run.name for t in tasks] == ["signup"]
     seen: list[Any] = []
 
     def saw(sender: Any, instance: Any, **kwargs: Any) -> None:
@@ -129,3 +134,45 @@ def test_list_functions_return_djangos_instances() -> None:
     same(list(Job.objects.filter(state="failed").order_by("-id")), jobs.list(state="failed"))
     same(list(DeadLetter.objects.order_by("-id")), dead_letters.list())
     same(list(WorkflowRun.objects.order_by("-id")), workflows.list_runs())
+
+
+class Remembers:
+    """A mixin after ``Model``: reached by ``Model.__init__``'s ``super().__init__()``."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__()
+        self.remembered = True
+
+
+@isolate_apps("django_dispatch")
+def test_a_model_with_its_own_init_or_setattr_is_built_by_django() -> None:
+    class RemembersJob(Job, Remembers):
+        class Meta:
+            proxy = True
+            app_label = "django_dispatch"
+
+    class TracksJob(Job):
+        class Meta:
+            proxy = True
+            app_label = "django_dispatch"
+
+        def __setattr__(self, name: str, value: Any) -> None:
+            super().__setattr__(name, value)
+
+    assert plain(Job)
+    assert not plain(RemembersJob)
+    assert not plain(TracksJob)
+
+
+@pytest.mark.skipif(not MIRRORED, reason="the quick path runs on Django 6.1 only")
+def test_a_plain_select_of_jobs_takes_the_quick_path(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Not Django's fallback: else a change that disabled the quick path would
+    pass every comparison above, and lose its speed unseen."""
+    make_jobs()
+
+    def refused(*args: Any, **kwargs: Any) -> Any:
+        raise AssertionError("built Django's way")
+
+    monkeypatch.setattr(QuickRows, "_built", refused)
+    monkeypatch.setattr(ModelIterable, "__iter__", refused)  # the first fallback
+    assert len(list(quick(Job.objects.order_by("id")))) == Job.objects.count()
