@@ -51,13 +51,12 @@ from __future__ import annotations
 import json
 import logging
 import os
-import signal
 import stat
 import sys
 import tempfile
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import IO, Any, NoReturn
+from typing import IO, NoReturn
 
 from .. import store
 from ..compat import Task
@@ -101,6 +100,8 @@ class Handover:
     child: int | None = None  # the process's index under --processes
     claimed: int = 0  # jobs claimed so far (for --max-jobs)
     stop: bool = False  # a stop signal arrived: the successor settles, then stops
+    #: The read end of the predecessor's ``StopSignalLog``, inherited across execve.
+    stop_log: int | None = None
     timed_out: list[Entry] = field(default_factory=list)
     stopped: list[Entry] = field(default_factory=list)  # cancelled or lost
     released: list[Entry] = field(default_factory=list)  # handed back
@@ -112,6 +113,7 @@ class Handover:
                 "child": self.child,
                 "claimed": self.claimed,
                 "stop": self.stop,
+                "stop_log": self.stop_log,
                 "timed_out": self.timed_out,
                 "stopped": self.stopped,
                 "released": self.released,
@@ -131,6 +133,7 @@ class Handover:
             child=data.get("child"),
             claimed=int(data.get("claimed", 0)),
             stop=bool(data.get("stop", False)),
+            stop_log=data.get("stop_log"),
             timed_out=entries("timed_out"),
             stopped=entries("stopped"),
             released=entries("released"),
@@ -199,35 +202,6 @@ class Handover:
 #: Where ``rundispatch`` started: its command line may name a script
 #: relative to it, and a task may have changed directory since.
 START_DIRECTORY = os.getcwd()
-STOP_SIGNALS = {signal.SIGTERM, signal.SIGINT}
-
-
-def hold_stop_signals() -> None:
-    """Keep SIGTERM/SIGINT pending (not lost, not fatal) across ``execve``.
-
-    The signal mask and pending signals survive ``execve``; the successor
-    releases them with ``release_stop_signals`` once its handlers are in
-    place, so a stop request made during the recycle reaches it.
-    """
-    signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
-
-
-def stop_requested(worker: Any) -> bool:
-    """Whether ``worker`` was asked to stop; call it after ``hold_stop_signals``.
-
-    A Python function on purpose: CPython runs the handler of a signal that
-    arrived (its C-level part tripped) only where the interpreter checks,
-    such as a function's start. A SIGTERM landing while the signals were
-    being held had its handler run only once ``exec_successor`` was called,
-    after a plain read of ``signalled_at`` had found nothing: the stop was
-    lost, and the successor ran on. Entering this function runs any such
-    handler first.
-    """
-    return worker.signalled_at is not None
-
-
-def release_stop_signals() -> None:
-    signal.pthread_sigmask(signal.SIG_UNBLOCK, STOP_SIGNALS)
 
 
 def exec_successor(handover: Handover) -> NoReturn:
@@ -235,7 +209,7 @@ def exec_successor(handover: Handover) -> NoReturn:
 
     Every other thread of the process ends here, task code included. The
     successor finds ``handover`` through its environment (``from_environ``)
-    and settles it. Call ``hold_stop_signals`` first (and read whether a stop
+    and settles it. Call ``stop_signals.hold_stop_signals`` first (and read whether a stop
     was requested after it), so that no stop request falls between the two
     programs.
     """

@@ -12,6 +12,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -148,12 +149,15 @@ def test_a_cancelled_task_that_ignores_the_cancel_is_killed(start_worker):
 
 
 @pytest.mark.slow
-def test_a_stop_signal_during_a_recycle_is_not_lost(start_worker):
-    """SIGTERM between the decision to recycle and the successor's handlers:
-    held across execve, the successor settles the handover, then stops."""
+@pytest.mark.parametrize("delay", [0.0, 0.01, 0.03, 0.1, 0.3, 0.6])
+def test_a_stop_signal_during_a_recycle_is_not_lost(start_worker, delay):
+    """SIGTERM as the worker decides to recycle, while it hands over, or while its
+    successor starts (``delay`` after the decision is logged): held across execve, the
+    successor settles the handover, then stops."""
     zombie = tasks.ignores_timeout.enqueue("zombie-stop")
     worker = start_worker("--concurrency", "2", overrides=OVERRIDES)
     wait_until(lambda: "after it was asked to stop (timed out)" in worker.output(), timeout=30)
+    time.sleep(delay)
     worker.signal(signal.SIGTERM)
     assert worker.wait(30) == 0, worker.output()
     log = worker.output()
@@ -164,6 +168,30 @@ def test_a_stop_signal_during_a_recycle_is_not_lost(start_worker):
     assert [e["exception_class_path"] for e in job.errors] == [TIMEOUT], log
     assert job.state == JobState.SCHEDULED and job.worker_lost_count == 0  # backing off
     assert not SideEffect.objects.filter(key="zombie-stop", note="attempt 2").exists()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("run", range(3))
+def test_a_stop_signal_a_job_thread_takes_during_a_recycle_is_not_lost(start_worker, tmp_path, run):
+    """The zombie sends SIGTERM to its own thread once the main thread re-executes the
+    process (past reading whether a stop was asked): a signal the main thread's mask cannot
+    hold, whose Python handler runs too late to be read. The successor still stops. A run
+    whose zombie ``execve`` ended first has nothing to stop for."""
+    signalled = tmp_path / "signalled"
+    zombie = tasks.signals_its_own_thread.enqueue("thread-stop", str(signalled))
+    worker = start_worker("--concurrency", "2", overrides=OVERRIDES)
+    wait_until(
+        lambda: signalled.exists() or worker.output().count(" started: queues=") == 2,
+        what="the signal, or the successor",
+    )
+    if not signalled.exists():  # ended before it sent it (the file follows the signal)
+        worker.signal(signal.SIGTERM)
+    assert worker.wait(30) == 0, worker.output()
+    log = worker.output()
+    job = Job.objects.get(pk=zombie.id)
+    assert [e["exception_class_path"] for e in job.errors] == [TIMEOUT], log
+    assert job.state == JobState.SCHEDULED and job.worker_lost_count == 0  # backing off
+    assert not SideEffect.objects.filter(key="thread-stop", note="attempt 2").exists()
 
 
 @pytest.mark.slow

@@ -3,6 +3,9 @@
 import asyncio
 import os
 import random
+import signal
+import sys
+import threading
 import time
 from pathlib import Path
 
@@ -212,6 +215,30 @@ def ignores_timeout(context, key, seconds=60):
         _tick(key, f"attempt {context.attempt}")
         return context.attempt
     _zombie(key, seconds)
+    return "late"
+
+
+@task(timeout=0.5, max_attempts=2, takes_context=True)
+def signals_its_own_thread(context, key, marker):
+    """First attempt: deaf to its timeout; once the main thread is re-executing the process
+    (the recycle has read whether a stop was asked), it sends SIGTERM to its own thread,
+    where the kernel must deliver it (the main thread never takes it). Later attempts write
+    one row and return."""
+    if context.attempt > 1:
+        _tick(key, f"attempt {context.attempt}")
+        return context.attempt
+    main = threading.main_thread().ident
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        frame = sys._current_frames().get(main)
+        while frame is not None and frame.f_code.co_name != "exec_successor":
+            frame = frame.f_back
+        if frame is not None:
+            signal.pthread_kill(threading.get_ident(), signal.SIGTERM)
+            Path(marker).touch()  # after the signal: the file proves it was sent
+            break
+        time.sleep(0.0002)
+    _zombie(key, 60)
     return "late"
 
 

@@ -25,7 +25,7 @@ from ...compat import task_backends
 from ...conf import get_settings
 from ...core import resources
 from ...observability import exposition, metrics
-from ...runtime import recycling
+from ...runtime import recycling, stop_signals
 from ...runtime.options import WorkerOptions, default_worker_id
 from ...runtime.supervisor import supervise
 from ...runtime.worker import Worker
@@ -198,16 +198,24 @@ class Launch:
         """
         worker = Worker(self.worker_options(index, predecessor))
         worker.install_signal_handlers()
+        stop_log = stop_signals.StopSignalLog.open()
         # Stop signals held across a predecessor's recycle arrive now.
-        recycling.release_stop_signals()
-        if predecessor is not None and predecessor.stop:
+        stop_signals.release_stop_signals()
+        if predecessor is not None and (
+            predecessor.stop or stop_signals.stop_signal_arrived(predecessor.stop_log)
+        ):
             worker.request_stop("a stop signal during the recycle")
-        code = worker.run()
-        if worker.handover is not None:
-            recycling.hold_stop_signals()  # from here on, a stop request waits
-            worker.handover.child = index
-            worker.handover.stop = recycling.stop_requested(worker)
-            recycling.exec_successor(worker.handover)  # does not return
+        try:
+            code = worker.run()
+            if worker.handover is not None:
+                stop_signals.hold_stop_signals()  # from here on, a stop request waits
+                worker.handover.child = index
+                worker.handover.stop = stop_signals.stop_requested(worker)
+                worker.handover.stop_log = None if stop_log is None else stop_log.pass_on()
+                recycling.exec_successor(worker.handover)  # does not return
+        finally:
+            if stop_log is not None:
+                stop_log.close()
         return code
 
 
