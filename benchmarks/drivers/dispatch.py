@@ -50,13 +50,20 @@ UNFINISHED_SQL = (
     "WHERE id > {after} AND state IN ('pending', 'blocked', 'running')"
 )
 
-#: The map check: of ``items`` children, those not succeeded yet, plus one while
-#: the parent run has not succeeded (its fan-in done, its output gathered). So the
-#: drain ends when the parent run succeeds, and counts down one per child.
+#: The map check: of ``items`` children, those not counted yet on the mapping
+#: step (``map_done``, written after each child's success commits), plus one
+#: while the parent run ``run`` has not succeeded (its fan-in done, its output
+#: gathered). So the drain ends when the parent run succeeds, and counts down
+#: one per child. Two lookups by primary key, the parent run and its step, as
+#: the plain drain's poll reads the live jobs through an index: counting the
+#: children's runs instead read all 10,000 of them at every poll (about 6 ms
+#: of the server's time each, 0.4 ms per child over the drain), and so did a
+#: lookup of the step by its run (planned on the statistics of the run's start,
+#: when the step table held one row).
 MAP_UNFINISHED_SQL = (
-    "SELECT {items} - count(*) FILTER (WHERE parent_run_id IS NOT NULL AND state = 'succeeded')"
-    " + count(*) FILTER (WHERE parent_run_id IS NULL AND state <> 'succeeded')"
-    " FROM django_dispatch_workflowrun"
+    "SELECT CASE WHEN (SELECT state FROM django_dispatch_workflowrun WHERE id = {run})"
+    " = 'succeeded' THEN 0 ELSE {items} + 1 - COALESCE((SELECT map_done"
+    " FROM django_dispatch_workflowtask WHERE id = {step}), 0) END"
 )
 
 
@@ -237,8 +244,11 @@ class DispatchDriver(Driver):
         job is the whole backlog, so creating the children is part of the timed drain."""
         from bench.workflows import fan_out
 
-        fan_out.start({"items": self.args.jobs})
-        self.unfinished_sql = MAP_UNFINISHED_SQL.format(items=self.args.jobs)
+        from django_dispatch.models import WorkflowTask
+
+        run = fan_out.start({"items": self.args.jobs})
+        step = WorkflowTask.objects.get(run_id=run.pk).pk  # fan_out's one step
+        self.unfinished_sql = MAP_UNFINISHED_SQL.format(items=self.args.jobs, run=run.pk, step=step)
         return self.args.jobs
 
     def bulk_scale(self) -> dict:

@@ -92,25 +92,23 @@ _MAP_CHILD_DONE_SQL = (
 
 
 #: A map child counted on its parent step, after its success committed
-#: (``common.count_map_child``). Every child of a set writes this one row, so the
-#: row lock must be held as briefly as possible:
+#: (``common.count_map_child``): the function of migration 0032, planned once
+#: per server session (sent as a statement, its planning cost the server about
+#: as much as its execution, at every child). Every child of a set writes this
+#: one row, so the row lock must be held as briefly as possible:
 #: - it sets ``map_done`` and ``updated_at`` only, no indexed column (not
 #:   ``heartbeat_at``: ``dispatch_wftask_live`` indexes it), so the update is
 #:   HOT: no new index entry per count, and the 10,000th count finds the row
 #:   as fast as the first (with a new index entry each, the step's index
 #:   entries piled up and every count walked more of them);
 #: - its commit does not wait for the WAL flush (``synchronous_commit`` off
-#:   for this statement's own transaction only: ``set_config(..., true)``),
-#:   so the lock is not held across an fsync, which made the children count
-#:   one fsync at a time. What that risks is losing the count, never the
-#:   child's success (committed and flushed before): a server crash in the
-#:   next moments leaves the count short, which the sweep repairs, as it
-#:   repairs a count lost to a worker dying between the commit and this.
-_COUNT_SQL = (
-    f"UPDATE {_STEPS} SET map_done = map_done + 1, updated_at = now() "
-    "FROM (SELECT set_config('synchronous_commit', 'off', true)) AS async_commit "
-    "WHERE id = %s AND state = %s AND map_batch = %s RETURNING map_done, map_total"
-)
+#:   for the call's own transaction only), so the lock is not held across an
+#:   fsync, which made the children count one fsync at a time. What that
+#:   risks is losing the count, never the child's success (committed and
+#:   flushed before): a server crash in the next moments leaves the count
+#:   short, which the sweep repairs, as it repairs a count lost to a worker
+#:   dying between the commit and this.
+_COUNT_SQL = "SELECT done, total FROM django_dispatch_map_count(%s, %s)"
 
 
 #: A one-step map child's success, in autocommit (``pgsucceed``): the function
@@ -213,7 +211,7 @@ def count_child(db: str, step_id: int, batch: str) -> tuple[int, int | None] | N
     """map_done + 1 on the step still waiting for ``batch``, in autocommit: (done,
     total), or None."""
     with connections[db].cursor() as cursor:
-        cursor.execute(_COUNT_SQL, [step_id, StepState.WAITING, batch])
+        cursor.execute(_COUNT_SQL, [step_id, batch])
         row = cursor.fetchone()
     return None if row is None else (row[0], row[1])
 
