@@ -99,7 +99,7 @@ def percentile(values: list[float], q: float) -> float | None:
 
 def newest(
     namespace: str, since: datetime, db: str, states: tuple[str, ...] = FINISHED_SHOWN
-) -> QuerySet[Job]:
+) -> QuerySet[Any]:
     """The window's finished jobs in ``states``, newest first, with their wait and
     run durations worked out by the database."""
     ready = Greatest("enqueued_at", Coalesce("deferred_until", "enqueued_at"))

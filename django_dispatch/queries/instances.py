@@ -36,7 +36,7 @@ try:  # Django's PostgreSQL backend reads through psycopg 3 when it is installed
     import psycopg
     from psycopg.pq import Format
 except ImportError:  # SQLite only, or psycopg2: Django's own loading stays
-    psycopg = None
+    psycopg = None  # type: ignore[assignment]
 
 __all__ = ["QuickRows", "quick"]
 
