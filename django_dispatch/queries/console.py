@@ -30,22 +30,21 @@ which must show the change made, not a replica's state from before it.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from datetime import UTC, datetime, timedelta
+from datetime import datetime, timedelta
 from typing import Any
 
 from django.db import connections
 from django.db.models import Count, Min, Q, QuerySet
-from django.db.models.functions import TruncMinute
 from django.utils import timezone
 
 from ..conf import get_settings
-from ..core.states import FINISHED_STATES, JobState
+from ..core.states import JobState
 from ..models import CronEntry, DeadLetter, Job, Leadership, Worker
-from ..store.base import LIVE_JOBS_BY_STATE, db_alias, state_in
+from ..store.base import LIVE_JOBS_BY_STATE, db_alias
 from ..store.flow import queues_paused
 from ..store.leadership import LEADER, lease_key
 from ..tasks.registry import namespaces_with_databases
-from .console_timings import FINISHED_SHOWN, add_timings
+from .console_timings import add_timings, finished_by_minute
 from .counting import probe
 from .reading import ReadHealth, health
 
@@ -217,18 +216,6 @@ def live_counts_in_one_pass(live: QuerySet[Job], now: datetime, db: str) -> list
         return [dict(zip(names, row, strict=True)) for row in cursor.fetchall()]
 
 
-def finished_per_minute(namespace: str, since: datetime, db: str | None = None) -> list[Any]:
-    """Finished jobs per (queue, state, minute) since ``since``: the index's range only."""
-    return list(
-        jobs(namespace, db)
-        .filter(state_in(FINISHED_STATES), state__in=FINISHED_SHOWN, finished_at__gte=since)
-        .annotate(minute=TruncMinute("finished_at", tzinfo=UTC))
-        .order_by()
-        .values("queue_name", "state", "minute")
-        .annotate(n=Count("pk"))
-    )
-
-
 def paused_queues(namespace: str) -> set[str]:
     """The namespace's paused queues, read on the primary (see the module docstring)."""
     return set(queues_paused(db_alias(), namespace=namespace))
@@ -286,17 +273,16 @@ def add_finished(
     db: str | None = None,
 ) -> dict[datetime, list[int]]:
     """Finished counts per queue and per minute; returns the chart's [succeeded, failed]."""
-    index = {m: i for i, m in enumerate(minutes)}
     chart = {m: [0, 0] for m in minutes}
-    for r in finished_per_minute(namespace, since, db):
-        queue = rows[r["queue_name"]]
-        setattr(queue, r["state"], getattr(queue, r["state"]) + r["n"])
-        minute = r["minute"]
-        if minute in index:
+    bars = len(minutes)
+    for queue_name, state, minute, n in finished_by_minute(namespace, since, _db(db)):
+        queue = rows[queue_name]
+        setattr(queue, state, getattr(queue, state) + n)
+        if 1 <= minute <= bars:  # bar 0: the window's first, partial minute
             if not queue.per_minute:
-                queue.per_minute = [0] * len(minutes)
-            queue.per_minute[index[minute]] += r["n"]
-            chart[minute][r["state"] == JobState.FAILED] += r["n"]
+                queue.per_minute = [0] * bars
+            queue.per_minute[minute - 1] += n
+            chart[minutes[minute - 1]][state == JobState.FAILED] += n
     return chart
 
 

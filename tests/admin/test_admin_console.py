@@ -413,3 +413,35 @@ def test_pause_control_refuses_view_only_anonymous_and_forged_requests(client, s
     # With everything right it acts (so the refusals above were not vacuous).
     assert client.post(reverse(PAUSE), data).status_code == 302
     assert paused() == {"emails"}
+
+
+@postgres_only
+@pytest.mark.django_db
+def test_postgresqls_chart_minutes_are_the_truncated_minutes():
+    """On PostgreSQL the chart's minutes are numbers the server works out; they are
+    the bars the ORM's truncated timestamps give, at a minute's edges too."""
+    since = timezone.now().replace(second=30, microsecond=250_000) - timedelta(minutes=61)
+    edge = since.replace(second=0, microsecond=0)
+    finished = [since, since + timedelta(microseconds=1)]
+    for minutes in (1, 2, 30, 59, 60):
+        at = edge + timedelta(minutes=minutes)
+        finished += [at - timedelta(microseconds=1), at, at + timedelta(microseconds=1)]
+    Job.objects.bulk_create(
+        Job(
+            task_path="tests.testapp.tasks.add",
+            queue_name=("a", "b")[n % 2],
+            state=("succeeded", "failed")[n % 3 == 0],
+            args=[],
+            kwargs={},
+            finished_at=at,
+        )
+        for n, at in enumerate(finished)
+    )
+    by_server = sorted(console_timings.finished_by_minute("", since, "default"))
+    by_orm = sorted(
+        (r["queue_name"], r["state"], (r["minute"] - edge) // timedelta(minutes=1), r["n"])
+        for r in console_timings.finished_per_minute("", since, "default")
+    )
+    assert by_server == by_orm
+    assert sum(n for *_, n in by_server) == len(finished)
+    assert {minute for _, _, minute, _ in by_server} == {0, 1, 2, 29, 30, 58, 59, 60}
