@@ -33,16 +33,14 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from datetime import datetime
 from typing import Any
 
 from django.db import connections, transaction
 
 from .base import hot_cursor, job_sql, notify_channel
 from .finish import MeasuredUsage, finish_params
-from .leasing import claimed_job
 from .partitions import lock_partitions, partitions_promote
-from .sources.fused_pg import claim_sql, claimed_rows
+from .sources.fused_pg import claim_sql, claimed_records
 from .sql import text_array
 from .types import ClaimedJob, Lease
 
@@ -216,15 +214,10 @@ def jobs_finish_many_and_claim(
     won, freed = records[0][0], records[0][1]
     result = WaveResult(won=set(won or ()))
     if claim is not None and claiming and records[0][3] is not None:
-        leased, locked = claimed_rows(records, skip=3)
+        result.claimed, locked = claimed_records(records, 3, claim.worker_id, claim.namespace)
         result.demoted = records[0][2] or 0
         result.passed = len(locked) - result.demoted
         result.grouped = sum(1 for row in locked if row["concurrency_key"] is not None)
-        if leased:
-            now: datetime = leased[0]["db_now"]
-            result.claimed = [
-                claimed_job(row, claim.worker_id, now, claim.namespace) for row in leased
-            ]
     if freed:  # a lease built without its key: promoted after the commit, under the lock
         result.freed, result.namespace = set(freed), results[0][0].namespace
     return result

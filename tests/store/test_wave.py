@@ -19,6 +19,9 @@ from django_dispatch import cancel, store
 from django_dispatch.core.states import JobState
 from django_dispatch.models import Job, JobUsage
 from django_dispatch.runtime import metering
+from django_dispatch.store.base import hot_cursor
+from django_dispatch.store.leasing import claimed_job
+from django_dispatch.store.sources.fused_pg import claim_sql, claimed_records, claimed_rows
 from django_dispatch.store.types import CLAIM_FIELDS
 from django_dispatch.store.usage import UsageEntry
 from django_dispatch.store.wave import WaveClaim, jobs_finish_many_and_claim
@@ -104,6 +107,33 @@ def test_each_claimed_row_is_the_row_as_its_lease_left_it():
         stored = Job.objects.values(*CLAIM_FIELDS).get(pk=claimed.id)
         assert {name: claimed.row[name] for name in CLAIM_FIELDS} == stored
     assert [c.row["priority"] for c in wave.claimed] == [3, 2]
+
+
+def test_claimed_records_equals_claimed_rows_then_claimed_job():
+    """The wave's one pass over its records gives what ``claimed_rows`` then
+    ``leasing.claimed_job`` give: the same rows (values, keys, key order), leases
+    and clocks, and the same rows only locked."""
+    tasks.add.enqueue(1, 2)
+    tasks.add.using(partition_key="K", priority=5).enqueue(3, 4)
+    tasks.add.enqueue(5, 6)
+    Job.objects.filter(args=[5, 6]).update(errors=[{"a": 1}], worker_ids=["before"])
+    sql = claim_sql(queues=False, exclude=False, db=DB)
+    params = {"window": 3, "lease": 2, "worker_id": WORKER, "lease_seconds": 30.0,
+              "queues": [], "exclude": [], "paused": [], "limited": []}  # fmt: skip
+    with hot_cursor(connection) as cursor:
+        cursor.execute(sql, params)
+        records = [("x", *record) for record in cursor.fetchall()]
+    jobs, locked = claimed_records(records, 1, WORKER, "ns")
+    leased, expected_locked = claimed_rows(records, skip=1)
+    now = leased[0]["db_now"]
+    expected = [claimed_job(row, WORKER, now, "ns") for row in leased]
+    assert len(jobs) == 2 and len(locked) == 1  # the keyed one is only locked here
+    assert locked == expected_locked
+    assert [list(r.row.items()) for r in jobs] == [list(r.row.items()) for r in expected]
+    assert [(r.lease, r.lease.partition_key, r.lease.namespace, r.claimed_at) for r in jobs] == [
+        (r.lease, r.lease.partition_key, r.lease.namespace, r.claimed_at) for r in expected
+    ]
+    assert jobs[1].row["worker_ids"] == ["before", WORKER]
 
 
 def test_a_wave_without_free_slots_only_finishes():

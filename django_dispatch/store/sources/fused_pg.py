@@ -20,7 +20,7 @@ from ..base import db_alias, hot_cursor, job_sql, namespace_literal
 from ..flow import PAUSED_FILTER_SQL
 from ..gates.limits import LIMITED_FILTER_SQL
 from ..leasing import lease_set_sql
-from ..types import CLAIM_FIELDS
+from ..types import CLAIM_FIELDS, ClaimedJob, Lease
 
 #: The claim's candidates, for PostgreSQL: one ordered scan of the partial
 #: index ``dispatch_job_claim`` (namespace, priority desc, run_after, id;
@@ -96,6 +96,18 @@ _JSON_FIELDS = (
 #: without the parser: a fresh object each, since callers may change them.
 #: Parsing them was most of the claim's per-row Python cost.
 _EMPTY_JSON: dict[str, Callable[[], Any]] = {"[]": list, "{}": dict}
+#: Where the JSON columns sit in a record, and the names of a claimed row's
+#: keys: the record's columns less ``leased``, its last.
+_JSON_AT = tuple(_CLAIM_COLUMNS.index(name) for name in _JSON_FIELDS)
+_ROW_COLUMNS = _CLAIM_COLUMNS[:-1]
+#: A leased row's keys (``leasing.claimed_job``'s): ``CLAIM_FIELDS`` and the
+#: lease's ``last_attempted_at``, which takes ``db_now``'s place.
+_LEASED_COLUMNS = (*CLAIM_FIELDS, "last_attempted_at")
+_ID, _EPOCH, _ATTEMPTS, _STARTED, _WORKER_IDS, _KEY, _NOW = (
+    _CLAIM_COLUMNS.index(name)
+    for name in ("id", "lease_epoch", "attempts", "started_at", "worker_ids", "partition_key",
+                 "db_now")
+)  # fmt: skip
 
 
 @lru_cache(maxsize=256)
@@ -176,15 +188,50 @@ def claimed_rows(
 ) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     """``CLAIMED_ROWS_SQL``'s records as (rows leased, rows only locked), each a
     dict of ``CLAIM_FIELDS`` and ``db_now``, its JSON decoded. ``skip``: columns
-    ahead of them in each record (``store.wave``'s)."""
+    ahead of them in each record (``store.wave``'s).
+
+    The JSON columns are decoded by position in a list of the record's values,
+    and the dict is built once from it: per claimed job, on the worker's
+    control loop, looking each column up by name was most of this function."""
     leased: list[dict[str, Any]] = []
     locked: list[dict[str, Any]] = []
     for record in records:
-        row = dict(zip(_CLAIM_COLUMNS, record[skip:] if skip else record, strict=True))
-        for name in _JSON_FIELDS:
-            text = row[name]
-            if isinstance(text, str):
+        values = list(record[skip:]) if skip else list(record)
+        for at in _JSON_AT:
+            text = values[at]
+            if type(text) is str:
                 empty = _EMPTY_JSON.get(text)
-                row[name] = empty() if empty is not None else json.loads(text)
-        (leased if row.pop("leased") else locked).append(row)
+                values[at] = empty() if empty is not None else json.loads(text)
+        (leased if values.pop() else locked).append(dict(zip(_ROW_COLUMNS, values, strict=True)))
     return leased, locked
+
+
+def claimed_records(
+    records: Sequence[Sequence[Any]], skip: int, worker_id: str, namespace: str
+) -> tuple[list[ClaimedJob], list[dict[str, Any]]]:
+    """``claimed_rows`` and ``leasing.claimed_job`` of each row leased, in one
+    pass: (the jobs leased, as they stand after their lease; the rows only
+    locked). The same values, keys and order as those two (tests/store/test_wave.py
+    compares them); the lease is applied to the record's values before the
+    row's dict is built, once per job, on the worker's control loop."""
+    jobs: list[ClaimedJob] = []
+    locked: list[dict[str, Any]] = []
+    for record in records:
+        values = list(record[skip:]) if skip else list(record)
+        for at in _JSON_AT:
+            text = values[at]
+            if type(text) is str:
+                empty = _EMPTY_JSON.get(text)
+                values[at] = empty() if empty is not None else json.loads(text)
+        if not values.pop():
+            locked.append(dict(zip(_ROW_COLUMNS, values, strict=True)))
+            continue
+        now = values[_NOW]  # becomes last_attempted_at
+        values[_EPOCH] += 1
+        values[_ATTEMPTS] += 1
+        values[_STARTED] = values[_STARTED] or now
+        values[_WORKER_IDS] = [*values[_WORKER_IDS], worker_id]
+        row = dict(zip(_LEASED_COLUMNS, values, strict=True))
+        lease = Lease(values[_ID], worker_id, values[_EPOCH], values[_KEY], namespace)
+        jobs.append(ClaimedJob(lease, row, now))
+    return jobs, locked
