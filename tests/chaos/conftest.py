@@ -176,6 +176,9 @@ class Chaos:
         for worker in self.workers:
             assert worker.popen.poll() is None, f"worker {worker.pid} died:\n{worker.output()}"
         for worker in self.workers:
+            # One restarted a moment ago may still be starting Django, before its handlers
+            # exist: SIGTERM's default action would end it (-15) with nothing claimed.
+            self.wait(lambda w=worker: " started: queues=" in w.output(), 60, "it to start")
             worker.signal(signal.SIGTERM)
         for worker in self.workers:
             assert worker.wait(60) == 0, worker.output()
