@@ -107,9 +107,10 @@ def main() -> None:
         if args.statements
         else {}
     )
-    with tempfile.TemporaryDirectory(prefix="dispatch-async-ab-") as tmp, PgServer(
-        settings=settings
-    ) as server:
+    with (
+        tempfile.TemporaryDirectory(prefix="dispatch-async-ab-") as tmp,
+        PgServer(settings=settings) as server,
+    ):
         envs = ab.environments(variants, Path(tmp))
         statements, args.statements = args.statements, False
         idle = {label: drain(args, env, server, 0) for label, env in envs.items()}
@@ -122,11 +123,12 @@ def main() -> None:
                 rows.setdefault(label, []).append(
                     (args.jobs / spent[0], 1000 * worker / args.jobs, 1000 * pg / args.jobs)
                 )
+                net = args.jobs / seconds  # less the idle start and stop
                 print(f"round {round_} {label}: {rows[label][-1][0]:,.0f} jobs/s "
-                      f"(less idle start/stop: {args.jobs / seconds:,.0f})", flush=True)  # fmt: skip
+                      f"(net {net:,.0f})", flush=True)  # fmt: skip
     print(f"\n{args.jobs:,} async jobs sleeping {args.sleep_ms:g} ms, rundispatch --processes "
           f"{args.workers} --concurrency {args.concurrency} --async-concurrency "
-          f"{args.async_concurrency} --burst, medians of {args.rounds} interleaved rounds")  # fmt: skip
+          f"{args.async_concurrency} --burst, medians of {args.rounds} rounds")  # fmt: skip
     print("| variant | drain/s | worker CPU ms/job | PostgreSQL CPU ms/job |")
     print("|---|---:|---:|---:|")
     for label, values in rows.items():
