@@ -35,11 +35,9 @@ import contextlib
 import logging
 import threading
 from collections import deque
-from collections.abc import Callable
 from functools import partial
 from typing import Any, Literal
 
-from asgiref.sync import sync_to_async
 from django.db import connections
 
 from .. import store
@@ -51,15 +49,11 @@ from .executor import Outcome
 from .jobthreads import JobRunner
 from .jobthreads import _reset_connections as reset_connections
 from .running import RunningJob
+from .synchops import SyncHops, sync
 
 logger = logging.getLogger("django_dispatch.worker")
 
 After = Literal["write", "wave", "done"]
-
-
-async def _sync[T](func: Callable[..., T], *args: Any, **kwargs: Any) -> T:
-    """Run ``func`` on the thread that also serves the tasks' own ORM calls."""
-    return await sync_to_async(func, thread_sensitive=True)(*args, **kwargs)
 
 
 class AsyncJobs:
@@ -80,6 +74,8 @@ class AsyncJobs:
         #: The jobs on the loop, by their asyncio task (and the hops that end them).
         self.tasks: dict[asyncio.Task[None], RunningJob] = {}
         self.hops = SyncHops(self.loop)
+        #: The hop (``SyncHops.count``) whose steps found the connections usable.
+        self.checked_hop = -1
         #: Successes offered to the wave by ``id(running)``: (job, loop time), oldest first.
         self.offered: dict[int, tuple[RunningJob, float]] = {}
         self.watchdog: asyncio.TimerHandle | None = None
@@ -99,7 +95,7 @@ class AsyncJobs:
             self.loop.run_forever()
         finally:
             with contextlib.suppress(Exception):
-                self.loop.run_until_complete(_sync(connections.close_all))
+                self.loop.run_until_complete(sync(connections.close_all))
             self.loop.close()
 
     def submit(self, jobs: list[RunningJob]) -> None:
@@ -191,11 +187,19 @@ class AsyncJobs:
         if self.reset_due:  # jobs that ended on the loop (``_settle``) left them as they were
             self.reset_due = False
             reset_connections()
-        meter = self.runner.begin(running, self.conns)
+        # The connections are checked once per hop: between two steps of one hop
+        # no task code runs on this thread, only these steps, whose one piece of
+        # user code (``task_started`` receivers) makes the next job check again.
+        hop = self.hops.count
+        meter = self.runner.begin(running, self.conns, check=self.checked_hop != hop)
         if meter is None:
             return None, None
+        self.checked_hop = hop
         self.runner.overseer.started(running)
-        return meter, attempt.prepare(running.claimed, running)
+        prepared = attempt.prepare(running.claimed, running)
+        if isinstance(prepared, attempt.Prepared) and prepared.result is not None:
+            self.checked_hop = -1
+        return meter, prepared
 
     def _after(
         self,
@@ -349,52 +353,3 @@ async def _call(prepared: attempt.Prepared, running: RunningJob) -> Any:
         return await prepared.task.func(*prepared.args, **prepared.kwargs)
     finally:
         running._loop = running._atask = None
-
-
-class SyncHops:
-    """The synchronous steps of many jobs, run together in one hop to the sync thread.
-
-    Each hop through ``sync_to_async`` costs a thread switch and two wake-ups;
-    with hundreds of jobs finishing at once, one hop per step per job would
-    bound the executor. Steps asked for while a hop runs go together in the
-    next one: the busier the loop, the more each hop carries. The steps run
-    in order, each on its own: one that raises fails only its own job.
-    """
-
-    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
-        self.loop = loop
-        self.pending: list[tuple[Callable[[], Any], asyncio.Future[Any]]] = []
-        self.flushing = False
-
-    async def run[T](self, func: Callable[..., T], *args: Any) -> T:
-        future: asyncio.Future[T] = self.loop.create_future()
-        self.pending.append((partial(func, *args), future))
-        if not self.flushing:
-            self.flushing = True
-            self.loop.create_task(self._flush())
-        return await future
-
-    async def _flush(self) -> None:
-        try:
-            while self.pending:
-                steps, self.pending = self.pending, []
-                results = await _sync(_run_steps, [step for step, _ in steps])
-                for (_, future), (ok, value) in zip(steps, results, strict=True):
-                    if future.done():  # its job was cancelled meanwhile
-                        continue
-                    if ok:
-                        future.set_result(value)
-                    else:
-                        future.set_exception(value)
-        finally:
-            self.flushing = False
-
-
-def _run_steps(steps: list[Callable[[], Any]]) -> list[tuple[bool, Any]]:
-    results: list[tuple[bool, Any]] = []
-    for step in steps:
-        try:
-            results.append((True, step()))
-        except BaseException as e:  # the job's own failure, not the hop's
-            results.append((False, e))
-    return results

@@ -86,15 +86,21 @@ class JobRunner:
             running.begun_at = time.monotonic()
         return True
 
-    def begin(self, running: RunningJob, conns: ThreadConnections) -> metering.Meter | None:
+    def begin(
+        self, running: RunningJob, conns: ThreadConnections, *, check: bool = True
+    ) -> metering.Meter | None:
         """Before task code: a usable connection, the task resolved, the clocks started.
 
         None when the database is unreachable: task code has not started, so
         the job goes back as if never claimed (written once the database
         answers, or reclaimed if it never does); logged as "released".
+        ``check`` False: the caller proved this thread's connections usable
+        since the last task code that ran on it (the asyncio executor, once
+        for the many jobs of one hop).
         """
         try:
-            conns.ready_for_task(self.db)
+            if check:
+                conns.ready_for_task(self.db)
         except (DatabaseError, InterfaceError):
             database_went_away()
             completer.persist(

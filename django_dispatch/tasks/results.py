@@ -257,6 +257,9 @@ _OWN_RECEIVERS: dict[Any, tuple[Any, int]] = {
 #: it was read from: an answer stands while the signal's receivers are the same
 #: connections (``connect`` and ``disconnect`` change the list's entries).
 _silence: dict[tuple[Any, type], tuple[tuple[int, ...], bool]] = {}
+#: The logger Django's receivers write to: ``getLogger`` takes the logging
+#: module's lock at every call, and a logger, once made, is never replaced.
+_TASKS_LOG = logging.getLogger(TASKS_LOGGER)
 
 
 def signal_is_silent(signal: Any, sender: type) -> bool:
@@ -281,4 +284,4 @@ def signal_is_silent(signal: Any, sender: type) -> bool:
             _silence[(signal, sender)] = cached = (connected, only_own)
     except Exception:
         return False
-    return cached[1] and not logging.getLogger(TASKS_LOGGER).isEnabledFor(level)
+    return cached[1] and not _TASKS_LOG.isEnabledFor(level)

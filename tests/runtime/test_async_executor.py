@@ -5,6 +5,7 @@ Concurrency is proven by the jobs' own clocks (how many windows overlap), never
 by how long a test took.
 """
 
+import logging
 import signal
 import time
 
@@ -12,8 +13,9 @@ import pytest
 from django.db import connection
 
 from django_dispatch import cancel, enqueue_many
-from django_dispatch.compat import TaskResultStatus
+from django_dispatch.compat import TaskResultStatus, task_started
 from django_dispatch.models import Job
+from django_dispatch.runtime.connections import ThreadConnections
 from django_dispatch.states import JobState
 from django_dispatch.testing import drain
 from tests.conftest import ON_POSTGRES, wait_until
@@ -83,6 +85,41 @@ def test_async_orm_writes_land_once_each_through_one_connection():
     assert Execution.objects.filter(key__startswith="orm-").count() == 40
     if connection.vendor == "postgresql":
         assert len({r.return_value for r in done}) == 1
+
+
+def test_the_connection_check_runs_once_per_hop_and_again_after_user_code(monkeypatch):
+    """The steps of many jobs go to the sync thread in one hop: its connection is
+    checked once for them all, unless a ``task_started`` receiver (user code)
+    ran on it, after which the next job's check runs again."""
+    checks: list[int] = []
+    real = ThreadConnections.ready_for_task
+
+    def counted(self, db):
+        checks.append(1)
+        return real(self, db)
+
+    monkeypatch.setattr(ThreadConnections, "ready_for_task", counted)
+    tasks_log = logging.getLogger("django.tasks")  # its receivers then observe nothing
+    level = tasks_log.level
+    tasks_log.setLevel(logging.WARNING)
+    try:
+        enqueued = [async_tasks.window.enqueue(0.05) for _ in range(40)]
+        assert drain(concurrency=2, async_concurrency=40) == 40
+    finally:
+        tasks_log.setLevel(level)
+    assert {r.status for r in results(async_tasks.window, enqueued)} == {
+        TaskResultStatus.SUCCESSFUL
+    }
+    assert len(checks) < 20  # one per hop (the sync thread's own jobs: none here)
+
+    checks.clear()
+    task_started.connect(receiver := lambda **kwargs: None)
+    try:
+        enqueued = [async_tasks.window.enqueue(0.05) for _ in range(10)]
+        assert drain(concurrency=2, async_concurrency=10) == 10
+    finally:
+        task_started.disconnect(receiver)
+    assert len(checks) >= 10  # a receiver ran before each job's check
 
 
 def test_a_timeout_on_the_loop_fails_that_job_only():
