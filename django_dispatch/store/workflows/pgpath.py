@@ -92,7 +92,7 @@ _MAP_CHILD_DONE_SQL = (
 
 
 #: A map child counted on its parent step, after its success committed
-#: (``common.count_map_child``): the function of migration 0032, planned once
+#: (``common.count_map_child``): the function of migration 0031, planned once
 #: per server session (sent as a statement, its planning cost the server about
 #: as much as its execution, at every child). Every child of a set writes this
 #: one row, so the row lock must be held as briefly as possible:
