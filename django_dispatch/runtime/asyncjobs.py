@@ -172,6 +172,7 @@ class AsyncJobs:
             if self._offer(running, outcome, meter):
                 then = "wave"
         except Exception as e:
+            self.checked_hop = -1  # whatever failed may have been the connection
             outcome, then = await self.hops.run(runner.unexpected, running, e), "done"
         finally:
             try:
@@ -210,6 +211,9 @@ class AsyncJobs:
     ) -> None:
         """On the sync thread: report a success the wave wrote, or write the
         outcome one by one (also when the wave failed); then ``JobRunner.end``."""
+        # task_finished receivers (user code), the writes and the end's reset of a
+        # broken connection run here: the next job's step checks the connections again.
+        self.checked_hop = -1
         try:
             if outcome is None or then == "done":
                 pass
