@@ -48,5 +48,5 @@ def drop(apps, schema_editor):
 
 
 class Migration(migrations.Migration):
-    dependencies = [("django_dispatch", "0031_wave_lookups_by_id")]
+    dependencies = [("django_dispatch", "0030_keyed_wave")]
     operations = [migrations.RunPython(create, drop)]

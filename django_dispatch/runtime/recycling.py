@@ -133,7 +133,7 @@ class Handover:
             child=data.get("child"),
             claimed=int(data.get("claimed", 0)),
             stop=bool(data.get("stop", False)),
-            stop_log=data.get("stop_log"),
+            stop_log=None if data.get("stop_log") is None else int(data["stop_log"]),
             timed_out=entries("timed_out"),
             stopped=entries("stopped"),
             released=entries("released"),

@@ -41,11 +41,10 @@ def stop_requested(worker: Any) -> bool:
 
     A Python function on purpose: CPython runs the handler of a signal that
     arrived (its C-level part tripped) only where the interpreter checks,
-    such as a function's start. A SIGTERM landing while the signals were
-    being held had its handler run only once ``exec_successor`` was called,
-    after a plain read of ``signalled_at`` had found nothing: the stop was
-    lost, and the successor ran on. Entering this function runs any such
-    handler first.
+    such as a function's start. Read inline, ``signalled_at`` could miss a
+    SIGTERM that landed as the signals were being held, whose handler would
+    then run only inside ``exec_successor``, too late to be passed on.
+    Entering this function runs any such handler first.
     """
     return worker.signalled_at is not None
 
@@ -75,7 +74,7 @@ class StopSignalLog:
 
     read: int
     write: int
-    forgotten: bool = False
+    closed: bool = False
 
     @classmethod
     def open(cls) -> StopSignalLog | None:
@@ -89,9 +88,9 @@ class StopSignalLog:
         except ValueError:
             previous = None
         if previous == -1:
-            log = cls(read, write)
-            os.register_at_fork(after_in_child=log.forget)
-            return log
+            global _open  # the one log of this process, closed in its forks
+            _open = cls(read, write)
+            return _open
         if previous is not None:
             signal.set_wakeup_fd(previous)
         os.close(read)
@@ -104,17 +103,31 @@ class StopSignalLog:
         return self.read
 
     def close(self) -> None:
-        """Once the worker ran to its end in this program (no recycle)."""
-        self.forget()
-        os.close(self.read)
-        os.close(self.write)
+        """Once the worker ran to its end in this program (no recycle), and in a process
+        forked from task code: its signals are not this worker's, and its copies of the
+        pipe's ends would keep the successor from reading the end of the pipe."""
+        global _open
+        if self.closed:
+            return
+        self.closed = True
+        if _open is self:
+            _open = None
+        with contextlib.suppress(ValueError):  # a fork from a thread Python does not know
+            signal.set_wakeup_fd(-1)
+        for fd in (self.read, self.write):
+            with contextlib.suppress(OSError):
+                os.close(fd)
 
-    def forget(self) -> None:
-        """Also in a process forked from task code: its signals are not this worker's."""
-        if not self.forgotten:
-            self.forgotten = True
-            with contextlib.suppress(ValueError):  # a fork from a thread Python does not know
-                signal.set_wakeup_fd(-1)
+
+_open: StopSignalLog | None = None
+
+
+def _close_in_child() -> None:
+    if _open is not None:
+        _open.close()
+
+
+os.register_at_fork(after_in_child=_close_in_child)
 
 
 def stop_signal_arrived(fd: int | None) -> bool:
@@ -131,7 +144,11 @@ def stop_signal_arrived(fd: int | None) -> bool:
     except BlockingIOError:
         pass
     except OSError:
-        logger.exception("ignoring an unreadable stop-signal log (descriptor %s)", fd)
+        logger.exception(
+            "could not read the predecessor's stop-signal log (descriptor %s): a stop sent "
+            "during the recycle may not have reached this process; send SIGTERM again",
+            fd,
+        )
         return False
     finally:
         with contextlib.suppress(OSError):

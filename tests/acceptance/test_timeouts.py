@@ -186,6 +186,8 @@ def test_a_stop_signal_a_job_thread_takes_during_a_recycle_is_not_lost(start_wor
     )
     if not signalled.exists():  # ended before it sent it (the file follows the signal)
         worker.signal(signal.SIGTERM)
+        assert worker.wait(30) == 0, worker.output()
+        pytest.skip("execve ended the zombie before it could signal: nothing was tested")
     assert worker.wait(30) == 0, worker.output()
     log = worker.output()
     job = Job.objects.get(pk=zombie.id)

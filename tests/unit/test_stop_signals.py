@@ -79,15 +79,32 @@ def test_the_log_is_not_left_behind() -> None:
     log = StopSignalLog.open()
     assert log is not None
     log.close()
+    log.close()  # twice: nothing (a fork's copy is closed by the fork hook first)
     assert signal.set_wakeup_fd(-1) == -1  # no wakeup fd left pointing at a closed pipe
     with pytest.raises(OSError):
         os.fstat(log.read)
 
 
+def test_the_successor_reads_a_stop_from_the_inherited_end() -> None:
+    """What ``pass_on`` leaves: a pipe whose write end died with ``execve``."""
+    read, write = os.pipe()
+    os.write(write, bytes([signal.SIGUSR1, signal.SIGTERM]))
+    os.close(write)
+    assert stop_signal_arrived(read)
+    with pytest.raises(OSError):
+        os.fstat(read)  # closed: not passed on to task code's subprocesses
+
+
 def test_a_process_forked_from_task_code_writes_nothing_to_it(log: StopSignalLog) -> None:
     pid = os.fork()
-    if pid == 0:  # the child: its wakeup fd must be gone
-        os._exit(0 if signal.set_wakeup_fd(-1) == -1 else 1)
+    if pid == 0:  # the child: its wakeup fd and its copies of the pipe's ends must be gone
+        gone = 0
+        for fd in (log.read, log.write):
+            try:
+                os.fstat(fd)
+            except OSError:
+                gone += 1
+        os._exit(0 if signal.set_wakeup_fd(-1) == -1 and gone == 2 else 1)
     _, status = os.waitpid(pid, 0)
     assert os.waitstatus_to_exitcode(status) == 0
     assert signal.set_wakeup_fd(log.write, warn_on_full_buffer=False) == log.write  # ours still

@@ -198,13 +198,13 @@ class Launch:
         """
         worker = Worker(self.worker_options(index, predecessor))
         worker.install_signal_handlers()
-        stop_log = stop_signals.StopSignalLog.open()
+        stop_log = stop_signals.StopSignalLog.open() if self.recycle else None
         # Stop signals held across a predecessor's recycle arrive now.
         stop_signals.release_stop_signals()
-        if predecessor is not None and (
-            predecessor.stop or stop_signals.stop_signal_arrived(predecessor.stop_log)
-        ):
-            worker.request_stop("a stop signal during the recycle")
+        if predecessor is not None:
+            arrived = stop_signals.stop_signal_arrived(predecessor.stop_log)  # closes it
+            if predecessor.stop or arrived:
+                worker.request_stop("a stop signal during the recycle")
         try:
             code = worker.run()
             if worker.handover is not None:
