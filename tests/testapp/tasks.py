@@ -1,6 +1,7 @@
 """Tasks used by the test suite. Side effects go to real tables to be counted."""
 
 import asyncio
+import mmap
 import os
 import random
 import signal
@@ -220,22 +221,31 @@ def ignores_timeout(context, key, seconds=60):
 
 @task(timeout=0.5, max_attempts=2, takes_context=True)
 def signals_its_own_thread(context, key, marker):
-    """First attempt: deaf to its timeout; once the main thread is re-executing the process
-    (the recycle has read whether a stop was asked), it sends SIGTERM to its own thread,
+    """First attempt: deaf to its timeout; once the main thread is recycling the process
+    (holding the stop signals, reading whether a stop was asked, re-executing), it sends
+    SIGTERM to its own thread,
     where the kernel must deliver it (the main thread never takes it). Later attempts write
     one row and return."""
     if context.attempt > 1:
         _tick(key, f"attempt {context.attempt}")
         return context.attempt
     main = threading.main_thread().ident
+    # The proof that the signal went: a byte of a shared mapping set right after it, with
+    # no system call between (one would let the main thread take the GIL and execve).
+    with open(marker, "r+b") as handle:
+        sent = mmap.mmap(handle.fileno(), 1)
+    # The recycle's steps take a few milliseconds, the GIL switches every 5 by default: switch
+    # often, so that this thread gets to look at the main thread while they run.
+    sys.setswitchinterval(1e-5)
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:
-        frame = sys._current_frames().get(main)
-        while frame is not None and frame.f_code.co_name != "exec_successor":
+        frame, names = sys._current_frames().get(main), set()
+        while frame is not None:
+            names.add(frame.f_code.co_name)
             frame = frame.f_back
-        if frame is not None:
+        if "run_one" in names and "run" not in names:  # Worker.run returned: the recycle
             signal.pthread_kill(threading.get_ident(), signal.SIGTERM)
-            Path(marker).touch()  # after the signal: the file proves it was sent
+            sent[0] = 1
             break
         time.sleep(0.0002)
     _zombie(key, 60)
