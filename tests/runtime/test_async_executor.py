@@ -110,7 +110,9 @@ def test_the_connection_check_runs_once_per_hop_and_again_after_user_code(monkey
     assert {r.status for r in results(async_tasks.window, enqueued)} == {
         TaskResultStatus.SUCCESSFUL
     }
-    assert len(checks) < 20  # one per hop (the sync thread's own jobs: none here)
+    # One per hop, not one per job: how many jobs a hop carries depends on the machine's
+    # load, so the bound is the jobs' count (a check per job is what this prevents).
+    assert len(checks) < 40
 
     checks.clear()
     task_started.connect(receiver := lambda **kwargs: None)
