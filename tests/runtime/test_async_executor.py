@@ -15,6 +15,7 @@ from django.db import connection
 from django_dispatch import cancel, enqueue_many
 from django_dispatch.compat import TaskResultStatus, task_started
 from django_dispatch.models import Job
+from django_dispatch.runtime.asyncjobs import AsyncJobs
 from django_dispatch.runtime.connections import ThreadConnections
 from django_dispatch.states import JobState
 from django_dispatch.testing import drain
@@ -91,14 +92,51 @@ def test_the_connection_check_runs_once_per_hop_and_again_after_user_code(monkey
     """The steps of many jobs go to the sync thread in one hop: its connection is
     checked once for them all, unless a ``task_started`` receiver (user code)
     ran on it, after which the next job's check runs again."""
-    checks: list[int] = []
+    # What the sync thread did, in order: a job's first step ("step", its hop), an end
+    # ("end"), a connection check ("check").
+    events: list[tuple[str, int]] = []
     real = ThreadConnections.ready_for_task
+    before, after = AsyncJobs._before, AsyncJobs._after
 
     def counted(self, db):
-        checks.append(1)
+        events.append(("check", 0))
         return real(self, db)
 
+    def counted_before(self, running):
+        events.append(("step", self.hops.count))
+        return before(self, running)
+
+    def counted_after(self, *args):
+        events.append(("end", 0))
+        return after(self, *args)
+
     monkeypatch.setattr(ThreadConnections, "ready_for_task", counted)
+    monkeypatch.setattr(AsyncJobs, "_before", counted_before)
+    monkeypatch.setattr(AsyncJobs, "_after", counted_after)
+
+    def checks() -> list[tuple[str, int]]:
+        return [e for e in events if e[0] == "check"]
+
+    def wrong_checks() -> tuple[int, int]:
+        """(checks with no new hop and no end since the last one, a job's first step
+        with one of those behind it and no check of its own before the next event)."""
+        needless = missing = 0
+        due, hop, expecting = True, None, False
+        for kind, n in events:
+            if kind == "check":
+                needless += not due
+                due = expecting = False
+                continue
+            missing += expecting
+            expecting = False
+            if kind == "end":
+                due = True
+            elif kind == "step":
+                if n != hop:
+                    due, hop = True, n
+                expecting = due
+        return needless, missing + expecting
+
     tasks_log = logging.getLogger("django.tasks")  # its receivers then observe nothing
     level = tasks_log.level
     tasks_log.setLevel(logging.WARNING)
@@ -110,18 +148,18 @@ def test_the_connection_check_runs_once_per_hop_and_again_after_user_code(monkey
     assert {r.status for r in results(async_tasks.window, enqueued)} == {
         TaskResultStatus.SUCCESSFUL
     }
-    # One per hop, not one per job: how many jobs a hop carries depends on the machine's
-    # load, so the bound is the jobs' count (a check per job is what this prevents).
-    assert len(checks) < 40
+    # One per hop, and again after an end; how many jobs a hop carries depends on the
+    # machine's load (a hop of one job each checks for each, rightly).
+    assert wrong_checks() == (0, 0), events
 
-    checks.clear()
+    events.clear()
     task_started.connect(receiver := lambda **kwargs: None)
     try:
         enqueued = [async_tasks.window.enqueue(0.05) for _ in range(10)]
         assert drain(concurrency=2, async_concurrency=10) == 10
     finally:
         task_started.disconnect(receiver)
-    assert len(checks) >= 10  # a receiver ran before each job's check
+    assert len(checks()) >= 10  # a receiver ran before each job's check
 
 
 def test_a_timeout_on_the_loop_fails_that_job_only():
