@@ -196,14 +196,21 @@ def claimed_rows(
     leased: list[dict[str, Any]] = []
     locked: list[dict[str, Any]] = []
     for record in records:
-        values = list(record[skip:]) if skip else list(record)
-        for at in _JSON_AT:
-            text = values[at]
-            if type(text) is str:
-                empty = _EMPTY_JSON.get(text)
-                values[at] = empty() if empty is not None else json.loads(text)
-        (leased if values.pop() else locked).append(dict(zip(_ROW_COLUMNS, values, strict=True)))
+        values, was_leased = _decoded(record, skip)
+        (leased if was_leased else locked).append(dict(zip(_ROW_COLUMNS, values, strict=True)))
     return leased, locked
+
+
+def _decoded(record: Sequence[Any], skip: int) -> tuple[list[Any], Any]:
+    """A record's values past ``skip``, its JSON columns decoded by position,
+    and its last column, ``leased`` (taken off the values)."""
+    values = list(record[skip:]) if skip else list(record)
+    for at in _JSON_AT:
+        text = values[at]
+        if type(text) is str:
+            empty = _EMPTY_JSON.get(text)
+            values[at] = empty() if empty is not None else json.loads(text)
+    return values, values.pop()
 
 
 def claimed_records(
@@ -217,13 +224,8 @@ def claimed_records(
     jobs: list[ClaimedJob] = []
     locked: list[dict[str, Any]] = []
     for record in records:
-        values = list(record[skip:]) if skip else list(record)
-        for at in _JSON_AT:
-            text = values[at]
-            if type(text) is str:
-                empty = _EMPTY_JSON.get(text)
-                values[at] = empty() if empty is not None else json.loads(text)
-        if not values.pop():
+        values, was_leased = _decoded(record, skip)
+        if not was_leased:
             locked.append(dict(zip(_ROW_COLUMNS, values, strict=True)))
             continue
         now = values[_NOW]  # becomes last_attempted_at
