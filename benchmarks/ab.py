@@ -125,10 +125,23 @@ def drain(
                              order_table=ORDER_TABLE_SQL)  # fmt: skip
     run = [sys.executable, "-c", backlog]
     subprocess.run(run, env=env, cwd=PROJECT_DIR, check=True)
+    seconds, worker_cpu, server_cpu = burst(args, env, server)
+    with psycopg.connect(env["DATABASE_URL"]) as conn:  # a burst that ended early: say so
+        left = conn.execute(UNFINISHED_SQL).fetchone()[0]
+    if left:
+        print(f"  warning: {left:,} of {jobs:,} {task} jobs left unfinished", flush=True)
+    return seconds, worker_cpu, server_cpu
+
+
+def burst(
+    args: argparse.Namespace, env: dict[str, str], server: PgServer, *more: str
+) -> tuple[float, float, float]:
+    """``rundispatch --burst`` over the backlog in place, ``more`` its extra flags:
+    (seconds, worker CPU s, server CPU s)."""
     postmaster = int((server.data / "postmaster.pid").read_text().split()[0])
     server_cpu = proc.cpu_seconds(postmaster, reaped=True)
-    argv = [sys.executable, "manage.py", "rundispatch", "--burst",
-            "--processes", str(args.workers), "--concurrency", str(args.concurrency)]  # fmt: skip
+    argv = [sys.executable, "manage.py", "rundispatch", "--burst", "--processes",
+            str(args.workers), "--concurrency", str(args.concurrency), *more]  # fmt: skip
     started = time.monotonic()
     worker = subprocess.Popen(argv, env=env, cwd=PROJECT_DIR, stdout=subprocess.DEVNULL)
     worker_cpu = 0.0
@@ -138,12 +151,7 @@ def drain(
     seconds = time.monotonic() - started
     if worker.returncode:
         raise SystemExit(f"rundispatch exited with {worker.returncode}")
-    server_cpu = proc.cpu_seconds(postmaster, reaped=True) - server_cpu
-    with psycopg.connect(env["DATABASE_URL"]) as conn:  # a burst that ended early: say so
-        left = conn.execute(UNFINISHED_SQL).fetchone()[0]
-    if left:
-        print(f"  warning: {left:,} of {jobs:,} {task} jobs left unfinished", flush=True)
-    return seconds, worker_cpu, server_cpu
+    return seconds, worker_cpu, proc.cpu_seconds(postmaster, reaped=True) - server_cpu
 
 
 def environments(variants: list[tuple[str, str, str, str]], tmp: Path) -> dict[str, dict]:

@@ -27,11 +27,9 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 import ab
-import proc
 import psycopg
 from pgserver import PgServer
 
@@ -62,21 +60,9 @@ def drain(args: argparse.Namespace, env: dict[str, str], server: PgServer, jobs:
         with psycopg.connect(env["DATABASE_URL"], autocommit=True) as conn:
             conn.execute("CREATE EXTENSION IF NOT EXISTS pg_stat_statements")
             conn.execute("SELECT pg_stat_statements_reset()")
-    postmaster = int((server.data / "postmaster.pid").read_text().split()[0])
-    server_cpu = proc.cpu_seconds(postmaster, reaped=True)
-    argv = [sys.executable, "manage.py", "rundispatch", "--burst",
-            "--processes", str(args.workers), "--concurrency", str(args.concurrency),
-            "--async-concurrency", str(args.async_concurrency)]  # fmt: skip
-    started = time.monotonic()
-    worker = subprocess.Popen(argv, env=env, cwd=ab.PROJECT_DIR, stdout=subprocess.DEVNULL)
-    worker_cpu = 0.0
-    while worker.poll() is None:  # the children's CPU, read while they live
-        worker_cpu = max(worker_cpu, proc.cpu_seconds(worker.pid))
-        time.sleep(0.02)
-    seconds = time.monotonic() - started
-    if worker.returncode:
-        raise SystemExit(f"rundispatch exited with {worker.returncode}")
-    server_cpu = proc.cpu_seconds(postmaster, reaped=True) - server_cpu
+    seconds, worker_cpu, server_cpu = ab.burst(
+        args, env, server, "--async-concurrency", str(args.async_concurrency)
+    )
     with psycopg.connect(env["DATABASE_URL"]) as conn:
         left = conn.execute(ab.UNFINISHED_SQL).fetchone()[0]
         if left:
