@@ -267,7 +267,7 @@ def jobs_renew_leases(
     if renewed == len(leases):
         return set()
     held = _held(leases)
-    still = set(_fence(leases, db).values_list("id", flat=True))
+    still = set(_fence(leases, db, held).values_list("id", flat=True))
     # Cancelled jobs still held by this worker keep their lease (and with it
     # their partition) until the worker lets go: the next job of the key must
     # not start while the cancelled code may still be running.
@@ -290,10 +290,11 @@ def _held(leases: list[Lease]) -> Q:
     return held
 
 
-def _fence(leases: list[Lease], db: str) -> QuerySet[Job]:
-    """The rows ``leases`` hold that are still running under them."""
-    worker_id = leases[0].worker_id
-    return Job.objects.using(db).filter(_held(leases), state=JobState.RUNNING, worker_id=worker_id)
+def _fence(leases: list[Lease], db: str, held: Q | None = None) -> QuerySet[Job]:
+    """The rows ``leases`` hold that are still running under them (``held``: their
+    ``_held``, when the caller has it already)."""
+    held = _held(leases) if held is None else held
+    return Job.objects.using(db).filter(held, state=JobState.RUNNING, worker_id=leases[0].worker_id)
 
 
 def _cancelled_still_held(lease: Lease, db: str) -> QuerySet[Job]:
