@@ -198,7 +198,7 @@ class AsyncJobs:
         self.checked_hop = hop
         self.runner.overseer.started(running)
         prepared = attempt.prepare(running.claimed, running)
-        if isinstance(prepared, attempt.Prepared) and prepared.result is not None:
+        if isinstance(prepared, attempt.Prepared) and prepared.started_sent:
             self.checked_hop = -1
         return meter, prepared
 

@@ -90,6 +90,9 @@ class Prepared:
     timeout: float | None
     #: Whether a success's ``task_finished`` has a receiver that would see it.
     finished_observed: bool = True
+    #: Whether ``task_started`` receivers (user code) ran: they may have used,
+    #: or broken, this thread's connections.
+    started_sent: bool = True
 
 
 def prepare(claimed: ClaimedJob, running: RunningJob) -> Outcome | Prepared:
@@ -140,7 +143,13 @@ def prepare(claimed: ClaimedJob, running: RunningJob) -> Outcome | Prepared:
         )
         args.insert(0, context)
     return Prepared(
-        task, result, args, kwargs, getattr(task, "timeout", None), finished_observed=finished
+        task,
+        result,
+        args,
+        kwargs,
+        getattr(task, "timeout", None),
+        finished_observed=finished,
+        started_sent=started,
     )
 
 
