@@ -36,6 +36,7 @@ from django.db import connections
 from .. import store
 from ..conf import DispatchSettings, get_settings
 from ..observability import joblog
+from ..store.workers import WorkerIdTaken
 from . import completer, recycling, scheduler, takeover, timeouts
 from .asyncjobs import AsyncJobs
 from .heartbeat import Heartbeat
@@ -213,7 +214,13 @@ class Worker:
     def _start(self) -> None:
         """Register, listen, settle what a recycled predecessor left, sync cron."""
         opts, cfg = self.options, self.settings
-        store.worker_register(opts.worker_id, **self.registration)
+        try:
+            store.worker_register(opts.worker_id, **self.registration)
+        except WorkerIdTaken as e:
+            # Taken over between ``take_id`` and here (this process was judged
+            # dead): stop before claiming anything, and leave the new row.
+            logger.error("%s; this process stops", e, extra=joblog.worker_fields(opts.worker_id))
+            self.request_stop(str(e))
         joblog.worker_started(opts.worker_id, opts.queues, opts.concurrency)
         self.listener = start_listener(self.db, cfg, self.wakeup, namespace=opts.namespace)
         if opts.predecessor is not None:

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from django.db import IntegrityError, transaction
+from django.db.models import QuerySet
 from django.db.models.functions import Now
 
 from ..models import Worker
@@ -28,18 +29,37 @@ def worker_register(
     capacity: dict[str, int] | None = None,
     locality: str | None = None,
 ) -> None:
-    """Create or refresh this worker's row (serving ``namespace``).
+    """Create or refresh this incarnation's row (serving ``namespace``).
 
-    Two single statements rather than ``update_or_create``: on SQLite a
+    Refreshes the row only while it is still this process's (same host and
+    pid: ``take_id`` registered it, or a recycled predecessor under the same
+    pid did). A row another process holds means this one was judged dead
+    since and its id taken over: ``WorkerIdTaken``, as at a heartbeat.
+    Overwriting it would make two live processes of one id.
+
+    Lone statements rather than ``update_or_create``: on SQLite a
     transaction that reads and then writes fails at once under contention,
     while a lone statement waits for the lock.
     """
     db = db or db_alias()
     fields = _fields(hostname, pid, queues, concurrency, running_jobs=0, namespace=namespace)
     fields.update(capacity=capacity or None, locality=locality or None)
-    workers = Worker.objects.using(db)
-    if not workers.filter(id=worker_id).update(started_at=Now(), last_seen_at=Now(), **fields):
-        _create(worker_id, fields, db)
+    row = Worker.objects.using(db).filter(id=worker_id)
+    if row.filter(hostname=hostname, pid=pid).update(
+        started_at=Now(), last_seen_at=Now(), **fields
+    ):
+        return
+    _raise_if_taken(worker_id, row)
+    _create(worker_id, fields, db)
+
+
+def _raise_if_taken(worker_id: str, row: QuerySet[Worker]) -> None:
+    taken = row.values("hostname", "pid").first()
+    if taken is not None:
+        raise WorkerIdTaken(
+            f"worker {worker_id}: its id was taken over by pid {taken['pid']} on host "
+            f"{taken['hostname']} (this process was judged dead: frozen past its heartbeats)"
+        )
 
 
 def worker_touch(
@@ -71,12 +91,7 @@ def worker_touch(
     row = Worker.objects.using(db).filter(id=worker_id)
     if row.filter(hostname=hostname, pid=pid).update(last_seen_at=Now(), running_jobs=running_jobs):
         return False
-    taken = row.values("hostname", "pid").first()
-    if taken is not None:
-        raise WorkerIdTaken(
-            f"worker {worker_id}: its id was taken over by pid {taken['pid']} on host "
-            f"{taken['hostname']} (this process was judged dead: frozen past its heartbeats)"
-        )
+    _raise_if_taken(worker_id, row)
     fields = _fields(
         hostname, pid, queues, concurrency, running_jobs=running_jobs, namespace=namespace
     )
