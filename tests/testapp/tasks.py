@@ -78,6 +78,12 @@ def fail_twice(key):
     return "third time lucky"
 
 
+@task(max_attempts=2, backoff=lambda exc, result: 60.0)
+def fails_then_backs_off_a_minute(key):
+    """Fails every attempt; its retry waits a minute (longer than any test's drain)."""
+    raise RuntimeError(f"attempt failed for {key}")
+
+
 @task(max_attempts=2, backoff=lambda exc, result: None if isinstance(exc, KeyError) else 0.05)
 def fail_not_retryable():
     raise KeyError("permanent")
