@@ -21,7 +21,8 @@ up again (a wave of 1,000: 87-270 ms instead of 11).
 ``django_dispatch_lease_wave`` and ``django_dispatch_lease_runnable`` (same
 signatures and results): no join; ``j.id = ANY(p_ids)`` is the primary key's
 index condition, one probe per id (no bitmap scan, which may read a partial
-index whole). The keyed lease reads the row's own ``partition_key``. What it
+index whole). The keyed lease reads the row's own ``partition_key``, and
+returns the ids it leased in id order (``store.wave`` searches them). What it
 left waiting is the keyed ids less those leased (``EXCEPT``, not a search of
 one array per element of the other); the demotion reads its rows by id.
 
@@ -166,7 +167,10 @@ BEGIN
             AND j.id = django_dispatch_partition_head(p_namespace, j.partition_key)))
         RETURNING j.id, j.partition_key
     )
-    SELECT array_agg(id), array_agg(partition_key) INTO leased, leased_keys FROM l;
+    -- In id order: the wave's statement (store.wave) finds each candidate in
+    -- it by a binary search.
+    SELECT array_agg(id ORDER BY id), array_agg(partition_key ORDER BY id)
+    INTO leased, leased_keys FROM l;
     IF cardinality(leased) IS NOT DISTINCT FROM cardinality(p_ids) THEN
         RETURN;
     END IF;
