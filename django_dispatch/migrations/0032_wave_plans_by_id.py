@@ -11,12 +11,13 @@ and looked each row up in the ids (a wave of 5 ids on 20,000 rows: 142 ms,
 growing with the table). The plans here have one shape whatever the table's
 size, and their cost grows with the wave only:
 
-``django_dispatch_finish_wave`` (same signature and result): a merge join of
-the ids, sorted, with the primary key's scan of the same ids (an index
-condition), each side read once, in id order (the rows are locked in id
-order, as the heartbeat locks them). No nested loop is allowed it: with
-``j.id = ANY(p_ids)`` beside a nested loop's join, each row looked every id
-up again (a wave of 1,000: 87-270 ms instead of 11).
+``django_dispatch_finish_wave`` (same signature and result): no join; the
+ids, sorted, are the primary key's index condition, one probe per id, in id
+order (the rows are locked in id order, as the heartbeat locks them), and
+each row finds its values (worker, epoch, return value, usage) by a binary
+search of its id. With ``j.id = ANY(p_ids)`` beside a nested loop's join,
+each row looked every id up again (a wave of 1,000: 87-270 ms instead of
+11).
 
 ``django_dispatch_lease_wave`` and ``django_dispatch_lease_runnable`` (same
 signatures and results): no join; ``j.id = ANY(p_ids)`` is the primary key's
@@ -48,42 +49,45 @@ CREATE OR REPLACE FUNCTION django_dispatch_finish_wave(
     p_host text, p_outcome text, OUT won bigint[], OUT freed text[])
 LANGUAGE plpgsql
 -- The plan is made once per session, whatever the table's size then, and must
--- read only the wave's rows: the one join allowed is a merge join, of the ids
--- sorted and the primary key's scan of those ids, each side read once in id
--- order (the rows are locked in that order). A nested loop, made on a small
--- table, scanned the whole table at every wave; with the ids beside it, it
--- looked every id up again for each row. A hash join, a sequential or a
--- bitmap scan would read more than the wave's rows, or lose the id order.
+-- read only the wave's rows: no join, the ids the primary key's index
+-- condition, one probe each, in id order (the rows are locked in that order).
+-- A nested loop with the ids, made on a small table, scanned the whole table
+-- at every wave; with the ids beside it, it looked every id up again for each
+-- row. A sequential or bitmap scan would read more than the wave's rows, or
+-- lose the id order.
 SET plan_cache_mode = force_generic_plan
-SET enable_nestloop = off SET enable_hashjoin = off SET enable_seqscan = off
+SET enable_hashjoin = off SET enable_mergejoin = off SET enable_seqscan = off
 SET enable_bitmapscan = off
 AS $$
+DECLARE
+    ids bigint[];
+    at integer[];
 BEGIN
+    -- The ids sorted, and where each sorted id sits in the arrays: a row's
+    -- values are found by a binary search of its id (width_bucket: the index
+    -- of the last id not above it), no join and no scan of an array per row.
+    SELECT array_agg(u.id ORDER BY u.id), array_agg(u.n::integer ORDER BY u.id) INTO ids, at
+    FROM unnest(p_ids) WITH ORDINALITY AS u(id, n);
     -- (state = 'running') IS TRUE, the same on a NOT NULL column, keeps the
     -- planner off the partial index of running jobs.
     WITH done AS (
         UPDATE django_dispatch_job AS j
-        SET state = 'succeeded', return_value = d.return_value,
+        SET state = 'succeeded', return_value = p_values[at[width_bucket(j.id, ids)]],
             finished_at = statement_timestamp(), lease_expires_at = NULL
-        FROM (
-            SELECT * FROM unnest(p_ids, p_workers, p_epochs, p_values, p_metered, p_walls,
-                p_cpus, p_rss) AS u(id, worker_id, lease_epoch, return_value, metered, wall,
-                cpu, rss)
-            ORDER BY u.id
-        ) AS d
-        WHERE j.id = ANY(p_ids) AND j.id = d.id AND (j.state = 'running') IS TRUE
-            AND j.worker_id = d.worker_id AND j.lease_epoch = d.lease_epoch
+        WHERE j.id = ANY(ids) AND (j.state = 'running') IS TRUE
+            AND j.worker_id = p_workers[at[width_bucket(j.id, ids)]]
+            AND j.lease_epoch = p_epochs[at[width_bucket(j.id, ids)]]
         RETURNING j.id, j.partition_key, j.namespace, j.task_path, j.queue_name,
             j.attempts, j.worker_id, j.last_attempted_at, j.resources,
-            d.metered, d.wall, d.cpu, d.rss
+            at[width_bucket(j.id, ids)] AS n
     ),
     recorded AS (
         INSERT INTO django_dispatch_jobusage (namespace, job_id, task_path, queue_name,
             attempt, worker_id, host, outcome, started_at, wall_seconds, cpu_seconds,
             peak_rss_mb, resources)
         SELECT namespace, id, task_path, queue_name, attempts, worker_id, p_host,
-            p_outcome, last_attempted_at, wall, cpu, rss, resources
-        FROM done WHERE metered
+            p_outcome, last_attempted_at, p_walls[n], p_cpus[n], p_rss[n], resources
+        FROM done WHERE p_metered[n]
     )
     SELECT array_agg(id),
         array_agg(DISTINCT partition_key) FILTER (WHERE partition_key IS NOT NULL)
