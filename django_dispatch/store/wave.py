@@ -90,7 +90,7 @@ _FINISH_KEYED_CALL = (
 #: in id order (migration 0032), and each candidate is found among them by a
 #: binary search (``width_bucket``: the index of the last id not above it;
 #: NULL, or 0 whose element is NULL, when none): ``= ANY`` read the whole
-#: array for each candidate, a million comparisons for a wave of a thousand
+#: array for each candidate, up to a million comparisons for a wave of a thousand
 #: claims. A join would cost every wave planning. Candidates
 #: of a concurrency group are left to the gates. The winners and the freed
 #: keys come on one row only: on every row, a wave of a thousand
