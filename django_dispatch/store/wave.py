@@ -7,7 +7,7 @@ session sits idle in a transaction while the worker waits for a CPU: behind
 a pooler in transaction mode, 50 busy processes kept 18 of 20 pool sessions
 idle that way (docs/performance.md, "Fleet"). Here the fenced finish with
 its usage records, the claim's scan and its lease (the functions of
-migrations 0027 and 0030, planned once per server session) are one
+migrations 0027, 0030 and 0032, planned once per server session) are one
 statement, sent in autocommit: PostgreSQL runs it as its own transaction,
 so the successes and the leases commit together, or neither, as in
 ``BatchCompleter.write_wave``'s transaction.
@@ -51,8 +51,9 @@ _FINISH_ARGS = (
     " %(outcome)s::text"
 )
 #: The finish of the wave's successes and their usage records: the function
-#: of migration 0030 (``django_dispatch_finish_wave``), planned once per
-#: server session; it reaches the job table by primary key only, in id order
+#: of migration 0032 (``django_dispatch_finish_wave``), planned once per
+#: server session; it reaches the job table by primary key only, in id order,
+#: whatever the table held when the session's plan was made
 #: (the heartbeat's renewal locks the same rows in the same order). One row:
 #: the winners' ids (``won``) and the partition keys they freed (``freed``),
 #: each NULL for none. Without usage records the usage arrays are NULL. The
@@ -85,7 +86,12 @@ _FINISH_KEYED_CALL = (
 #: see what the statement wrote before them. ``candidates`` holds the values
 #: from before the lease (``leasing.claimed_job`` applies it); a row counts as
 #: leased only if the lease function says so (it leases only rows still
-#: pending, keyed ones only as their partition's runnable head). Candidates
+#: pending, keyed ones only as their partition's runnable head). Its ids come
+#: in id order (migration 0032), and each candidate is found among them by a
+#: binary search (``width_bucket``: the index of the last id not above it;
+#: NULL, or 0 whose element is NULL, when none): ``= ANY`` read the whole
+#: array for each candidate, up to a million comparisons for a wave of a thousand
+#: claims. A join would cost every wave planning. Candidates
 #: of a concurrency group are left to the gates. The winners and the freed
 #: keys come on one row only: on every row, a wave of a thousand
 #: successes and a thousand claims (the asyncio executor's) would send and
@@ -102,7 +108,7 @@ lease AS MATERIALIZED (
 )
 SELECT CASE WHEN c.id IS NOT DISTINCT FROM (SELECT max(id) FROM candidates) THEN f.won END,
     CASE WHEN c.id IS NOT DISTINCT FROM (SELECT max(id) FROM candidates) THEN f.freed END,
-    cardinality((l.r).demoted), c.*, c.id = ANY((l.r).leased)
+    cardinality((l.r).demoted), c.*, c.id = (l.r).leased[width_bucket(c.id, (l.r).leased)]
 FROM <FINISH> AS f CROSS JOIN lease AS l LEFT JOIN candidates AS c ON true
 ORDER BY c.priority DESC, c.run_after, c.id
 """
