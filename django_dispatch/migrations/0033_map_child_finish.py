@@ -1,11 +1,11 @@
 """On PostgreSQL, a one-step ``ctx.map`` child's success and its count in one
 call, and a step's claim whose commit does not wait for the WAL flush.
 
-A map child used to cost three commits of its own: its step's claim, its
-success (``django_dispatch_map_child_succeed``, 0024), then its count on the
-parent step (``django_dispatch_map_count``, 0031), the first two each waiting
-for a WAL flush. At thousands of children those round trips and flushes were
-most of what a child cost the worker and the server.
+Through 0024's and 0031's functions a map child costs three commits of its
+own: its step's claim, its success (``django_dispatch_map_child_succeed``),
+then its count on the parent step (``django_dispatch_map_count``), the first
+two each waiting for a WAL flush. At thousands of children those round trips
+and flushes are most of what a child costs the worker and the server.
 
 ``django_dispatch_map_child_finish``: ``django_dispatch_map_child_succeed``'s
 statements, in its order (the child run, its step, the run's success), then,
