@@ -580,17 +580,16 @@ def succeed(claimed: wf_store.ClaimedStep, output: object, claim_id: str | None 
 
 
 @pytestmark_db
-def test_a_one_step_childs_success_is_one_statement_then_its_count():
+def test_a_one_step_childs_success_and_its_count_are_one_statement():
     if connection.vendor != "postgresql":
-        pytest.skip("the one-statement success is PostgreSQL's (migration 0024)")
+        pytest.skip("the one-statement success is PostgreSQL's (migration 0033)")
     run = fan("one-statement", 3)
     drain(max_jobs=1)  # spread: three runnable children
     claimed = claim_first_child(run)
     with CaptureQueriesContext(connection) as statements:
         assert succeed(claimed, 0)
     sql = [q["sql"] for q in statements.captured_queries]
-    assert len(sql) == 2 and "django_dispatch_map_child_succeed" in sql[0], sql
-    assert "django_dispatch_map_count" in sql[1], sql  # the count, after the commit
+    assert len(sql) == 1 and "django_dispatch_map_child_finish" in sql[0], sql
     child = WorkflowRun.objects.get(pk=claimed.run_id)
     assert (child.state, child.output, child.map_counted) == (RunState.SUCCEEDED, 0, True)
     step = WorkflowTask.objects.get(pk=claimed.step_id)
@@ -680,11 +679,12 @@ def test_a_set_is_inserted_as_the_orm_inserts_each_child():
 
 @pytestmark_db
 def test_a_one_step_childs_count_that_fails_leaves_its_success_to_the_sweep():
-    """The count follows the child's committed success: if it fails (here a lock
-    timeout on the waiting step, as a deadlock or a dropped connection would),
-    the step's job must not fail with it; the sweep repairs the count."""
+    """If the one statement of success and count fails (here a lock timeout on
+    the waiting step), the general path writes the success and counts after
+    its commit; if that count fails too, the step's job must not fail with
+    it: the sweep repairs the count."""
     if connection.vendor != "postgresql":
-        pytest.skip("the one-statement success is PostgreSQL's (migration 0024)")
+        pytest.skip("the one-statement success is PostgreSQL's (migration 0033)")
     run = fan("count-fails", 2)
     drain(max_jobs=1)
     claimed = claim_first_child(run)

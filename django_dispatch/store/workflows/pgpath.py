@@ -16,8 +16,9 @@ and is written out once, not built by the ORM per call:
 - a map child's run success, and the read of its set's admission counters
   (``map_child_done``); after its commit, its count (``count_child``);
 - the success of a one-step map child with nothing to admit, its step's and
-  its run's: one call of a function of migration 0024 (``map_child_succeed``),
-  then its count (``count_child``).
+  its run's, and its count on the parent step: one call of a function of
+  migration 0033 (``map_child_finish``), whose commit does not wait for the
+  WAL flush (the step job's own success, written after it, flushes it).
 
 The transitions, their fences and their lock order are the ORM path's,
 statement for statement; only the round trips are fewer.
@@ -48,7 +49,12 @@ RUN_FIELDS = ("name", "input", "queue_name", "call_context", "map_batch")
 #: function of migration 0024 (an ``UPDATE ... FROM ... RETURNING``), planned
 #: once per server session; sent as a statement, its planning cost the server
 #: about as much as its execution, at every claim.
-_CLAIM_READY_SQL = "SELECT * FROM django_dispatch_step_claim_ready(%s, %s, %s, %s)"
+#: With ``p_lazy`` (migration 0033), in autocommit only: the claim's commit does
+#: not wait for the WAL flush. Anything durable the attempt writes afterwards
+#: (its outcome, its job's success) is later in the WAL and flushes it first;
+#: a claim lost to a server crash leaves the step ready for its job, which the
+#: crash left unfinished too, and whose re-run claims the step again.
+_CLAIM_READY_SQL = "SELECT * FROM django_dispatch_step_claim_ready(%s, %s, %s, %s, %s)"
 
 #: The run's lock, then the step's fenced success (``s`` reads ``r``, so the
 #: run row is locked first, as everywhere else). The lock is a ``FOR
@@ -111,14 +117,17 @@ _MAP_CHILD_DONE_SQL = (
 _COUNT_SQL = "SELECT done, total FROM django_dispatch_map_count(%s, %s)"
 
 
-#: A one-step map child's success, in autocommit (``pgsucceed``): the function
-#: of migration 0024, planned once per server session (as statements, their
-#: planning cost the server more than their execution). Its commit waits for
-#: the WAL flush as any success's: only the count after it may be lost (see
-#: ``_COUNT_SQL``).
-_MAP_CHILD_SUCCEED_SQL = (
-    "SELECT parent_step, parent_run, batch, written "
-    "FROM django_dispatch_map_child_succeed(%s, %s, %s, %s)"
+#: A one-step map child's success and its count on the parent step, in
+#: autocommit (``pgsucceed``): the function of migration 0033, planned once per
+#: server session. Its commit does not wait for the WAL flush, so the parent
+#: step's row, which every child of the set writes, is not locked across an
+#: fsync (as for ``_COUNT_SQL``); the child's success is made durable by the
+#: step job's own success, committed after it and waiting for its flush (WAL
+#: is flushed in order), and a crash that loses it loses that job's success
+#: too, whose re-run runs the child's step again.
+_MAP_CHILD_FINISH_SQL = (
+    "SELECT parent_step, parent_run, batch, written, done, total "
+    "FROM django_dispatch_map_child_finish(%s, %s, %s, %s)"
 )
 
 
@@ -144,7 +153,8 @@ def claim_ready(
     """ready -> running with ``claim_id`` for the job entrusted with the step; the
     step's and its run's fields (the run's prefixed ``run__``), or None."""
     with connections[db].cursor() as cursor:
-        cursor.execute(_CLAIM_READY_SQL, [step_id, generation, job_id, claim_id])
+        lazy = connections[db].get_autocommit()  # else it would set the caller's transaction's
+        cursor.execute(_CLAIM_READY_SQL, [step_id, generation, job_id, claim_id, lazy])
         row = cursor.fetchone()
     if row is None:
         return None
@@ -216,19 +226,20 @@ def count_child(db: str, step_id: int, batch: str) -> tuple[int, int | None] | N
     return None if row is None else (row[0], row[1])
 
 
-def map_child_succeed(
+def map_child_finish(
     db: str, run_id: int, step_id: int, claim_id: str, output: Any
-) -> tuple[int, int, str, bool] | None:
-    """A one-step map child's success and its run's, in autocommit.
+) -> tuple[int, int, str, bool, int | None, int | None] | None:
+    """A one-step map child's success, its run's and its count, in autocommit.
 
     None: the run is not a running, uncounted map child. Else (parent step,
-    parent run, set, written?); not written: the fence did not match, the run
-    has other steps, or the set has children to admit (the caller then takes
-    the general path, which decides).
+    parent run, set, written?, done, total); not written: the fence did not
+    match, the run has other steps, or the set has children to admit (the
+    caller then takes the general path, which decides); done and total None
+    when the parent step no longer waits for the set.
     """
     with connections[db].cursor() as cursor:
-        cursor.execute(_MAP_CHILD_SUCCEED_SQL, [run_id, step_id, claim_id, _json_param(db, output)])
+        cursor.execute(_MAP_CHILD_FINISH_SQL, [run_id, step_id, claim_id, _json_param(db, output)])
         row = cursor.fetchone()
     if row is None:
         return None
-    return row[0], row[1], row[2], bool(row[3])
+    return row[0], row[1], row[2], bool(row[3]), row[4], row[5]

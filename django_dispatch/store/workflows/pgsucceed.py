@@ -1,5 +1,5 @@
 """A step's success on PostgreSQL: the general one in fewer statements, and a
-one-step ``ctx.map`` child's in one, then its count.
+one-step ``ctx.map`` child's, with its count, in one.
 
 Every child of a map is a run of (usually) one step, so at thousands of
 children a child's own statements are most of what the map costs. The general
@@ -7,9 +7,9 @@ success (``succeed``) is ``steps.workflow_step_succeed``'s transaction with
 the run's lock and the step's write in one statement (``pgpath``). A one-step
 child with nothing to admit (``succeed_map_child``) needs none of what that
 transaction is for: no other step of its run can start, and no held sibling
-waits for a slot. Its step's success and its run's are one statement in
-autocommit (a function call); its count on the waiting step follows, once
-that has committed.
+waits for a slot. Its step's success, its run's and its count on the waiting
+step are one statement in autocommit (a function call, ``pgpath.map_child_finish``);
+the count that reaches the total then gathers.
 """
 
 from __future__ import annotations
@@ -18,13 +18,13 @@ import logging
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from django.db import connections
+from django.db import DatabaseError, connections
 from django.db.models.functions import Now
 
 from ...core.workflow_states import RUN_ACTIVE, STEP_DONE
 from ...models import WorkflowRun
 from . import pgpath
-from .common import StepJobBuilder, advance, count_map_child, write_transaction
+from .common import StepJobBuilder, advance, gather, write_transaction
 
 logger = logging.getLogger("django_dispatch.store")
 
@@ -54,28 +54,39 @@ def _all_done(steps: Sequence[Mapping[str, Any]]) -> bool:
 def succeed_map_child(
     db: str, run_id: int, step_id: int, claim_id: str, output: Any, build_job: StepJobBuilder
 ) -> bool | None:
-    """A one-step map child's success in one statement, then its count (the count
+    """A one-step map child's success and its count in one statement (the count
     that reaches the set's total gathers). None: not that case (the caller
     takes ``succeed``).
 
-    Only outside a transaction: the count must follow the success's commit.
-    A count that fails (a dropped connection, a deadlock while gathering) is
-    logged and left to the stale-step sweep, which repairs short counts: the
-    child's success is committed, so the job that ran it must not be failed.
+    Only outside a transaction: the statement's commit must not wait for the
+    WAL flush, which it may only choose for a transaction of its own, and the
+    gather must follow it. If the statement fails, nothing of it committed,
+    and the general path takes over. A gather that fails (a dropped connection, a
+    deadlock) is logged and left to the stale-step sweep (``gather_stalled``),
+    which gathers a set whose children are all counted: the child's success is
+    committed, so the job that ran it must not be failed.
     """
     if not connections[db].get_autocommit():
         return None
-    done = pgpath.map_child_succeed(db, run_id, step_id, claim_id, output)
+    try:
+        done = pgpath.map_child_finish(db, run_id, step_id, claim_id, output)
+    except DatabaseError:
+        # Nothing of it committed (e.g. the waiting step's row lock timed out):
+        # the general path writes the success, and counts after its commit.
+        logger.warning("map child run %s: its one-statement success failed", run_id, exc_info=True)
+        return None
     if done is None or not done[3]:
         return None  # the general path decides (a lost fence: it finds it lost)
-    parent_step, parent_run, batch, _ = done
+    parent_step, parent_run, batch, _, counted, total = done
+    if counted is None or counted < (total or 0):
+        return True
     try:
-        count_map_child(db, parent_step, batch, parent_run, build_job)
+        gather(db, parent_step, batch, parent_run, build_job)
     except Exception:
         logger.exception(
-            "counting map child run %s on step %s failed; the stale-step sweep will "
-            "repair the count",
-            run_id,
+            "gathering map step %s after its last child run %s failed; the stale-step "
+            "sweep will gather it",
             parent_step,
+            run_id,
         )
     return True
