@@ -64,6 +64,9 @@ from pathlib import Path
 
 BENCH_DIR = Path(__file__).resolve().parent
 sys.path.insert(0, str(BENCH_DIR))
+# The checkout's own django_dispatch, the one the report's commit names (not
+# whichever the virtualenv installed, such as another worktree's).
+sys.path.insert(0, str(BENCH_DIR.parent))
 
 from drivers import django_setup  # noqa: E402
 from pgserver import PgServer  # noqa: E402
@@ -748,6 +751,7 @@ def describe(pg: PgServer) -> dict[str, str]:
     """What a reader of the report needs to know of the run's code, machine and server."""
     from django.conf import settings
 
+    import django_dispatch
     from django_dispatch import __version__
 
     return {
@@ -757,7 +761,7 @@ def describe(pg: PgServer) -> dict[str, str]:
         or subprocess.run(
             ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True
         ).stdout.strip(),
-        "django_dispatch": __version__,
+        "django_dispatch": f"{__version__}, {Path(django_dispatch.__file__).parent}",
         "machine": f"{platform.machine()}, {os.cpu_count()} CPUs",
         "postgresql": json.dumps(pg.settings()),
         "DISPATCH": json.dumps(settings.DISPATCH),
