@@ -39,11 +39,13 @@ the default pause must be at least 80% of the rate without.
 To look into one read (``EXPLAIN`` on the built tables, a change timed again)
 without building the history each time: ``--keep DIR`` builds the server in
 ``DIR`` and leaves it there (the purge is not run, so the history stays
-whole); ``--reuse DIR`` starts that server again and only times the reads,
-``--reads`` picks some of them by name:
+whole); ``--reuse DIR`` starts that server again and times the reads, then
+the purge unless ``--no-purge`` (the purge deletes most of the history: that
+server is not reused after it), ``--reads`` picks some of the reads by name:
 
     .venv/bin/python benchmarks/history.py --keep /tmp/history-10m --tag keep
-    .venv/bin/python benchmarks/history.py --reuse /tmp/history-10m --reads count --tag counts
+    .venv/bin/python benchmarks/history.py --reuse /tmp/history-10m --reads count --no-purge
+    .venv/bin/python benchmarks/history.py --reuse /tmp/history-10m     # the last use
 """
 
 from __future__ import annotations
@@ -111,7 +113,7 @@ def parse_args() -> argparse.Namespace:
         "--keep", type=Path, help="build the server in this directory and leave it (no purge)"
     )
     p.add_argument(
-        "--reuse", type=Path, help="time the reads on the server --keep built there (no purge)"
+        "--reuse", type=Path, help="time the reads (and the purge) on the server --keep built there"
     )
     p.add_argument(
         "--reads",
@@ -130,7 +132,9 @@ def parse_args() -> argparse.Namespace:
     if args.keep and args.reuse:
         p.error("--keep builds a server, --reuse times one built before: one of them")
     # A kept server's history must stay whole for the next --reuse.
-    args.no_purge = args.no_purge or bool(args.keep or args.reuse)
+    args.no_purge = args.no_purge or bool(args.keep)
+    if args.reuse and json.loads((args.reuse / "built.json").read_text()).get("purged"):
+        p.error(f"the history in {args.reuse} was purged by an earlier --reuse: --keep again")
     return args
 
 
@@ -720,19 +724,26 @@ def main() -> None:
         django_setup.setup(url, SETTINGS)
         info = describe(pg)
         if reused:
-            info.update(json.loads((pg.tmp / "built.json").read_text()))
-            info["reused"] = f"the tables built in {pg.tmp}"
+            built = json.loads((pg.tmp / "built.json").read_text())
+            args.rows, info["current_rows"] = built["rows"], built["current_rows"]
+            info["tables"] = (
+                f"built by --keep in {pg.tmp} at {built['date']} ({built['commit']}), "
+                "timed again here"
+            )
         else:
             info.update(build(pg, args))
             log(f"history: filled in {time.monotonic() - started:.0f} s; timing")
             if isinstance(pg, KeptServer):
-                (pg.tmp / "built.json").write_text(json.dumps(info))
+                (pg.tmp / "built.json").write_text(json.dumps({**info, "rows": args.rows}))
         wait_until(args.not_before)
         info["load average when timing began"] = " ".join(f"{x:.2f}" for x in os.getloadavg())
         timings = time_reads(args.runs, args.reads)
         purge: dict = {"pauses": {}}
         if not args.no_purge:
             log("history: timed; the purge against the claims")
+            if isinstance(pg, KeptServer):
+                built = json.loads((pg.tmp / "built.json").read_text())
+                (pg.tmp / "built.json").write_text(json.dumps({**built, "purged": True}))
             purge = purge_against_claims(args)
         info["took"] = f"{time.monotonic() - started:.0f} s"
         info["load average at the end"] = " ".join(f"{x:.2f}" for x in os.getloadavg())
