@@ -35,6 +35,17 @@ the default pause must be at least 80% of the rate without.
 
     .venv/bin/python benchmarks/history.py             # 10,000,000 rows, many minutes
     .venv/bin/python benchmarks/history.py --quick     # 200,000 rows, a smoke test
+
+To look into one read (``EXPLAIN`` on the built tables, a change timed again)
+without building the history each time: ``--keep DIR`` builds the server in
+``DIR`` and leaves it there (the purge is not run, so the history stays
+whole); ``--reuse DIR`` starts that server again and times the reads, then
+the purge unless ``--no-purge`` (the purge deletes most of the history: that
+server is not reused after it), ``--reads`` picks some of the reads by name:
+
+    .venv/bin/python benchmarks/history.py --keep /tmp/history-10m --tag keep
+    .venv/bin/python benchmarks/history.py --reuse /tmp/history-10m --reads count --no-purge
+    .venv/bin/python benchmarks/history.py --reuse /tmp/history-10m     # the last use
 """
 
 from __future__ import annotations
@@ -44,6 +55,7 @@ import datetime
 import json
 import os
 import platform
+import shutil
 import signal
 import statistics
 import subprocess
@@ -54,6 +66,9 @@ from pathlib import Path
 
 BENCH_DIR = Path(__file__).resolve().parent
 sys.path.insert(0, str(BENCH_DIR))
+# The checkout's own django_dispatch, the one the report's commit names (not
+# whichever the virtualenv installed, such as another worktree's).
+sys.path.insert(0, str(BENCH_DIR.parent))
 
 from drivers import django_setup  # noqa: E402
 from pgserver import PgServer  # noqa: E402
@@ -94,6 +109,19 @@ def parse_args() -> argparse.Namespace:
         default="",
         help="HH:MM (UTC): fill the tables now, start timing only then (a quiet window)",
     )
+    p.add_argument(
+        "--keep", type=Path, help="build the server in this directory and leave it (no purge)"
+    )
+    p.add_argument(
+        "--reuse", type=Path, help="time the reads (and the purge) on the server --keep built there"
+    )
+    p.add_argument(
+        "--reads",
+        type=lambda v: [x.strip() for x in v.split(",") if x.strip()],
+        default=[],
+        help="time only the reads whose name contains one of these (comma-separated)",
+    )
+    p.add_argument("--no-purge", action="store_true", help="time the reads only")
     p.add_argument("--output-dir", type=Path, default=BENCH_DIR / "results")
     p.add_argument("--tag", default="", help="name suffix of the report files")
     args = p.parse_args()
@@ -101,7 +129,42 @@ def parse_args() -> argparse.Namespace:
         args.rows, args.runs, args.backlog = 200_000, 5, 60_000
         args.window, args.windows, args.pauses = 2.0, 5, [0.05]
         args.tag = args.tag or "quick"
+    if args.keep and args.reuse:
+        p.error("--keep builds a server, --reuse times one built before: one of them")
+    # A kept server's history must stay whole for the next --reuse.
+    args.no_purge = args.no_purge or bool(args.keep)
+    if args.reuse and json.loads((args.reuse / "built.json").read_text()).get("purged"):
+        p.error(f"the history in {args.reuse} was purged by an earlier --reuse: --keep again")
     return args
+
+
+class KeptServer(PgServer):
+    """A ``PgServer`` whose data directory outlives the run: built by ``--keep``,
+    started again by ``--reuse`` (``built`` says which), stopped but never deleted."""
+
+    def __init__(self, directory: Path) -> None:
+        super().__init__()
+        shutil.rmtree(self.tmp, ignore_errors=True)
+        self.tmp, self.data = directory, directory / "data"
+        self.built = (directory / "built.json").exists()
+
+    def __enter__(self) -> KeptServer:
+        if not self.built:
+            shutil.rmtree(self.tmp, ignore_errors=True)
+            self.tmp.mkdir(parents=True)
+            super().__enter__()
+            return self
+        options = (
+            f"-p {self.port} -k {self.tmp} -c listen_addresses=127.0.0.1 "
+            f"-c max_connections={self.max_connections}"
+        )
+        log_file = str(self.tmp / "server.log")
+        self._run(str(self.bin / "pg_ctl"), "-D", str(self.data), "-l", log_file,
+                  "-w", "-t", "60", "-o", options, "start")  # fmt: skip
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._run(str(self.bin / "pg_ctl"), "-D", str(self.data), "-m", "fast", "stop")
 
 
 def wait_until(hhmm: str) -> None:
@@ -356,6 +419,13 @@ def fill_history(rows: int, recent: int) -> None:
 
 
 def vacuum_analyze() -> None:
+    """What autovacuum does to a site's history before anyone times it: the
+    statistics, and the visibility map that lets a count walk an index alone
+    (``Heap Fetches: 0``). A history only ever grows and then stays put, and
+    autovacuum's insert threshold (PostgreSQL 13+) vacuums such a table; the
+    counts walk their index oldest first, into that settled part. Never
+    vacuumed, each count would visit up to 10,001 rows scattered over the
+    table: what a freshly restored database costs, not a running site."""
     from django.db import connection
 
     from django_dispatch.models import DeadLetter, Job, WorkflowRun
@@ -433,12 +503,13 @@ def use_database(name: str) -> None:
     connection.settings_dict["NAME"] = name
 
 
-def time_reads(runs: int) -> dict[str, dict[str, dict]]:
+def time_reads(runs: int, only: list[str]) -> dict[str, dict[str, dict]]:
     """By state, each read's median and max of ``runs`` warm calls, in milliseconds,
     and what the counts answered (the estimate above ``COUNT_EXACT_MAX``).
 
     Interleaved: each run of a read is timed at every state in turn, after one
-    untimed call there (the connection is opened again at each switch)."""
+    untimed call there (the connection is opened again at each switch). ``only``:
+    the reads whose name contains one of these, or every read."""
     by_state = {}
     for state in STATES:
         use_database(state)
@@ -446,6 +517,8 @@ def time_reads(runs: int) -> dict[str, dict[str, dict]]:
     took: dict[str, dict[str, list[float]]] = {s: {} for s in STATES}
     answers: dict[str, object] = {}
     for name in by_state[STATES[0]]:
+        if only and not any(part in name for part in only):
+            continue
         for _ in range(runs):
             for state in STATES:
                 use_database(state)
@@ -622,6 +695,8 @@ def render(args, info: dict, timings: dict[str, dict], purge: dict) -> str:
             cells.append(f"{ratio:.2f}{'' if ratio <= 2 else ' **over**'}")
         answer_cell = "" if answer is None else f"{answer:,}"
         lines.append(f"| {name} | {' | '.join(cells)} | {answer_cell} |")
+    if not purge["pauses"]:
+        return "\n".join([*lines, "", "(The purge was not run.)"]) + "\n"
     lines += [
         "",
         f"Claims during a purge: one worker x {args.concurrency} slots draining no-op jobs, "
@@ -649,54 +724,34 @@ def render(args, info: dict, timings: dict[str, dict], purge: dict) -> str:
 def main() -> None:
     args = parse_args()
     started = time.monotonic()
-    with PgServer() as pg:
-        url = pg.create_database("history")
+    kept = args.keep or args.reuse
+    with KeptServer(kept) if kept else PgServer() as pg:
+        reused = isinstance(pg, KeptServer) and pg.built
+        url = pg.url("history") if reused else pg.create_database("history")
         django_setup.setup(url, SETTINGS)
-        from django.conf import settings
-        from django.core.management import call_command
-
-        from django_dispatch import __version__
-
-        info = {
-            "date": f"{datetime.datetime.now(datetime.UTC):%Y-%m-%d %H:%M} UTC",
-            # A ``git archive`` snapshot has no repository: its runner names the commit.
-            "commit": os.environ.get("BENCH_COMMIT")
-            or subprocess.run(
-                ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True
-            ).stdout.strip(),
-            "django_dispatch": __version__,
-            "machine": f"{platform.machine()}, {os.cpu_count()} CPUs",
-            "postgresql": json.dumps(pg.settings()),
-            "DISPATCH": json.dumps(settings.DISPATCH),
-            "load average at the start (1, 5, 15 min)": " ".join(
-                f"{x:.2f}" for x in os.getloadavg()
-            ),
-        }
-        # Each state is a database of its own on the server, so that the reads
-        # are timed interleaved (each run of a read at every state in turn): a
-        # machine whose load changes between states moves them all alike.
-        for state in STATES[:-1]:
-            pg.create_database(state)
-            use_database(state)
-            call_command("migrate", verbosity=0)
-        use_database("page")
-        fill_page(PER_PAGE)
-        vacuum_analyze()
-        use_database("current")
-        recent = fill_current(args.rows, args.live)
-        vacuum_analyze()
-        use_database("history")
-        fill_current(args.rows, args.live)
-        info["current_rows"] = f"{args.live:,} live jobs and {recent:,} finished in the last hour"
-        log("empty, page, current: made; filling the history")
-        fill_history(args.rows, recent)
-        vacuum_analyze()
-        log(f"history: filled in {time.monotonic() - started:.0f} s; timing")
+        info = describe(pg)
+        if reused:
+            built = json.loads((pg.tmp / "built.json").read_text())
+            args.rows, info["current_rows"] = built["rows"], built["current_rows"]
+            info["tables"] = (
+                f"built by --keep in {pg.tmp} at {built['date']} ({built['commit']}), "
+                "timed again here"
+            )
+        else:
+            info.update(build(pg, args))
+            log(f"history: filled in {time.monotonic() - started:.0f} s; timing")
+            if isinstance(pg, KeptServer):
+                (pg.tmp / "built.json").write_text(json.dumps({**info, "rows": args.rows}))
         wait_until(args.not_before)
         info["load average when timing began"] = " ".join(f"{x:.2f}" for x in os.getloadavg())
-        timings = time_reads(args.runs)
-        log("history: timed; the purge against the claims")
-        purge = purge_against_claims(args)
+        timings = time_reads(args.runs, args.reads)
+        purge: dict = {"pauses": {}}
+        if not args.no_purge:
+            log("history: timed; the purge against the claims")
+            if isinstance(pg, KeptServer):
+                built = json.loads((pg.tmp / "built.json").read_text())
+                (pg.tmp / "built.json").write_text(json.dumps({**built, "purged": True}))
+            purge = purge_against_claims(args)
         info["took"] = f"{time.monotonic() - started:.0f} s"
         info["load average at the end"] = " ".join(f"{x:.2f}" for x in os.getloadavg())
         report = render(args, info, timings, purge)
@@ -708,6 +763,53 @@ def main() -> None:
     )
     (args.output_dir / f"{name}.md").write_text(report)
     print(report)
+
+
+def describe(pg: PgServer) -> dict[str, str]:
+    """What a reader of the report needs to know of the run's code, machine and server."""
+    from django.conf import settings
+
+    import django_dispatch
+    from django_dispatch import __version__
+
+    return {
+        "date": f"{datetime.datetime.now(datetime.UTC):%Y-%m-%d %H:%M} UTC",
+        # A ``git archive`` snapshot has no repository: its runner names the commit.
+        "commit": os.environ.get("BENCH_COMMIT")
+        or subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True
+        ).stdout.strip(),
+        "django_dispatch": f"{__version__}, {Path(django_dispatch.__file__).parent}",
+        "machine": f"{platform.machine()}, {os.cpu_count()} CPUs",
+        "postgresql": json.dumps(pg.settings()),
+        "DISPATCH": json.dumps(settings.DISPATCH),
+        "load average at the start (1, 5, 15 min)": " ".join(f"{x:.2f}" for x in os.getloadavg()),
+    }
+
+
+def build(pg: PgServer, args: argparse.Namespace) -> dict[str, str]:
+    """The four states' databases, filled (see the module's docstring)."""
+    from django.core.management import call_command
+
+    # Each state is a database of its own on the server, so that the reads
+    # are timed interleaved (each run of a read at every state in turn): a
+    # machine whose load changes between states moves them all alike.
+    for state in STATES[:-1]:
+        pg.create_database(state)
+        use_database(state)
+        call_command("migrate", verbosity=0)
+    use_database("page")
+    fill_page(PER_PAGE)
+    vacuum_analyze()
+    use_database("current")
+    recent = fill_current(args.rows, args.live)
+    vacuum_analyze()
+    use_database("history")
+    fill_current(args.rows, args.live)
+    log("empty, page, current: made; filling the history")
+    fill_history(args.rows, recent)
+    vacuum_analyze()
+    return {"current_rows": f"{args.live:,} live jobs and {recent:,} finished in the last hour"}
 
 
 if __name__ == "__main__":

@@ -26,6 +26,16 @@ probe and a separate ``EXPLAIN`` planned the query twice and took two
 round trips; an ``EXPLAIN ANALYZE`` sends no rows back, so no ``COUNT``
 aggregate handles each of the cap's rows either.
 
+A probe walks an index, never the table: a sequential scan of a table
+larger than a quarter of ``shared_buffers`` reads through a small ring of
+buffers (and may start wherever another scan of the table is), so its pages
+come from the OS on every call, where an index's pages stay cached and,
+once the table is vacuumed, no row is visited. Where the planner would
+rather scan the table (a filter that every row matches, such as one
+namespace's workflow runs), the caller gives ``index_order``, the columns of
+the index to walk: ordered so, the probe's ``LIMIT`` is reached by that
+index, and a scan of the table would have to sort it whole first.
+
 The live jobs are never estimated (``queries.lists.jobs_count`` counts them
 exactly, through their partial indexes): their states change far faster
 than the statistics are refreshed.
@@ -37,6 +47,7 @@ counts are always exact.
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from typing import Any
 
 from django.core.exceptions import EmptyResultSet
@@ -48,12 +59,16 @@ from ..conf import get_settings
 __all__ = ["bounded_count", "capped_count", "estimated_rows", "probe"]
 
 
-def bounded_count(rows: QuerySet[Any], *, exact: bool = False) -> int:
-    """How many rows ``rows`` matches: exact up to ``COUNT_EXACT_MAX``, else about."""
+def bounded_count(
+    rows: QuerySet[Any], *, exact: bool = False, index_order: Sequence[str] = ()
+) -> int:
+    """How many rows ``rows`` matches: exact up to ``COUNT_EXACT_MAX``, else about.
+
+    ``index_order``: see ``probe``."""
     if exact:
         return rows.count()
     cap = get_settings().COUNT_EXACT_MAX
-    counted, estimate = probe(rows, cap)
+    counted, estimate = probe(rows, cap, index_order)
     if counted <= cap:
         return counted
     if estimate is None or estimate < counted:  # SQLite, or statistics known stale
@@ -72,15 +87,17 @@ def capped_count(rows: QuerySet[Any], cap: int) -> tuple[int, bool]:
     return min(counted, cap), counted > cap
 
 
-def probe(rows: QuerySet[Any], cap: int) -> tuple[int, int | None]:
+def probe(rows: QuerySet[Any], cap: int, index_order: Sequence[str] = ()) -> tuple[int, int | None]:
     """``(counted, estimate)``: the rows ``rows`` matches, counted up to ``cap + 1``,
     and the planner's estimate of them all (PostgreSQL; None elsewhere), read in
-    one statement (see the module docstring)."""
+    one statement (see the module docstring). ``index_order``: the columns of
+    the index the probe must walk, in its order, where the planner would scan
+    the table instead (the rows counted are the same in any order)."""
     if rows.query.is_empty():  # ``.none()``: Django runs no statement
         return 0, 0
     if connections[rows.db].vendor != "postgresql":
         return rows.order_by().values("pk")[: cap + 1].count(), None
-    limited = rows.order_by().values("pk")[: cap + 1]
+    limited = rows.order_by(*index_order).values("pk")[: cap + 1]
     try:
         sql, params = limited.query.get_compiler(using=rows.db).as_sql()
     except EmptyResultSet:  # a filter that matches nothing, such as ``pk__in=[]``

@@ -276,6 +276,39 @@ def test_a_probe_and_its_estimate_are_one_statement(history, settings):
         assert len(seen) == asked, seen
 
 
+def _scans(node) -> list[tuple[str, str | None]]:
+    """Each scan of a plan: its node type and the index it walks (None: the table)."""
+    found = [(node["Node Type"], node.get("Index Name"))] if "Relation Name" in node else []
+    for child in node.get("Plans", []):
+        found += _scans(child)
+    return found
+
+
+@postgres_only
+@pytest.mark.django_db(transaction=True)
+def test_a_count_of_every_run_walks_an_index_not_the_table(history, settings):
+    """Every run of the namespace matches ``count_runs()``, so the planner would
+    count them off the table's first pages, which a table past a quarter of
+    shared_buffers reads from the OS on every call (its scans go through a
+    ring of buffers): the probe is ordered as ``dispatch_wfrun_list_state``
+    is, and that index's walk reaches the LIMIT first. Planned as the planner
+    likes, sequential scans allowed; the answer is the same in any order."""
+    settings.DISPATCH = {"COUNT_EXACT_MAX": 100}
+    with statements(connection) as seen:
+        assert workflows.count_runs() > 100
+    [(sql, params)] = seen
+    with connection.cursor() as cursor:
+        cursor.execute(PROBE.sub("EXPLAIN (FORMAT JSON) ", sql, count=1), params)
+        plan = cursor.fetchone()[0]
+    plan = plan if isinstance(plan, list) else json.loads(plan)
+    assert _scans(plan[0]["Plan"]) in (
+        [("Index Only Scan", "dispatch_wfrun_list_state")],
+        [("Index Scan", "dispatch_wfrun_list_state")],
+    ), plan
+    settings.DISPATCH = {}
+    assert workflows.count_runs() == RUNS == workflows.count_runs(exact=True)
+
+
 @postgres_only
 @pytest.mark.django_db(transaction=True)
 def test_a_probe_whose_filter_has_a_subquery_reads_the_limits_input(history):
