@@ -173,7 +173,7 @@ class JobRunner:
             self.slots.threads.pop(job_id, None)
             self.slots.lingering.pop(job_id, None)
         if written:
-            self.completer.wakeup.set()  # the control loop: a slot is free
+            self.completer.wake()  # the control loop: a slot is free
 
     def _attempt(self, running: RunningJob) -> Outcome:
         """Run the task once; the outcome, as its timeout or a hand-back changed it."""
