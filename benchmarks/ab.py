@@ -162,6 +162,7 @@ def environments(variants: list[tuple[str, str, str, str]], tmp: Path) -> dict[s
     (hooks / "ab_settings.py").write_text(SETTINGS)
     envs = {}
     for label, ref, dispatch, options in variants:
+        print(f"{label}: {ref} = {checkout(ref, tmp).name}", flush=True)
         envs[label] = {
             **os.environ,
             "PYTHONPATH": f"{hooks}:{checkout(ref, tmp)}:{PROJECT_DIR}",
@@ -184,6 +185,20 @@ def report(args: argparse.Namespace, rows: dict[str, list[tuple]], settings: dic
     for label, values in rows.items():
         rate, worker, pg = (statistics.median(column) for column in zip(*values, strict=True))
         print(f"| {label} | {rate:,.0f} | {worker:.3f} | {pg:.3f} |")
+    # Each variant against the first (same task): medians of the per-round
+    # ratios, each round's drains having run back to back.
+    first = next(iter(rows)).split(" ")[0]
+    for row, values in rows.items():
+        label, _, task = row.partition(" ")
+        if label == first:
+            continue
+        base = rows[f"{first} {task}" if task else first]
+        per_round = [tuple(a / b for a, b in zip(v, w, strict=True)) for v, w in
+                     zip(values, base, strict=True)]  # fmt: skip
+        rate, worker, pg = (statistics.median(column) for column in zip(*per_round, strict=True))
+        print(f"{row} / {first}: median per-round ratios: drain/s {rate:.3f}x, "
+              f"worker CPU/job {worker:.3f}x, PostgreSQL CPU/job {pg:.3f}x "
+              f"(drain/s {', '.join(f'{r[0]:.2f}' for r in per_round)})")  # fmt: skip
     # The atomic check's ratios, per variant: medians of the per-round ratios
     # (a round's two drains ran back to back, so drift cancels out of each).
     for row, values in rows.items():

@@ -49,10 +49,27 @@ def resolve(running: RunningJob) -> Task | None:
     return running.task
 
 
+#: ``iscoroutinefunction`` by task function: asked two or three times per job,
+#: and ``inspect`` unwraps methods and partials at every call. A function
+#: does not change kind; the task functions of a process are few.
+_COROUTINE: dict[Any, bool] = {}
+
+
+def is_coroutine(func: Any) -> bool:
+    """``inspect.iscoroutinefunction(func)``, remembered per function."""
+    try:
+        return _COROUTINE[func]
+    except KeyError:
+        known = _COROUTINE[func] = iscoroutinefunction(func)
+        return known
+    except TypeError:  # an unhashable callable: asked every time
+        return iscoroutinefunction(func)
+
+
 def is_async(running: RunningJob) -> bool:
     """Whether the job's task is an ``async def`` (resolving it; see ``resolve``)."""
     task = resolve(running)
-    return task is not None and iscoroutinefunction(task.func)
+    return task is not None and is_coroutine(task.func)
 
 
 def retry_policy(claimed: ClaimedJob, task: Task) -> RetryPolicy:
@@ -201,7 +218,7 @@ def execute(claimed: ClaimedJob, running: RunningJob) -> Outcome:
         return prepared
     task, args, kwargs = prepared.task, prepared.args, prepared.kwargs
     try:
-        if iscoroutinefunction(task.func):
+        if is_coroutine(task.func):
             value = async_to_sync(run_async)(task, args, kwargs, prepared.timeout, running)
         else:
             value = task.func(*args, **kwargs)

@@ -123,8 +123,17 @@ class BatchCompleter:
             return False
         running.finished = outcome
         self.waiting.put(running)
-        self.wakeup.set()
+        self.wake()
         return True
+
+    def wake(self) -> None:
+        """Wake the control loop, unless it is awake already: it clears the flag
+        before it reads the waiting successes and the slots, so a flag still
+        set means it has yet to read what the caller changed before asking.
+        (``Event.set`` takes a Condition's lock and notifies, every time: once
+        per job, for a flag most jobs of a wave find already set.)"""
+        if not self.wakeup.is_set():
+            self.wakeup.set()
 
     def take(self) -> list[RunningJob]:
         """The successes waiting now, at most ``COMPLETION_BATCH``, each marked
@@ -352,7 +361,7 @@ class BatchCompleter:
         """
         if self.slots is not None:
             self.slots.drop_written([running])
-        self.wakeup.set()  # the control loop: a slot is free
+        self.wake()  # the control loop: a slot is free
 
     def coalesce(self, running: int) -> None:
         """Let a wave of finishing jobs gather before writing it.

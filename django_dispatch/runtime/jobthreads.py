@@ -16,14 +16,13 @@ import queue
 import threading
 import time
 from dataclasses import KW_ONLY, dataclass
-from inspect import iscoroutinefunction
 
 from django.db import DatabaseError, InterfaceError, connections
 
 from .. import store
 from ..observability import joblog, tracing
 from . import atomic, attempt, completer, executor, metering, timeouts
-from .connections import ThreadConnections, database_went_away
+from .connections import ThreadConnections, database_went_away, reset_connections
 from .executor import Outcome
 from .running import RunningJob
 from .slots import Slots
@@ -111,7 +110,7 @@ class JobRunner:
         joblog.started(running.claimed)
         # The attempt's usage record: an async task's CPU is not this thread's.
         return metering.start(
-            running.claimed.id, thread_cpu=task is None or not iscoroutinefunction(task.func)
+            running.claimed.id, thread_cpu=task is None or not attempt.is_coroutine(task.func)
         )
 
     def ran(self, running: RunningJob, meter: metering.Meter) -> None:
@@ -159,20 +158,22 @@ class JobRunner:
         """Whatever happened: reset this thread's connections and free the slot.
 
         A success handed to the wave (``written`` False) stays among the
-        worker's jobs, its lease renewed, until the wave writes it.
+        worker's jobs, its lease renewed, until the wave writes it: its slot
+        is freed by that wave, and the hand-over already woke the control
+        loop (``BatchCompleter.offer``), so it is not woken again here.
         """
         job_id = running.claimed.id
         if outcome is not None and outcome.kind == "interrupted":
             database_went_away()  # the other threads' connections may be broken too
         metering.forget(job_id, meter)
-        _reset_connections()
-        conns.done()
+        conns.end_job(self.db)
         with self.slots.lock:
             if written and self.slots.running.get(job_id) is running:
                 del self.slots.running[job_id]
             self.slots.threads.pop(job_id, None)
             self.slots.lingering.pop(job_id, None)
-        self.completer.wakeup.set()  # the control loop: a slot is free
+        if written:
+            self.completer.wake()  # the control loop: a slot is free
 
     def _attempt(self, running: RunningJob) -> Outcome:
         """Run the task once; the outcome, as its timeout or a hand-back changed it."""
@@ -203,15 +204,9 @@ class JobRunner:
 
 
 def _reset_connections() -> None:
-    """Keep a job thread's connection across jobs unless a task broke it."""
-    for conn in connections.all(initialized_only=True):
-        if conn.in_atomic_block:
-            logger.error("a task left a transaction open; rolling it back")
-            conn.close()
-        elif conn.errors_occurred and not conn.is_usable():
-            conn.close()
-        else:
-            conn.errors_occurred = False
+    """Keep a thread's connections across jobs unless a task broke them
+    (``connections.reset_connections``; the asyncio executor's sync thread)."""
+    reset_connections()
 
 
 class JobThreads:
@@ -258,7 +253,7 @@ class JobThreads:
 
     def _loop(self) -> None:
         me = threading.current_thread()
-        conns = ThreadConnections()
+        conns = ThreadConnections(exclusive=True)  # nothing but its jobs runs here
         try:
             while me not in self.retired:
                 running = self.inbox.get()

@@ -27,8 +27,8 @@ import socket
 import sys
 import threading
 import time
-from dataclasses import dataclass, field
 
+from ..conf import usage_mode
 from ..store.types import ClaimedJob
 from ..store.usage import UsageEntry
 
@@ -61,16 +61,24 @@ def peak_rss_mb() -> float:
     return value
 
 
-@dataclass
 class Meter:
-    """One attempt's clocks; ``stop`` on the job thread, ``reading`` from anywhere."""
+    """One attempt's clocks; ``stop`` on the job thread, ``reading`` from anywhere.
 
-    thread_cpu: bool = True  # False: async task, its CPU is not this thread's
-    began: float = field(default_factory=time.monotonic)
-    cpu_began: float = 0.0  # set by ``start`` when ``thread_cpu``: a syscall per read
-    wall: float | None = None
-    cpu: float | None = None
-    rss: float | None = None
+    A plain class with slots rather than a dataclass: one is made per job,
+    and a dataclass's generated ``__init__`` with a default factory was a
+    visible share of a short job's CPU.
+    """
+
+    __slots__ = ("began", "cpu", "cpu_began", "rss", "thread_cpu", "wall")
+
+    def __init__(self, thread_cpu: bool = True) -> None:
+        self.thread_cpu = thread_cpu  # False: async task, or no usage recorded
+        self.began = time.monotonic()
+        # A syscall per read: only when the CPU is measured.
+        self.cpu_began = time.thread_time() if thread_cpu else 0.0
+        self.wall: float | None = None
+        self.cpu: float | None = None
+        self.rss: float | None = None
 
     def stop(self) -> None:
         self.wall = time.monotonic() - self.began
@@ -86,9 +94,10 @@ class Meter:
 
 
 def start(job_id: int, *, thread_cpu: bool) -> Meter:
-    meter = Meter(thread_cpu=thread_cpu)
-    if thread_cpu:
-        meter.cpu_began = time.thread_time()
+    """Start the attempt's clocks. The thread's CPU clock (``thread_cpu``) only
+    when some usage record may read it: with ``DISPATCH["USAGE"] = "off"``
+    nobody does, and the wall clock alone serves the log and the claims ahead."""
+    meter = Meter(thread_cpu=thread_cpu and usage_mode() != "off")
     with _LOCK:
         METERS[job_id] = meter
     return meter
