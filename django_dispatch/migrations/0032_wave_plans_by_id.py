@@ -2,22 +2,20 @@
 job table held when their plans were made.
 
 Each function forces a generic plan, made at a server session's first call
-and kept for the session's life. 0027's and 0030's joined the ids
-(``unnest``) to the job table in a nested loop, and which side went outside
-was the planner's choice at that first call: made while the table was small
-(a fresh database, workers started before the load, a ``ctx.map`` set
-inserted after them), the plan scanned the whole primary key at every wave
-and looked each row up in the ids (a wave of 5 ids on 20,000 rows: 142 ms,
-growing with the table). The plans here have one shape whatever the table's
-size, and their cost grows with the wave only:
+and kept for the session's life. A nested loop joining the ids (``unnest``)
+to the job table lets the planner choose, at that first call, which side
+goes outside: chosen while the table was small (a fresh database, workers
+started before the load, a ``ctx.map`` set inserted after them), the plan
+scans the whole primary key at every wave, growing with the table. The
+plans here have one shape whatever the table's size, and their cost grows
+with the wave only:
 
 ``django_dispatch_finish_wave`` (same signature and result): no join; the
 ids, sorted, are the primary key's index condition, one probe per id, in id
 order (the rows are locked in id order, as the heartbeat locks them), and
 each row finds its values (worker, epoch, return value, usage) by a binary
-search of its id. With ``j.id = ANY(p_ids)`` beside a nested loop's join,
-each row looked every id up again (a wave of 1,000: 87-270 ms instead of
-11).
+search of its id. (``j.id = ANY(p_ids)`` beside a nested loop's join would
+look every id up again for each row: quadratic in the wave.)
 
 ``django_dispatch_lease_wave`` and ``django_dispatch_lease_runnable`` (same
 signatures and results): no join; ``j.id = ANY(p_ids)`` is the primary key's
@@ -66,8 +64,12 @@ BEGIN
     -- The ids sorted, and where each sorted id sits in the arrays: a row's
     -- values are found by a binary search of its id (width_bucket: the index
     -- of the last id not above it), no join and no scan of an array per row.
-    SELECT array_agg(u.id ORDER BY u.id), array_agg(u.n::integer ORDER BY u.id) INTO ids, at
-    FROM unnest(p_ids) WITH ORDINALITY AS u(id, n);
+    -- An id twice in one wave (a stale attempt's entry beside the current
+    -- one's) resolves to its highest epoch, the only one the fence can match;
+    -- width_bucket refuses NULLs, which match no row anyway.
+    SELECT array_agg(u.id ORDER BY u.id, p_epochs[u.n]),
+        array_agg(u.n::integer ORDER BY u.id, p_epochs[u.n]) INTO ids, at
+    FROM unnest(p_ids) WITH ORDINALITY AS u(id, n) WHERE u.id IS NOT NULL;
     -- (state = 'running') IS TRUE, the same on a NOT NULL column, keeps the
     -- planner off the partial index of running jobs.
     WITH done AS (

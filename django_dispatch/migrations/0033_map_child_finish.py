@@ -1,17 +1,17 @@
 """On PostgreSQL, a one-step ``ctx.map`` child's success and its count in one
 call, and a step's claim whose commit does not wait for the WAL flush.
 
-Through 0024's and 0031's functions a map child costs three commits of its
-own: its step's claim, its success (``django_dispatch_map_child_succeed``),
-then its count on the parent step (``django_dispatch_map_count``), the first
-two each waiting for a WAL flush. At thousands of children those round trips
-and flushes are most of what a child costs the worker and the server.
+Written apart, a map child costs three commits of its own: its step's
+claim, its success (``django_dispatch_map_child_succeed``), then its count
+on the parent step (``django_dispatch_map_count``), the first two each
+waiting for a WAL flush. At thousands of children those round trips and
+flushes are most of what a child costs the worker and the server.
 
 ``django_dispatch_map_child_finish``: ``django_dispatch_map_child_succeed``'s
 statements, in its order (the child run, its step, the run's success), then,
 once written, the count on the parent step (``map_done + 1`` while it waits
 for the set), returning (done, total) with the rest. All of it commits
-together, so a count can no longer be lost apart from its child's success, and
+together, so a count is never lost apart from its child's success, and
 a count that reaches the total finds every other child's success committed
 (each committed with its own count, which this one waited for). The commit
 does not wait for the WAL flush (``synchronous_commit`` off for the call's

@@ -44,10 +44,9 @@ from .. import store
 from ..exceptions import JobCancelled
 from ..observability import joblog, tracing
 from . import attempt, metering
-from .connections import ThreadConnections
+from .connections import ThreadConnections, reset_connections
 from .executor import Outcome
 from .jobthreads import JobRunner
-from .jobthreads import _reset_connections as reset_connections
 from .running import RunningJob
 from .synchops import SyncHops, sync
 

@@ -22,7 +22,7 @@ from django.db import DatabaseError, InterfaceError, connections
 from .. import store
 from ..observability import joblog, tracing
 from . import atomic, attempt, completer, executor, metering, timeouts
-from .connections import ThreadConnections, database_went_away, reset_connections
+from .connections import ThreadConnections, database_went_away
 from .executor import Outcome
 from .running import RunningJob
 from .slots import Slots
@@ -201,12 +201,6 @@ class JobRunner:
                 task=running.task,
             )
         return outcome
-
-
-def _reset_connections() -> None:
-    """Keep a thread's connections across jobs unless a task broke them
-    (``connections.reset_connections``; the asyncio executor's sync thread)."""
-    reset_connections()
 
 
 class JobThreads:

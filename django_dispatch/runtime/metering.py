@@ -65,8 +65,8 @@ class Meter:
     """One attempt's clocks; ``stop`` on the job thread, ``reading`` from anywhere.
 
     A plain class with slots rather than a dataclass: one is made per job,
-    and a dataclass's generated ``__init__`` with a default factory was a
-    visible share of a short job's CPU.
+    and a dataclass's generated ``__init__`` with a default factory costs a
+    short job measurable CPU.
     """
 
     __slots__ = ("began", "cpu", "cpu_began", "rss", "thread_cpu", "wall")

@@ -45,7 +45,7 @@ from django.core.management import CommandError
 from .. import store
 from ..conf import DispatchSettings
 from ..observability import joblog
-from ..store.workers import Incarnation, worker_incarnation, worker_take_id
+from ..store.workers import Incarnation, WorkerIdTaken, worker_incarnation, worker_take_id
 from .options import WorkerOptions
 
 logger = logging.getLogger("django_dispatch.worker")
@@ -70,6 +70,20 @@ TAKE_ATTEMPTS = 3
 class WorkerIdInUse(CommandError):
     """A live worker holds the id this one was started under (a ``CommandError``:
     ``rundispatch`` prints it and exits 1, without a traceback)."""
+
+
+def registration(options: WorkerOptions, db: str) -> dict[str, Any]:
+    """The worker row's description of this process (``store.worker_register``)."""
+    return {
+        "hostname": socket.gethostname(),
+        "pid": os.getpid(),
+        "queues": options.queues,
+        "concurrency": options.concurrency + options.async_concurrency,
+        "db": db,
+        "namespace": options.namespace,
+        "capacity": options.capacity,
+        "locality": options.locality,
+    }
 
 
 def take_id(
@@ -97,6 +111,22 @@ def take_id(
     if previous is None or ours:
         return 0
     return _take_back(worker_id, previous, settings, db)
+
+
+def register(worker_id: str, registration: Mapping[str, Any]) -> str | None:
+    """Refresh this incarnation's row as the worker starts; None, or why it must stop.
+
+    Another process may have taken the id over since ``take_id`` (this one
+    judged dead: frozen, or its heartbeat late, right after taking it). The
+    refresh is then refused (``WorkerIdTaken``) and this process stops before
+    it claims anything, leaving the new owner's row as it is.
+    """
+    try:
+        store.worker_register(worker_id, **registration)
+    except WorkerIdTaken as e:
+        logger.error("%s; this process stops", e, extra=joblog.worker_fields(worker_id))
+        return str(e)
+    return None
 
 
 def _take_back(worker_id: str, previous: Incarnation, settings: DispatchSettings, db: str) -> int:

@@ -25,18 +25,15 @@ from __future__ import annotations
 import logging
 import os
 import signal
-import socket
 import threading
 import time
 from types import FrameType
-from typing import Any
 
 from django.db import connections
 
 from .. import store
 from ..conf import DispatchSettings, get_settings
 from ..observability import joblog
-from ..store.workers import WorkerIdTaken
 from . import completer, recycling, scheduler, takeover, timeouts
 from .asyncjobs import AsyncJobs
 from .heartbeat import Heartbeat
@@ -54,20 +51,6 @@ logger = logging.getLogger("django_dispatch.worker")
 SIGNAL_DEDUP_SECONDS = 1.0
 #: How often a ``--processes`` child checks that its supervisor is alive.
 SUPERVISOR_CHECK_SECONDS = 1.0
-
-
-def registration(options: WorkerOptions, db: str) -> dict[str, Any]:
-    """The worker row's description of this process (``store.worker_register``)."""
-    return {
-        "hostname": socket.gethostname(),
-        "pid": os.getpid(),
-        "queues": options.queues,
-        "concurrency": options.concurrency + options.async_concurrency,
-        "db": db,
-        "namespace": options.namespace,
-        "capacity": options.capacity,
-        "locality": options.locality,
-    }
 
 
 class Worker:
@@ -98,7 +81,7 @@ class Worker:
             prefetch=PREFETCH_FACTOR * options.concurrency if postgres else 0,
         )
         #: What the worker row says about this process (see ``store.workers``).
-        self.registration = registration(options, self.db)
+        self.registration = takeover.registration(options, self.db)
         self.completer = completer.BatchCompleter(
             self.wakeup, cfg.LEASE_SECONDS, slots=self.slots, db=self.db
         )
@@ -214,13 +197,10 @@ class Worker:
     def _start(self) -> None:
         """Register, listen, settle what a recycled predecessor left, sync cron."""
         opts, cfg = self.options, self.settings
-        try:
-            store.worker_register(opts.worker_id, **self.registration)
-        except WorkerIdTaken as e:
-            # Taken over between ``take_id`` and here (this process was judged
-            # dead): stop before claiming anything, and leave the new row.
-            logger.error("%s; this process stops", e, extra=joblog.worker_fields(opts.worker_id))
-            self.request_stop(str(e))
+        taken = takeover.register(opts.worker_id, self.registration)
+        if taken is not None:  # stop before claiming, listening or settling anything
+            self.request_stop(taken)
+            return
         joblog.worker_started(opts.worker_id, opts.queues, opts.concurrency)
         self.listener = start_listener(self.db, cfg, self.wakeup, namespace=opts.namespace)
         if opts.predecessor is not None:

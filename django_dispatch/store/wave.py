@@ -89,9 +89,9 @@ _FINISH_KEYED_CALL = (
 #: pending, keyed ones only as their partition's runnable head). Its ids come
 #: in id order (migration 0032), and each candidate is found among them by a
 #: binary search (``width_bucket``: the index of the last id not above it;
-#: NULL, or 0 whose element is NULL, when none): ``= ANY`` read the whole
-#: array for each candidate, up to a million comparisons for a wave of a thousand
-#: claims. A join would cost every wave planning. Candidates
+#: NULL, or 0 whose element is NULL, when none): ``= ANY`` would read the
+#: whole array for each candidate, a million comparisons for a wave of a
+#: thousand claims, and a join would cost every wave planning. Candidates
 #: of a concurrency group are left to the gates. The winners and the freed
 #: keys come on one row only: on every row, a wave of a thousand
 #: successes and a thousand claims (the asyncio executor's) would send and

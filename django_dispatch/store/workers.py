@@ -124,12 +124,17 @@ def _fields(
 
 
 def _create(worker_id: str, fields: dict[str, Any], db: str) -> None:
-    """Insert the row; if the same id was inserted meanwhile, update that one."""
+    """Insert the row. Inserted meanwhile under the same id, it is refreshed only
+    if it is this incarnation's; another process's means this one's id was
+    taken over (``WorkerIdTaken``)."""
     workers = Worker.objects.using(db)
     try:
         workers.create(id=worker_id, **fields)
     except IntegrityError:  # registered concurrently under the same id
-        workers.filter(id=worker_id).update(last_seen_at=Now(), **fields)
+        row = workers.filter(id=worker_id)
+        ours = row.filter(hostname=fields["hostname"], pid=fields["pid"])
+        if not ours.update(last_seen_at=Now(), **fields):
+            _raise_if_taken(worker_id, row)
 
 
 def worker_deregister(

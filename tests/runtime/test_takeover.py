@@ -23,10 +23,11 @@ from django.utils import timezone
 from django_dispatch import store
 from django_dispatch.conf import get_settings
 from django_dispatch.models import Job, JobUsage, Worker
+from django_dispatch.runtime import takeover
 from django_dispatch.runtime.options import WorkerOptions
-from django_dispatch.runtime.takeover import WorkerIdInUse, take_id
-from django_dispatch.runtime.worker import registration
+from django_dispatch.runtime.takeover import WorkerIdInUse, registration, take_id
 from django_dispatch.states import JobState
+from django_dispatch.testing import drain
 from tests.conftest import wait_until
 from tests.testapp import flow_tasks, tasks
 from tests.testapp.models import SideEffect
@@ -262,3 +263,22 @@ def test_an_incarnation_whose_id_was_taken_over_stops_and_leaves_the_new_row(sta
     assert "its id was taken over by pid 4242 on host new-host" in worker.output()
     row = Worker.objects.get(id="woken")
     assert (row.hostname, row.pid) == ("new-host", 4242)
+
+
+def test_a_takeover_between_taking_the_id_and_starting_stops_the_worker_at_once(monkeypatch):
+    """Taken over right after ``take_id`` (this process judged dead meanwhile): the
+    start's refresh of the row must not write this process back over the new
+    owner's, and the worker stops before it claims anything."""
+    real = takeover.take_id
+
+    def take_then_lose_it(options, registration, settings):
+        taken = real(options, registration, settings)
+        Worker.objects.filter(id=options.worker_id).update(hostname="new-host", pid=4242)
+        return taken
+
+    monkeypatch.setattr(takeover, "take_id", take_then_lose_it)
+    enqueued = tasks.noop.enqueue()
+    assert drain(worker_id="woken") == 0
+    row = Worker.objects.get(id="woken")
+    assert (row.hostname, row.pid) == ("new-host", 4242)
+    assert Job.objects.get(pk=enqueued.id).state == JobState.PENDING

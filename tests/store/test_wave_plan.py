@@ -18,7 +18,9 @@ import pytest
 from django.db import connection
 
 from django_dispatch.models import Job
+from django_dispatch.states import JobState
 from tests.conftest import postgres_only
+from tests.store.helpers import claim
 from tests.testapp.tasks import noop
 
 pytestmark = [pytest.mark.django_db(transaction=True), postgres_only]
@@ -148,3 +150,22 @@ def test_a_wave_planned_on_a_small_job_table_reads_only_its_rows(session, small,
     # Each of the 5 ids looked up once (the keyed finish also reads each freed
     # key's head), not the rows of a scan of the table.
     assert all(read <= 15 for read in reads.values()), reads
+
+
+@pytest.mark.parametrize("stale_first", [True, False])
+def test_an_id_twice_in_one_finish_is_written_under_its_current_lease(stale_first):
+    """A wave that holds two attempts of one job (a stale one's entry beside the
+    current one's) finishes it under the current lease, in either order; a NULL
+    id is passed over."""
+    job_id = int(noop.enqueue().id)
+    [claimed] = claim(worker="w1")
+    epoch = claimed.lease.epoch
+    epochs = [epoch - 1, epoch] if stale_first else [epoch, epoch - 1]
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT won FROM django_dispatch_finish_wave(%s::bigint[], %s::text[],"
+            " %s::bigint[], %s::jsonb[], NULL, NULL, NULL, NULL, NULL, NULL)",
+            ([job_id, None, job_id], ["w1"] * 3, [epochs[0], 0, epochs[1]], ["1"] * 3),
+        )
+        assert cursor.fetchone()[0] == [job_id]
+    assert Job.objects.get(pk=job_id).state == JobState.SUCCEEDED

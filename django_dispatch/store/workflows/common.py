@@ -12,7 +12,9 @@ child's success, holding its parent run while the set has held children,
 admits a held sibling; it takes the sibling's row only if no other
 transaction holds it (SKIP LOCKED), and otherwise leaves the admission to
 the next success (see ``_admit``). A child's success is counted on its
-parent step after it commits, in a statement of its own (``count_map_child``).
+parent step: on PostgreSQL a one-step child's in the same statement as its
+success (``pgpath``), otherwise after it commits, in a statement of its own
+(``count_map_child``).
 
 ``claim_fence`` is the other half: the step row while one exact claim still
 holds it. Every write of a step attempt matches it, so a write from a void

@@ -137,9 +137,10 @@ def gather_stalled(
     """``ctx.map`` steps with every child admitted and no count for a while: gather
     each whose children all succeeded; their ids.
 
-    A child is counted on its step just after its success commits
-    (``common.count_map_child``); a worker that dies between the two leaves
-    the count one short, and the set would wait for ever. "No count for a
+    A child is counted on its step with its success (a one-step child on
+    PostgreSQL) or just after its success commits (``common.count_map_child``);
+    a worker that dies between those two leaves the count one short, and the
+    set would wait for ever. "No count for a
     while" is the step's ``updated_at``, which every count sets (not
     ``heartbeat_at``, which is indexed: see ``pgpath._COUNT_SQL``). The children are
     counted here first, with no lock (a set still running is left alone,
