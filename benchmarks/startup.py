@@ -58,7 +58,7 @@ MARKS = ["up", "setup", "command", "worker", "loop", "claim", "finish", "first"]
 
 #: Appended to ``ab.py``'s ``sitecustomize``: writes ``pid mark time`` lines to
 #: ``$STARTUP_PROBE`` at interpreter start and around the functions below.
-PROBE = '''
+PROBE = """
 import os as _os, time as _time
 _OUT = _os.environ.get("STARTUP_PROBE")
 
@@ -120,7 +120,7 @@ class _Probe:
 if _OUT:
     _mark("up")
     sys.meta_path.insert(0, _Probe())
-'''
+"""
 
 #: The database marks, as Unix times: first claim, first success, the N-th success.
 DISPATCH_SQL = """
@@ -194,8 +194,13 @@ def variants(args: argparse.Namespace, tmp: Path) -> list[Variant]:
             raise SystemExit(f"a variant is label=ref, got {text!r}")
         tree = checkout(ref, tmp)
         print(f"{label}: {ref} = {tree.name}", flush=True)
-        env = {**os.environ, "PYTHONPATH": f"{hooks}:{tree}:{PROJECT_DIR}",
-               "AB_DISPATCH": "{}", "AB_OPTIONS": "{}", "DJANGO_SETTINGS_MODULE": "ab_settings"}
+        env = {
+            **os.environ,
+            "PYTHONPATH": f"{hooks}:{tree}:{PROJECT_DIR}",
+            "AB_DISPATCH": "{}",
+            "AB_OPTIONS": "{}",
+            "DJANGO_SETTINGS_MODULE": "ab_settings",
+        }
         found.append(Variant(label, env, sys.executable, pgqueuer=False))  # fmt: skip
     if args.pgqueuer:
         env = {**os.environ, "PYTHONPATH": str(hooks)}
