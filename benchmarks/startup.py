@@ -25,6 +25,12 @@ in seconds from the launch:
   ``started_at`` / ``finished_at``, so the earliest of any process);
 - ``first N``: the ``--first``-th job finished: the ramp to the steady rate.
 
+Each commit's tree is compiled to bytecode first, as pip installs a
+package and as ``run.py --dispatch-ref`` measures it: the benchmark's shell
+sets ``PYTHONDONTWRITEBYTECODE``, under which a bare tree (and ``run.py``
+without ``--dispatch-ref``, on the working tree) compiles ~200 modules from
+source at every start, ~0.4 s that no installed site pays.
+
 The process marks come from a ``sitecustomize`` put first on each process's
 path, which wraps those functions as their modules are imported (no change
 to the code measured). ``--pgqueuer`` adds PgQueuer at its defaults on
@@ -193,6 +199,11 @@ def variants(args: argparse.Namespace, tmp: Path) -> list[Variant]:
         if not label or not ref:
             raise SystemExit(f"a variant is label=ref, got {text!r}")
         tree = checkout(ref, tmp)
+        # As pip installs it (and as run.py's --dispatch-ref measures it): with
+        # bytecode. Under PYTHONDONTWRITEBYTECODE a bare tree would compile
+        # ~200 modules from source at every start (~0.4 s of it).
+        subprocess.run([sys.executable, "-m", "compileall", "-q", str(tree / "django_dispatch")],
+                       check=True)  # fmt: skip
         print(f"{label}: {ref} = {tree.name}", flush=True)
         env = {
             **os.environ,
