@@ -61,6 +61,16 @@ BENCH_DIR = Path(__file__).resolve().parent
 PROJECT_DIR = BENCH_DIR / "dispatch_project"
 PGQUEUER = "pgqueuer [defaults, asyncpg+uvloop]"
 MARKS = ["up", "setup", "command", "worker", "loop", "claim", "finish", "first"]
+#: Each process's own phases, from one mark to the next in that process: on a
+#: shared machine the launch-to-mark times drift by half a second from one
+#: start to the next, mostly in the imports, and these show where a change
+#: acted. The claim is that process's first (its worker id holds its pid).
+PHASES = [("up", "setup"), ("setup", "command"), ("command", "worker"), ("worker", "loop"),
+          ("loop", "claim")]  # fmt: skip
+PROCESS_CLAIMS_SQL = """
+SELECT worker_id, extract(epoch FROM min(started_at)) FROM django_dispatch_job
+WHERE started_at IS NOT NULL GROUP BY worker_id
+"""
 
 #: Appended to ``ab.py``'s ``sitecustomize``: writes ``pid mark time`` lines to
 #: ``$STARTUP_PROBE`` at interpreter start and around the functions below.
@@ -239,9 +249,29 @@ def start_once(args: argparse.Namespace, variant: Variant, server: PgServer, tmp
             stop(procs)
         done_sql = PGQUEUER_SQL if variant.pgqueuer else DISPATCH_SQL
         claim, finish, first = conn.execute(done_sql, {"n": args.first - 1}).fetchone()
+        claims = [] if variant.pgqueuer else conn.execute(PROCESS_CLAIMS_SQL).fetchall()
     marks = process_marks(probe, args.workers)
     marks.update(claim=claim, finish=finish, first=first)
-    return {name: float(at) - launched for name, at in marks.items() if at is not None}
+    found = {name: float(at) - launched for name, at in marks.items() if at is not None}
+    found["phases"] = process_phases(probe, claims)
+    return found
+
+
+def process_phases(probe: Path, claims: list[tuple[str, float]]) -> list[dict[str, float]]:
+    """Per worker process: each phase's seconds (``PHASES``)."""
+    marks: dict[str, dict[str, float]] = {}
+    for line in probe.read_text().splitlines() if probe.exists() else []:
+        pid, name, at = line.split()
+        if name == "up" or name.endswith(":start"):
+            marks.setdefault(pid, {}).setdefault(name.removesuffix(":start"), float(at))
+        elif name == "setup:end":
+            marks.setdefault(pid, {})["setup"] = float(at)
+    for worker_id, at in claims:
+        pid = (worker_id or "").split(":")[1:2]
+        if pid and pid[0] in marks:
+            marks[pid[0]]["claim"] = float(at)
+    return [{f"{a}-{b}": own[b] - own[a] for a, b in PHASES if a in own and b in own}
+            for own in marks.values()]  # fmt: skip
 
 
 def wait_for(conn, variant: Variant, args: argparse.Namespace, procs: list) -> None:
@@ -299,6 +329,17 @@ def report(args: argparse.Namespace, rows: dict[str, list[dict]], settings: dict
             values = [run[mark] for run in runs if mark in run]
             cells.append(f"{statistics.median(values):.3f}" if values else "")
         print(f"| {label} | " + " | ".join(cells) + " |")
+    phase_names = [f"{a}-{b}" for a, b in PHASES]
+    print("\nEach worker process's phases, seconds, medians over processes and rounds:")
+    print("| variant | " + " | ".join(phase_names) + " | up-claim |")
+    print("|---|" + "---:|" * (len(PHASES) + 1))
+    for label, runs in rows.items():
+        own = [phases for run in runs for phases in run.get("phases", [])]
+        if not own:
+            continue
+        cells = [statistics.median([p[n] for p in own if n in p] or [0.0]) for n in phase_names]
+        total = statistics.median([sum(p.values()) for p in own if len(p) == len(PHASES)] or [0])
+        print(f"| {label} | " + " | ".join(f"{c:.3f}" for c in cells) + f" | {total:.3f} |")
     first = next(iter(rows))
     for label, runs in rows.items():
         if label == first:
@@ -333,6 +374,8 @@ def main() -> None:
                 rows[variant.label].append(marks)
                 print(f"round {round_} {variant.label}: " + ", ".join(
                     f"{m} {marks[m]:.3f}" for m in MARKS if m in marks), flush=True)  # fmt: skip
+                for own in marks["phases"]:
+                    print("  " + ", ".join(f"{k} {v:.3f}" for k, v in own.items()), flush=True)
         report(args, rows, server.settings())
 
 
