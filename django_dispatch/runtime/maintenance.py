@@ -208,9 +208,12 @@ class Maintenance:
         less than ``HOUSEKEEPING_DELAY``), let go of the leadership, stop
         exporting live gauges."""
         if self.leader and not self.housekept:
-            self.purge()
-            self.unstick_partitions()
-            self.sweep_artifacts()
+            try:
+                self.purge()
+                self.unstick_partitions()
+                self.sweep_artifacts()
+            except Exception:  # the release below matters more: the next leader purges
+                logger.exception("housekeeping on the way out failed; the next leader does it")
         if metrics.WORKER is not None:
             metrics.WORKER.heartbeat(busy=0, slots=0)
             metrics.publish_cluster(False, interval=1.0, live_within=1.0, db=self.db)

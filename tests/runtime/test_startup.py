@@ -105,3 +105,17 @@ def test_housekeeping_runs_once_per_term_not_again_at_resign(monkeypatch):
     follower = Maintenance("follower", get_settings(), store.db_alias())
     follower.resign()  # never the leader: purges nothing
     assert calls == []
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_failed_housekeeping_on_the_way_out_still_lets_go_of_the_leadership(monkeypatch):
+    leader = Maintenance("leader", get_settings(), store.db_alias())
+    assert leader.elect() is True
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("purge failed")
+
+    monkeypatch.setattr(maintenance_module, "purge_past_retention", broken)
+    leader.resign()
+    assert leader.leader is False
+    assert store.leadership_acquire("next", ttl=30, db=store.db_alias(), namespace="")
