@@ -334,7 +334,7 @@ def report(args: argparse.Namespace, rows: dict[str, list[dict]], settings: dict
     print("| variant | " + " | ".join(phase_names) + " | up-claim |")
     print("|---|" + "---:|" * (len(PHASES) + 1))
     for label, runs in rows.items():
-        own = [phases for run in runs for phases in run.get("phases", [])]
+        own = [phases for run in runs for phases in run.get("phases", []) if phases]
         if not own:
             continue
         cells = [statistics.median([p[n] for p in own if n in p] or [0.0]) for n in phase_names]
