@@ -9,6 +9,12 @@ A worker that takes leadership reclaims at once, not at its next
 ``RECLAIM_INTERVAL``: when the previous leader died, its own jobs' leases ran
 out with its leadership, so they are due when a successor takes office.
 
+The housekeeping (the retention purge, the partition and artifact sweeps)
+keeps nothing from running: it waits a few seconds after start rather than
+hold the first claim back, and a leader that stops before it ran does it
+on the way out, so that short-lived workers (``--burst``, ``--max-jobs``)
+still purge.
+
 Everything here is scoped to the worker's namespace: each namespace elects
 its own leader, which reclaims, purges and sweeps that namespace's rows only.
 """
@@ -16,7 +22,8 @@ its own leader, which reclaims, purges and sweeps that namespace's rows only.
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping
+import time
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from .. import store
@@ -36,6 +43,9 @@ logger = logging.getLogger("django_dispatch.maintenance")
 PURGE_MAX_SECONDS = 2.0
 #: Elections, from the one that takes office, that also reclaim (see ``elect``).
 TAKEOVER_SWEEPS = 3
+#: Seconds after start before the first housekeeping (at most its interval):
+#: the start-up's claims come first.
+HOUSEKEEPING_DELAY = 5.0
 
 
 class Maintenance:
@@ -48,19 +58,27 @@ class Maintenance:
         self.db = db
         self.leader = False
         self.takeover_sweeps = 0  # how many of the next elections also reclaim
+        #: Whether this worker ran the housekeeping as the leader (see ``resign``).
+        self.housekept = False
 
     def duties(self, *, cron: bool) -> list[Every]:
-        """This worker's periodic maintenance, each run once at start (so a
-        crashed predecessor's expired leases are swept at once if this worker
-        is the leader): election, reclaim, purge, the partition sweep, cron
-        ticks (``cron``), and the cluster gauges under ``--metrics-port``."""
+        """This worker's periodic maintenance: the election at once (a crashed
+        predecessor's expired leases are swept when this worker takes office),
+        then reclaims; the housekeeping from ``HOUSEKEEPING_DELAY`` on; cron
+        ticks at once (``cron``), and the cluster gauges under ``--metrics-port``.
+
+        The reclaim duty is not run at start: the election just before it
+        reclaims if this worker took office, and a worker that is not the
+        leader reclaims nothing.
+        """
         cfg = self.settings
         duties = [
             Every(cfg.HEARTBEAT_INTERVAL, self.elect),
-            Every(cfg.RECLAIM_INTERVAL, self.reclaim),
-            Every(cfg.PURGE_INTERVAL, self.purge),
-            Every(cfg.PURGE_INTERVAL, self.unstick_partitions),
-            Every(cfg.PURGE_INTERVAL, self.sweep_artifacts),
+            Every(cfg.RECLAIM_INTERVAL, self.reclaim, start_now=False),
+            *(
+                _after(min(HOUSEKEEPING_DELAY, cfg.PURGE_INTERVAL), cfg.PURGE_INTERVAL, duty)
+                for duty in (self.purge, self.unstick_partitions, self.sweep_artifacts)
+            ),
         ]
         if cron:
             duties.append(
@@ -145,6 +163,7 @@ class Maintenance:
         """
         if not self.leader:
             return
+        self.housekept = True
         cfg = self.settings
         jobs, letters = purge_past_retention(
             cfg.JOB_RETENTION,
@@ -185,7 +204,16 @@ class Maintenance:
             logger.info("artifacts: %s", counts)
 
     def resign(self) -> None:
-        """On the way out: let go of the leadership and stop exporting live gauges."""
+        """On the way out: the housekeeping if it never ran (a leader that lived
+        less than ``HOUSEKEEPING_DELAY``), let go of the leadership, stop
+        exporting live gauges."""
+        if self.leader and not self.housekept:
+            try:
+                self.purge()
+                self.unstick_partitions()
+                self.sweep_artifacts()
+            except Exception:  # the release below matters more: the next leader purges
+                logger.exception("housekeeping on the way out failed; the next leader does it")
         if metrics.WORKER is not None:
             metrics.WORKER.heartbeat(busy=0, slots=0)
             metrics.publish_cluster(False, interval=1.0, live_within=1.0, db=self.db)
@@ -198,3 +226,10 @@ class Maintenance:
                     f" of namespace {self.namespace!r}" if self.namespace else "",
                 )
             self.leader = False
+
+
+def _after(delay: float, interval: float, run: Callable[[], object]) -> Every:
+    """A duty every ``interval`` seconds whose first run is ``delay`` seconds from now."""
+    duty = Every(interval, run, start_now=False)
+    duty.next_at = time.monotonic() + delay
+    return duty
