@@ -144,15 +144,7 @@ def prepare(
         return executor.classify_failure(claimed, e, task=None, policy=None)
 
     sender = signal_sender(task)
-    observed = silence.get(sender) if silence is not None else None
-    if observed is None:
-        observed = (
-            not signal_is_silent(task_started, sender),
-            not signal_is_silent(task_finished, sender),
-        )
-        if silence is not None:
-            silence[sender] = observed
-    started, finished = observed
+    started, finished = _observed(sender, silence)
     result = None
     if started or finished or task.takes_context:
         result = executor.running_result(claimed, task)
@@ -184,6 +176,20 @@ def prepare(
         finished_observed=finished,
         started_sent=started,
     )
+
+
+def _observed(sender: type, silence: dict[Any, tuple[bool, bool]] | None) -> tuple[bool, bool]:
+    """Whether ``task_started`` and ``task_finished`` from ``sender`` are observed,
+    from ``silence`` when it holds the answer (see ``prepare``)."""
+    observed = silence.get(sender) if silence is not None else None
+    if observed is None:
+        observed = (
+            not signal_is_silent(task_started, sender),
+            not signal_is_silent(task_finished, sender),
+        )
+        if silence is not None:
+            silence[sender] = observed
+    return observed
 
 
 def conclude(
