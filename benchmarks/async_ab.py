@@ -8,7 +8,8 @@ medians are reported. From the repository root:
 
     flock /tmp/bench.lock .venv/bin/python benchmarks/async_ab.py main=main head=HEAD
 
-A variant is ``label=ref`` (the commit's tree, ``git archive``, as ``ab.py``).
+A variant is ``label=ref[:DISPATCH json]`` (the commit's tree, ``git archive``, and
+its ``DISPATCH`` settings, as ``ab.py``).
 Each round: a fresh backlog of ``--jobs`` jobs (``enqueue_many``), then
 ``rundispatch --burst --processes W --concurrency C --async-concurrency A``
 until it exits. Reported per variant: jobs per second from the workers'
@@ -76,7 +77,7 @@ def drain(args: argparse.Namespace, env: dict[str, str], server: PgServer, jobs:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("variants", nargs="+", help="label=ref")
+    parser.add_argument("variants", nargs="+", help="label=ref[:DISPATCH json], as ab.py")
     parser.add_argument("--jobs", type=int, default=10_000)
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--workers", type=int, default=2)
@@ -87,7 +88,7 @@ def main() -> None:
     parser.add_argument("--top", type=int, default=10)
     parser.add_argument("--width", type=int, default=100)
     args = parser.parse_args()
-    variants = [(*ab.parse_variant(v)[:2], "{}", "{}") for v in args.variants]
+    variants = [ab.parse_variant(v) for v in args.variants]
     settings = (
         {"shared_preload_libraries": "pg_stat_statements", "pg_stat_statements.track": "all"}
         if args.statements

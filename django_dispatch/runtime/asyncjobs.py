@@ -75,6 +75,9 @@ class AsyncJobs:
         self.hops = SyncHops(self.loop)
         #: The hop (``SyncHops.count``) whose steps found the connections usable.
         self.checked_hop = -1
+        #: Whether each signal sender's ``task_started``/``task_finished`` are
+        #: observed (``attempt.prepare``), while no user code ran in this hop.
+        self.silence: dict[Any, tuple[bool, bool]] = {}
         #: Successes offered to the wave by ``id(running)``: (job, loop time), oldest first.
         self.offered: dict[int, tuple[RunningJob, float]] = {}
         self.watchdog: asyncio.TimerHandle | None = None
@@ -104,9 +107,11 @@ class AsyncJobs:
         self.loop.call_soon_threadsafe(self._spawn, jobs)
 
     def _spawn(self, jobs: list[RunningJob]) -> None:
-        for running in jobs:
-            task = self.loop.create_task(self._run(running), name=f"job-{running.claimed.id}")
-            self.tasks[task] = running
+        # Registered here, in the loop's thread (timeouts find them started),
+        # all at once: a job handed back meanwhile gets no task, as on a thread.
+        for running in self.runner.register_many(jobs):
+            name = f"job-{running.claimed.lease.job_id}"
+            self.tasks[self.loop.create_task(self._run(running), name=name)] = running
 
     def stop(self, timeout: float = 5.0) -> None:
         """Wait up to ``timeout`` for jobs still on the loop, then stop it.
@@ -155,8 +160,6 @@ class AsyncJobs:
         #: ("done": already written); "wave": the wave settles it (``_settle``).
         then: After = "write"
         try:
-            if not runner.register(running):  # in the loop's thread: timeouts find it started
-                return
             meter, prepared = await self.hops.run(self._before, running)
             if meter is None:
                 outcome, then = Outcome(kind="released"), "done"  # ``begin`` wrote it
@@ -191,12 +194,16 @@ class AsyncJobs:
         # no task code runs on this thread, only these steps, whose one piece of
         # user code (``task_started`` receivers) makes the next job check again.
         hop = self.hops.count
+        if self.checked_hop != hop:
+            # A new hop (task code ran on the loop since), or user code ran in
+            # this one: either may have connected or dropped signal receivers.
+            self.silence.clear()
         meter = self.runner.begin(running, self.conns, check=self.checked_hop != hop)
         if meter is None:
             return None, None
         self.checked_hop = hop
         self.runner.overseer.started(running)
-        prepared = attempt.prepare(running.claimed, running)
+        prepared = attempt.prepare(running.claimed, running, silence=self.silence)
         if isinstance(prepared, attempt.Prepared) and prepared.started_sent:
             self.checked_hop = -1
         return meter, prepared

@@ -112,13 +112,22 @@ class Prepared:
     started_sent: bool = True
 
 
-def prepare(claimed: ClaimedJob, running: RunningJob) -> Outcome | Prepared:
+def prepare(
+    claimed: ClaimedJob,
+    running: RunningJob,
+    *,
+    silence: dict[Any, tuple[bool, bool]] | None = None,
+) -> Outcome | Prepared:
     """Everything before task code: resolve, check arguments, ``task_started``.
 
     An ``Outcome`` when the attempt ends here (cancelled while it waited,
     a task that cannot run). ``task_started`` receivers are user code: call
     this where they may use the database (a job thread, or the asyncio
     executor's sync thread), never on an event loop.
+
+    ``silence``: whether each sender's two signals are observed, kept by a
+    caller preparing many jobs in a row; it must empty it whenever user code
+    may have run since (a receiver may connect or drop receivers).
     """
     row = claimed.row
     if running.stop_requested:  # cancelled while waiting for a thread
@@ -135,8 +144,7 @@ def prepare(claimed: ClaimedJob, running: RunningJob) -> Outcome | Prepared:
         return executor.classify_failure(claimed, e, task=None, policy=None)
 
     sender = signal_sender(task)
-    started = not signal_is_silent(task_started, sender)
-    finished = not signal_is_silent(task_finished, sender)
+    started, finished = _observed(sender, silence)
     result = None
     if started or finished or task.takes_context:
         result = executor.running_result(claimed, task)
@@ -168,6 +176,20 @@ def prepare(claimed: ClaimedJob, running: RunningJob) -> Outcome | Prepared:
         finished_observed=finished,
         started_sent=started,
     )
+
+
+def _observed(sender: type, silence: dict[Any, tuple[bool, bool]] | None) -> tuple[bool, bool]:
+    """Whether ``task_started`` and ``task_finished`` from ``sender`` are observed,
+    from ``silence`` when it holds the answer (see ``prepare``)."""
+    observed = silence.get(sender) if silence is not None else None
+    if observed is None:
+        observed = (
+            not signal_is_silent(task_started, sender),
+            not signal_is_silent(task_finished, sender),
+        )
+        if silence is not None:
+            silence[sender] = observed
+    return observed
 
 
 def conclude(

@@ -85,6 +85,23 @@ class JobRunner:
             running.begun_at = time.monotonic()
         return True
 
+    def register_many(self, jobs: list[RunningJob]) -> list[RunningJob]:
+        """``register`` of a claim's jobs, all started on the calling thread (the
+        event loop's), under one hold of the slots' lock: the control loop holds
+        it while it counts the slots, and taking it once per job of a wave of
+        hundreds made the loop wait on it as often. The jobs not handed back."""
+        thread, now = threading.current_thread(), time.monotonic()
+        started: list[RunningJob] = []
+        with self.slots.lock:
+            threads = self.slots.threads
+            for running in jobs:
+                if running.abandoned:  # handed back before the loop picked it up
+                    continue
+                threads[running.claimed.lease.job_id] = thread
+                running.begun_at = now
+                started.append(running)
+        return started
+
     def begin(
         self, running: RunningJob, conns: ThreadConnections, *, check: bool = True
     ) -> metering.Meter | None:

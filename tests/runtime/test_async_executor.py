@@ -167,6 +167,48 @@ def test_the_connection_check_runs_once_per_hop_and_again_after_user_code(monkey
     assert len(checks()) >= 10  # a receiver ran before each job's check
 
 
+def test_a_receiver_connected_by_user_code_is_sent_to_for_every_later_job(monkeypatch):
+    """Whether a job's signals are observed is looked up once per hop, not per job:
+    a ``task_finished`` receiver (user code, run in a job's end on the sync thread,
+    in the same hop as other jobs' starts) that connects a ``task_started``
+    receiver has it sent for every job prepared after that."""
+    events: list[tuple[str, int]] = []  # in the sync thread's order
+    before = AsyncJobs._before
+
+    def logged_before(self, running):
+        result = before(self, running)
+        events.append(("prepared", running.claimed.id))
+        return result
+
+    def started(sender, task_result, **kwargs):
+        events.append(("started", int(task_result.id)))
+
+    def finished(**kwargs):
+        if ("connected", 0) not in events:
+            task_started.connect(started)
+            events.append(("connected", 0))
+
+    monkeypatch.setattr(AsyncJobs, "_before", logged_before)
+    tasks_log = logging.getLogger("django.tasks")  # until then, task_started is silent
+    level = tasks_log.level
+    tasks_log.setLevel(logging.WARNING)
+    task_finished.connect(finished)
+    try:
+        enqueued = [async_tasks.window.enqueue(0.02) for _ in range(60)]
+        assert drain(concurrency=1, async_concurrency=6) == 60
+    finally:
+        tasks_log.setLevel(level)
+        task_finished.disconnect(finished)
+        task_started.disconnect(started)
+    kinds = [kind for kind, _ in events]
+    assert "connected" in kinds
+    after = events[kinds.index("connected") :]
+    prepared = {n for kind, n in after if kind == "prepared"}
+    assert prepared  # jobs were still starting when it connected
+    assert prepared <= {n for kind, n in events if kind == "started"}
+    assert len(enqueued) == 60
+
+
 def test_a_timeout_on_the_loop_fails_that_job_only():
     late = async_tasks.overtime.enqueue(5)
     others = [async_tasks.window.enqueue(0.2) for _ in range(10)]
