@@ -19,10 +19,9 @@ from django.http import HttpRequest
 
 from .. import services
 from ..compat import admin_action
-from ..core.states import FINISHED_STATES, LIVE_STATES, QUEUED_STATES, JobState
+from ..core.states import LIVE_STATES, QUEUED_STATES, JobState
 from ..exceptions import AlreadyReplayed
 from ..models import DeadLetter, Job
-from ..queries.lists import finished_namespaces
 from ..store import db_alias, read_database_for
 from .aliases import AliasSelector
 from .artifacts import artifacts_field
@@ -47,6 +46,7 @@ from .common import (
 )
 from .history import record
 from .job_columns import STEP_TASK, JobColumns, attach_partition_heads, attach_steps
+from .job_parts import job_list_parts
 from .job_search import parse_arguments_term, search_arguments
 from .overview import OverviewPage
 from .usage import usage_field
@@ -216,22 +216,8 @@ class JobAdmin(
     # --- list: finished and live jobs read apart, step names in one query, search --
 
     def list_parts(self, queryset: QuerySet[Job]) -> list[QuerySet[Job]]:
-        """The finished jobs, one part per namespace, then the live ones.
-
-        The indexes of a state, queue or task (``dispatch_job_list_*``) hold
-        the finished jobs only, each led by the namespace: a page of a rare
-        queue reads its entries in each namespace, newest first, where one
-        query over every state (or every namespace) would read the whole
-        history until its page is full. Namespaces are few and found by one
-        index descent each (``finished_namespaces``); indexes of the same
-        columns without the namespace would serve this page alone, and cost
-        every job three more index entries when it finishes. The live jobs
-        are few, and indexed apart.
-        """
-        finished = queryset.filter(state__in=FINISHED_STATES)
-        spaces = finished_namespaces(queryset.db)
-        live = queryset.filter(state__in=LIVE_STATES)
-        return [*(finished.filter(namespace=space) for space in spaces), live]
+        """Finished jobs by namespace, then the live ones (``job_parts``)."""
+        return job_list_parts(queryset)
 
     def get_changelist_instance(self, request: HttpRequest) -> Any:
         changelist = super().get_changelist_instance(request)
