@@ -39,7 +39,8 @@ the default pause must be at least 80% of the rate without.
 To look into one read (``EXPLAIN`` on the built tables, a change timed again)
 without building the history each time: ``--keep DIR`` builds the server in
 ``DIR`` and leaves it there (the purge is not run, so the history stays
-whole); ``--reuse DIR`` starts that server again and times the reads, then
+whole); ``--reuse DIR`` starts that server again, applies this checkout's
+migrations (a schema change is timed on the history built before it), times the reads, then
 the purge unless ``--no-purge`` (the purge deletes most of the history: that
 server is not reused after it), ``--reads`` picks some of the reads by name:
 
@@ -735,7 +736,7 @@ def main() -> None:
             args.rows, info["current_rows"] = built["rows"], built["current_rows"]
             info["tables"] = (
                 f"built by --keep in {pg.tmp} at {built['date']} ({built['commit']}), "
-                "timed again here"
+                f"timed again here; migrated: {', '.join(migrate_kept()) or 'nothing to do'}"
             )
         else:
             info.update(build(pg, args))
@@ -785,6 +786,25 @@ def describe(pg: PgServer) -> dict[str, str]:
         "DISPATCH": json.dumps(settings.DISPATCH),
         "load average at the start (1, 5, 15 min)": " ".join(f"{x:.2f}" for x in os.getloadavg()),
     }
+
+
+def migrate_kept() -> list[str]:
+    """Apply this checkout's migrations to every state's database of a kept server,
+    so that a schema change (an index dropped or added) is timed on the history
+    built before it, without building it again; returns what was applied."""
+    from django.core.management import call_command
+    from django.db import connection
+    from django.db.migrations.executor import MigrationExecutor
+
+    applied: list[str] = []
+    for state in STATES:
+        use_database(state)
+        executor = MigrationExecutor(connection)
+        plan = executor.migration_plan(executor.loader.graph.leaf_nodes())
+        applied = [f"{m.app_label}.{m.name}" for m, _ in plan] or applied
+        call_command("migrate", verbosity=0)
+    use_database("history")
+    return applied
 
 
 def build(pg: PgServer, args: argparse.Namespace) -> dict[str, str]:

@@ -19,7 +19,7 @@ from django.http import HttpRequest
 
 from .. import services
 from ..compat import admin_action
-from ..core.states import FINISHED_STATES, LIVE_STATES, QUEUED_STATES, JobState
+from ..core.states import LIVE_STATES, QUEUED_STATES, JobState
 from ..exceptions import AlreadyReplayed
 from ..models import DeadLetter, Job
 from ..store import db_alias, read_database_for
@@ -46,6 +46,7 @@ from .common import (
 )
 from .history import record
 from .job_columns import STEP_TASK, JobColumns, attach_partition_heads, attach_steps
+from .job_parts import job_list_parts
 from .job_search import parse_arguments_term, search_arguments
 from .overview import OverviewPage
 from .usage import usage_field
@@ -215,14 +216,8 @@ class JobAdmin(
     # --- list: finished and live jobs read apart, step names in one query, search --
 
     def list_parts(self, queryset: QuerySet[Job]) -> list[QuerySet[Job]]:
-        """The finished jobs, then the live ones, each through its own indexes.
-
-        The indexes of a state, queue or task (``dispatch_job_admin_*``) hold the
-        finished jobs only: a page of a rare queue reads its entries, newest
-        first, where one query over every state would read the whole history
-        until its page is full. The live jobs are few, and indexed apart.
-        """
-        return [queryset.filter(state__in=FINISHED_STATES), queryset.filter(state__in=LIVE_STATES)]
+        """Finished jobs by namespace, then the live ones (``job_parts``)."""
+        return job_list_parts(queryset)
 
     def get_changelist_instance(self, request: HttpRequest) -> Any:
         changelist = super().get_changelist_instance(request)

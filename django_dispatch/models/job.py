@@ -259,7 +259,11 @@ class Job(models.Model):
             # limits (all on live jobs) can pick them, and a job enters each
             # once, when it finishes. Live jobs are listed through
             # ``dispatch_job_list_live``, a scan the claim's queries never
-            # prefer to their own narrower indexes.
+            # prefer to their own narrower indexes. The admin's list of every
+            # namespace reads them too, one namespace at a time, merged by id
+            # (``admin.jobs.JobAdmin.list_parts``): an index without the
+            # namespace would cost every job one more entry when it finishes,
+            # for that page only.
             models.Index(
                 "namespace",
                 "state",
@@ -283,28 +287,6 @@ class Job(models.Model):
             ),
             models.Index(
                 "namespace", "id", name="dispatch_job_list_live", condition=Q(state__in=LIVE_STATES)
-            ),
-            # The admin's job list shows every namespace, so the list indexes
-            # above (led by one namespace) cannot serve it: the same three,
-            # without it. Partial on finished states as they are; the admin
-            # reads the live jobs apart (``admin.jobs.JobAdmin.list_parts``).
-            models.Index(
-                "state",
-                "id",
-                name="dispatch_job_admin_state",
-                condition=Q(state__in=FINISHED_STATES),
-            ),
-            models.Index(
-                "queue_name",
-                "id",
-                name="dispatch_job_admin_queue",
-                condition=Q(state__in=FINISHED_STATES),
-            ),
-            models.Index(
-                "task_path",
-                "id",
-                name="dispatch_job_admin_task",
-                condition=Q(state__in=FINISHED_STATES),
             ),
             # Retention: finished jobs by state and age. Partial on terminal
             # states, so it never competes with the claim index.

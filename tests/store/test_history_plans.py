@@ -437,8 +437,8 @@ def test_the_admin_job_list_of_a_rare_value_reads_its_entries(
     history, client, login, query, matching
 ):
     """Filtered by a state, queue or task that 1 job in 100 has (or none), in every
-    namespace: the finished jobs are read through the ``dispatch_job_admin_*``
-    indexes and the live ones apart, so the page and its count read the
+    namespace: the finished jobs are read one namespace at a time through the
+    ``dispatch_job_list_*`` indexes and the live ones apart, so the page and its count read the
     value's entries (and the live jobs), never the history up to the cap or
     to its end. The filters' sample (the newest rows, whatever the filter) is
     left out: the test above bounds it."""

@@ -223,13 +223,15 @@ def test_each_filtered_page_reads_its_list_index_on_many_rows():
                     cursor.execute("RESET enable_seqscan")
         else:
             plan = _plan(queryset.order_by("-id")[:100])
-        # With one namespace the admin's index of the same column (without the
-        # namespace, ``dispatch_job_admin_*``) reads the same entries in the
-        # same order, and the planner may pick either.
-        admin_index = index.replace("dispatch_job_list_", "dispatch_job_admin_")
-        assert index in plan or admin_index in plan, (index, plan)
+        # A rare state's 21 entries are also those of the retention index
+        # (namespace, state, finished_at): the planner may read them there and
+        # sort them, no more rows than the list index's walk.
+        if index == "dispatch_job_list_state" and "dispatch_job_finished" in plan:
+            index = "dispatch_job_finished"
+        assert index in plan, (index, plan)
         assert "Seq Scan" not in plan, (index, plan)
-        if index not in ("dispatch_job_list_live", "Index Scan"):  # the live set, sorted
+        sorted_ok = ("dispatch_job_list_live", "Index Scan", "dispatch_job_finished")
+        if index not in sorted_ok:  # the live set, sorted
             assert "Sort" not in plan, (index, plan)
     failed = jobs.list(state="failed", limit=2)
     assert len(failed) == 2 and all(j.task_path == ECHO for j in failed)
