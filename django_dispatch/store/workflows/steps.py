@@ -21,7 +21,7 @@ from ...models import WorkflowTask
 from ..base import db_now
 from ..maintenance import WORKER_LOST_PATH
 from ..sql import JSONAppend
-from . import pgpath, pgsucceed
+from . import pgpath, pgsucceed, preclaim
 from .common import (
     RunSpec,
     StepJobBuilder,
@@ -80,6 +80,9 @@ def workflow_step_claim(
     as a ``WorkerLost`` error but not counted against ``max_attempts``. No
     run lock: what the claim may change is this step row only.
 
+    On PostgreSQL, a ready step is usually claimed already, by the worker's
+    wave that leased this job (``preclaim``): the claim is taken from there.
+
     A ``waiting`` step is claimed by its timer job once ``wait_until`` has
     passed: the wait timed out (or the sleep is over), which is recorded in
     ``waits`` by the same compare-and-set, so a publish racing with the
@@ -87,6 +90,9 @@ def workflow_step_claim(
     step running.
     """
     db = db_or_default(db)
+    kept = preclaim.take(db, step_id, generation, job_id)
+    if kept is not None:  # claimed by the wave that leased the job, committed with its lease
+        return _claimed_from(db, step_id, kept[0], kept[1])
     claim_id = secrets.token_hex(16)
     # The usual case first, in one statement: a ready step (which holds no claim).
     if pgpath.applies(db):  # with its read, in that one statement

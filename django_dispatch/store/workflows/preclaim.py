@@ -1,0 +1,92 @@
+"""Step claims made by the wave that leases their jobs, kept for the jobs to take.
+
+A step job's first statement is its step's claim (``steps.workflow_step_claim``).
+On PostgreSQL the worker's wave (``store.wave``) claims the steps of the step
+jobs it leases in its own statement (the function of migration 0035), so a
+step job, and every ``ctx.map`` child, saves that round trip and commit. The
+claims wait here, by job id, until the job's attempt takes its own; a job
+that finds none (run elsewhere, or its step was locked at the wave) claims its
+step itself, as on SQLite.
+
+A claim taken here is exactly the one the wave wrote: the step was ``ready``,
+entrusted to this job, for this generation, and is now ``running`` with this
+claim id, committed with the job's lease. Only the process that wrote the
+wave holds it, and ``take`` hands it out once; a claim never taken (the job
+was handed back or cancelled before it started) leaves the step ``running``,
+which the job's next run takes over as from a lost worker.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Sequence
+from typing import Any
+
+from . import pgpath
+
+#: The task of every step job (``workflows.tasks.run_step``): its jobs' args are
+#: ``[step_id, generation]``.
+STEP_TASK = "django_dispatch.workflows.tasks.run_step"
+
+#: The wave's CTE that claims the steps of the step jobs it leased, once (a
+#: MATERIALIZED CTE whose function runs exactly once), after the lease (it
+#: reads the lease's result). Its rows, joined to the wave's candidates by job
+#: id, lead each record (``COLUMNS``); jobs with no step claimed get NULLs.
+#: Only jobs the lease took: a candidate only locked must not have its step
+#: claimed. A job whose args are not ``[step_id, generation]``, two whole
+#: numbers (a ``run_step`` enqueued by hand), is left out by the pattern checks
+#: rather than failing the wave's cast: its job claims nothing in the wave and
+#: finds it has no step. No step job leased: no call (``HAVING``). No braces in
+#: the text: the wave's template goes through ``str.format``.
+STEPS_CTE = """,
+steps AS MATERIALIZED (
+    SELECT s.* FROM (
+        SELECT array_agg(c.id ORDER BY c.id) AS jobs,
+            array_agg((c.args->>0)::bigint ORDER BY c.id) AS steps,
+            array_agg((c.args->>1)::integer ORDER BY c.id) AS generations
+        FROM candidates AS c CROSS JOIN lease AS l
+        WHERE c.task_path = %(step_task)s
+            AND (c.args->>0) ~ '^[0-9]+$' AND length(c.args->>0) < 19
+            AND (c.args->>1) ~ '^[0-9]+$' AND length(c.args->>1) < 10
+            AND c.id = (l.r).leased[width_bucket(c.id, (l.r).leased)]
+        HAVING count(*) > 0
+    ) AS w CROSS JOIN LATERAL django_dispatch_wave_step_claims(w.jobs, w.steps, w.generations) AS s
+)"""
+#: How many columns the step claim puts ahead of a wave record's own: the job
+#: id, the step id, the claim id, then ``pgpath.claim_ready``'s row.
+COLUMNS = 3 + len(pgpath.STEP_FIELDS) + len(pgpath.RUN_FIELDS)
+#: More claims than any worker has slots: past it, the oldest are dropped
+#: (their jobs claim their steps themselves, taking them over).
+_LIMIT = 10_000
+
+_lock = threading.Lock()
+_claims: dict[int, tuple[str, int, str, Sequence[Any]]] = {}
+
+
+def keep(db: str, records: Sequence[Sequence[Any]], skip: int) -> None:
+    """Keep the step claims of a committed wave's ``records`` (``COLUMNS``
+    columns from ``skip`` on), by job id."""
+    with _lock:
+        for record in records:
+            job = record[skip]
+            if job is not None:
+                _claims[job] = (
+                    db,
+                    record[skip + 1],
+                    record[skip + 2],
+                    record[skip + 3 : skip + COLUMNS],
+                )
+        while len(_claims) > _LIMIT:
+            del _claims[next(iter(_claims))]
+
+
+def take(db: str, step_id: int, generation: int, job_id: int) -> tuple[str, dict[str, Any]] | None:
+    """The claim the wave made of ``step_id`` (of ``generation``) for ``job_id``
+    on ``db``, once: (claim id, the step's and its run's fields, as
+    ``pgpath.claim_ready``'s)."""
+    with _lock:
+        kept = _claims.pop(job_id, None)
+    if kept is None or kept[0] != db or kept[1] != step_id:
+        return None
+    fields = pgpath.claimed_fields(kept[3])
+    return (kept[2], fields) if fields["generation"] == generation else None
