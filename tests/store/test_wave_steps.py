@@ -1,0 +1,122 @@
+"""The wave's claim of its step jobs' steps (``store.workflows.preclaim``, migration 0035).
+
+What must hold is what holds for a step job's own claim
+(``workflow_step_claim``): only a leased job's step, only while ``ready``,
+for its generation, with a claim id of its own; the job's attempt takes that
+claim once, with no statement; a step row another transaction holds is left
+for the job to claim itself, and the wave does not wait for it.
+"""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+from django.db import connection, connections, transaction
+from django.test.utils import CaptureQueriesContext
+
+from django_dispatch.core.workflow_states import StepState
+from django_dispatch.models import Job, WorkflowTask
+from django_dispatch.store import workflows as wf_store
+from django_dispatch.store.wave import WaveClaim, _steps, jobs_finish_many_and_claim
+from django_dispatch.store.workflows import preclaim
+from django_dispatch.workflows.tasks import run_step
+from tests.conftest import postgres_only
+from tests.testapp import map_workflows as mw
+from tests.testapp import tasks
+
+pytestmark = [pytest.mark.django_db(transaction=True), postgres_only]
+
+DB = "default"
+WORKER = "w-steps"
+
+
+@pytest.fixture(autouse=True)
+def _steps_expected():
+    """Every wave of these tests carries the step claim."""
+    _steps.left = _steps.WAVES
+    yield
+    _steps.left = 0
+
+
+def _wave(limit: int = 10):
+    return jobs_finish_many_and_claim([], db=DB, claim=WaveClaim(WORKER, limit, 30.0))
+
+
+def _step_of(job: Job) -> WorkflowTask:
+    return WorkflowTask.objects.get(pk=job.args[0])
+
+
+def test_a_leased_step_jobs_step_is_claimed_and_its_attempt_takes_the_claim_once():
+    run = mw.item.start({"key": "pre", "n": 1})
+    plain = int(tasks.add.enqueue(1, 2).id)
+    wave = _wave()
+    claimed = {c.id: c for c in wave.claimed}
+    job = Job.objects.get(task_path=preclaim.STEP_TASK)
+    assert set(claimed) == {job.id, plain}
+    step = _step_of(job)
+    assert (step.state, step.attempts, step.run_id) == (StepState.RUNNING, 1, run.pk)
+    assert step.claim_id and len(step.claim_id) == 32
+    with CaptureQueriesContext(connection) as queries:
+        taken = wf_store.workflow_step_claim(step.pk, step.generation, job.id)
+    assert queries.captured_queries == []  # taken from the wave, no statement
+    assert taken is not None and taken.claim_id == step.claim_id
+    assert (taken.run_id, taken.input, taken.attempt, taken.map_child) == (
+        run.pk,
+        {"key": "pre", "n": 1},
+        1,
+        False,
+    )
+    # Once: a second call is a re-run's claim, which takes the running step over.
+    again = wf_store.workflow_step_claim(step.pk, step.generation, job.id)
+    assert again is not None and again.claim_id != step.claim_id
+    assert preclaim.take(DB, step.pk, step.generation, job.id) is None
+
+
+def test_a_step_row_held_elsewhere_is_left_to_its_job_and_the_wave_does_not_wait():
+    mw.item.start({"key": "held", "n": 2})
+    job = Job.objects.get(task_path=preclaim.STEP_TASK)
+    step = _step_of(job)
+    locked, release = threading.Event(), threading.Event()
+
+    def hold() -> None:
+        try:
+            with transaction.atomic():
+                WorkflowTask.objects.select_for_update().get(pk=step.pk)
+                locked.set()
+                release.wait(10)
+        finally:
+            connections.close_all()
+
+    holder = threading.Thread(target=hold)
+    holder.start()
+    try:
+        assert locked.wait(10)
+        wave = _wave()
+        assert [c.id for c in wave.claimed] == [job.id]
+        assert WorkflowTask.objects.get(pk=step.pk).state == StepState.READY
+    finally:
+        release.set()
+        holder.join()
+    assert preclaim.take(DB, step.pk, step.generation, job.id) is None
+    taken = wf_store.workflow_step_claim(step.pk, step.generation, job.id)
+    assert taken is not None
+    assert WorkflowTask.objects.get(pk=step.pk).claim_id == taken.claim_id
+
+
+def test_a_run_step_job_with_other_arguments_claims_nothing_and_fails_no_wave():
+    odd = int(run_step.enqueue(1.5, "x").id)
+    plain = int(tasks.add.enqueue(1, 2).id)
+    wave = _wave()
+    assert {c.id for c in wave.claimed} == {odd, plain}
+    assert preclaim.take(DB, 1, 1, odd) is None
+
+
+def test_a_step_of_another_generation_is_not_claimed_by_the_wave():
+    mw.item.start({"key": "gen", "n": 3})
+    job = Job.objects.get(task_path=preclaim.STEP_TASK)
+    WorkflowTask.objects.filter(pk=job.args[0]).update(generation=2)  # a reopen's reset
+    wave = _wave()
+    assert [c.id for c in wave.claimed] == [job.id]
+    step = _step_of(job)
+    assert (step.state, step.claim_id) == (StepState.READY, None)
