@@ -253,7 +253,9 @@ def jobs_finish_many_and_claim(
     connection = connections[db]
     claiming = claim is not None and claim.limit > 0
     keys = sorted({lease.partition_key for lease, _ in results if lease.partition_key})
-    steps = claiming and _steps.expected()
+    # In autocommit only: the claims are kept once the statement returns,
+    # which must mean they committed (``preclaim``).
+    steps = claiming and connection.get_autocommit() and _steps.expected()
     template = _WAVE[bool(keys), steps] if claiming else _FINISH_ONLY[bool(keys)]
     params = finish_params(results, usage)
     if not usage:
@@ -290,9 +292,9 @@ def jobs_finish_many_and_claim(
     result = WaveResult(won=set(won or ()))
     skip = 3 + (preclaim.COLUMNS if steps else 0)
     if claim is not None and claiming and records[0][skip] is not None:
-        if steps:  # committed: the jobs' attempts may take them
-            preclaim.keep(db, records, 3)
         result.claimed, locked = claimed_records(records, skip, claim.worker_id, claim.namespace)
+        if steps:  # committed: the jobs' attempts may take them
+            preclaim.keep(db, records, 3, result.claimed)
         _steps.saw(result.claimed)
         result.demoted = records[0][2] or 0
         result.passed = len(locked) - result.demoted

@@ -58,7 +58,9 @@ def test_a_leased_step_jobs_step_is_claimed_and_its_attempt_takes_the_claim_once
     assert (step.state, step.attempts, step.run_id) == (StepState.RUNNING, 1, run.pk)
     assert step.claim_id and len(step.claim_id) == 32
     with CaptureQueriesContext(connection) as queries:
-        taken = wf_store.workflow_step_claim(step.pk, step.generation, job.id)
+        taken = wf_store.workflow_step_claim(
+            step.pk, step.generation, job.id, epoch=claimed[job.id].lease.epoch
+        )
     assert queries.captured_queries == []  # taken from the wave, no statement
     assert taken is not None and taken.claim_id == step.claim_id
     assert (taken.run_id, taken.input, taken.attempt, taken.map_child) == (
@@ -68,9 +70,28 @@ def test_a_leased_step_jobs_step_is_claimed_and_its_attempt_takes_the_claim_once
         False,
     )
     # Once: a second call is a re-run's claim, which takes the running step over.
-    again = wf_store.workflow_step_claim(step.pk, step.generation, job.id)
+    again = wf_store.workflow_step_claim(step.pk, step.generation, job.id, epoch=job.lease_epoch)
     assert again is not None and again.claim_id != step.claim_id
-    assert preclaim.take(DB, step.pk, step.generation, job.id) is None
+    assert preclaim.take(DB, step.pk, step.generation, job.id, job.lease_epoch) is None
+
+
+def test_a_claim_is_only_for_the_attempt_of_its_lease():
+    mw.item.start({"key": "epoch", "n": 4})
+    (leased,) = _wave().claimed
+    step = _step_of(Job.objects.get(pk=leased.id))
+    epoch = leased.lease.epoch
+    assert preclaim.take(DB, step.pk, step.generation, leased.id, epoch + 1) is None
+    # Taken (and dropped) by that call: the lease's own attempt claims the step itself.
+    taken = wf_store.workflow_step_claim(step.pk, step.generation, leased.id, epoch=epoch)
+    assert taken is not None and taken.claim_id != step.claim_id
+
+
+def test_a_wave_inside_a_transaction_claims_no_step():
+    mw.item.start({"key": "atomic", "n": 5})
+    with transaction.atomic():
+        (leased,) = _wave().claimed
+    step = _step_of(Job.objects.get(pk=leased.id))
+    assert (step.state, step.claim_id) == (StepState.READY, None)
 
 
 def test_a_step_row_held_elsewhere_is_left_to_its_job_and_the_wave_does_not_wait():
@@ -98,8 +119,9 @@ def test_a_step_row_held_elsewhere_is_left_to_its_job_and_the_wave_does_not_wait
     finally:
         release.set()
         holder.join()
-    assert preclaim.take(DB, step.pk, step.generation, job.id) is None
-    taken = wf_store.workflow_step_claim(step.pk, step.generation, job.id)
+    epoch = wave.claimed[0].lease.epoch
+    assert preclaim.take(DB, step.pk, step.generation, job.id, epoch) is None
+    taken = wf_store.workflow_step_claim(step.pk, step.generation, job.id, epoch=epoch)
     assert taken is not None
     assert WorkflowTask.objects.get(pk=step.pk).claim_id == taken.claim_id
 
@@ -109,7 +131,7 @@ def test_a_run_step_job_with_other_arguments_claims_nothing_and_fails_no_wave():
     plain = int(tasks.add.enqueue(1, 2).id)
     wave = _wave()
     assert {c.id for c in wave.claimed} == {odd, plain}
-    assert preclaim.take(DB, 1, 1, odd) is None
+    assert all(preclaim.take(DB, 1, 1, odd, c.lease.epoch) is None for c in wave.claimed)
 
 
 def test_a_step_of_another_generation_is_not_claimed_by_the_wave():

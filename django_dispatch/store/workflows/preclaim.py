@@ -11,9 +11,12 @@ step itself, as on SQLite.
 A claim taken here is exactly the one the wave wrote: the step was ``ready``,
 entrusted to this job, for this generation, and is now ``running`` with this
 claim id, committed with the job's lease. Only the process that wrote the
-wave holds it, and ``take`` hands it out once; a claim never taken (the job
-was handed back or cancelled before it started) leaves the step ``running``,
-which the job's next run takes over as from a lost worker.
+wave holds it, and ``take`` hands it out once, to the attempt of that lease
+(its epoch); a claim never taken (the job was handed back or cancelled before
+it started) leaves the step ``running``, which the job's next run takes over
+as from a lost worker. Kept only once the wave has committed: the wave is
+sent in autocommit, never inside a caller's transaction that could still
+roll the claims back.
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ import threading
 from collections.abc import Sequence
 from typing import Any
 
+from ..types import ClaimedJob
 from . import pgpath
 
 #: The task of every step job (``workflows.tasks.run_step``): its jobs' args are
@@ -60,33 +64,35 @@ COLUMNS = 3 + len(pgpath.STEP_FIELDS) + len(pgpath.RUN_FIELDS)
 _LIMIT = 10_000
 
 _lock = threading.Lock()
-_claims: dict[int, tuple[str, int, str, Sequence[Any]]] = {}
+_claims: dict[int, tuple[str, int, int, str, Sequence[Any]]] = {}
 
 
-def keep(db: str, records: Sequence[Sequence[Any]], skip: int) -> None:
+def keep(
+    db: str, records: Sequence[Sequence[Any]], skip: int, leased: Sequence[ClaimedJob]
+) -> None:
     """Keep the step claims of a committed wave's ``records`` (``COLUMNS``
-    columns from ``skip`` on), by job id."""
+    columns from ``skip`` on), by job id and the epoch of the job's lease
+    (``leased``): a claim is only for the attempt of the lease it came with."""
+    epochs = {job.id: job.lease.epoch for job in leased}
     with _lock:
         for record in records:
             job = record[skip]
-            if job is not None:
-                _claims[job] = (
-                    db,
-                    record[skip + 1],
-                    record[skip + 2],
-                    record[skip + 3 : skip + COLUMNS],
-                )
+            if job is not None and job in epochs:
+                step, claim = record[skip + 1], record[skip + 2]
+                _claims[job] = (db, epochs[job], step, claim, record[skip + 3 : skip + COLUMNS])
         while len(_claims) > _LIMIT:
             del _claims[next(iter(_claims))]
 
 
-def take(db: str, step_id: int, generation: int, job_id: int) -> tuple[str, dict[str, Any]] | None:
-    """The claim the wave made of ``step_id`` (of ``generation``) for ``job_id``
-    on ``db``, once: (claim id, the step's and its run's fields, as
-    ``pgpath.claim_ready``'s)."""
+def take(
+    db: str, step_id: int, generation: int, job_id: int, epoch: int
+) -> tuple[str, dict[str, Any]] | None:
+    """The claim the wave made of ``step_id`` (of ``generation``) for the lease
+    ``epoch`` of ``job_id`` on ``db``, once: (claim id, the step's and its
+    run's fields, as ``pgpath.claim_ready``'s)."""
     with _lock:
         kept = _claims.pop(job_id, None)
-    if kept is None or kept[0] != db or kept[1] != step_id:
+    if kept is None or kept[:3] != (db, epoch, step_id):
         return None
-    fields = pgpath.claimed_fields(kept[3])
-    return (kept[2], fields) if fields["generation"] == generation else None
+    fields = pgpath.claimed_fields(kept[4])
+    return (kept[3], fields) if fields["generation"] == generation else None

@@ -67,7 +67,7 @@ class ClaimedStep:
 
 
 def workflow_step_claim(
-    step_id: int, generation: int, job_id: int, *, db: str | None = None
+    step_id: int, generation: int, job_id: int, *, epoch: int | None = None, db: str | None = None
 ) -> ClaimedStep | None:
     """ready|running -> running with a fresh claim id, for the job entrusted with the step.
 
@@ -81,7 +81,8 @@ def workflow_step_claim(
     run lock: what the claim may change is this step row only.
 
     On PostgreSQL, a ready step is usually claimed already, by the worker's
-    wave that leased this job (``preclaim``): the claim is taken from there.
+    wave that leased this job (``preclaim``): the claim is taken from there,
+    by the attempt of that lease (``epoch``).
 
     A ``waiting`` step is claimed by its timer job once ``wait_until`` has
     passed: the wait timed out (or the sleep is over), which is recorded in
@@ -90,7 +91,7 @@ def workflow_step_claim(
     step running.
     """
     db = db_or_default(db)
-    kept = preclaim.take(db, step_id, generation, job_id)
+    kept = None if epoch is None else preclaim.take(db, step_id, generation, job_id, epoch)
     if kept is not None:  # claimed by the wave that leased the job, committed with its lease
         return _claimed_from(db, step_id, kept[0], kept[1])
     claim_id = secrets.token_hex(16)
