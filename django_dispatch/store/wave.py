@@ -119,7 +119,7 @@ ORDER BY c.priority DESC, c.run_after, c.id
 _STEPS = {
     False: {"<STEPS_CTE>": "", "<STEP_COLUMNS>": "", "<STEP_JOIN>": ""},
     True: {
-        "<STEPS_CTE>": preclaim.STEPS_CTE,
+        "<STEPS_CTE>": preclaim.steps_cte(preclaim.WAVE_LEASED),
         "<STEP_COLUMNS>": "s.*, ",
         "<STEP_JOIN>": " LEFT JOIN steps AS s ON s.o_job = c.id",
     },
@@ -176,34 +176,6 @@ _NO_USAGE = {
 }
 
 
-class _StepJobs:
-    """Whether the next waves should claim the steps of the step jobs they lease.
-
-    The step claim's CTE costs every wave some planning and a join, so a
-    worker's waves carry it only while it leases step jobs: from the wave
-    after one that leased a step job, until ``WAVES`` waves in a row leased
-    none. A step job leased by a wave without it claims its step itself, so
-    two threads' waves racing on ``left`` change when the CTE is carried,
-    never what a step's claim is: no lock."""
-
-    WAVES = 64
-
-    def __init__(self) -> None:
-        self.left = 0
-
-    def expected(self) -> bool:
-        return self.left > 0
-
-    def saw(self, claimed: Sequence[ClaimedJob]) -> None:
-        if any(job.row["task_path"] == preclaim.STEP_TASK for job in claimed):
-            self.left = self.WAVES
-        elif self.left:
-            self.left -= 1
-
-
-_steps = _StepJobs()
-
-
 @dataclass(frozen=True, slots=True)
 class WaveClaim:
     """What the wave's claim takes: up to ``limit`` jobs for ``worker_id``."""
@@ -255,7 +227,7 @@ def jobs_finish_many_and_claim(
     keys = sorted({lease.partition_key for lease, _ in results if lease.partition_key})
     # In autocommit only: the claims are kept once the statement returns,
     # which must mean they committed (``preclaim``).
-    steps = claiming and connection.get_autocommit() and _steps.expected()
+    steps = claiming and connection.get_autocommit() and preclaim.STEP_JOBS.expected()
     template = _WAVE[bool(keys), steps] if claiming else _FINISH_ONLY[bool(keys)]
     params = finish_params(results, usage)
     if not usage:
@@ -294,8 +266,8 @@ def jobs_finish_many_and_claim(
     if claim is not None and claiming and records[0][skip] is not None:
         result.claimed, locked = claimed_records(records, skip, claim.worker_id, claim.namespace)
         if steps:  # committed: the jobs' attempts may take them
-            preclaim.keep(db, records, 3, result.claimed)
-        _steps.saw(result.claimed)
+            preclaim.keep(db, records, 3, {job.id: job.lease.epoch for job in result.claimed})
+        preclaim.STEP_JOBS.saw(job.row for job in result.claimed)
         result.demoted = records[0][2] or 0
         result.passed = len(locked) - result.demoted
         result.grouped = sum(1 for row in locked if row["concurrency_key"] is not None)

@@ -1,4 +1,5 @@
-"""The wave's claim of its step jobs' steps (``store.workflows.preclaim``, migration 0035).
+"""The steps of step jobs claimed by the wave or the claim that leases the jobs
+(``store.workflows.preclaim``, migration 0035).
 
 What must hold is what holds for a step job's own claim
 (``workflow_step_claim``): only a leased job's step, only while ``ready``,
@@ -17,8 +18,9 @@ from django.test.utils import CaptureQueriesContext
 
 from django_dispatch.core.workflow_states import StepState
 from django_dispatch.models import Job, WorkflowTask
+from django_dispatch.store import jobs_claim
 from django_dispatch.store import workflows as wf_store
-from django_dispatch.store.wave import WaveClaim, _steps, jobs_finish_many_and_claim
+from django_dispatch.store.wave import WaveClaim, jobs_finish_many_and_claim
 from django_dispatch.store.workflows import preclaim
 from django_dispatch.workflows.tasks import run_step
 from tests.conftest import postgres_only
@@ -33,10 +35,10 @@ WORKER = "w-steps"
 
 @pytest.fixture(autouse=True)
 def _steps_expected():
-    """Every wave of these tests carries the step claim."""
-    _steps.left = _steps.WAVES
+    """Every claim of these tests carries the step claim."""
+    preclaim.STEP_JOBS.left = preclaim.STEP_JOBS.CLAIMS
     yield
-    _steps.left = 0
+    preclaim.STEP_JOBS.left = 0
 
 
 def _wave(limit: int = 10):
@@ -142,3 +144,25 @@ def test_a_step_of_another_generation_is_not_claimed_by_the_wave():
     assert [c.id for c in wave.claimed] == [job.id]
     step = _step_of(job)
     assert (step.state, step.claim_id) == (StepState.READY, None)
+
+
+def test_a_claim_outside_a_wave_claims_the_steps_it_leases_once_committed():
+    mw.item.start({"key": "claim", "n": 6})
+    (leased,) = jobs_claim(worker_id=WORKER, queues=(), limit=5, lease_seconds=30)
+    step = _step_of(Job.objects.get(pk=leased.id))
+    assert step.state == StepState.RUNNING
+    taken = wf_store.workflow_step_claim(
+        step.pk, step.generation, leased.id, epoch=leased.lease.epoch
+    )
+    assert taken is not None and taken.claim_id == step.claim_id
+
+
+def test_a_claim_rolled_back_keeps_no_step_claim():
+    mw.item.start({"key": "rollback", "n": 7})
+    with pytest.raises(RuntimeError), transaction.atomic():
+        (leased,) = jobs_claim(worker_id=WORKER, queues=(), limit=5, lease_seconds=30)
+        raise RuntimeError("the caller's transaction fails")
+    job = Job.objects.get(task_path=preclaim.STEP_TASK)
+    step = _step_of(job)
+    assert (step.state, step.claim_id) == (StepState.READY, None)
+    assert preclaim.take(DB, step.pk, step.generation, job.id, leased.lease.epoch) is None

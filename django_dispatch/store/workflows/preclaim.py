@@ -22,10 +22,9 @@ roll the claims back.
 from __future__ import annotations
 
 import threading
-from collections.abc import Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
-from ..types import ClaimedJob
 from . import pgpath
 
 #: The task of every step job (``workflows.tasks.run_step``): its jobs' args are
@@ -42,20 +41,31 @@ STEP_TASK = "django_dispatch.workflows.tasks.run_step"
 #: rather than failing the wave's cast: its job claims nothing in the wave and
 #: finds it has no step. No step job leased: no call (``HAVING``). No braces in
 #: the text: the wave's template goes through ``str.format``.
-STEPS_CTE = """,
+_STEPS_CTE = """,
 steps AS MATERIALIZED (
     SELECT s.* FROM (
         SELECT array_agg(c.id ORDER BY c.id) AS jobs,
             array_agg((c.args->>0)::bigint ORDER BY c.id) AS steps,
             array_agg((c.args->>1)::integer ORDER BY c.id) AS generations
-        FROM candidates AS c CROSS JOIN lease AS l
-        WHERE c.task_path = %(step_task)s
+        FROM candidates AS c
+        WHERE c.task_path = %(step_task)s AND <LEASED>
             AND (c.args->>0) ~ '^[0-9]+$' AND length(c.args->>0) < 19
             AND (c.args->>1) ~ '^[0-9]+$' AND length(c.args->>1) < 10
-            AND c.id = (l.r).leased[width_bucket(c.id, (l.r).leased)]
         HAVING count(*) > 0
     ) AS w CROSS JOIN LATERAL django_dispatch_wave_step_claims(w.jobs, w.steps, w.generations) AS s
 )"""
+#: Which candidates were leased: in the wave, those in its lease's sorted ids
+#: (``store.wave``); in a claim, those its ``leased`` CTE updated
+#: (``sources.fused_pg``).
+WAVE_LEASED = "c.id = (SELECT (l.r).leased[width_bucket(c.id, (l.r).leased)] FROM lease AS l)"
+CLAIM_LEASED = "c.id IN (SELECT id FROM leased)"
+
+
+def steps_cte(leased: str) -> str:
+    """The CTE claiming the steps of the step jobs ``leased`` selects."""
+    return _STEPS_CTE.replace("<LEASED>", leased)
+
+
 #: How many columns the step claim puts ahead of a wave record's own: the job
 #: id, the step id, the claim id, then ``pgpath.claim_ready``'s row.
 COLUMNS = 3 + len(pgpath.STEP_FIELDS) + len(pgpath.RUN_FIELDS)
@@ -67,13 +77,10 @@ _lock = threading.Lock()
 _claims: dict[int, tuple[str, int, int, str, Sequence[Any]]] = {}
 
 
-def keep(
-    db: str, records: Sequence[Sequence[Any]], skip: int, leased: Sequence[ClaimedJob]
-) -> None:
-    """Keep the step claims of a committed wave's ``records`` (``COLUMNS``
+def keep(db: str, records: Sequence[Sequence[Any]], skip: int, epochs: Mapping[int, int]) -> None:
+    """Keep the step claims of a committed statement's ``records`` (``COLUMNS``
     columns from ``skip`` on), by job id and the epoch of the job's lease
-    (``leased``): a claim is only for the attempt of the lease it came with."""
-    epochs = {job.id: job.lease.epoch for job in leased}
+    (``epochs``, by job id): a claim is only for the attempt of that lease."""
     with _lock:
         for record in records:
             job = record[skip]
@@ -96,3 +103,32 @@ def take(
         return None
     fields = pgpath.claimed_fields(kept[4])
     return (kept[3], fields) if fields["generation"] == generation else None
+
+
+class _StepJobs:
+    """Whether the next claims should claim the steps of the step jobs they lease.
+
+    The step claim's CTE costs every claim some planning and a join, so a
+    worker's claims carry it only while it leases step jobs: from the claim
+    after one that leased a step job, until ``CLAIMS`` claims in a row leased
+    none. A step job leased by a claim without it claims its step itself, so
+    two threads racing on ``left`` change when the CTE is carried, never what
+    a step's claim is: no lock."""
+
+    CLAIMS = 64
+
+    def __init__(self) -> None:
+        self.left = 0
+
+    def expected(self) -> bool:
+        return self.left > 0
+
+    def saw(self, rows: Iterable[Mapping[str, Any]]) -> None:
+        if any(row["task_path"] == STEP_TASK for row in rows):
+            self.left = self.CLAIMS
+        elif self.left:
+            self.left -= 1
+
+
+#: This process's: each worker process claims for itself.
+STEP_JOBS = _StepJobs()
