@@ -18,6 +18,7 @@ from django.test.utils import CaptureQueriesContext
 
 from django_dispatch.core.workflow_states import StepState
 from django_dispatch.models import Job, WorkflowTask
+from django_dispatch.runtime.outcomes import release
 from django_dispatch.store import jobs_claim
 from django_dispatch.store import workflows as wf_store
 from django_dispatch.store.wave import WaveClaim, jobs_finish_many_and_claim
@@ -166,3 +167,31 @@ def test_a_claim_rolled_back_keeps_no_step_claim():
     step = _step_of(job)
     assert (step.state, step.claim_id) == (StepState.READY, None)
     assert preclaim.take(DB, step.pk, step.generation, job.id, leased.lease.epoch) is None
+
+
+def test_a_job_handed_back_unstarted_has_its_steps_claim_undone():
+    mw.item.start({"key": "back", "n": 8})
+    (leased,) = _wave().claimed
+    step = _step_of(Job.objects.get(pk=leased.id))
+    assert (step.state, step.attempts) == (StepState.RUNNING, 1)
+    assert release(leased, why="handed back at shutdown")
+    step.refresh_from_db()
+    assert (step.state, step.attempts, step.claim_id) == (StepState.READY, 0, None)
+    (again,) = _wave().claimed  # the job's next run: a ready step, no lost attempt
+    step.refresh_from_db()
+    assert again.id == leased.id and (step.state, step.attempts) == (StepState.RUNNING, 1)
+    taken = wf_store.workflow_step_claim(
+        step.pk, step.generation, again.id, epoch=again.lease.epoch
+    )
+    assert taken is not None and taken.claim_id == step.claim_id
+    assert step.errors == []
+
+
+def test_a_claim_taken_by_its_attempt_is_not_undone():
+    mw.item.start({"key": "taken", "n": 9})
+    (leased,) = _wave().claimed
+    step = _step_of(Job.objects.get(pk=leased.id))
+    wf_store.workflow_step_claim(step.pk, step.generation, leased.id, epoch=leased.lease.epoch)
+    assert not preclaim.release(DB, leased.id, leased.lease.epoch)
+    step.refresh_from_db()
+    assert step.state == StepState.RUNNING

@@ -12,9 +12,10 @@ A claim taken here is exactly the one the wave wrote: the step was ``ready``,
 entrusted to this job, for this generation, and is now ``running`` with this
 claim id, committed with the job's lease. Only the process that wrote the
 wave holds it, and ``take`` hands it out once, to the attempt of that lease
-(its epoch); a claim never taken (the job was handed back or cancelled before
-it started) leaves the step ``running``, which the job's next run takes over
-as from a lost worker. Kept only once the wave has committed: the wave is
+(its epoch). A job handed back unstarted has its claim undone (``release``);
+a claim otherwise never taken (the job cancelled before it started, the
+worker killed) leaves the step ``running``, which the job's next run takes
+over as from a lost worker. Kept only once the wave has committed: the wave is
 sent in autocommit, never inside a caller's transaction that could still
 roll the claims back.
 """
@@ -25,6 +26,11 @@ import threading
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
+from django.db.models import F
+from django.db.models.functions import Now
+
+from ...core.workflow_states import StepState
+from ...models import WorkflowTask
 from . import pgpath
 
 #: The task of every step job (``workflows.tasks.run_step``): its jobs' args are
@@ -103,6 +109,25 @@ def take(
         return None
     fields = pgpath.claimed_fields(kept[4])
     return (kept[3], fields) if fields["generation"] == generation else None
+
+
+def release(db: str, job_id: int, epoch: int) -> bool:
+    """Undo the claim the wave made for the lease ``epoch`` of ``job_id``, if
+    its attempt never took it: the job was handed back unstarted (a shutdown,
+    a job claimed ahead behind a long one), so its step goes back to ``ready``
+    with the attempt count it had, for the job's next run to claim as any
+    ready step, and not as a step whose worker was lost. Fenced by the claim
+    id: a step voided meanwhile (cancelled, reopened) is left as it is."""
+    with _lock:
+        kept = _claims.get(job_id)
+        if kept is None or kept[:2] != (db, epoch):
+            return False
+        del _claims[job_id]
+    return bool(
+        WorkflowTask.objects.using(db)
+        .filter(id=kept[2], claim_id=kept[3], state=StepState.RUNNING)
+        .update(state=StepState.READY, claim_id=None, attempts=F("attempts") - 1, updated_at=Now())
+    )
 
 
 class _StepJobs:
