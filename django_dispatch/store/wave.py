@@ -24,6 +24,10 @@ concurrency group, a key whose lock is busy) is passed by, its lock ending
 with the statement: the result says how many (``WaveResult.passed``), for
 the caller to claim them through the gates in a transaction of their own.
 
+While the worker leases step jobs, the wave also claims their steps
+(``workflows.preclaim``, the function of migration 0035), committed with
+the leases: a step job then sends no claim of its own.
+
 The caller (``runtime.completer``) sends a wave here only in the plain
 case: no placement, no queue limits, no concurrency group waiting, no
 staging due.
@@ -147,6 +151,7 @@ _WAVE_FINISH = {
 
 
 def _rendered(*parts: dict[str, str]) -> str:
+    """``_WAVE_SQL`` with each part's marks replaced."""
     text = _WAVE_SQL
     for part in parts:
         for mark, value in part.items():
