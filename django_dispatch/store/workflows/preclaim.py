@@ -1,8 +1,9 @@
 """Step claims made by the wave that leases their jobs, kept for the jobs to take.
 
 A step job's first statement is its step's claim (``steps.workflow_step_claim``).
-On PostgreSQL the worker's wave (``store.wave``) claims the steps of the step
-jobs it leases in its own statement (the function of migration 0035), so a
+On PostgreSQL the worker's wave (``store.wave``), or its claim outside a wave
+(``sources.fused_pg``), claims the steps of the step jobs it leases in its
+own statement (the function of migration 0035), so a
 step job, and every ``ctx.map`` child, saves that round trip and commit. The
 claims wait here, by job id, until the job's attempt takes its own; a job
 that finds none (run elsewhere, or its step was locked at the wave) claims its
@@ -15,9 +16,10 @@ wave holds it, and ``take`` hands it out once, to the attempt of that lease
 (its epoch). A job handed back unstarted has its claim undone (``release``);
 a claim otherwise never taken (the job cancelled before it started, the
 worker killed) leaves the step ``running``, which the job's next run takes
-over as from a lost worker. Kept only once the wave has committed: the wave is
-sent in autocommit, never inside a caller's transaction that could still
-roll the claims back.
+over as from a lost worker. Kept only once the statement has committed: a
+wave carries the claims only in autocommit, and a claim inside a transaction
+keeps them on its commit (``transaction.on_commit``), never before a
+rollback could still undo them.
 """
 
 from __future__ import annotations
@@ -37,7 +39,7 @@ from . import pgpath
 #: ``[step_id, generation]``.
 STEP_TASK = "django_dispatch.workflows.tasks.run_step"
 
-#: The wave's CTE that claims the steps of the step jobs it leased, once (a
+#: The CTE of a wave or claim that claims the steps of the step jobs it leased, once (a
 #: MATERIALIZED CTE whose function runs exactly once), after the lease (it
 #: reads the lease's result). Its rows, joined to the wave's candidates by job
 #: id, lead each record (``COLUMNS``); jobs with no step claimed get NULLs.
