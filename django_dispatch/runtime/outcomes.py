@@ -25,6 +25,7 @@ from ..compat import Task
 from ..conf import usage_recorded
 from ..exceptions import TaskTimeout
 from ..store.usage import usage_record_many
+from ..store.workflows import preclaim
 from . import metering, timeouts
 from .connections import recover_after_error
 from .executor import Outcome
@@ -178,9 +179,17 @@ def release(claimed: store.ClaimedJob, *, why: str, db: str | None = None) -> bo
 def _release(claimed: store.ClaimedJob, *, db: str | None = None) -> bool:
     """Undo the claim's attempt: the count and the worker it added."""
     row = claimed.row
-    return store.job_release_if_leased(
+    released = store.job_release_if_leased(
         claimed.lease, attempts=row["attempts"] - 1, worker_ids=row["worker_ids"][:-1], db=db
     )
+    if released:  # the step its wave claimed for it goes back to ready too
+        try:
+            preclaim.release(db or store.db_alias(), claimed.id, claimed.lease.epoch)
+        except DatabaseError:
+            # The job is back in the queue all the same: its next run takes
+            # the step over, noting a lost attempt that never ran.
+            logger.warning("job %s: its step's claim was not undone", claimed.id, exc_info=True)
+    return released
 
 
 def let_go(lease: store.Lease, partition_key: str | None, *, db: str | None = None) -> bool:

@@ -24,6 +24,10 @@ concurrency group, a key whose lock is busy) is passed by, its lock ending
 with the statement: the result says how many (``WaveResult.passed``), for
 the caller to claim them through the gates in a transaction of their own.
 
+While the worker leases step jobs, the wave also claims their steps
+(``workflows.preclaim``, the function of migration 0035), committed with
+the leases: a step job then sends no claim of its own.
+
 The caller (``runtime.completer``) sends a wave here only in the plain
 case: no placement, no queue limits, no concurrency group waiting, no
 staging due.
@@ -43,6 +47,7 @@ from .partitions import lock_partitions, partitions_promote
 from .sources.fused_pg import claim_sql, claimed_records
 from .sql import text_array
 from .types import ClaimedJob, Lease
+from .workflows import preclaim
 
 _FINISH_ARGS = (
     "%(ids)s::bigint[], %(workers)s::text[],"
@@ -105,28 +110,60 @@ lease AS MATERIALIZED (
     SELECT django_dispatch_lease_runnable(array_agg(id), array_agg(partition_key),
         %(worker_id)s::text, %(lease_seconds)s::float8, max(db_now), {namespace}) AS r
     FROM candidates WHERE concurrency_key IS NULL
-)
+)<STEPS_CTE>
 SELECT CASE WHEN c.id IS NOT DISTINCT FROM (SELECT max(id) FROM candidates) THEN f.won END,
     CASE WHEN c.id IS NOT DISTINCT FROM (SELECT max(id) FROM candidates) THEN f.freed END,
-    cardinality((l.r).demoted), c.*, c.id = (l.r).leased[width_bucket(c.id, (l.r).leased)]
-FROM <FINISH> AS f CROSS JOIN lease AS l LEFT JOIN candidates AS c ON true
+    cardinality((l.r).demoted), <STEP_COLUMNS>c.*,
+    c.id = (l.r).leased[width_bucket(c.id, (l.r).leased)]
+FROM <FINISH> AS f CROSS JOIN lease AS l LEFT JOIN candidates AS c ON true<STEP_JOIN>
 ORDER BY c.priority DESC, c.run_after, c.id
 """
+#: With the claim of the leased step jobs' steps (``workflows.preclaim``), or
+#: without: each record then leads with ``preclaim.COLUMNS`` more columns.
+_STEPS = {
+    False: {"<STEPS_CTE>": "", "<STEP_COLUMNS>": "", "<STEP_JOIN>": ""},
+    True: {
+        "<STEPS_CTE>": preclaim.steps_cte(preclaim.WAVE_LEASED),
+        "<STEP_COLUMNS>": "s.*, ",
+        "<STEP_JOIN>": " LEFT JOIN steps AS s ON s.o_job = c.id",
+    },
+}
 #: By whether the wave holds keyed successes. A keyed wave's finish takes the
 #: keys' locks, which must come before any row lock of the scan: its finish is
 #: a MATERIALIZED CTE (``fin``) the scan reads its window from, which runs it
 #: first. A plain wave's finish takes no key lock, and is left in FROM: the
 #: CTE and the scan's dependency on it cost a plain wave about 0.025 ms of
 #: planning and execution in a ~1.2 ms statement.
+_WAVE_FINISH = {
+    False: {
+        "<FINISH_CTE>": "",
+        "<WINDOW>": "%(window)s::integer",
+        "<FINISH>": _FINISH_CALL,
+    },
+    True: {
+        "<FINISH_CTE>": "fin AS MATERIALIZED (SELECT won, freed FROM "
+        + _FINISH_KEYED_CALL
+        + "),\n",
+        "<WINDOW>": "(SELECT %(window)s::integer FROM fin)",
+        "<FINISH>": "fin",
+    },
+}
+
+
+def _rendered(*parts: dict[str, str]) -> str:
+    """``_WAVE_SQL`` with each part's marks replaced."""
+    text = _WAVE_SQL
+    for part in parts:
+        for mark, value in part.items():
+            text = text.replace(mark, value)
+    return text
+
+
+#: By (keyed, claiming steps).
 _WAVE = {
-    False: _WAVE_SQL.replace("<FINISH_CTE>", "")
-    .replace("<WINDOW>", "%(window)s::integer")
-    .replace("<FINISH>", _FINISH_CALL),
-    True: _WAVE_SQL.replace(
-        "<FINISH_CTE>", "fin AS MATERIALIZED (SELECT won, freed FROM " + _FINISH_KEYED_CALL + "),\n"
-    )
-    .replace("<WINDOW>", "(SELECT %(window)s::integer FROM fin)")
-    .replace("<FINISH>", "fin"),
+    (keyed, steps): _rendered(_WAVE_FINISH[keyed], _STEPS[steps])
+    for keyed in (False, True)
+    for steps in (False, True)
 }
 #: The wave without a claim (no slot to fill).
 _FINISH_ONLY = {
@@ -193,7 +230,10 @@ def jobs_finish_many_and_claim(
     connection = connections[db]
     claiming = claim is not None and claim.limit > 0
     keys = sorted({lease.partition_key for lease, _ in results if lease.partition_key})
-    template = (_WAVE if claiming else _FINISH_ONLY)[bool(keys)]
+    # In autocommit only: the claims are kept once the statement returns,
+    # which must mean they committed (``preclaim``).
+    steps = claiming and connection.get_autocommit() and preclaim.STEP_JOBS.expected()
+    template = _WAVE[bool(keys), steps] if claiming else _FINISH_ONLY[bool(keys)]
     params = finish_params(results, usage)
     if not usage:
         params.update(_NO_USAGE)
@@ -217,6 +257,7 @@ def jobs_finish_many_and_claim(
             lease_seconds=claim.lease_seconds,
             queues=list(claim.queues) or None,  # NULL: every queue
             paused=list(claim.paused) or None,
+            step_task=preclaim.STEP_TASK,
         )
     else:
         sql = job_sql(connection, template)
@@ -226,8 +267,12 @@ def jobs_finish_many_and_claim(
     won = next((record[0] for record in records if record[0] is not None), None)
     freed = next((record[1] for record in records if record[1] is not None), None)
     result = WaveResult(won=set(won or ()))
-    if claim is not None and claiming and records[0][3] is not None:
-        result.claimed, locked = claimed_records(records, 3, claim.worker_id, claim.namespace)
+    skip = 3 + (preclaim.COLUMNS if steps else 0)
+    if claim is not None and claiming and records[0][skip] is not None:
+        result.claimed, locked = claimed_records(records, skip, claim.worker_id, claim.namespace)
+        if steps:  # committed: the jobs' attempts may take them
+            preclaim.keep(db, records, 3, {job.id: job.lease.epoch for job in result.claimed})
+        preclaim.STEP_JOBS.saw(job.row for job in result.claimed)
         result.demoted = records[0][2] or 0
         result.passed = len(locked) - result.demoted
         result.grouped = sum(1 for row in locked if row["concurrency_key"] is not None)

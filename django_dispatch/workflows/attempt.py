@@ -66,7 +66,9 @@ def execute_step(
     done) does nothing and succeeds: it was superseded.
     """
     job_id = int(job_context.task_result.id)
-    claimed = wf_store.workflow_step_claim(step_id, generation, job_id)
+    claimed = wf_store.workflow_step_claim(
+        step_id, generation, job_id, epoch=job_context.lease.epoch
+    )
     if claimed is None:
         # A wait's timer job made due before its time: the wait keeps its end.
         wf_store.rearm_timer(step_id, job_id, build_job=build_job)

@@ -11,16 +11,17 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable, Sequence
-from functools import lru_cache
+from functools import lru_cache, partial
 from typing import Any
 
-from django.db import connections
+from django.db import connections, transaction
 
 from ..base import db_alias, hot_cursor, job_sql, namespace_literal
 from ..flow import PAUSED_FILTER_SQL
 from ..gates.limits import LIMITED_FILTER_SQL
 from ..leasing import lease_set_sql
 from ..types import CLAIM_FIELDS, ClaimedJob, Lease
+from ..workflows import preclaim
 
 #: The claim's candidates, for PostgreSQL: one ordered scan of the partial
 #: index ``dispatch_job_claim`` (namespace, priority desc, run_after, id;
@@ -74,6 +75,16 @@ _CLAIM_SQL = (
     "WITH"
     + _CLAIM_CTES
     + CLAIMED_ROWS_SQL
+    + "\nORDER BY candidates.priority DESC, candidates.run_after, candidates.id\n"
+)
+#: ``_CLAIM_SQL`` that also claims the steps of the step jobs it leases
+#: (``workflows.preclaim``): each record leads with ``preclaim.COLUMNS`` more.
+_CLAIM_STEPS_SQL = (
+    "WITH"
+    + _CLAIM_CTES
+    + preclaim.steps_cte(preclaim.CLAIM_LEASED)
+    + CLAIMED_ROWS_SQL.replace("SELECT candidates.*", "SELECT s.*, candidates.*")
+    + " LEFT JOIN steps AS s ON s.o_job = candidates.id"
     + "\nORDER BY candidates.priority DESC, candidates.run_after, candidates.id\n"
 )
 #: ``_CLAIM_SQL``'s result columns, in order. Known here rather than read from
@@ -158,7 +169,12 @@ def claim_pg(
     paused: Sequence[str] = (),
     limited: Sequence[str] = (),
 ) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
-    """Run ``_CLAIM_SQL``: (rows it leased, rows it only locked)."""
+    """Run ``_CLAIM_SQL``: (rows it leased, rows it only locked).
+
+    While this process leases step jobs (``preclaim.STEP_JOBS``), the same
+    statement claims their steps, kept for the jobs' attempts once the
+    caller's transaction commits (never if it rolls back)."""
+    steps = lease > 0 and preclaim.STEP_JOBS.expected()
     sql = claim_sql(
         queues=bool(queues),
         exclude=bool(exclude),
@@ -166,6 +182,7 @@ def claim_pg(
         namespace=namespace,
         paused=bool(paused),
         limited=bool(limited),
+        template=_CLAIM_STEPS_SQL if steps else _CLAIM_SQL,
     )
     params: dict[str, Any] = {
         "window": window,
@@ -176,11 +193,18 @@ def claim_pg(
         "exclude": list(exclude),
         "paused": list(paused),
         "limited": list(limited),
+        "step_task": preclaim.STEP_TASK,
     }
     with hot_cursor(connections[db]) as cursor:
         cursor.execute(sql, params)
         records = cursor.fetchall()
-    return claimed_rows(records)
+    leased, locked = claimed_rows(records, preclaim.COLUMNS if steps else 0)
+    if steps:
+        epochs = {row["id"]: row["lease_epoch"] + 1 for row in leased}  # as their leases
+        transaction.on_commit(partial(preclaim.keep, db, records, 0, epochs), using=db)
+    if lease > 0:
+        preclaim.STEP_JOBS.saw(leased)
+    return leased, locked
 
 
 def claimed_rows(

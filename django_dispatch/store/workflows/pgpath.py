@@ -158,6 +158,13 @@ def claim_ready(
         row = cursor.fetchone()
     if row is None:
         return None
+    return claimed_fields(row)
+
+
+def claimed_fields(row: Sequence[Any]) -> dict[str, Any]:
+    """A step claim's ``STEP_FIELDS`` and ``RUN_FIELDS`` (prefixed ``run__``), as the
+    ORM reads them, from the claim function's row (0033's, or 0035's past its
+    job, step and claim ids)."""
     step = dict(zip(STEP_FIELDS, row[: len(STEP_FIELDS)], strict=True))
     for name in ("backoff", "checkpoint", "depends_on", "waits"):
         step[name] = _json(step[name])

@@ -21,7 +21,7 @@ from ...models import WorkflowTask
 from ..base import db_now
 from ..maintenance import WORKER_LOST_PATH
 from ..sql import JSONAppend
-from . import pgpath, pgsucceed
+from . import pgpath, pgsucceed, preclaim
 from .common import (
     RunSpec,
     StepJobBuilder,
@@ -67,7 +67,7 @@ class ClaimedStep:
 
 
 def workflow_step_claim(
-    step_id: int, generation: int, job_id: int, *, db: str | None = None
+    step_id: int, generation: int, job_id: int, *, epoch: int | None = None, db: str | None = None
 ) -> ClaimedStep | None:
     """ready|running -> running with a fresh claim id, for the job entrusted with the step.
 
@@ -80,6 +80,10 @@ def workflow_step_claim(
     as a ``WorkerLost`` error but not counted against ``max_attempts``. No
     run lock: what the claim may change is this step row only.
 
+    On PostgreSQL, a ready step is usually claimed already, by the worker's
+    wave that leased this job (``preclaim``): the claim is taken from there,
+    by the attempt of that lease (``epoch``).
+
     A ``waiting`` step is claimed by its timer job once ``wait_until`` has
     passed: the wait timed out (or the sleep is over), which is recorded in
     ``waits`` by the same compare-and-set, so a publish racing with the
@@ -87,6 +91,9 @@ def workflow_step_claim(
     step running.
     """
     db = db_or_default(db)
+    kept = None if epoch is None else preclaim.take(db, step_id, generation, job_id, epoch)
+    if kept is not None:  # claimed by the wave that leased the job, committed with its lease
+        return _claimed_from(db, step_id, kept[0], kept[1])
     claim_id = secrets.token_hex(16)
     # The usual case first, in one statement: a ready step (which holds no claim).
     if pgpath.applies(db):  # with its read, in that one statement

@@ -1,0 +1,161 @@
+"""Step claims made by the wave that leases their jobs, kept for the jobs to take.
+
+A step job's first statement is its step's claim (``steps.workflow_step_claim``).
+On PostgreSQL the worker's wave (``store.wave``), or its claim outside a wave
+(``sources.fused_pg``), claims the steps of the step jobs it leases in its
+own statement (the function of migration 0035), so a
+step job, and every ``ctx.map`` child, saves that round trip and commit. The
+claims wait here, by job id, until the job's attempt takes its own; a job
+that finds none (run elsewhere, or its step was locked at the wave) claims its
+step itself, as on SQLite.
+
+A claim taken here is exactly the one the wave wrote: the step was ``ready``,
+entrusted to this job, for this generation, and is now ``running`` with this
+claim id, committed with the job's lease. Only the process that wrote the
+wave holds it, and ``take`` hands it out once, to the attempt of that lease
+(its epoch). A job handed back unstarted has its claim undone (``release``);
+a claim otherwise never taken (the job cancelled before it started, the
+worker killed) leaves the step ``running``, which the job's next run takes
+over as from a lost worker. Kept only once the statement has committed: a
+wave carries the claims only in autocommit, and a claim inside a transaction
+keeps them on its commit (``transaction.on_commit``), never before a
+rollback could still undo them.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
+
+from django.db.models import F
+from django.db.models.functions import Now
+
+from ...core.workflow_states import StepState
+from ...models import WorkflowTask
+from . import pgpath
+
+#: The task of every step job (``workflows.tasks.run_step``): its jobs' args are
+#: ``[step_id, generation]``.
+STEP_TASK = "django_dispatch.workflows.tasks.run_step"
+
+#: The CTE of a wave or claim that claims the steps of the step jobs it leased, once (a
+#: MATERIALIZED CTE whose function runs exactly once), after the lease (it
+#: reads the lease's result). Its rows, joined to the wave's candidates by job
+#: id, lead each record (``COLUMNS``); jobs with no step claimed get NULLs.
+#: Only jobs the lease took: a candidate only locked must not have its step
+#: claimed. A job whose args are not ``[step_id, generation]``, two whole
+#: numbers (a ``run_step`` enqueued by hand), is left out by the pattern checks
+#: rather than failing the wave's cast: its job claims nothing in the wave and
+#: finds it has no step. No step job leased: no call (``HAVING``). No braces in
+#: the text: the wave's template goes through ``str.format``.
+_STEPS_CTE = """,
+steps AS MATERIALIZED (
+    SELECT s.* FROM (
+        SELECT array_agg(c.id ORDER BY c.id) AS jobs,
+            array_agg((c.args->>0)::bigint ORDER BY c.id) AS steps,
+            array_agg((c.args->>1)::integer ORDER BY c.id) AS generations
+        FROM candidates AS c
+        WHERE c.task_path = %(step_task)s AND <LEASED>
+            AND (c.args->>0) ~ '^[0-9]+$' AND length(c.args->>0) < 19
+            AND (c.args->>1) ~ '^[0-9]+$' AND length(c.args->>1) < 10
+        HAVING count(*) > 0
+    ) AS w CROSS JOIN LATERAL django_dispatch_wave_step_claims(w.jobs, w.steps, w.generations) AS s
+)"""
+#: Which candidates were leased: in the wave, those in its lease's sorted ids
+#: (``store.wave``); in a claim, those its ``leased`` CTE updated
+#: (``sources.fused_pg``).
+WAVE_LEASED = "c.id = (SELECT (l.r).leased[width_bucket(c.id, (l.r).leased)] FROM lease AS l)"
+CLAIM_LEASED = "c.id IN (SELECT id FROM leased)"
+
+
+def steps_cte(leased: str) -> str:
+    """The CTE claiming the steps of the step jobs ``leased`` selects."""
+    return _STEPS_CTE.replace("<LEASED>", leased)
+
+
+#: How many columns the step claim puts ahead of a wave record's own: the job
+#: id, the step id, the claim id, then ``pgpath.claim_ready``'s row.
+COLUMNS = 3 + len(pgpath.STEP_FIELDS) + len(pgpath.RUN_FIELDS)
+#: More claims than any worker has slots: past it, the oldest are dropped
+#: (their jobs claim their steps themselves, taking them over).
+_LIMIT = 10_000
+
+_lock = threading.Lock()
+_claims: dict[int, tuple[str, int, int, str, Sequence[Any]]] = {}
+
+
+def keep(db: str, records: Sequence[Sequence[Any]], skip: int, epochs: Mapping[int, int]) -> None:
+    """Keep the step claims of a committed statement's ``records`` (``COLUMNS``
+    columns from ``skip`` on), by job id and the epoch of the job's lease
+    (``epochs``, by job id): a claim is only for the attempt of that lease."""
+    with _lock:
+        for record in records:
+            job = record[skip]
+            if job is not None and job in epochs:
+                step, claim = record[skip + 1], record[skip + 2]
+                _claims[job] = (db, epochs[job], step, claim, record[skip + 3 : skip + COLUMNS])
+        while len(_claims) > _LIMIT:
+            del _claims[next(iter(_claims))]
+
+
+def take(
+    db: str, step_id: int, generation: int, job_id: int, epoch: int
+) -> tuple[str, dict[str, Any]] | None:
+    """The claim the wave made of ``step_id`` (of ``generation``) for the lease
+    ``epoch`` of ``job_id`` on ``db``, once: (claim id, the step's and its
+    run's fields, as ``pgpath.claim_ready``'s)."""
+    with _lock:
+        kept = _claims.pop(job_id, None)
+    if kept is None or kept[:3] != (db, epoch, step_id):
+        return None
+    fields = pgpath.claimed_fields(kept[4])
+    return (kept[3], fields) if fields["generation"] == generation else None
+
+
+def release(db: str, job_id: int, epoch: int) -> bool:
+    """Undo the claim the wave made for the lease ``epoch`` of ``job_id``, if
+    its attempt never took it: the job was handed back unstarted (a shutdown,
+    a job claimed ahead behind a long one), so its step goes back to ``ready``
+    with the attempt count it had, for the job's next run to claim as any
+    ready step, and not as a step whose worker was lost. Fenced by the claim
+    id: a step voided meanwhile (cancelled, reopened) is left as it is."""
+    with _lock:
+        kept = _claims.get(job_id)
+        if kept is None or kept[:2] != (db, epoch):
+            return False
+        del _claims[job_id]
+    return bool(
+        WorkflowTask.objects.using(db)
+        .filter(id=kept[2], claim_id=kept[3], state=StepState.RUNNING)
+        .update(state=StepState.READY, claim_id=None, attempts=F("attempts") - 1, updated_at=Now())
+    )
+
+
+class _StepJobs:
+    """Whether the next claims should claim the steps of the step jobs they lease.
+
+    The step claim's CTE costs every claim some planning and a join, so a
+    worker's claims carry it only while it leases step jobs: from the claim
+    after one that leased a step job, until ``CLAIMS`` claims in a row leased
+    none. A step job leased by a claim without it claims its step itself, so
+    two threads racing on ``left`` change when the CTE is carried, never what
+    a step's claim is: no lock."""
+
+    CLAIMS = 64
+
+    def __init__(self) -> None:
+        self.left = 0
+
+    def expected(self) -> bool:
+        return self.left > 0
+
+    def saw(self, rows: Iterable[Mapping[str, Any]]) -> None:
+        if any(row["task_path"] == STEP_TASK for row in rows):
+            self.left = self.CLAIMS
+        elif self.left:
+            self.left -= 1
+
+
+#: This process's: each worker process claims for itself.
+STEP_JOBS = _StepJobs()
