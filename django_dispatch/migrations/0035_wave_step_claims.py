@@ -78,5 +78,5 @@ def drop(apps, schema_editor):
 
 
 class Migration(migrations.Migration):
-    dependencies = [("django_dispatch", "0033_map_child_finish")]
+    dependencies = [("django_dispatch", "0034_drop_admin_list_indexes")]
     operations = [migrations.RunPython(create, drop)]
