@@ -21,7 +21,6 @@ whose import needs psycopg: a site on SQLite alone could not load this file.
 from django.db import migrations
 
 
-
 class RemoveIndexConcurrently(migrations.RemoveIndex):
     """``RemoveIndex``, without blocking the table's writes on PostgreSQL."""
 
@@ -39,6 +38,9 @@ class RemoveIndexConcurrently(migrations.RemoveIndex):
         model = to_state.apps.get_model(app_label, self.model_name)
         if self.allow_migrate_model(schema_editor.connection.alias, model):
             index = to_state.models[app_label, self.model_name_lower].get_index_by_name(self.name)
+            # An interrupted earlier run may have left this index invalid: drop it first.
+            name = schema_editor.quote_name(self.name)
+            schema_editor.execute(f"DROP INDEX CONCURRENTLY IF EXISTS {name}")
             schema_editor.add_index(model, index, concurrently=True)
 
 

@@ -78,6 +78,8 @@ class AsyncJobs:
         #: Whether each signal sender's ``task_started``/``task_finished`` are
         #: observed (``attempt.prepare``), while no user code ran in this hop.
         self.silence: dict[Any, tuple[bool, bool]] = {}
+        #: The signals' receiver counts ``silence`` was kept for.
+        self.receivers = attempt.signal_receivers()
         #: Successes offered to the wave by ``id(running)``: (job, loop time), oldest first.
         self.offered: dict[int, tuple[RunningJob, float]] = {}
         self.watchdog: asyncio.TimerHandle | None = None
@@ -194,10 +196,13 @@ class AsyncJobs:
         # no task code runs on this thread, only these steps, whose one piece of
         # user code (``task_started`` receivers) makes the next job check again.
         hop = self.hops.count
-        if self.checked_hop != hop:
-            # A new hop (task code ran on the loop since), or user code ran in
-            # this one: either may have connected or dropped signal receivers.
+        receivers = attempt.signal_receivers()
+        if self.checked_hop != hop or receivers != self.receivers:
+            # A new hop (task code ran on the loop since), user code ran in
+            # this one, or a task module imported here (``attempt.resolve``)
+            # connected a receiver: the signals' observers may have changed.
             self.silence.clear()
+            self.receivers = receivers
         meter = self.runner.begin(running, self.conns, check=self.checked_hop != hop)
         if meter is None:
             return None, None

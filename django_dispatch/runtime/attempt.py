@@ -178,6 +178,13 @@ def prepare(
     )
 
 
+def signal_receivers() -> tuple[int, int]:
+    """How many receivers ``task_started`` and ``task_finished`` have: a change
+    (a task module imported for the first time connected one) voids what a
+    ``silence`` kept."""
+    return len(task_started.receivers), len(task_finished.receivers)
+
+
 def _observed(sender: type, silence: dict[Any, tuple[bool, bool]] | None) -> tuple[bool, bool]:
     """Whether ``task_started`` and ``task_finished`` from ``sender`` are observed,
     from ``silence`` when it holds the answer (see ``prepare``)."""

@@ -84,9 +84,33 @@ def test_a_claim_is_only_for_the_attempt_of_its_lease():
     step = _step_of(Job.objects.get(pk=leased.id))
     epoch = leased.lease.epoch
     assert preclaim.take(DB, step.pk, step.generation, leased.id, epoch + 1) is None
-    # Taken (and dropped) by that call: the lease's own attempt claims the step itself.
+    assert preclaim.take("other", step.pk, step.generation, leased.id, epoch) is None
+    # Left by those calls for the lease's own attempt, which takes it with no statement.
     taken = wf_store.workflow_step_claim(step.pk, step.generation, leased.id, epoch=epoch)
-    assert taken is not None and taken.claim_id != step.claim_id
+    assert taken is not None and taken.claim_id == step.claim_id
+
+
+def test_a_claim_kept_past_its_freshness_is_read_again_and_a_cancelled_step_not_run(
+    monkeypatch: pytest.MonkeyPatch,
+):
+    monkeypatch.setattr(preclaim, "FRESH_SECONDS", 0.0)
+    held = mw.item.start({"key": "stale-held", "n": 10})
+    voided = mw.item.start({"key": "stale-voided", "n": 11})
+    claimed = {Job.objects.get(pk=c.id).args[0]: c for c in _wave().claimed}
+    by_run = {s.run_id: s for s in WorkflowTask.objects.filter(pk__in=claimed)}
+    assert wf_store.workflow_run_cancel(voided.pk)  # after the wave committed its claim
+    step = by_run[voided.pk]
+    job = claimed[step.pk]
+    with CaptureQueriesContext(connection) as queries:
+        taken = wf_store.workflow_step_claim(
+            step.pk, step.generation, job.id, epoch=job.lease.epoch
+        )
+    assert taken is None  # the cancelled step's handler never runs
+    assert queries.captured_queries  # it was read again
+    step = by_run[held.pk]
+    job = claimed[step.pk]
+    taken = wf_store.workflow_step_claim(step.pk, step.generation, job.id, epoch=job.lease.epoch)
+    assert taken is not None and taken.claim_id == step.claim_id  # still held: handed out
 
 
 def test_a_wave_inside_a_transaction_claims_no_step():

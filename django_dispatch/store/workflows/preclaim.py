@@ -13,10 +13,12 @@ A claim taken here is exactly the one the wave wrote: the step was ``ready``,
 entrusted to this job, for this generation, and is now ``running`` with this
 claim id, committed with the job's lease. Only the process that wrote the
 wave holds it, and ``take`` hands it out once, to the attempt of that lease
-(its epoch). A job handed back unstarted has its claim undone (``release``);
+(its epoch), after a read if it was kept longer than ``FRESH_SECONDS``. A
+job its own process hands back unstarted has its claim undone (``release``);
 a claim otherwise never taken (the job cancelled before it started, the
-worker killed) leaves the step ``running``, which the job's next run takes
-over as from a lost worker. Kept only once the statement has committed: a
+worker killed, or recycled: its successor hands the job back without the
+claim, which lived in this process) leaves the step ``running``, which the
+job's next run takes over as from a lost worker. Kept only once the statement has committed: a
 wave carries the claims only in autocommit, and a claim inside a transaction
 keeps them on its commit (``transaction.on_commit``), never before a
 rollback could still undo them.
@@ -25,6 +27,7 @@ rollback could still undo them.
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
@@ -81,20 +84,32 @@ COLUMNS = 3 + len(pgpath.STEP_FIELDS) + len(pgpath.RUN_FIELDS)
 #: (their jobs claim their steps themselves, taking them over).
 _LIMIT = 10_000
 
+#: Seconds a kept claim is handed out as it is. The step can be cancelled,
+#: skipped or reopened after the wave committed; a job's own claim would have
+#: seen that. So a claim kept longer (a job claimed ahead behind a long one, a
+#: slow thread) is read again before its attempt runs the handler: a step
+#: voided meanwhile is then not run, as with the job's own claim. Within this
+#: window a cancel can still let the handler start once, as one landing just
+#: after the job's own claim always could; its writes stay fenced.
+FRESH_SECONDS = 0.1
+
 _lock = threading.Lock()
-_claims: dict[int, tuple[str, int, int, str, Sequence[Any]]] = {}
+#: By (database, job id): (lease epoch, step id, claim id, fields, kept at).
+_claims: dict[tuple[str, int], tuple[int, int, str, Sequence[Any], float]] = {}
 
 
 def keep(db: str, records: Sequence[Sequence[Any]], skip: int, epochs: Mapping[int, int]) -> None:
     """Keep the step claims of a committed statement's ``records`` (``COLUMNS``
     columns from ``skip`` on), by job id and the epoch of the job's lease
     (``epochs``, by job id): a claim is only for the attempt of that lease."""
+    now = time.monotonic()
     with _lock:
         for record in records:
             job = record[skip]
             if job is not None and job in epochs:
                 step, claim = record[skip + 1], record[skip + 2]
-                _claims[job] = (db, epochs[job], step, claim, record[skip + 3 : skip + COLUMNS])
+                fields = record[skip + 3 : skip + COLUMNS]
+                _claims[(db, job)] = (epochs[job], step, claim, fields, now)
         while len(_claims) > _LIMIT:
             del _claims[next(iter(_claims))]
 
@@ -106,11 +121,25 @@ def take(
     ``epoch`` of ``job_id`` on ``db``, once: (claim id, the step's and its
     run's fields, as ``pgpath.claim_ready``'s)."""
     with _lock:
-        kept = _claims.pop(job_id, None)
-    if kept is None or kept[:3] != (db, epoch, step_id):
+        kept = _claims.get((db, job_id))
+        if kept is None or kept[:2] != (epoch, step_id):
+            return None  # another lease's (a stale attempt's) is left for its own
+        del _claims[(db, job_id)]
+    fields = pgpath.claimed_fields(kept[3])
+    if fields["generation"] != generation:
         return None
-    fields = pgpath.claimed_fields(kept[4])
-    return (kept[3], fields) if fields["generation"] == generation else None
+    if time.monotonic() - kept[4] > FRESH_SECONDS and not _still_held(db, step_id, kept[2]):
+        return None  # voided since the wave: the job's own claim finds out how
+    return kept[2], fields
+
+
+def _still_held(db: str, step_id: int, claim_id: str) -> bool:
+    """Whether the step is still running under ``claim_id``: a read, no commit."""
+    return (
+        WorkflowTask.objects.using(db)
+        .filter(id=step_id, claim_id=claim_id, state=StepState.RUNNING)
+        .exists()
+    )
 
 
 def release(db: str, job_id: int, epoch: int) -> bool:
@@ -121,13 +150,13 @@ def release(db: str, job_id: int, epoch: int) -> bool:
     ready step, and not as a step whose worker was lost. Fenced by the claim
     id: a step voided meanwhile (cancelled, reopened) is left as it is."""
     with _lock:
-        kept = _claims.get(job_id)
-        if kept is None or kept[:2] != (db, epoch):
+        kept = _claims.get((db, job_id))
+        if kept is None or kept[0] != epoch:
             return False
-        del _claims[job_id]
+        del _claims[(db, job_id)]
     return bool(
         WorkflowTask.objects.using(db)
-        .filter(id=kept[2], claim_id=kept[3], state=StepState.RUNNING)
+        .filter(id=kept[1], claim_id=kept[2], state=StepState.RUNNING)
         .update(state=StepState.READY, claim_id=None, attempts=F("attempts") - 1, updated_at=Now())
     )
 
