@@ -129,6 +129,12 @@ class WorkerProcess:
     def output(self) -> str:
         return self.log.read_text() if self.log.exists() else ""
 
+    def wait_for_output(self, text: str, timeout: float = 10.0) -> None:
+        """Wait for ``text`` in a running worker's log. A worker logs after
+        its write commits, so a test that sees the write first can read
+        the log a moment before the line is there."""
+        wait_until(lambda: text in self.output(), timeout=timeout, what=f"{text!r} in the log")
+
     def kill_group(self) -> None:
         """SIGKILL the worker and every process it forked (its own process
         group): a ``--processes`` child must not outlive its test, claiming

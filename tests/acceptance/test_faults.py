@@ -71,7 +71,7 @@ def test_a_connection_cut_under_task_code_runs_the_job_again_without_an_attempt(
     assert job.worker_lost_count == 1 and job.attempts == 2
     assert [e["exception_class_path"] for e in job.errors] == ["django.db.utils.OperationalError"]
     assert SideEffect.objects.filter(key="once").count() == 2
-    assert "without spending an attempt" in worker.output()
+    worker.wait_for_output("without spending an attempt")
 
 
 def test_a_job_that_keeps_cutting_its_connection_is_failed_after_the_lost_budget(start_worker):

@@ -417,7 +417,7 @@ def test_a_dead_leaders_jobs_are_reclaimed_as_soon_as_another_worker_takes_offic
     wait_until(lambda: starts.count() == 4, timeout=15, what="the dead leader's jobs to run again")
     # A lease (2 s) and an election (0.3 s), plus start-up and polling slack.
     assert time.monotonic() - killed_at < 8, survivor.output()
-    assert "worker survivor took leadership" in survivor.output()
+    survivor.wait_for_output("worker survivor took leadership")
     for enqueued in jobs:
         job = Job.objects.get(pk=enqueued.id)
         assert job.worker_id == "survivor" and job.worker_lost_count == 1
@@ -437,7 +437,7 @@ def test_a_deleted_worker_row_comes_back_at_the_next_heartbeat(start_worker):
     rows.delete()  # as the leader's stale-worker sweep does after a long pause
     row = wait_until(rows.first, timeout=5, what="the row to come back")
     assert (row.pid, row.concurrency, row.queues) == (worker.pid, 3, ["default"])
-    assert "recreated it" in worker.output()
+    worker.wait_for_output("recreated it")
     seen = row.last_seen_at
     wait_until(lambda: rows.get().last_seen_at > seen, what="heartbeats to go on")
     worker.signal(signal.SIGTERM)

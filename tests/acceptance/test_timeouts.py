@@ -133,7 +133,7 @@ def test_a_cancelled_task_that_ignores_the_cancel_is_killed(start_worker):
     assert cancel(deaf.id)
 
     wait_until(_succeeded(tasks.record_many, after.id), what="the next job of the partition")
-    assert "recycling the worker process" in worker.output()
+    worker.wait_for_output("recycling the worker process")
     job = Job.objects.get(pk=deaf.id)
     assert job.state == JobState.CANCELLED and job.lease_expires_at is None
     assert job.attempts == 1 and job.errors == []
@@ -203,7 +203,7 @@ def test_a_child_of_the_supervisor_recycles_in_place(start_worker):
     zombie = tasks.ignores_timeout.enqueue("child-zombie")
     supervisor = start_worker("--processes", "2", "--concurrency", "1", overrides=OVERRIDES)
     wait_until(_succeeded(tasks.ignores_timeout, zombie.id), what="the retry to succeed")
-    assert "recycling the worker process" in supervisor.output()
+    supervisor.wait_for_output("recycling the worker process")
     result = tasks.ignores_timeout.get_result(zombie.id)
     assert [e.exception_class_path for e in result.errors] == [TIMEOUT]
 
@@ -238,7 +238,7 @@ def test_an_async_task_that_blocks_its_event_loop_is_killed_too(start_worker, tm
     wait_until(_succeeded(tasks.async_blocks_its_loop, enqueued.id), what="the retry")
     result = tasks.async_blocks_its_loop.get_result(enqueued.id)
     assert [e.exception_class_path for e in result.errors] == [TIMEOUT]
-    assert "recycling the worker process" in worker.output()
+    worker.wait_for_output("recycling the worker process")
     written = lines.read_text().splitlines()
     # Every line of the zombie precedes the retry's, all from the same PID.
     assert written[-1].startswith("attempt 2") and len(written) > 3

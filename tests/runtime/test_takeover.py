@@ -192,7 +192,7 @@ def test_a_worker_restarted_under_its_id_takes_its_job_back_within_seconds(
     outcomes = JobUsage.objects.filter(job_id=job.pk).order_by("attempt")
     assert [(u.attempt, u.outcome) for u in outcomes] == [(1, "worker_lost"), (2, "succeeded")]
     assert _job_started("restart") == [first.pid, second.pid]
-    assert "took back 1 running jobs" in second.output()
+    second.wait_for_output("took back 1 running jobs")
     second.signal(signal.SIGTERM)
     assert second.wait() == 0
 

@@ -137,7 +137,7 @@ def test_a_step_over_its_timeout_that_ignores_the_stop_is_ended_by_recycling(sta
         timeout=60,
         what="the run to succeed after the recycle",
     )
-    assert "recycling the worker process" in worker.output(), worker.output()
+    worker.wait_for_output("recycling the worker process")
     ticks = SideEffect.objects.filter(key="stuck", note="tick").count()
     time.sleep(0.5)
     assert SideEffect.objects.filter(key="stuck", note="tick").count() == ticks  # ended
