@@ -22,7 +22,6 @@ from django.utils import timezone
 from django.utils.safestring import SafeString
 from django.utils.text import Truncator
 
-
 #: What is the same for every row of the page being rendered (the active time
 #: zone, a translated label), by key: ``one_page`` holds it while a change
 #: list's rows are rendered. Django keeps the active time zone and language in
