@@ -72,7 +72,8 @@ def finished_by_minute(namespace: str, since: datetime, db: str) -> list[tuple[s
     site) are grouped by queue and ``date_bin`` minute, the failed ones
     counted by a filter: hashing the state and working the minute's number
     out per row cost more than reading the rows; the few groups are then
-    numbered and split by state.
+    numbered and split by state. (``date_bin``: PostgreSQL 14, the oldest
+    Django 5.2 supports; binned from the epoch, its minutes are UTC's.)
     """
     epoch = EPOCH.replace(tzinfo=since.tzinfo)  # naive without USE_TZ, as ``since``
     since_minute = (since - epoch) // MINUTE
