@@ -34,6 +34,7 @@ from ..queries.instances import quick
 from ..store.base import db_alias, take_sqlite_write_lock
 from ..tasks.registry import backend_for
 from .aliases import on_selected_alias
+from .display import per_page
 from .paging import (
     COUNT_CAP,
     FILTER_SAMPLE,
@@ -57,6 +58,10 @@ BOTH = ON_LIST_AND_PAGE
 SELECTION_BATCH = 1000
 #: Request methods that never write (Django's own list in ``changeform_view``).
 SAFE_METHODS = ("GET", "HEAD", "OPTIONS", "TRACE")
+#: ``per_page``'s key of the row checkbox's translated label.
+CHECKBOX_LABEL = "action_checkbox label"
+#: The row checkbox's name, escaped.
+CHECKBOX_NAME = escape(helpers.ACTION_CHECKBOX_NAME)
 
 
 class BigTable(admin.ModelAdmin):
@@ -121,10 +126,13 @@ class BigTable(admin.ModelAdmin):
         the template engine for each row, a third of a page of 100 rows' time."""
         # What format_safe gives (the label is safe once its object is escaped),
         # without its calls: a page writes 100 of these.
-        label = gettext("Select this object for an action - {}").format(escape(str(obj)))
+        label = per_page(CHECKBOX_LABEL, lambda: gettext("Select this object for an action - {}"))
+        label = label.format(escape(str(obj)))
+        pk = obj.pk
+        value = str(pk) if type(pk) is int else escape(str(pk))  # digits: nothing to escape
         return SafeString(
-            f'<input type="checkbox" name="{escape(helpers.ACTION_CHECKBOX_NAME)}" '
-            f'value="{escape(str(obj.pk))}" class="action-select" aria-label="{label}">'
+            f'<input type="checkbox" name="{CHECKBOX_NAME}" '
+            f'value="{value}" class="action-select" aria-label="{label}">'
         )
 
 

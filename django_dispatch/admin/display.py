@@ -9,7 +9,11 @@ server's clock, so a skewed browser clock does not distort it).
 
 from __future__ import annotations
 
+import functools
 import unicodedata
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
 from datetime import datetime
 from html import escape
 from typing import Any
@@ -17,6 +21,36 @@ from typing import Any
 from django.utils import timezone
 from django.utils.safestring import SafeString
 from django.utils.text import Truncator
+
+#: What is the same for every row of the page being rendered (the active time
+#: zone, a translated label), by key: ``one_page`` holds it while a change
+#: list's rows are rendered. Django keeps the active time zone and language in
+#: context-locals (asgiref's ``Local``), and reading one per cell cost more than
+#: the rest of a relative time's cell; a ``ContextVar`` keeps each page's apart,
+#: as those do, across threads and async tasks.
+_PAGE: ContextVar[dict[Any, Any] | None] = ContextVar("dispatch_page", default=None)
+
+
+@contextmanager
+def one_page() -> Iterator[None]:
+    """Keep ``per_page``'s values for the rows rendered inside: one page's."""
+    token = _PAGE.set({})
+    try:
+        yield
+    finally:
+        _PAGE.reset(token)
+
+
+def per_page[T](key: Any, make: Callable[[], T]) -> T:
+    """``make()``, made once per page inside ``one_page`` (each call outside it)."""
+    page = _PAGE.get()
+    if page is None:
+        return make()
+    try:
+        return page[key]  # type: ignore[no-any-return]
+    except KeyError:
+        value = page[key] = make()
+        return value
 
 
 def html(value: Any) -> str:
@@ -70,19 +104,26 @@ def age_html(moment: datetime | None, now: datetime | None = None) -> SafeString
         return "-"
     now = now or timezone.now()
     seconds = (now - moment).total_seconds()
-    local = timezone.localtime(moment)
+    local = timezone.localtime(moment, per_page("time zone", timezone.get_current_timezone))
     if local.year >= 1000:  # what strftime's %Y-%m-%d %H:%M:%S gives, at a third of its cost
         day = f"{local.year}-{local.month:02d}-{local.day:02d}"
         clock = f"{local.hour:02d}:{local.minute:02d}:{local.second:02d}"
     else:
         day, clock = f"{local:%Y-%m-%d}", f"{local:%H:%M:%S}"
-    exact = f"{day} {clock}.{local.microsecond // 1000:03d} {local.tzname() or ''}"
-    # An ISO time, a number and the relative text hold nothing HTML escapes; the
-    # time zone's name is escaped (what ``format_safe`` gives, without its calls).
+    # An ISO time, digits, a number and the relative text hold nothing HTML
+    # escapes; the time zone's name is escaped (what ``format_safe`` gives,
+    # without its calls): escaping works character by character.
+    exact = f"{day} {clock}.{local.microsecond // 1000:03d} {zone_name(local.tzname() or '')}"
     return SafeString(
         f'<time class="dispatch-age" datetime="{moment.isoformat()}" data-age="{seconds:.3f}" '
-        f'title="{escape(exact)}">{relative(seconds)}</time>'
+        f'title="{exact}">{relative(seconds)}</time>'
     )
+
+
+@functools.cache
+def zone_name(name: str) -> str:
+    """A time zone's name, escaped: a page shows a few, once a row each."""
+    return escape(name)
 
 
 BADGES = {

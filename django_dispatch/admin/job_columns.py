@@ -26,7 +26,7 @@ from ..core.states import LIVE, JobState
 from ..models import Job, WorkflowRun, WorkflowTask
 from ..store import read_database_for
 from .common import change_url
-from .display import age_html, badge_html, format_safe, human_seconds
+from .display import age_html, badge_html, format_safe, human_seconds, per_page
 
 #: The internal task each workflow step runs as.
 STEP_TASK = "django_dispatch.workflows.tasks.run_step"
@@ -69,8 +69,12 @@ def job_badge(job: Job, now: Any = None) -> str:
 def state_label(job: Job) -> str:
     """``job.get_state_display()``, its choices made a dict once, not once a row."""
     field = type(job)._meta.get_field("state")
-    return force_str(
-        choice_labels(field).get(make_hashable(job.state), job.state), strings_only=True
+    value = make_hashable(job.state)
+    # Translated once per page (``per_page``): a lazy label is translated
+    # through the active language, a context-local read, on every str().
+    return per_page(
+        (field, value),
+        lambda: force_str(choice_labels(field).get(value, job.state), strings_only=True),
     )
 
 

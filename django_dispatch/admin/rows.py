@@ -41,7 +41,7 @@ from django.template import Engine, TemplateDoesNotExist
 from django.urls import NoReverseMatch
 from django.utils.safestring import SafeString
 
-from .display import html
+from .display import html, one_page
 
 #: One cell of a row: the row's model instance to the cell's HTML.
 Cell = Callable[[Any], str]
@@ -56,9 +56,11 @@ def page_results(cl: Any) -> list[ResultList]:
     cells = row_cells(cl)
     if cells is None:
         return list(results(cl))
-    return [
-        ResultList(None, [SafeString("".join([c(row) for c in cells]))]) for row in cl.result_list
-    ]
+    with one_page():  # the page's time zone and labels, looked up once (``display.per_page``)
+        return [
+            ResultList(None, [SafeString("".join([c(row) for c in cells]))])
+            for row in cl.result_list
+        ]
 
 
 def row_cells(cl: Any) -> list[Cell] | None:
@@ -189,9 +191,9 @@ def in_td(inner: Inner) -> Cell:
 def linked(inner: Inner, tag: str, links: Links) -> Cell:
     def cell(row: Any) -> str:
         classes, shown = inner(row)
-        url = links.url(row)
-        if url is not None:
-            shown = f'<a href="{html(url)}">{shown}</a>'
+        href = links.href(row)
+        if href is not None:
+            shown = f'<a href="{href}">{shown}</a>'
         return f'<{tag} class="{classes}">{shown}</{tag}>'
 
     return cell
@@ -215,6 +217,18 @@ class Links:
             and getattr(type(cl), "url_for_result", None) is ChangeList.url_for_result
         )
         self.around: tuple[str, str] | None = None
+        #: ``around`` escaped: a whole number's digits need no escaping, and
+        #: escaping works character by character, so the parts escaped apart
+        #: make the whole URL escaped.
+        self.escaped_around: tuple[str, str] | None = None
+
+    def href(self, row: Any) -> str | None:
+        """``url``, escaped for the ``href`` attribute."""
+        pk = row.pk
+        if self.escaped_around is not None and type(pk) is int:
+            return f"{self.escaped_around[0]}{pk}{self.escaped_around[1]}"
+        url = self.url(row)
+        return None if url is None else html(url)
 
     def url(self, row: Any) -> str | None:
         pk = row.pk
@@ -229,6 +243,7 @@ class Links:
         if self.numbered and type(pk) is int and url.count(key) == 1:
             head, tail = url.split(key)
             self.around = (f"{head}/", f"/{tail}")
+            self.escaped_around = (html(self.around[0]), html(self.around[1]))
         return url
 
     def preserved(self, url: str) -> str:

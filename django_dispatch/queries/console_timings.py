@@ -68,7 +68,12 @@ def finished_by_minute(namespace: str, since: datetime, db: str) -> list[tuple[s
     On PostgreSQL the minute is a number the server works out: a page reads
     hundreds of these rows, and a truncated timestamp costs a datetime made,
     then made aware, per row; the number is the same minute, as the epoch's
-    whole minutes (UTC).
+    whole minutes (UTC). The window's rows (thousands a minute on a busy
+    site) are grouped by queue and ``date_bin`` minute, the failed ones
+    counted by a filter: hashing the state and working the minute's number
+    out per row cost more than reading the rows; the few groups are then
+    numbered and split by state. (``date_bin``: PostgreSQL 14, the oldest
+    Django 5.2 supports; binned from the epoch, its minutes are UTC's.)
     """
     epoch = EPOCH.replace(tzinfo=since.tzinfo)  # naive without USE_TZ, as ``since``
     since_minute = (since - epoch) // MINUTE
@@ -79,14 +84,23 @@ def finished_by_minute(namespace: str, since: datetime, db: str) -> list[tuple[s
         ]
     rows = finished_in_window(namespace, since, db).values("queue_name", "state", "finished_at")
     sql, params = rows.query.get_compiler(using=db).as_sql()
+    succeeded, failed = (str(state.value) for state in FINISHED_SHOWN)
     with connections[db].cursor() as cursor:
         cursor.execute(
-            "SELECT s.queue_name, s.state, "
-            "floor(date_part('epoch', s.finished_at) / 60)::bigint - %s, COUNT(*) "
-            f"FROM ({sql}) s GROUP BY 1, 2, 3",
-            (since_minute, *params),
+            "SELECT g.queue_name, floor(date_part('epoch', g.minute) / 60)::bigint - %s, "
+            "g.failed, g.n FROM (SELECT s.queue_name, "
+            "date_bin(INTERVAL '1 minute', s.finished_at, TIMESTAMPTZ '1970-01-01 00:00:00+00') "
+            "AS minute, COUNT(*) FILTER (WHERE s.state = %s) AS failed, COUNT(*) AS n "
+            f"FROM ({sql}) s GROUP BY 1, 2) g",
+            (since_minute, failed, *params),
         )
-        return cursor.fetchall()
+        found = cursor.fetchall()
+    return [
+        (queue, state, minute, n)
+        for queue, minute, failures, total in found
+        for state, n in ((succeeded, total - failures), (failed, failures))
+        if n
+    ]
 
 
 def percentile(values: list[float], q: float) -> float | None:

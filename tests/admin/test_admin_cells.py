@@ -17,7 +17,14 @@ from django.utils import timezone as dj_timezone
 from django.utils import translation
 from django.utils.text import Truncator
 
-from django_dispatch.admin.display import age_html, format_safe, relative, short_text
+from django_dispatch.admin.display import (
+    age_html,
+    format_safe,
+    one_page,
+    per_page,
+    relative,
+    short_text,
+)
 from django_dispatch.admin.job_columns import state_label
 from django_dispatch.admin.rows import field_cell, plain_numbers
 from django_dispatch.models import DeadLetter, Job
@@ -61,7 +68,28 @@ def test_age_html_is_the_reference(zone: timezone) -> None:
     with dj_timezone.override(zone):
         for moment in moments:
             assert age_html(moment, now) == reference_age(moment, now)
+        with one_page():  # the zone looked up once for the page's rows: the same text
+            for moment in moments:
+                assert age_html(moment, now) == reference_age(moment, now)
     assert age_html(None) == "-"
+
+
+def test_a_pages_values_are_that_pages_own() -> None:
+    """``per_page`` keeps a value for the rows of one ``one_page``, never past it."""
+    made = []
+
+    def make() -> int:
+        made.append(1)
+        return len(made)
+
+    assert per_page("k", make) == 1 and per_page("k", make) == 2  # outside a page: each call
+    with one_page():
+        assert per_page("k", make) == per_page("k", make) == 3
+        with one_page():  # a page rendered inside another keeps its own
+            assert per_page("k", make) == 4
+        assert per_page("k", make) == 3
+    with one_page():
+        assert per_page("k", make) == 5
 
 
 @pytest.mark.parametrize(
