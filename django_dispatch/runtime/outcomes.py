@@ -25,7 +25,7 @@ from ..compat import Task
 from ..conf import usage_recorded
 from ..exceptions import TaskTimeout
 from ..store.usage import usage_record_many
-from ..store.workflows import preclaim
+from ..store.workflows import mapwave, preclaim
 from . import metering, timeouts
 from .connections import recover_after_error
 from .executor import Outcome
@@ -91,6 +91,8 @@ def persist(
     recorded (handed back, or its timeout recorded by the control loop).
     """
     lease = claimed.lease
+    # A map child's success left to the job's wave is written before the job's.
+    mapwave.flush(store.db_alias(), claimed.id, lease.epoch)
     deadline = time.monotonic() + give_up_after
     pause = 0.05
     while True:
