@@ -18,6 +18,7 @@ from django.test.utils import CaptureQueriesContext
 
 from django_dispatch.core.workflow_states import RunState, StepState
 from django_dispatch.models import Job, WorkflowRun, WorkflowTask
+from django_dispatch.store import jobs_claim
 from django_dispatch.store import workflows as wf_store
 from django_dispatch.store.wave import WaveClaim, jobs_finish_many_and_claim
 from django_dispatch.store.workflows import mapwave, preclaim
@@ -25,6 +26,7 @@ from django_dispatch.testing import drain
 from django_dispatch.workflows.engine import build_step_job
 from tests.conftest import postgres_only
 from tests.testapp import map_workflows as mw
+from tests.testapp import tasks
 
 pytestmark = [pytest.mark.django_db(transaction=True), postgres_only]
 
@@ -105,7 +107,7 @@ def test_children_succeed_in_their_jobs_wave_counted_once_per_set_and_gathered()
 
 def test_a_child_the_wave_cannot_write_is_left_to_its_fallback():
     run, pairs = _children("void", 3)
-    (job0, first), (job1, voided), (job2, kept) = pairs
+    (_, first), (job1, voided), (job2, kept) = pairs
     wf_store.workflow_step_succeed(
         first.step_id, first.claim_id, 0, build_job=build_step_job,
         run_id=first.run_id, map_child=True,
@@ -141,3 +143,27 @@ def test_a_child_whose_job_is_finished_otherwise_is_written_first():
         wave = jobs_finish_many_and_claim([(job2.lease, None)], db=DB, claim=None)
     assert calls == [one.run_id, two.run_id] and wave.after == []
     assert mapwave.pending(DB, [(job1.id, job1.lease.epoch), (job2.id, job2.lease.epoch)]) == []
+
+
+def test_a_map_wave_with_keyed_successes_promotes_and_claims_in_the_same_statement():
+    """The children's wave takes every other wave's paths: keyed successes
+    (their keys' next jobs promoted and claimed) and the claim with its steps."""
+    run, pairs = _children("keyed", 2)
+    (_, first), (job1, child) = pairs
+    wf_store.workflow_step_succeed(
+        first.step_id, first.claim_id, 0, build_job=build_step_job,
+        run_id=first.run_id, map_child=True,
+    )  # fmt: skip
+    k1, k2 = (int(tasks.add.using(partition_key="MK").enqueue(i, 0).id) for i in range(2))
+    (keyed,) = jobs_claim(worker_id=WORKER, queues=(), limit=2, lease_seconds=30)
+    assert keyed.id == k1
+    calls: list[int] = []
+    assert _defer(job1, child, 2, calls)
+    results = [(job1.lease, None), (keyed.lease, 1)]
+    wave = jobs_finish_many_and_claim(results, db=DB, claim=WaveClaim(WORKER, 5, 30.0))
+    assert wave.won == {job1.id, k1}
+    assert [c.id for c in wave.claimed] == [k2]  # promoted, then claimed
+    assert WorkflowTask.objects.get(pk=child.step_id).state == StepState.SUCCEEDED
+    for action in wave.after:
+        action()
+    assert calls == [] and _spread(run).state == StepState.SUCCEEDED
