@@ -198,9 +198,11 @@ def test_a_job_handed_back_unstarted_has_its_steps_claim_undone():
     (leased,) = _wave().claimed
     step = _step_of(Job.objects.get(pk=leased.id))
     assert (step.state, step.attempts) == (StepState.RUNNING, 1)
+    assert step.started_at is not None
     assert release(leased, why="handed back at shutdown")
     step.refresh_from_db()
     assert (step.state, step.attempts, step.claim_id) == (StepState.READY, 0, None)
+    assert step.started_at is None  # as before the claim: it never started
     (again,) = _wave().claimed  # the job's next run: a ready step, no lost attempt
     step.refresh_from_db()
     assert again.id == leased.id and (step.state, step.attempts) == (StepState.RUNNING, 1)
