@@ -32,8 +32,10 @@ from ..observability import joblog
 from ..store.finish import Measured
 from ..store.usage import UsageEntry
 from ..store.wave import WaveClaim, jobs_finish_many_and_claim, wave_promote_freed
+from ..store.workflows import mapwave
 from . import metering
 from .executor import Outcome
+from .followups import FollowUps, run
 from .outcomes import hand_back, let_go, persist, record_timeout, release, usage_outcome
 from .reporter import Reporter, settle_quietly, signal_finished
 from .running import RunningJob
@@ -87,6 +89,8 @@ class BatchCompleter:
         self.db = db or store.db_alias()
         #: Reports the successes written in waves (``start`` to ``stop``).
         self.reporter: Reporter | None = None
+        #: Runs what a wave's map children leave to do (``store.wave``'s ``after``).
+        self.followups: FollowUps | None = None
         #: Jobs of concurrency groups the last one-statement wave passed by
         #: (``write_fused``): only the gates may claim them.
         self.passed = 0
@@ -94,11 +98,14 @@ class BatchCompleter:
     def start(self) -> None:
         """Start the reporter thread (``Worker.run``): waves may be written from now on."""
         self.reporter = Reporter(self.report)
+        self.followups = FollowUps()
 
     def stop(self) -> None:
         """After the last wave: report what is queued, then end the reporter."""
         if self.reporter is not None:
             self.reporter.stop()
+        if self.followups is not None:
+            self.followups.stop()
 
     def hand_over(self, running: RunningJob, outcome: Outcome, meter: metering.Meter) -> bool:
         """On a job thread: a success joins the next wave and the thread goes on.
@@ -198,6 +205,8 @@ class BatchCompleter:
             if spec is not None:
                 return self.write_fused(batch, claim, spec)
         self.passed = 0
+        for running in batch:  # a map child's success left to the wave: written first
+            mapwave.flush(self.db, running.claimed.id, running.claimed.lease.epoch)
         try:
             with transaction.atomic(using=self.db):
                 won = self.write(batch, self.db)
@@ -236,6 +245,11 @@ class BatchCompleter:
             if self.slots is not None:
                 self.slots.drop_written(batch)
             self.settle(batch, wave.won)
+            if self.followups is None:
+                for action in wave.after:
+                    run(action)
+            else:
+                self.followups.put(wave.after)
             wave_promote_freed(wave, db=self.db)
         except Exception:
             logger.warning("a wave committed, but settling its jobs or promoting the "

@@ -25,7 +25,7 @@ from ..compat import Task
 from ..conf import usage_recorded
 from ..exceptions import TaskTimeout
 from ..store.usage import usage_record_many
-from ..store.workflows import preclaim
+from ..store.workflows import mapwave, preclaim
 from . import metering, timeouts
 from .connections import recover_after_error
 from .executor import Outcome
@@ -91,6 +91,8 @@ def persist(
     recorded (handed back, or its timeout recorded by the control loop).
     """
     lease = claimed.lease
+    # A map child's success left to the job's wave is written before the job's.
+    mapwave.flush(store.db_alias(), claimed.id, lease.epoch)
     deadline = time.monotonic() + give_up_after
     pause = 0.05
     while True:
@@ -177,19 +179,26 @@ def release(claimed: store.ClaimedJob, *, why: str, db: str | None = None) -> bo
 
 
 def _release(claimed: store.ClaimedJob, *, db: str | None = None) -> bool:
-    """Undo the claim's attempt: the count and the worker it added."""
+    """Undo the claim's attempt: the count and the worker it added.
+
+    The step its wave claimed for it goes back to ``ready`` first, while the
+    job is still leased here: once the job is back in the queue another
+    worker may lease it, and its attempt, finding the step still running,
+    would take it over, only for this undo to void that claim (the step
+    then ready again under a job that ended as superseded: nothing runs it
+    until the stale-step sweep). Fenced by the wave's claim id, the undo
+    changes nothing if the job was no longer this worker's.
+    """
+    try:
+        preclaim.release(db or store.db_alias(), claimed.id, claimed.lease.epoch)
+    except DatabaseError:
+        # The job goes back all the same: its next run takes the step over,
+        # noting a lost attempt that never ran.
+        logger.warning("job %s: its step's claim was not undone", claimed.id, exc_info=True)
     row = claimed.row
-    released = store.job_release_if_leased(
+    return store.job_release_if_leased(
         claimed.lease, attempts=row["attempts"] - 1, worker_ids=row["worker_ids"][:-1], db=db
     )
-    if released:  # the step its wave claimed for it goes back to ready too
-        try:
-            preclaim.release(db or store.db_alias(), claimed.id, claimed.lease.epoch)
-        except DatabaseError:
-            # The job is back in the queue all the same: its next run takes
-            # the step over, noting a lost attempt that never ran.
-            logger.warning("job %s: its step's claim was not undone", claimed.id, exc_info=True)
-    return released
 
 
 def let_go(lease: store.Lease, partition_key: str | None, *, db: str | None = None) -> bool:

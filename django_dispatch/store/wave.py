@@ -35,7 +35,7 @@ staging due.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -47,7 +47,7 @@ from .partitions import lock_partitions, partitions_promote
 from .sources.fused_pg import claim_sql, claimed_records
 from .sql import text_array
 from .types import ClaimedJob, Lease
-from .workflows import preclaim
+from .workflows import mapwave, preclaim
 
 _FINISH_ARGS = (
     "%(ids)s::bigint[], %(workers)s::text[],"
@@ -72,6 +72,16 @@ _FINISH_KEYED_CALL = (
     "django_dispatch_finish_keyed_wave("
     + _FINISH_ARGS
     + ", %(keys)s::text[], %(key_namespace)s::text, %(channel)s::text)"
+)
+#: The same for a wave that carries map children's successes (``mapwave``,
+#: ``django_dispatch_finish_map_wave``): the children's runs and steps
+#: first, then either finish above (``p_keys`` NULL: the plain one); its
+#: ``mapped`` says which children it wrote.
+_FINISH_MAP_CALL = (
+    "django_dispatch_finish_map_wave("
+    + _FINISH_ARGS
+    + ", %(keys)s::text[], %(key_namespace)s::text, %(channel)s::text, %(map_runs)s::bigint[],"
+    " %(map_steps)s::bigint[], %(map_claims)s::text[], %(map_outputs)s::jsonb[])"
 )
 #: The wave: the finish (``f``), the claim's scan (``candidates``:
 #: ``django_dispatch_claim_scan``, 0027's, ``sources.fused_pg.CANDIDATES_CTE``'s
@@ -113,7 +123,7 @@ lease AS MATERIALIZED (
 )<STEPS_CTE>
 SELECT CASE WHEN c.id IS NOT DISTINCT FROM (SELECT max(id) FROM candidates) THEN f.won END,
     CASE WHEN c.id IS NOT DISTINCT FROM (SELECT max(id) FROM candidates) THEN f.freed END,
-    cardinality((l.r).demoted), <STEP_COLUMNS>c.*,
+    cardinality((l.r).demoted), <MAPPED><STEP_COLUMNS>c.*,
     c.id = (l.r).leased[width_bucket(c.id, (l.r).leased)]
 FROM <FINISH> AS f CROSS JOIN lease AS l LEFT JOIN candidates AS c ON true<STEP_JOIN>
 ORDER BY c.priority DESC, c.run_after, c.id
@@ -128,24 +138,37 @@ _STEPS = {
         "<STEP_JOIN>": " LEFT JOIN steps AS s ON s.o_job = c.id",
     },
 }
-#: By whether the wave holds keyed successes. A keyed wave's finish takes the
-#: keys' locks, which must come before any row lock of the scan: its finish is
-#: a MATERIALIZED CTE (``fin``) the scan reads its window from, which runs it
-#: first. A plain wave's finish takes no key lock, and is left in FROM: the
+#: By the wave's finish: plain, keyed, or carrying map children. A keyed
+#: wave's finish takes the keys' locks, and a map wave's the children's row
+#: locks, which must come before any row lock of the scan: its finish is a
+#: MATERIALIZED CTE (``fin``) the scan reads its window from, which runs it
+#: first. A plain wave's finish takes no such lock, and is left in FROM: the
 #: CTE and the scan's dependency on it cost a plain wave about 0.025 ms of
-#: planning and execution in a ~1.2 ms statement.
+#: planning and execution in a ~1.2 ms statement. A map wave's records carry
+#: one more column (``mapped``, on the winners' row) ahead of the rest.
 _WAVE_FINISH = {
-    False: {
+    "plain": {
         "<FINISH_CTE>": "",
         "<WINDOW>": "%(window)s::integer",
         "<FINISH>": _FINISH_CALL,
+        "<MAPPED>": "",
     },
-    True: {
+    "keyed": {
         "<FINISH_CTE>": "fin AS MATERIALIZED (SELECT won, freed FROM "
         + _FINISH_KEYED_CALL
         + "),\n",
         "<WINDOW>": "(SELECT %(window)s::integer FROM fin)",
         "<FINISH>": "fin",
+        "<MAPPED>": "",
+    },
+    "map": {
+        "<FINISH_CTE>": "fin AS MATERIALIZED (SELECT won, freed, mapped FROM "
+        + _FINISH_MAP_CALL
+        + "),\n",
+        "<WINDOW>": "(SELECT %(window)s::integer FROM fin)",
+        "<FINISH>": "fin",
+        "<MAPPED>": "CASE WHEN c.id IS NOT DISTINCT FROM (SELECT max(id) FROM candidates)"
+        " THEN f.mapped END, ",
     },
 }
 
@@ -159,16 +182,17 @@ def _rendered(*parts: dict[str, str]) -> str:
     return text
 
 
-#: By (keyed, claiming steps).
+#: By (finish, claiming steps).
 _WAVE = {
-    (keyed, steps): _rendered(_WAVE_FINISH[keyed], _STEPS[steps])
-    for keyed in (False, True)
+    (finish, steps): _rendered(_WAVE_FINISH[finish], _STEPS[steps])
+    for finish in _WAVE_FINISH
     for steps in (False, True)
 }
 #: The wave without a claim (no slot to fill).
 _FINISH_ONLY = {
-    False: "SELECT won, freed FROM " + _FINISH_CALL,
-    True: "SELECT won, freed FROM " + _FINISH_KEYED_CALL,
+    "plain": "SELECT won, freed FROM " + _FINISH_CALL,
+    "keyed": "SELECT won, freed FROM " + _FINISH_KEYED_CALL,
+    "map": "SELECT won, freed, mapped FROM " + _FINISH_MAP_CALL,
 }
 #: The function's usage parameters when the wave writes no usage record.
 _NO_USAGE = {
@@ -210,6 +234,10 @@ class WaveResult:
     #: them (``wave_promote_freed``) once the statement has committed.
     freed: set[str] = field(default_factory=set)
     namespace: str = ""
+    #: What the map children it wrote leave to do once it committed (their
+    #: sets' counts, the general path of a child it did not write):
+    #: ``mapwave.committed``'s, for the caller to run off its hot path.
+    after: list[Callable[[], None]] = field(default_factory=list)
 
 
 def jobs_finish_many_and_claim(
@@ -231,17 +259,24 @@ def jobs_finish_many_and_claim(
     claiming = claim is not None and claim.limit > 0
     keys = sorted({lease.partition_key for lease, _ in results if lease.partition_key})
     # In autocommit only: the claims are kept once the statement returns,
-    # which must mean they committed (``preclaim``).
-    steps = claiming and connection.get_autocommit() and preclaim.STEP_JOBS.expected()
-    template = _WAVE[bool(keys), steps] if claiming else _FINISH_ONLY[bool(keys)]
+    # which must mean they committed (``preclaim``); so are the children.
+    autocommit = connection.get_autocommit()
+    steps = claiming and autocommit and preclaim.STEP_JOBS.expected()
+    children = _children(db, results, autocommit)
+    finish = "map" if children else "keyed" if keys else "plain"
+    template = _WAVE[finish, steps] if claiming else _FINISH_ONLY[finish]
     params = finish_params(results, usage)
     if not usage:
         params.update(_NO_USAGE)
-    if keys:
+    if keys or children:
         namespace = results[0][0].namespace
         params.update(
-            keys=text_array(keys), key_namespace=namespace, channel=notify_channel(namespace)
+            keys=text_array(keys) if keys else None,
+            key_namespace=namespace,
+            channel=notify_channel(namespace),
         )
+    if children:
+        params.update(mapwave.params(db, children))
     if claim is not None and claiming:
         sql = claim_sql(
             queues=bool(claim.queues),
@@ -264,20 +299,51 @@ def jobs_finish_many_and_claim(
     with hot_cursor(connection) as cursor:
         cursor.execute(sql, params)
         records = cursor.fetchall()
+    result = _result(records, claim if claiming else None, steps, bool(children), db)
+    if children:  # committed: the children are written, or left to their fallback
+        at = 3 if claiming else 2
+        mapped = next((record[at] for record in records if record[at] is not None), None)
+        result.after = mapwave.committed(db, children, mapped)
+    if result.freed:
+        result.namespace = results[0][0].namespace
+    return result
+
+
+def _children(
+    db: str, results: Sequence[tuple[Lease, Any]], autocommit: bool
+) -> list[tuple[int, mapwave.Deferred]]:
+    """The map children's successes left to this wave (``mapwave``). Outside
+    autocommit, a caller's rollback could still undo the wave: they are
+    written first, by the general path, as for a wave in a transaction."""
+    children = mapwave.pending(db, [(lease.job_id, lease.epoch) for lease, _ in results])
+    if children and not autocommit:
+        for job, d in children:
+            mapwave.flush(db, job, d.epoch)
+        return []
+    return children
+
+
+def _result(
+    records: Sequence[Sequence[Any]],
+    claim: WaveClaim | None,
+    steps: bool,
+    mapped: bool,
+    db: str,
+) -> WaveResult:
+    """The committed statement's ``records``, read: winners, claims, keys freed."""
     won = next((record[0] for record in records if record[0] is not None), None)
     freed = next((record[1] for record in records if record[1] is not None), None)
-    result = WaveResult(won=set(won or ()))
-    skip = 3 + (preclaim.COLUMNS if steps else 0)
-    if claim is not None and claiming and records[0][skip] is not None:
+    result = WaveResult(won=set(won or ()), freed=set(freed or ()))
+    base = 3 + mapped
+    skip = base + (preclaim.COLUMNS if steps else 0)
+    if claim is not None and records[0][skip] is not None:
         result.claimed, locked = claimed_records(records, skip, claim.worker_id, claim.namespace)
         if steps:  # committed: the jobs' attempts may take them
-            preclaim.keep(db, records, 3, {job.id: job.lease.epoch for job in result.claimed})
+            preclaim.keep(db, records, base, {job.id: job.lease.epoch for job in result.claimed})
         preclaim.STEP_JOBS.saw(job.row for job in result.claimed)
         result.demoted = records[0][2] or 0
         result.passed = len(locked) - result.demoted
         result.grouped = sum(1 for row in locked if row["concurrency_key"] is not None)
-    if freed:  # a lease built without its key: promoted after the commit, under the lock
-        result.freed, result.namespace = set(freed), results[0][0].namespace
     return result
 
 

@@ -11,6 +11,7 @@ its builder as an argument rather than importing it back.
 from __future__ import annotations
 
 import logging
+from functools import partial
 from typing import TYPE_CHECKING, Any
 
 from ..store import workflows as wf_store
@@ -101,6 +102,19 @@ def execute_step(
             )
         outcome = run_attempt(func, ctx, claimed.timeout)
     recorded = outcome.recorded
+    if recorded is None and outcome.kind == "succeeded":
+        # A map child's success may go with its job's, in the worker's wave.
+        recorded = (
+            wf_store.workflow_step_succeed_with_job(
+                claimed,
+                outcome.value,
+                job_id,
+                job_context.lease.epoch,
+                build_job=build_job,
+                fallback=partial(record, claimed, outcome, build_job=build_job),
+            )
+            or None
+        )
     if recorded is None:  # else written with the atomic step's own writes, or rolled back
         recorded = record(claimed, outcome, build_job=build_job)
     return {**summary, "outcome": outcome.kind if recorded else "discarded"}

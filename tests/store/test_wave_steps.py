@@ -18,6 +18,7 @@ from django.test.utils import CaptureQueriesContext
 
 from django_dispatch.core.workflow_states import StepState
 from django_dispatch.models import Job, WorkflowTask
+from django_dispatch.runtime import outcomes
 from django_dispatch.runtime.outcomes import release
 from django_dispatch.store import jobs_claim
 from django_dispatch.store import workflows as wf_store
@@ -198,9 +199,11 @@ def test_a_job_handed_back_unstarted_has_its_steps_claim_undone():
     (leased,) = _wave().claimed
     step = _step_of(Job.objects.get(pk=leased.id))
     assert (step.state, step.attempts) == (StepState.RUNNING, 1)
+    assert step.started_at is not None
     assert release(leased, why="handed back at shutdown")
     step.refresh_from_db()
     assert (step.state, step.attempts, step.claim_id) == (StepState.READY, 0, None)
+    assert step.started_at is None  # as before the claim: it never started
     (again,) = _wave().claimed  # the job's next run: a ready step, no lost attempt
     step.refresh_from_db()
     assert again.id == leased.id and (step.state, step.attempts) == (StepState.RUNNING, 1)
@@ -219,3 +222,24 @@ def test_a_claim_taken_by_its_attempt_is_not_undone():
     assert not preclaim.release(DB, leased.id, leased.lease.epoch)
     step.refresh_from_db()
     assert step.state == StepState.RUNNING
+
+
+def test_a_handed_back_jobs_step_is_ready_before_the_job_is_back_in_the_queue(
+    monkeypatch: pytest.MonkeyPatch,
+):
+    """Once back in the queue the job may run elsewhere at once: its attempt must
+    find the step ready, never see it voided under a takeover of its own."""
+    mw.item.start({"key": "order", "n": 12})
+    (leased,) = _wave().claimed
+    step = _step_of(Job.objects.get(pk=leased.id))
+    seen = []
+    release_job = outcomes.store.job_release_if_leased
+
+    def watched(*args, **kwargs):
+        seen.append(WorkflowTask.objects.values_list("state", flat=True).get(pk=step.pk))
+        return release_job(*args, **kwargs)
+
+    monkeypatch.setattr(outcomes.store, "job_release_if_leased", watched)
+    assert release(leased, why="claimed ahead, behind a job that ran long")
+    assert seen == [StepState.READY]
+    assert Job.objects.get(pk=leased.id).state == "pending"

@@ -40,6 +40,7 @@ from .common import (
     descendants,
 )
 from .maps import workflow_step_map
+from .mapwave import workflow_step_succeed_with_job
 from .retention import workflow_runs_purge
 from .runs import (
     workflow_run_cancel,
@@ -89,6 +90,7 @@ __all__ = [
     "workflow_step_progress",
     "workflow_step_skip",
     "workflow_step_succeed",
+    "workflow_step_succeed_with_job",
     "workflow_step_wait",
     "workflow_step_wait_child",
 ]

@@ -115,6 +115,9 @@ _MAP_CHILD_DONE_SQL = (
 #:   short, which the sweep repairs, as it repairs a count lost to a worker
 #:   dying between the commit and this.
 _COUNT_SQL = "SELECT done, total FROM django_dispatch_map_count(%s, %s)"
+#: The same for the children one wave wrote (``mapwave``), all at once: the
+#: function of migration 0036.
+_COUNT_MANY_SQL = "SELECT done, total FROM django_dispatch_map_count_many(%s, %s, %s)"
 
 
 #: A one-step map child's success and its count on the parent step, in
@@ -229,6 +232,15 @@ def count_child(db: str, step_id: int, batch: str) -> tuple[int, int | None] | N
     total), or None."""
     with connections[db].cursor() as cursor:
         cursor.execute(_COUNT_SQL, [step_id, batch])
+        row = cursor.fetchone()
+    return None if row is None else (row[0], row[1])
+
+
+def count_many(db: str, step_id: int, batch: str, n: int) -> tuple[int, int | None] | None:
+    """map_done + ``n`` on the step still waiting for ``batch``, in autocommit:
+    (done, total), or None."""
+    with connections[db].cursor() as cursor:
+        cursor.execute(_COUNT_MANY_SQL, [step_id, batch, n])
         row = cursor.fetchone()
     return None if row is None else (row[0], row[1])
 

@@ -23,7 +23,7 @@ from django.db.models.functions import Now
 
 from ...core.workflow_states import RUN_ACTIVE, STEP_DONE
 from ...models import WorkflowRun
-from . import pgpath
+from . import mapwave, pgpath
 from .common import StepJobBuilder, advance, gather, write_transaction
 
 logger = logging.getLogger("django_dispatch.store")
@@ -78,6 +78,7 @@ def succeed_map_child(
     if done is None or not done[3]:
         return None  # the general path decides (a lost fence: it finds it lost)
     parent_step, parent_run, batch, _, counted, total = done
+    mapwave.learn(db, batch)  # its siblings may leave their successes to their waves
     if counted is None or counted < (total or 0):
         return True
     try:

@@ -31,7 +31,7 @@ import time
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
-from django.db.models import F
+from django.db.models import Case, F, Value, When
 from django.db.models.functions import Now
 
 from ...core.workflow_states import StepState
@@ -148,7 +148,11 @@ def release(db: str, job_id: int, epoch: int) -> bool:
     a job claimed ahead behind a long one), so its step goes back to ``ready``
     with the attempt count it had, for the job's next run to claim as any
     ready step, and not as a step whose worker was lost. Fenced by the claim
-    id: a step voided meanwhile (cancelled, reopened) is left as it is."""
+    id: a step voided meanwhile (cancelled, reopened) is left as it is.
+    ``started_at`` goes back to NULL when the claim was the generation's
+    first (a claim only sets it when NULL, and a reopen clears it with the
+    count); ``heartbeat_at`` keeps the claim's time, which only postpones
+    the sweep's look at a ready step."""
     with _lock:
         kept = _claims.get((db, job_id))
         if kept is None or kept[0] != epoch:
@@ -157,7 +161,13 @@ def release(db: str, job_id: int, epoch: int) -> bool:
     return bool(
         WorkflowTask.objects.using(db)
         .filter(id=kept[1], claim_id=kept[2], state=StepState.RUNNING)
-        .update(state=StepState.READY, claim_id=None, attempts=F("attempts") - 1, updated_at=Now())
+        .update(
+            state=StepState.READY,
+            claim_id=None,
+            attempts=F("attempts") - 1,
+            started_at=Case(When(attempts=1, then=Value(None)), default=F("started_at")),
+            updated_at=Now(),
+        )
     )
 
 

@@ -64,6 +64,11 @@ class ClaimedStep:
     call_context: Any = None
     #: Whether the run is a child of a ``ctx.map`` set.
     map_child: bool = False
+    #: That set (``map_child``), and whether the step was claimed by the
+    #: wave that leased its job (``preclaim``): its success may then be
+    #: left to the job's wave (``mapwave``).
+    map_batch: str | None = None
+    preclaimed: bool = False
 
 
 def workflow_step_claim(
@@ -93,7 +98,7 @@ def workflow_step_claim(
     db = db_or_default(db)
     kept = None if epoch is None else preclaim.take(db, step_id, generation, job_id, epoch)
     if kept is not None:  # claimed by the wave that leased the job, committed with its lease
-        return _claimed_from(db, step_id, kept[0], kept[1])
+        return _claimed_from(db, step_id, kept[0], kept[1], preclaimed=True)
     claim_id = secrets.token_hex(16)
     # The usual case first, in one statement: a ready step (which holds no claim).
     if pgpath.applies(db):  # with its read, in that one statement
@@ -156,7 +161,9 @@ def _claimed_step(db: str, step_id: int, claim_id: str) -> ClaimedStep | None:
     return _claimed_from(db, step_id, claim_id, step)
 
 
-def _claimed_from(db: str, step_id: int, claim_id: str, step: dict[str, Any]) -> ClaimedStep:
+def _claimed_from(
+    db: str, step_id: int, claim_id: str, step: dict[str, Any], *, preclaimed: bool = False
+) -> ClaimedStep:
     """The claimed step from its row's ``_STEP_FIELDS`` and its run's (``run__`` + name)."""
     run = {name: step[f"run__{name}"] for name in _RUN_FIELDS}
     outputs: dict[str, Any] = {}
@@ -189,6 +196,8 @@ def _claimed_from(db: str, step_id: int, claim_id: str, step: dict[str, Any]) ->
         waits=list(step["waits"] or []),
         call_context=run["call_context"],
         map_child=run["map_batch"] is not None,
+        map_batch=run["map_batch"],
+        preclaimed=preclaimed,
     )
 
 
