@@ -87,9 +87,8 @@ class BatchCompleter:
         self.taking = threading.Lock()
         self.slots = slots
         self.db = db or store.db_alias()
-        #: Reports the successes written in waves (``start`` to ``stop``).
+        #: Report waves' successes, run what their map children leave to do.
         self.reporter: Reporter | None = None
-        #: Runs what a wave's map children leave to do (``store.wave``'s ``after``).
         self.followups: FollowUps | None = None
         #: Jobs of concurrency groups the last one-statement wave passed by
         #: (``write_fused``): only the gates may claim them.
@@ -98,7 +97,7 @@ class BatchCompleter:
     def start(self) -> None:
         """Start the reporter thread (``Worker.run``): waves may be written from now on."""
         self.reporter = Reporter(self.report)
-        self.followups = FollowUps()
+        self.followups = FollowUps(self.db)
 
     def stop(self) -> None:
         """After the last wave: report what is queued, then end the reporter."""
@@ -241,15 +240,11 @@ class BatchCompleter:
         # Committed: from here on nothing may abort the wave, and what it
         # leased must start whatever fails below.
         claimed = wave.claimed
+        self.follow_up(wave.after)
         try:
             if self.slots is not None:
                 self.slots.drop_written(batch)
             self.settle(batch, wave.won)
-            if self.followups is None:
-                for action in wave.after:
-                    run(action)
-            else:
-                self.followups.put(wave.after)
             wave_promote_freed(wave, db=self.db)
         except Exception:
             logger.warning("a wave committed, but settling its jobs or promoting the "
@@ -312,6 +307,13 @@ class BatchCompleter:
             return set()
         results, usage = BatchCompleter.wave_values(batch)
         return set(store.jobs_finish_many_if_leased(results, db=db, usage=usage))
+
+    def follow_up(self, actions: list[Callable[[], None]]) -> None:
+        """Right after a wave's commit, before what may fail: its map counts."""
+        if self.followups is not None:
+            return self.followups.put(actions)
+        for action in actions:
+            run(action)
 
     @staticmethod
     def settle(batch: list[RunningJob], won: set[int]) -> None:

@@ -21,6 +21,11 @@ finished writes the child's success first, by the general path (``flush``:
 a wave in a transaction, a success written one by one, a failed wave).
 A child's success left here is lost with the process, as its job's is:
 the job's lease expires, its re-run takes the step over and runs it again.
+A child the wave did not write has its success written after its job's
+committed: every fence that failed in the wave (the run no longer running
+or already counted, the claim taken over, another step in the run, a set
+still admitting) still fails there, so the general path discards it, and a
+process that dies in between leaves the step to the stale-step sweep.
 """
 
 from __future__ import annotations
@@ -34,6 +39,7 @@ from dataclasses import dataclass
 from functools import partial
 from typing import TYPE_CHECKING, Any
 
+from ...models import WorkflowTask
 from ..sql import int_array, text_array
 from . import pgpath
 from .common import StepJobBuilder, db_or_default, gather
@@ -48,6 +54,8 @@ logger = logging.getLogger("django_dispatch.store")
 _LIMIT = 10_000
 #: Sets remembered as needing nothing of the general path (``learn``).
 _SETS = 1_000
+#: The output column's encoder: a child's output is written as the ORM writes it.
+_ENCODER = WorkflowTask._meta.get_field("output").encoder
 
 
 @dataclass(frozen=True, slots=True)
@@ -134,7 +142,7 @@ def params(db: str, children: Sequence[tuple[int, Deferred]]) -> dict[str, Any]:
         "map_steps": int_array(d.step_id for d in ordered),
         "map_claims": text_array(d.claim_id for d in ordered),
         "map_outputs": text_array(
-            None if d.output is None else json.dumps(d.output) for d in ordered
+            None if d.output is None else json.dumps(d.output, cls=_ENCODER) for d in ordered
         ),
     }
 
@@ -154,7 +162,7 @@ def committed(
     for _, d in children:
         row = written.get(d.run_id)
         if row is None:
-            actions.append(partial(_run, d.fallback))
+            actions.append(d.fallback)
         else:
             sets[(row[1], row[3], row[2])].append(d)
     for (step, batch, parent_run), done in sets.items():
@@ -177,14 +185,13 @@ def count(
     db: str, step_id: int, batch: str, parent_run: int, n: int, build_job: StepJobBuilder
 ) -> None:
     """Count ``n`` children written on their waiting step; the count that
-    reaches the total gathers. A count or gather that fails is left to the
-    stale-step sweep (``gather_stalled``), which counts the set itself."""
-    try:
-        counts = pgpath.count_many(db, step_id, batch, n)
-        if counts is not None and counts[0] >= (counts[1] or 0):
-            gather(db, step_id, batch, parent_run, build_job)
-    except Exception:
-        logger.exception("counting map step %s's children failed; the sweep will", step_id)
+    reaches the total gathers. It raises: the caller may try once more on a
+    new connection, and else leaves the set to the stale-map sweep
+    (``gather_stalled``), which counts it from the children's rows (an
+    extra count is harmless: ``gather`` checks those rows again)."""
+    counts = pgpath.count_many(db, step_id, batch, n)
+    if counts is not None and counts[0] >= (counts[1] or 0):
+        gather(db, step_id, batch, parent_run, build_job)
 
 
 def _run(fallback: Callable[[], Any]) -> None:
