@@ -12,8 +12,9 @@ runner's own (``jobthreads.JobRunner``): the connection check before task
 code, the lease (the control loop renews it), timeouts and cancellation (the
 coroutine's asyncio task is cancelled), the usage record, the fenced write
 of the outcome, successes written in the control loop's completion wave.
-Per job the loop pays one task and a share of one hop to the sync thread
-(``AsyncJobs`` says how the rest is done once per wave).
+Per job the loop pays one task, started eagerly, and a share of one hop to
+the sync thread (``AsyncJobs`` says how the rest is done once per claim and
+per wave).
 
 Database connections stay bounded: everything synchronous around a job (the
 connection check, ``task_started`` and ``task_finished`` receivers, which
@@ -35,20 +36,20 @@ import contextlib
 import logging
 import threading
 from collections import deque
+from collections.abc import Coroutine
 from functools import partial
 from typing import Any, Literal
 
 from django.db import connections
 
 from .. import store
-from ..exceptions import JobCancelled
 from ..observability import joblog, tracing
 from . import attempt, metering
 from .connections import ThreadConnections, reset_connections
 from .executor import Outcome
 from .jobthreads import JobRunner
 from .running import RunningJob
-from .synchops import SyncHops, sync
+from .synchops import SyncHops, run_steps, sync
 
 logger = logging.getLogger("django_dispatch.worker")
 
@@ -58,11 +59,14 @@ After = Literal["write", "wave", "done"]
 class AsyncJobs:
     """An event loop on a thread of its own, running the async jobs the control loop hands it.
 
-    A job's coroutine ends once its success is offered to the completion wave.
-    The wave's commit settles the whole wave in one wake-up of the loop
-    (``_settle``): a success nothing observes (no ``task_finished`` receiver,
-    its write won) ends there without a hop to the sync thread. No job has a
-    timer: one watchdog (``_overdue``) looks after the successes awaiting a wave.
+    A claim's jobs take their steps before task code in one hop (``_start``),
+    then each gets a task started eagerly: it runs at once up to its first
+    wait, with no future, wake-up or loop turn of its own before. A job's
+    coroutine ends once its success is offered to the completion wave, whose
+    commit settles the whole wave in one wake-up of the loop (``_settle``):
+    a success nothing observes (no ``task_finished`` receiver, its write
+    won) ends there without a hop to the sync thread. No job has a timer:
+    one watchdog (``_overdue``) looks after the successes awaiting a wave.
     """
 
     def __init__(self, runner: JobRunner) -> None:
@@ -72,6 +76,9 @@ class AsyncJobs:
         self.conns = ThreadConnections()
         #: The jobs on the loop, by their asyncio task (and the hops that end them).
         self.tasks: dict[asyncio.Task[None], RunningJob] = {}
+        #: Claims whose jobs' steps before task code are in a hop (``_start``):
+        #: registered, no task of their own yet.
+        self.starting: dict[asyncio.Task[None], list[RunningJob]] = {}
         self.hops = SyncHops(self.loop)
         #: The hop (``SyncHops.count``) whose steps found the connections usable.
         self.checked_hop = -1
@@ -111,9 +118,30 @@ class AsyncJobs:
     def _spawn(self, jobs: list[RunningJob]) -> None:
         # Registered here, in the loop's thread (timeouts find them started),
         # all at once: a job handed back meanwhile gets no task, as on a thread.
-        for running in self.runner.register_many(jobs):
+        started = self.runner.register_many(jobs)
+        if started:
+            task = self.loop.create_task(self._start(started))
+            self.starting[task] = started
+            task.add_done_callback(self.starting.pop)
+
+    async def _start(self, jobs: list[RunningJob]) -> None:
+        """The claim's steps before task code in one hop (``_before``), then a
+        task per job, started eagerly. Cancelled in the hop (a stop handing
+        the jobs back), each job ends as its own cancelled task would."""
+        try:
+            befores = await self.hops.run(run_steps, [partial(self._before, r) for r in jobs])
+        except asyncio.CancelledError:
+            for running in jobs:
+                self._track(self._end(running, None, None, "write"), running)
+            raise
+        except Exception as e:  # the hop itself failed: each job as if its step had
+            befores = [(False, e)] * len(jobs)
+        loop = self.loop
+        for running, before in zip(jobs, befores, strict=True):
             name = f"job-{running.claimed.lease.job_id}"
-            self.tasks[self.loop.create_task(self._run(running), name=name)] = running
+            task = asyncio.Task(self._run(running, before), loop=loop, name=name, eager_start=True)
+            if not task.done():  # one that ended eagerly has already forgotten itself
+                self.tasks[task] = running
 
     def stop(self, timeout: float = 5.0) -> None:
         """Wait up to ``timeout`` for jobs still on the loop, then stop it.
@@ -131,17 +159,29 @@ class AsyncJobs:
         self.thread.join(timeout=5.0)
 
     async def _drain(self, timeout: float) -> None:
-        if self.tasks and timeout > 0:
-            await asyncio.wait(set(self.tasks), timeout=timeout)
+        # A claim whose steps were in a hop starts its jobs' tasks meanwhile:
+        # wait for those too, within the same deadline.
+        deadline = self.loop.time() + timeout
+        while (left := deadline - self.loop.time()) > 0:
+            if not (alive := {t for t in (*self.tasks, *self.starting) if not t.done()}):
+                break
+            await asyncio.wait(alive, timeout=left)
         for done in [t for t in self.tasks if t.done()]:
             del self.tasks[done]
+        for task, jobs in list(self.starting.items()):
+            for running in jobs:  # handed back: none of them may start its task code
+                running.abandoned = True
+                running.cancel_event.set()
+            task.cancel()
         for task, running in list(self.tasks.items()):
             # Handed back, or left to a recycled process's successor to settle:
             # whatever the job does now must not be written as its outcome.
             running.abandoned = True
             running.cancel_event.set()
             task.cancel()
-        if self.tasks:
+        if self.tasks or self.starting:
+            await asyncio.wait(set(self.tasks) | set(self.starting), timeout=1.0)
+        if self.tasks:  # the ends of jobs whose claim was cancelled in its hop
             await asyncio.wait(set(self.tasks), timeout=1.0)
         # Successes offered after the last wave: no wave will write them now.
         late = [
@@ -151,10 +191,11 @@ class AsyncJobs:
         if late:
             await asyncio.wait(late, timeout=5.0)
 
-    async def _run(self, running: RunningJob) -> None:
+    async def _run(self, running: RunningJob, before: tuple[bool, Any]) -> None:
         """One job: the job runner's steps, task code awaited here, the
-        synchronous steps before it in a hop to the sync thread (``SyncHops``);
-        a success ends in the wave (``_offer``), anything else in ``_after``."""
+        synchronous steps before it (``before``: what ``_before`` returned or
+        raised, in its claim's hop); a success ends in the wave (``_offer``),
+        anything else in ``_after``."""
         runner = self.runner
         outcome: Outcome | None = None
         meter: metering.Meter | None = None
@@ -162,7 +203,10 @@ class AsyncJobs:
         #: ("done": already written); "wave": the wave settles it (``_settle``).
         then: After = "write"
         try:
-            meter, prepared = await self.hops.run(self._before, running)
+            ok, value = before
+            if not ok:
+                raise value
+            meter, prepared = value
             if meter is None:
                 outcome, then = Outcome(kind="released"), "done"  # ``begin`` wrote it
                 return
@@ -243,7 +287,7 @@ class AsyncJobs:
             outcome = prepared
         else:
             try:
-                value = await _call(prepared, running)
+                value = await attempt.run_untimed(prepared, running)
             except BaseException as e:
                 # ``conclude`` may look at the connection that broke under the task:
                 # that is the sync thread's.
@@ -337,7 +381,10 @@ class AsyncJobs:
 
     def _finish(self, running: RunningJob, outcome: Outcome, then: After) -> asyncio.Task[None]:
         """``_after`` in a task of its own, which ``stop`` waits for like a job."""
-        task = self.loop.create_task(self._end(running, outcome, running.meter, then))
+        return self._track(self._end(running, outcome, running.meter, then), running)
+
+    def _track(self, end: Coroutine[Any, Any, None], running: RunningJob) -> asyncio.Task[None]:
+        task = self.loop.create_task(end)
         self.tasks[task] = running
         task.add_done_callback(self._forget)
         return task
@@ -351,20 +398,3 @@ class AsyncJobs:
     def _forget(self, task: asyncio.Task[Any] | None) -> None:
         if task is not None:
             self.tasks.pop(task, None)
-
-
-async def _call(prepared: attempt.Prepared, running: RunningJob) -> Any:
-    """The task function, awaited: ``attempt.run_async`` without its timer when
-    the task has no timeout (an ``asyncio.timeout`` per job is measurable)."""
-    if prepared.timeout is not None:
-        return await attempt.run_async(
-            prepared.task, prepared.args, prepared.kwargs, prepared.timeout, running
-        )
-    running._loop = asyncio.get_running_loop()
-    running._atask = asyncio.current_task()
-    try:
-        if running.stop_requested:
-            raise JobCancelled(f"job {running.claimed.id} was cancelled before it started")
-        return await prepared.task.func(*prepared.args, **prepared.kwargs)
-    finally:
-        running._loop = running._atask = None

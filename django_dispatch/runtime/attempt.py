@@ -271,3 +271,21 @@ async def run_async(
         raise TaskTimeout(f"{task.module_path} ran longer than its timeout of {timeout} s") from e
     finally:
         running._loop = running._atask = None
+
+
+async def run_untimed(prepared: Prepared, running: RunningJob) -> Any:
+    """The task function, awaited (the asyncio executor): ``run_async`` without
+    its timer when the task has no timeout (an ``asyncio.timeout`` per job is
+    measurable)."""
+    if prepared.timeout is not None:
+        return await run_async(
+            prepared.task, prepared.args, prepared.kwargs, prepared.timeout, running
+        )
+    running._loop = asyncio.get_running_loop()
+    running._atask = asyncio.current_task()
+    try:
+        if running.stop_requested:
+            raise JobCancelled(f"job {running.claimed.id} was cancelled before it started")
+        return await prepared.task.func(*prepared.args, **prepared.kwargs)
+    finally:
+        running._loop = running._atask = None

@@ -85,14 +85,35 @@ def flow_for_claim(db: str, namespace: str, max_age: float) -> FlowState:
     return state
 
 
-def stage_due(db: str, namespace: str, max_age: float) -> bool:
-    """Whether this process's next claim of ``namespace`` stages (``jobs_claim``'s
-    throttle), without counting it as done: the one-statement wave
-    (``store.wave``) does not stage, and leaves such a wave to ``jobs_claim``."""
-    key = (db, namespace)
+def _take_stage_turn(key: tuple[str, str], max_age: float) -> bool:
+    """Whether this claim stages (the throttle), counting it as done if so."""
+    now = time.monotonic()
     with _lock:
-        last = _staged_at.get(key, -max_age)
-        return key in _staging_behind or time.monotonic() - last >= max_age / 2
+        stage = key in _staging_behind or now - _staged_at.get(key, -max_age) >= max_age / 2
+        if stage:
+            _staged_at[key] = now
+    return stage
+
+
+def _staged(key: tuple[str, str], staged: int) -> None:
+    """After a staging pass: a full batch means more may be due (stage again at once)."""
+    with _lock:
+        if staged >= STAGE_BATCH:
+            _staging_behind.add(key)
+        else:
+            _staging_behind.discard(key)
+
+
+def stage_if_due(db: str, namespace: str, max_age: float) -> None:
+    """The stager's turn before a one-statement wave (``store.wave``), which
+    does not stage: in a statement of its own, committed before the wave, so
+    the wave's claim sees what it staged and the wave stays one statement.
+
+    Called outside any transaction: staging commits at once (its NOTIFY is
+    sent then), and holds its row locks for that statement only."""
+    key = (db, namespace)
+    if _take_stage_turn(key, max_age):
+        _staged(key, jobs_stage_due(db=db, namespace=namespace, limit=STAGE_BATCH))
 
 
 def jobs_claim(
@@ -120,11 +141,7 @@ def jobs_claim(
         return state
 
     key = (db, namespace)
-    now = time.monotonic()
-    with _lock:
-        stage = key in _staging_behind or now - _staged_at.get(key, -max_age) >= max_age / 2
-        if stage:
-            _staged_at[key] = now
+    stage = _take_stage_turn(key, max_age)
     # One transaction, as store.jobs_claim's own staging: the claim sees what
     # was staged; here the count tells whether the stager fell behind.
     with transaction.atomic(using=db, savepoint=False):
@@ -141,11 +158,7 @@ def jobs_claim(
             stage=0,
         )
     if stage:
-        with _lock:
-            if staged >= STAGE_BATCH:
-                _staging_behind.add(key)
-            else:
-                _staging_behind.discard(key)
+        _staged(key, staged)
     for state, waiting in handed:
         if state.waiting != waiting:  # the claim learnt something: tell the current entry
             with _lock:

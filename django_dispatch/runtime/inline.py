@@ -34,6 +34,7 @@ from dataclasses import replace
 from .. import store
 from ..conf import DispatchSettings, get_settings
 from ..store import workflows as wf_store
+from ..store.wave import WaveClaim
 from .maintenance import Maintenance
 from .options import Every, WorkerOptions
 from .producer import Producer
@@ -62,6 +63,11 @@ class _GivenClaim(Producer):
     def claim(self, limit: int) -> list[store.ClaimedJob]:
         claimed, self.given = self.given, None
         return [claimed] if claimed is not None else []
+
+    def fused_claim(self, limit: int) -> WaveClaim | None:
+        """Never the one-statement wave: its claim is SQL that would lease other
+        jobs, never this one's given job (``claim``)."""
+        return None
 
 
 class _InlineWorker(Worker):

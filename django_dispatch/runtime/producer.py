@@ -184,15 +184,18 @@ class Producer:
     def fused_claim(self, limit: int) -> WaveClaim | None:
         """The wave's claim as one statement with its successes (``store.wave``),
         or None where it needs ``claim``'s transaction: SQLite, a worker with a
-        placement, staging due, queue limits, a concurrency group waiting,
-        every served queue paused, or a concurrency group's jobs passed by lately."""
+        placement, queue limits, a concurrency group waiting, every served
+        queue paused, or a concurrency group's jobs passed by lately. Staging,
+        when due, runs first in a statement of its own: the wave's claim sees
+        what it staged, and a busy worker's every wave stays one statement."""
         if not self.one_statement or time.monotonic() < self.gated_until:
             return None
         opts, max_age = self.options, self.settings.POLL_INTERVAL
         if limit <= 0:
             return WaveClaim(opts.worker_id, 0, self.settings.LEASE_SECONDS, opts.namespace)
-        if self.placement() is not None or flow_cache.stage_due(self.db, opts.namespace, max_age):
+        if self.placement() is not None:
             return None
+        flow_cache.stage_if_due(self.db, opts.namespace, max_age)
         state = flow_cache.flow_for_claim(self.db, opts.namespace, max_age)
         if state.waiting or state.limits:
             return None

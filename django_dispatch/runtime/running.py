@@ -6,7 +6,6 @@ import asyncio
 import contextlib
 import threading
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
 
 from ..compat import Task
@@ -18,12 +17,15 @@ from .executor import Outcome
 _EVENT_MADE = threading.Lock()
 
 
-@dataclass
 class RunningJob:
-    """A job this process holds, shared by the control loop, its thread and the completer."""
+    """A job this process holds, shared by the control loop, its thread and the completer.
 
-    claimed: ClaimedJob
-    lease_seconds: float
+    A plain class whose defaults are class attributes: one is made per claimed
+    job on the control loop, and a dataclass's ``__init__`` assigning each of
+    its twenty fields was a measurable share of a short job's CPU there.
+    ``fields`` sets any of the attributes below at once.
+    """
+
     #: The Task its row names, resolved once per job (``attempt.resolve``, on
     #: the job thread, before its clock starts) for the attempt and the
     #: timeouts; None until then, or when it cannot be resolved (``unknown``
@@ -62,6 +64,14 @@ class RunningJob:
     withdrawn: bool = False
     _loop: asyncio.AbstractEventLoop | None = None
     _atask: asyncio.Task[Any] | None = None
+
+    def __init__(self, claimed: ClaimedJob, lease_seconds: float, **fields: Any) -> None:
+        self.claimed = claimed
+        self.lease_seconds = lease_seconds
+        for name, value in fields.items():
+            if not hasattr(RunningJob, name):
+                raise TypeError(f"RunningJob has no attribute {name!r}")
+            setattr(self, name, value)
 
     @property
     def awaits_wave(self) -> bool:

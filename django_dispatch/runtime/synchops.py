@@ -52,7 +52,7 @@ class SyncHops:
             while self.pending:
                 steps, self.pending = self.pending, []
                 self.count += 1
-                results = await sync(_run_steps, [step for step, _ in steps])
+                results = await sync(run_steps, [step for step, _ in steps])
                 for (_, future), (ok, value) in zip(steps, results, strict=True):
                     if future.done():  # its job was cancelled meanwhile
                         continue
@@ -64,7 +64,8 @@ class SyncHops:
             self.flushing = False
 
 
-def _run_steps(steps: list[Callable[[], Any]]) -> list[tuple[bool, Any]]:
+def run_steps(steps: list[Callable[[], Any]]) -> list[tuple[bool, Any]]:
+    """Each step on its own: (True, its value) or (False, what it raised)."""
     results: list[tuple[bool, Any]] = []
     for step in steps:
         try:

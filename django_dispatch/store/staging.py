@@ -13,11 +13,13 @@ to later. ``jobs_stage_due`` moves the due ones to ``pending``:
   (PostgreSQL), delivered at commit: the insert trigger only fires on INSERT,
   and idle workers must wake when a deferred job becomes due.
 
-Who stages: every producer, in its claim's transaction just before the
-claim, at most once per half poll interval (``runtime.flow_cache``), and
-every direct call of ``store.jobs_claim`` (tests, ``run_now`` aside). The
-reasons and the measurement are in docs/performance.md ("The scheduled
-state").
+Who stages: every producer, at most once per half poll interval
+(``runtime.flow_cache``), just before its claim: in the claim's transaction,
+or, before a one-statement wave (``store.wave``, which does not stage), in
+a statement of its own committed first; and every direct call of
+``store.jobs_claim`` (tests, ``run_now`` aside). Either way the claim that
+follows sees what was staged. The reasons and the measurement are in
+docs/performance.md ("The scheduled state").
 
 Staging takes no partition lock: it cannot change a key's head (a scheduled
 job is live, and so already counted as its key's head, see ``partitions``),
