@@ -189,7 +189,7 @@ class BatchCompleter:
         ``fused(limit)``: the claim as one statement with the successes
         (``store.wave``: one round trip, partitions included), or None when
         this wave needs the transaction (a placement, queue limits, a
-        concurrency group waiting, staging).
+        concurrency group waiting).
         """
         if fused is not None:
             try:

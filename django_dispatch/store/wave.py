@@ -29,8 +29,8 @@ While the worker leases step jobs, the wave also claims their steps
 the leases: a step job then sends no claim of its own.
 
 The caller (``runtime.completer``) sends a wave here only in the plain
-case: no placement, no queue limits, no concurrency group waiting, no
-staging due.
+case: no placement, no queue limits, no concurrency group waiting (due
+staging runs first, in a statement of its own).
 """
 
 from __future__ import annotations
