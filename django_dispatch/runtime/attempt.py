@@ -130,7 +130,9 @@ def prepare(
     may have run since (a receiver may connect or drop receivers).
     """
     row = claimed.row
-    if running.stop_requested:  # cancelled while waiting for a thread
+    # Cancelled while waiting for a thread, or handed back meanwhile (a stop
+    # marks a job abandoned before it asks it to stop): its code must not start.
+    if running.stop_requested or running.abandoned:
         return Outcome(kind="discarded")
     # Retrying cannot help a task that does not import or arguments that do
     # not fit: fail the job, keep the worker.
@@ -262,7 +264,7 @@ async def run_async(
     """Run an async task on the running event loop, cancellable (``RunningJob.stop``) and timed."""
     running._loop = asyncio.get_running_loop()
     running._atask = asyncio.current_task()
-    if running.stop_requested:
+    if running.stop_requested or running.abandoned:
         raise JobCancelled(f"job {running.claimed.id} was cancelled before it started")
     try:
         async with asyncio.timeout(timeout):
@@ -284,7 +286,7 @@ async def run_untimed(prepared: Prepared, running: RunningJob) -> Any:
     running._loop = asyncio.get_running_loop()
     running._atask = asyncio.current_task()
     try:
-        if running.stop_requested:
+        if running.stop_requested or running.abandoned:
             raise JobCancelled(f"job {running.claimed.id} was cancelled before it started")
         return await prepared.task.func(*prepared.args, **prepared.kwargs)
     finally:

@@ -52,7 +52,16 @@ class SyncHops:
             while self.pending:
                 steps, self.pending = self.pending, []
                 self.count += 1
-                results = await sync(run_steps, [step for step, _ in steps])
+                try:
+                    results = await sync(run_steps, [step for step, _ in steps])
+                except BaseException as e:
+                    # The hop itself failed (the sync thread's executor gone,
+                    # this task cancelled): every step's waiter learns it, or
+                    # its job would wait for ever, leased and counted running.
+                    for _, future in steps:
+                        if not future.done():
+                            future.set_exception(RuntimeError(f"the sync hop failed: {e!r}"))
+                    raise
                 for (_, future), (ok, value) in zip(steps, results, strict=True):
                     if future.done():  # its job was cancelled meanwhile
                         continue
