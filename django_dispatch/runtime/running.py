@@ -21,9 +21,9 @@ class RunningJob:
     """A job this process holds, shared by the control loop, its thread and the completer.
 
     A plain class whose defaults are class attributes: one is made per claimed
-    job on the control loop, and a dataclass's ``__init__`` assigning each of
-    its twenty fields was a measurable share of a short job's CPU there.
-    ``fields`` sets any of the attributes below at once.
+    job on the control loop, where an ``__init__`` assigning each of twenty
+    fields is a measurable share of a short job's CPU. ``fields`` sets any
+    of the annotated attributes below at once.
     """
 
     #: The Task its row names, resolved once per job (``attempt.resolve``, on
@@ -69,8 +69,8 @@ class RunningJob:
         self.claimed = claimed
         self.lease_seconds = lease_seconds
         for name, value in fields.items():
-            if not hasattr(RunningJob, name):
-                raise TypeError(f"RunningJob has no attribute {name!r}")
+            if name not in _FIELDS:  # a method's name too: ``stop=`` must not replace it
+                raise TypeError(f"RunningJob has no field {name!r}")
             setattr(self, name, value)
 
     @property
@@ -121,3 +121,7 @@ class RunningJob:
         if loop is not None and atask is not None:
             with contextlib.suppress(RuntimeError):  # loop already closed
                 loop.call_soon_threadsafe(atask.cancel)
+
+
+#: What ``RunningJob(**fields)`` may set: its annotated fields.
+_FIELDS = frozenset(RunningJob.__annotations__)

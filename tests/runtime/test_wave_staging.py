@@ -1,9 +1,9 @@
 """On PostgreSQL a wave stays one statement when staging is due: the stager runs
 first, in a statement of its own, and the wave's claim takes what it staged.
 
-The one-statement wave (``store.wave``) does not stage; a wave that fell back
-to the claim's transaction whenever staging was due (twice a poll interval)
-paid that transaction's round trips on a busy worker's waves for nothing.
+The one-statement wave (``store.wave``) does not stage itself: staging in its
+own statement keeps a busy worker's waves from falling back to the claim's
+transaction twice a poll interval.
 """
 
 from __future__ import annotations
