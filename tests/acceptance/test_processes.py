@@ -433,7 +433,10 @@ def test_a_dead_leaders_jobs_are_reclaimed_as_soon_as_another_worker_takes_offic
 def test_a_deleted_worker_row_comes_back_at_the_next_heartbeat(start_worker):
     worker = start_worker("--worker-id", "phoenix", "--concurrency", "3", "--queues", "default")
     rows = Worker.objects.filter(id="phoenix")
-    wait_until(rows.exists, what="the worker to register")
+    # Past its start's second registration, which would put a row deleted
+    # before it back silently: only the heartbeat is left to do it.
+    worker.wait_for_output("worker phoenix started")
+    assert rows.exists()
     rows.delete()  # as the leader's stale-worker sweep does after a long pause
     row = wait_until(rows.first, timeout=5, what="the row to come back")
     assert (row.pid, row.concurrency, row.queues) == (worker.pid, 3, ["default"])
