@@ -1,5 +1,6 @@
-"""Two fewer index entries per write of a workflow step: drop the step table's
-index on ``run_id``, and index ``child_run_id`` only where it is set.
+"""Fewer index entries per write of a workflow step or run: drop the step
+table's index on ``run_id``, index its ``child_run_id`` only where it is set,
+and drop the run table's (namespace, state, updated_at) index.
 
 A step's state change is never a HOT update (``state`` is in the partial
 indexes' conditions), so each one writes an entry into every index whose
@@ -9,7 +10,11 @@ every lookup by run (a run's steps, the foreign key's check when a run is
 deleted). ``child_run_id`` is NULL for every ``ctx.map`` child's step and
 for every step that starts no child run, and the one lookup by it (a run's
 deletion sets its parents' ``child_run_id`` to NULL; the foreign key's
-check) matches a non-NULL value, which the partial index serves.
+check) matches a non-NULL value, which the partial index serves. No query
+reads runs by ``updated_at``; their lookups by (namespace, state) are served
+by ``dispatch_wfrun_list_state`` (namespace, state, id). Without it a run's
+state change writes one entry fewer, and the run lock's touch of
+``updated_at`` (no other column) can be a HOT update.
 
 The partial index is built before the full one is dropped, so the lookup by
 ``child_run_id`` always has an index. On PostgreSQL each index is built with
@@ -49,6 +54,28 @@ class AddIndexConcurrently(migrations.AddIndex):
             schema_editor.remove_index(model, self.index, concurrently=True)
 
 
+class RemoveIndexConcurrently(migrations.RemoveIndex):
+    """``RemoveIndex``, without blocking the table's writes on PostgreSQL."""
+
+    def database_forwards(self, app_label, schema_editor, from_state, to_state):
+        if schema_editor.connection.vendor != "postgresql":
+            return super().database_forwards(app_label, schema_editor, from_state, to_state)
+        model = from_state.apps.get_model(app_label, self.model_name)
+        if self.allow_migrate_model(schema_editor.connection.alias, model):
+            index = from_state.models[app_label, self.model_name_lower].get_index_by_name(self.name)
+            schema_editor.remove_index(model, index, concurrently=True)
+
+    def database_backwards(self, app_label, schema_editor, from_state, to_state):
+        if schema_editor.connection.vendor != "postgresql":
+            return super().database_backwards(app_label, schema_editor, from_state, to_state)
+        model = to_state.apps.get_model(app_label, self.model_name)
+        if self.allow_migrate_model(schema_editor.connection.alias, model):
+            index = to_state.models[app_label, self.model_name_lower].get_index_by_name(self.name)
+            # An interrupted earlier run may have left this index invalid.
+            schema_editor.remove_index(model, index, concurrently=True)
+            schema_editor.add_index(model, index, concurrently=True)
+
+
 class DropFieldIndexConcurrently(migrations.AlterField):
     """``AlterField`` from ``db_index=True`` to ``db_index=False``, without
     blocking the table's writes on PostgreSQL.
@@ -72,7 +99,8 @@ class DropFieldIndexConcurrently(migrations.AlterField):
                 exclude={index.name for index in model._meta.indexes},
             )
             for name in names:
-                schema_editor.execute(schema_editor._delete_index_sql(model, name, concurrently=True))
+                drop = schema_editor._delete_index_sql(model, name, concurrently=True)
+                schema_editor.execute(drop)
 
     def database_backwards(self, app_label, schema_editor, from_state, to_state):
         if schema_editor.connection.vendor != "postgresql":
@@ -82,7 +110,8 @@ class DropFieldIndexConcurrently(migrations.AlterField):
             field = model._meta.get_field(self.name)
             create = schema_editor._create_index_sql(model, fields=[field], concurrently=True)
             # An interrupted earlier run may have left this index invalid.
-            schema_editor.execute(schema_editor._delete_index_sql(model, str(create.parts["name"]), concurrently=True))
+            name = str(create.parts["name"])
+            schema_editor.execute(schema_editor._delete_index_sql(model, name, concurrently=True))
             schema_editor.execute(create)
 
 
@@ -122,4 +151,5 @@ class Migration(migrations.Migration):
                 to="django_dispatch.workflowrun",
             ),
         ),
+        RemoveIndexConcurrently(model_name="workflowrun", name="dispatch_wfrun_state"),
     ]

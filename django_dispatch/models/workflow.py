@@ -72,8 +72,9 @@ class WorkflowRun(models.Model):
             ("retry_workflowrun", "Can retry stuck workflow runs and skip their steps"),
             ("replay_workflowrun", "Can replay workflow runs from a step"),
         ]
+        # No index holds ``updated_at``: the store's run lock touches it in
+        # each of a run's transactions, an UPDATE that can be HOT only so.
         indexes = [
-            models.Index("namespace", "state", "updated_at", name="dispatch_wfrun_state"),
             models.Index("name", "created_at", name="dispatch_wfrun_name"),
             # workflows.list_runs/count_runs (``queries.lists``): one namespace's
             # runs of a state or of a workflow, newest first, so a page (keyset
