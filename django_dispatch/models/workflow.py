@@ -72,8 +72,9 @@ class WorkflowRun(models.Model):
             ("retry_workflowrun", "Can retry stuck workflow runs and skip their steps"),
             ("replay_workflowrun", "Can replay workflow runs from a step"),
         ]
+        # No index holds ``updated_at``: the store's run lock touches it in
+        # each of a run's transactions, an UPDATE that can be HOT only so.
         indexes = [
-            models.Index("namespace", "state", "updated_at", name="dispatch_wfrun_state"),
             models.Index("name", "created_at", name="dispatch_wfrun_name"),
             # workflows.list_runs/count_runs (``queries.lists``): one namespace's
             # runs of a state or of a workflow, newest first, so a page (keyset
@@ -121,7 +122,11 @@ class WorkflowTask(models.Model):
     id = models.BigAutoField(primary_key=True)
     #: The run's namespace (copied, so the step sweeps filter without a join).
     namespace = namespace_field()
-    run = models.ForeignKey(WorkflowRun, on_delete=models.CASCADE, related_name="steps")
+    #: No index of its own: the unique (run, name) and (run, sequence) lead
+    #: with it, and every step write would keep a third copy of the same key.
+    run = models.ForeignKey(
+        WorkflowRun, on_delete=models.CASCADE, related_name="steps", db_index=False
+    )
     name = models.CharField(max_length=200)
     sequence = models.PositiveIntegerField(help_text="Position in the definition, from 0.")
     handler_path = models.CharField(max_length=255, help_text="Import path of the step function.")
@@ -148,8 +153,15 @@ class WorkflowTask(models.Model):
     claim_id = models.CharField(max_length=32, null=True, blank=True)
     #: The job entrusted with the step (only this job may claim it).
     job_id = models.BigIntegerField(null=True, blank=True)
+    #: Indexed only where set (``dispatch_wftask_child_run``): a ``ctx.map``
+    #: child's step never has one, and each of its writes would add a NULL entry.
     child_run = models.ForeignKey(
-        WorkflowRun, on_delete=models.SET_NULL, null=True, blank=True, related_name="+"
+        WorkflowRun,
+        on_delete=models.SET_NULL,
+        null=True,
+        blank=True,
+        related_name="+",
+        db_index=False,
     )
     output = models.JSONField(null=True, blank=True)
     checkpoint = models.JSONField(null=True, blank=True)
@@ -220,6 +232,13 @@ class WorkflowTask(models.Model):
                 "map_batch",
                 name="dispatch_wftask_map",
                 condition=Q(state=StepState.WAITING, map_batch__isnull=False),
+            ),
+            # A run's deletion: its parents' steps pointing to it (Django's
+            # SET_NULL, and the foreign key's check).
+            models.Index(
+                "child_run",
+                name="dispatch_wftask_child_run",
+                condition=Q(child_run__isnull=False),
             ),
             # The stale-step sweep.
             models.Index(

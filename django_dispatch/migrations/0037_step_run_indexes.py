@@ -1,0 +1,155 @@
+"""Fewer index entries per write of a workflow step or run: drop the step
+table's index on ``run_id``, index its ``child_run_id`` only where it is set,
+and drop the run table's (namespace, state, updated_at) index.
+
+A step's state change is never a HOT update (``state`` is in the partial
+indexes' conditions), so each one writes an entry into every index whose
+condition its new row meets. ``run_id``'s own index repeated the leading
+column of the unique (run, name) and (run, sequence) indexes, which serve
+every lookup by run (a run's steps, the foreign key's check when a run is
+deleted). ``child_run_id`` is NULL for every ``ctx.map`` child's step and
+for every step that starts no child run, and the one lookup by it (a run's
+deletion sets its parents' ``child_run_id`` to NULL; the foreign key's
+check) matches a non-NULL value, which the partial index serves. No query
+reads runs by ``updated_at``; their lookups by (namespace, state) are served
+by ``dispatch_wfrun_list_state`` (namespace, state, id). Without it a run's
+state change writes one entry fewer, and the run lock's touch of
+``updated_at`` (no other column) can be a HOT update.
+
+The partial index is built before the full one is dropped, so the lookup by
+``child_run_id`` always has an index. On PostgreSQL each index is built with
+``CREATE INDEX CONCURRENTLY`` and dropped with ``DROP INDEX CONCURRENTLY``:
+both take a SHARE UPDATE EXCLUSIVE lock, which reads and writes of the table
+(claims, successes, inserts) do not wait for; each waits for the
+transactions already using the table to end, and the build reads the table
+twice. Neither can run in a transaction, so this migration is not atomic:
+one interrupted is run again (a build drops first what a cancelled build
+left invalid; a drop is ``IF EXISTS``). On SQLite, Django rebuilds the table
+as for any field change. ``django.contrib.postgres``'s concurrent operations
+are not used: their import needs psycopg, which a site on SQLite alone may
+not have.
+"""
+
+from django.db import migrations, models
+from django.db.models import Index
+
+
+class AddIndexConcurrently(migrations.AddIndex):
+    """``AddIndex``, without blocking the table's writes on PostgreSQL."""
+
+    def database_forwards(self, app_label, schema_editor, from_state, to_state):
+        if schema_editor.connection.vendor != "postgresql":
+            return super().database_forwards(app_label, schema_editor, from_state, to_state)
+        model = to_state.apps.get_model(app_label, self.model_name)
+        if self.allow_migrate_model(schema_editor.connection.alias, model):
+            # An interrupted earlier run may have left this index invalid.
+            schema_editor.remove_index(model, self.index, concurrently=True)
+            schema_editor.add_index(model, self.index, concurrently=True)
+
+    def database_backwards(self, app_label, schema_editor, from_state, to_state):
+        if schema_editor.connection.vendor != "postgresql":
+            return super().database_backwards(app_label, schema_editor, from_state, to_state)
+        model = from_state.apps.get_model(app_label, self.model_name)
+        if self.allow_migrate_model(schema_editor.connection.alias, model):
+            schema_editor.remove_index(model, self.index, concurrently=True)
+
+
+class RemoveIndexConcurrently(migrations.RemoveIndex):
+    """``RemoveIndex``, without blocking the table's writes on PostgreSQL."""
+
+    def database_forwards(self, app_label, schema_editor, from_state, to_state):
+        if schema_editor.connection.vendor != "postgresql":
+            return super().database_forwards(app_label, schema_editor, from_state, to_state)
+        model = from_state.apps.get_model(app_label, self.model_name)
+        if self.allow_migrate_model(schema_editor.connection.alias, model):
+            index = from_state.models[app_label, self.model_name_lower].get_index_by_name(self.name)
+            schema_editor.remove_index(model, index, concurrently=True)
+
+    def database_backwards(self, app_label, schema_editor, from_state, to_state):
+        if schema_editor.connection.vendor != "postgresql":
+            return super().database_backwards(app_label, schema_editor, from_state, to_state)
+        model = to_state.apps.get_model(app_label, self.model_name)
+        if self.allow_migrate_model(schema_editor.connection.alias, model):
+            index = to_state.models[app_label, self.model_name_lower].get_index_by_name(self.name)
+            # An interrupted earlier run may have left this index invalid.
+            schema_editor.remove_index(model, index, concurrently=True)
+            schema_editor.add_index(model, index, concurrently=True)
+
+
+class DropFieldIndexConcurrently(migrations.AlterField):
+    """``AlterField`` from ``db_index=True`` to ``db_index=False``, without
+    blocking the table's writes on PostgreSQL.
+
+    The index dropped is the one Django made for the field: found as
+    ``AlterField`` finds it (a btree on the column alone, not one of
+    ``Meta.indexes``), since its name carries a hash.
+    """
+
+    def database_forwards(self, app_label, schema_editor, from_state, to_state):
+        if schema_editor.connection.vendor != "postgresql":
+            return super().database_forwards(app_label, schema_editor, from_state, to_state)
+        model = to_state.apps.get_model(app_label, self.model_name)
+        if self.allow_migrate_model(schema_editor.connection.alias, model):
+            column = model._meta.get_field(self.name).column
+            names = schema_editor._constraint_names(
+                model,
+                [column],
+                index=True,
+                type_=Index.suffix,
+                exclude={index.name for index in model._meta.indexes},
+            )
+            for name in names:
+                drop = schema_editor._delete_index_sql(model, name, concurrently=True)
+                schema_editor.execute(drop)
+
+    def database_backwards(self, app_label, schema_editor, from_state, to_state):
+        if schema_editor.connection.vendor != "postgresql":
+            return super().database_backwards(app_label, schema_editor, from_state, to_state)
+        model = to_state.apps.get_model(app_label, self.model_name)
+        if self.allow_migrate_model(schema_editor.connection.alias, model):
+            field = model._meta.get_field(self.name)
+            create = schema_editor._create_index_sql(model, fields=[field], concurrently=True)
+            # An interrupted earlier run may have left this index invalid.
+            name = str(create.parts["name"])
+            schema_editor.execute(schema_editor._delete_index_sql(model, name, concurrently=True))
+            schema_editor.execute(create)
+
+
+class Migration(migrations.Migration):
+    atomic = False
+
+    dependencies = [("django_dispatch", "0036_wave_map_children")]
+
+    operations = [
+        AddIndexConcurrently(
+            model_name="workflowtask",
+            index=models.Index(
+                models.F("child_run"),
+                name="dispatch_wftask_child_run",
+                condition=models.Q(child_run__isnull=False),
+            ),
+        ),
+        DropFieldIndexConcurrently(
+            model_name="workflowtask",
+            name="child_run",
+            field=models.ForeignKey(
+                blank=True,
+                db_index=False,
+                null=True,
+                on_delete=models.deletion.SET_NULL,
+                related_name="+",
+                to="django_dispatch.workflowrun",
+            ),
+        ),
+        DropFieldIndexConcurrently(
+            model_name="workflowtask",
+            name="run",
+            field=models.ForeignKey(
+                db_index=False,
+                on_delete=models.deletion.CASCADE,
+                related_name="steps",
+                to="django_dispatch.workflowrun",
+            ),
+        ),
+        RemoveIndexConcurrently(model_name="workflowrun", name="dispatch_wfrun_state"),
+    ]
