@@ -139,8 +139,8 @@ def newest_of[M: Model](rows: QuerySet[M], parts: list[QuerySet[M]], low: int, h
         # of the primary key; ``IN (…)`` is planned as a join of the parts to
         # the table, a third of the statement's planning time.
         table = connection.ops.quote_name(rows.model._meta.db_table)
-        ids = RawSQL(f"{table}.{column} = ANY(ARRAY({page}))", params, BooleanField())
-        return quick(rows.filter(ids).order_by(f"-{pk.name}"))
+        on_page = RawSQL(f"{table}.{column} = ANY(ARRAY({page}))", params, BooleanField())
+        return quick(rows.filter(on_page).order_by(f"-{pk.name}"))
     page_rows = rows.filter(pk__in=RawSQL(page, params))
     return quick(page_rows.order_by(f"-{pk.name}"))
 
