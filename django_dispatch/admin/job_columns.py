@@ -18,7 +18,6 @@ from typing import Any
 
 from django.contrib import admin
 from django.db.models import Min
-from django.utils import timezone
 from django.utils.encoding import force_str
 from django.utils.hashable import make_hashable
 
@@ -26,7 +25,7 @@ from ..core.states import LIVE, JobState
 from ..models import Job, WorkflowRun, WorkflowTask
 from ..store import read_database_for
 from .common import change_url
-from .display import age_html, badge_html, format_safe, human_seconds, per_page
+from .display import age_html, badge_html, format_safe, human_seconds, page_now, per_page
 
 #: The internal task each workflow step runs as.
 STEP_TASK = "django_dispatch.workflows.tasks.run_step"
@@ -36,10 +35,10 @@ ERROR_SUMMARY = 80
 
 def job_badge(job: Job, now: Any = None) -> str:
     """The state badge, with what "pending" and "succeeded" really mean for this job."""
-    now = now or timezone.now()
     state = job.state
     head = getattr(job, "dispatch_head", None)
     if state in (JobState.PENDING, JobState.SCHEDULED) and not (head is not None and head < job.pk):
+        now = now or page_now()  # a waiting job's only: a finished one's badge needs no clock
         if state == JobState.SCHEDULED or (job.run_after and job.run_after > now):
             # Not runnable yet: its run_after (a deferral, or a retry's backoff) is shown;
             # a scheduled job already due is made pending by the next claim.
@@ -63,7 +62,8 @@ def job_badge(job: Job, now: Any = None) -> str:
         )
     if state == JobState.SUCCEEDED and step_outcome(job) == "failed":
         return badge_html("step failed", "step failed")
-    return badge_html(state, state_label(job))
+    # The same for every row of a state: made once per page (``per_page``).
+    return per_page((job_badge, type(job), state), lambda: badge_html(state, state_label(job)))
 
 
 def state_label(job: Job) -> str:
@@ -202,7 +202,7 @@ class JobColumns:
             return "-"
         if job.started_at is None:
             if job.state in (JobState.PENDING, JobState.SCHEDULED, JobState.BLOCKED):
-                waited = (timezone.now() - ready).total_seconds()
+                waited = (page_now() - ready).total_seconds()
                 return format_safe("<em>{}</em>", human_seconds(max(waited, 0)))
             return "-"
         return human_seconds(max((job.started_at - ready).total_seconds(), 0))
@@ -216,7 +216,7 @@ class JobColumns:
         if job.finished_at is None:
             if job.state == JobState.RUNNING:
                 return format_safe(
-                    "<em>{}</em>", human_seconds((timezone.now() - began).total_seconds())
+                    "<em>{}</em>", human_seconds((page_now() - began).total_seconds())
                 )
             return "-"
         return human_seconds(max((job.finished_at - began).total_seconds(), 0))

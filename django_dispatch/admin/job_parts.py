@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from django.db import connections
 from django.db.models import QuerySet
 
 from ..core.states import FINISHED_STATES, LIVE_STATES
@@ -40,10 +41,19 @@ def job_list_parts(queryset: QuerySet[Job]) -> list[QuerySet[Job]]:
     # where the primary key, filtered on a namespace whose rows are all old,
     # would read every newer row of the others to fill its page.
     split = not INDEXED_FILTERS & compared_fields(queryset.query.where)
+    # A state part repeats the indexes' condition for SQLite, which uses a
+    # partial index only for a query that says it word for word; PostgreSQL
+    # infers it from the state, and each clause it need not prove against
+    # the table's partial indexes is planning time saved, per part.
+    infers = connections[queryset.db].vendor == "postgresql"
     parts = []
     for space in finished_namespaces(queryset.db):
         part = finished.filter(namespace=space)
-        parts += [part.filter(state=s) for s in FINISHED_STATES] if split else [part]
+        if not split:
+            parts.append(part)
+            continue
+        of_space = queryset.filter(namespace=space) if infers else part
+        parts += [of_space.filter(state=s) for s in FINISHED_STATES]
     return [*parts, queryset.filter(state__in=LIVE_STATES)]
 
 

@@ -28,7 +28,7 @@ from typing import Any
 
 from django.core.exceptions import EmptyResultSet
 from django.db import connections
-from django.db.models import Model, QuerySet
+from django.db.models import BooleanField, Model, QuerySet
 from django.db.models.expressions import RawSQL
 
 from ..compat import Task
@@ -129,10 +129,19 @@ def newest_of[M: Model](rows: QuerySet[M], parts: list[QuerySet[M]], low: int, h
         params += part_params
     if not newest:
         return rows.none()
-    column = connections[rows.db].ops.quote_name(pk.column or pk.name)
+    connection = connections[rows.db]
+    column = connection.ops.quote_name(pk.column or pk.name)
     union = " UNION ".join(newest)
     page = f"SELECT {column} FROM ({union}) AS parts ORDER BY {column} DESC LIMIT %s OFFSET %s"
-    page_rows = rows.filter(pk__in=RawSQL(page, (*params, high - low, low)))
+    params += [high - low, low]
+    if connection.vendor == "postgresql":
+        # ``= ANY(ARRAY(…))``: the page's ids are one InitPlan, then one walk
+        # of the primary key; ``IN (…)`` is planned as a join of the parts to
+        # the table, a third of the statement's planning time.
+        table = connection.ops.quote_name(rows.model._meta.db_table)
+        on_page = RawSQL(f"{table}.{column} = ANY(ARRAY({page}))", params, BooleanField())
+        return quick(rows.filter(on_page).order_by(f"-{pk.name}"))
+    page_rows = rows.filter(pk__in=RawSQL(page, params))
     return quick(page_rows.order_by(f"-{pk.name}"))
 
 
