@@ -234,6 +234,7 @@ class Producer:
         runs = [RunningJob(claimed=job, lease_seconds=lease_seconds) for job in claimed]
         on_loop: list[RunningJob] = []
         if async_jobs is not None:
+            attempt.resolve_claim(runs)
             for running in runs:
                 running.on_loop = attempt.is_async(running)
                 if running.on_loop:
