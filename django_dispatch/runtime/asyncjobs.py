@@ -353,8 +353,7 @@ class AsyncJobs:
     def _end_quietly(self, jobs: list[RunningJob]) -> None:
         """``JobRunner.end`` of successes the wave wrote, without the sync thread:
         its connections are reset before the next job's code (``_before``)."""
-        for running in jobs:
-            metering.forget(running.claimed.id, running.meter)
+        metering.forget_many([(running.claimed.id, running.meter) for running in jobs])
         slots = self.runner.slots
         with slots.lock:
             for running in jobs:

@@ -120,8 +120,10 @@ class Producer:
             life.drain()
             return True
         # Successes queued for the next wave hold their slots until it takes
-        # them (``Slots.free``), but that wave is due at once all the same.
-        return bool(claimed and (self.slots.free() or not self.completer.waiting.empty()))
+        # them (``Slots.free``), but that wave is due at once all the same: then
+        # the slots need no count (a walk over every job held, hundreds with
+        # an asyncio executor).
+        return bool(claimed and (not self.completer.waiting.empty() or self.slots.free()))
 
     def wait(self, duties: list[Every]) -> None:
         """Sleep until woken (a job ended, a notification) or the next duty is due."""
