@@ -1,32 +1,31 @@
 """The asyncio executor: many ``async def`` jobs of one process on one event loop.
 
-``rundispatch --async-concurrency N`` gives a worker process N slots on an
-event loop of its own (a thread, ``dispatch-async``), beside its job threads.
-A claimed job whose task is a coroutine function runs there; any other job
-runs on a job thread. Without the flag an async task takes a whole
-thread and a fresh event loop per attempt (``attempt.execute``), so a
-process runs ``--concurrency`` I/O-bound jobs at once; with it, hundreds.
+``rundispatch --async-concurrency N`` gives a worker process N slots on an event
+loop of its own (a thread, ``dispatch-async``), beside its job threads. A claimed
+job whose task is a coroutine function runs there; any other job runs on a job
+thread. Without the flag an async task takes a whole thread and a fresh event loop
+per attempt (``attempt.execute``), so a process runs ``--concurrency`` I/O-bound
+jobs at once; with it, hundreds.
 
-What stays the same as on a job thread, because the steps are the job
-runner's own (``jobthreads.JobRunner``): the connection check before task
-code, the lease (the control loop renews it), timeouts and cancellation (the
-coroutine's asyncio task is cancelled), the usage record, the fenced write
-of the outcome, successes written in the control loop's completion wave.
-Per job the loop pays one task, started eagerly, and a share of one hop to
-the sync thread (``AsyncJobs`` says how the rest is done once per claim and
-per wave).
+What stays the same as on a job thread, because the steps are the job runner's own
+(``jobthreads.JobRunner``): the connection check before task code, the lease (the
+control loop renews it), timeouts and cancellation (the coroutine's asyncio task
+is cancelled), the usage record, the fenced write of the outcome, successes
+written in the control loop's completion wave.
+Per job the loop pays one task, started eagerly, and a share of one hop to the
+sync thread (``AsyncJobs`` says how the rest is done once per claim and per wave).
 
 Database connections stay bounded: everything synchronous around a job (the
-connection check, ``task_started`` and ``task_finished`` receivers, which
-are user code, a write the wave did not take) runs through asgiref's
-``sync_to_async(thread_sensitive=True)``, on the one thread where the task's
-own ORM calls (``await Model.objects.acreate(...)``, ``sync_to_async``) run
-too. So the executor adds one connection to the process, however many jobs
-it runs. The event loop itself never touches the database.
+connection check, ``task_started`` and ``task_finished`` receivers, which are user
+code, a write the wave did not take) runs through asgiref's
+``sync_to_async(thread_sensitive=True)``, on the one thread where the task's own
+ORM calls (``await Model.objects.acreate(...)``, ``sync_to_async``) run too. So the
+executor adds one connection to the process, however many jobs it runs. The event
+loop itself never touches the database.
 
-Task code that blocks the event loop (a synchronous sleep, a CPU-bound loop)
-stalls every job on it; timeouts still end it (the control loop watches the
-clock), but such tasks belong on threads: define them with ``def``.
+Task code that blocks the event loop (a synchronous sleep, a CPU-bound loop) stalls
+every job on it; timeouts still end it (the control loop watches the clock), but
+such tasks belong on threads: define them with ``def``.
 """
 
 from __future__ import annotations
@@ -322,6 +321,7 @@ class AsyncJobs:
     def _persisted(self, running: RunningJob) -> None:
         """On the control loop, once the wave is written or failed: one wake-up
         of the event loop for the whole wave, not one per job."""
+        running.on_persisted = None  # the job's one reference cycle: now it dies with its last use
         self.settled.append(running)
         if not self.settle_scheduled:
             self.settle_scheduled = True
@@ -353,8 +353,7 @@ class AsyncJobs:
     def _end_quietly(self, jobs: list[RunningJob]) -> None:
         """``JobRunner.end`` of successes the wave wrote, without the sync thread:
         its connections are reset before the next job's code (``_before``)."""
-        for running in jobs:
-            metering.forget(running.claimed.id, running.meter)
+        metering.forget_many([(running.claimed.id, running.meter) for running in jobs])
         slots = self.runner.slots
         with slots.lock:
             for running in jobs:

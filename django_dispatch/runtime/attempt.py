@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 from dataclasses import dataclass
 from inspect import iscoroutinefunction
+from operator import itemgetter
 from typing import Any
 
 from asgiref.sync import async_to_sync
@@ -47,6 +48,48 @@ def resolve(running: RunningJob) -> Task | None:
         except UnknownTask as e:
             running.unknown = e
     return running.task
+
+
+#: The row's columns ``tasks.task.task_for_row`` builds the Task from: rows
+#: that agree on all of them get the same Task (tests/runtime/test_resolve.py
+#: checks that it reads no other).
+TASK_COLUMNS = (
+    "task_path",
+    "priority",
+    "queue_name",
+    "backend",
+    "deferred_until",
+    "partition_key",
+    "idempotency_key",
+    "concurrency_key",
+)
+_task_key = itemgetter(*TASK_COLUMNS)
+
+
+def resolve_claim(runs: list[RunningJob]) -> None:
+    """``resolve`` of a claim's jobs, one lookup per distinct task and options.
+
+    A claim of hundreds of jobs mostly names one task with one set of options;
+    importing and rebuilding its Task again for each was a visible share of
+    the control loop's CPU per job. Within one claim the imported object at a
+    path does not change, and a Task is frozen: its jobs may share it. A task
+    that does not resolve is looked up for each of its jobs (each gets its own
+    error).
+    """
+    known: dict[tuple[Any, ...], Task] = {}
+    for running in runs:
+        if running.task is not None or running.unknown is not None:
+            continue
+        try:
+            key = _task_key(running.claimed.row)
+            task = known.get(key)
+        except (KeyError, TypeError):  # a row without a column, or an unhashable value
+            resolve(running)
+            continue
+        if task is not None:
+            running.task = task
+        elif (task := resolve(running)) is not None:
+            known[key] = task
 
 
 #: ``iscoroutinefunction`` by task function: asked two or three times per job,

@@ -110,6 +110,14 @@ def forget(job_id: int, meter: Meter | None) -> None:
             del METERS[job_id]
 
 
+def forget_many(meters: list[tuple[int, Meter | None]]) -> None:
+    """``forget`` of many jobs' meters (a wave's) under one hold of the lock."""
+    with _LOCK:
+        for job_id, meter in meters:
+            if meter is not None and METERS.get(job_id) is meter:
+                del METERS[job_id]
+
+
 def entry(claimed: ClaimedJob, outcome: str) -> UsageEntry:
     """The record of ``claimed``'s attempt ending as ``outcome``.
 

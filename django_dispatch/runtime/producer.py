@@ -120,8 +120,10 @@ class Producer:
             life.drain()
             return True
         # Successes queued for the next wave hold their slots until it takes
-        # them (``Slots.free``), but that wave is due at once all the same.
-        return bool(claimed and (self.slots.free() or not self.completer.waiting.empty()))
+        # them (``Slots.free``), but that wave is due at once all the same: then
+        # the slots need no count (a walk over every job held, hundreds with
+        # an asyncio executor).
+        return bool(claimed and (not self.completer.waiting.empty() or self.slots.free()))
 
     def wait(self, duties: list[Every]) -> None:
         """Sleep until woken (a job ended, a notification) or the next duty is due."""
@@ -234,6 +236,7 @@ class Producer:
         runs = [RunningJob(claimed=job, lease_seconds=lease_seconds) for job in claimed]
         on_loop: list[RunningJob] = []
         if async_jobs is not None:
+            attempt.resolve_claim(runs)
             for running in runs:
                 running.on_loop = attempt.is_async(running)
                 if running.on_loop:

@@ -5,6 +5,7 @@ Concurrency is proven by the jobs' own clocks (how many windows overlap), never
 by how long a test took.
 """
 
+import gc
 import logging
 import signal
 import time
@@ -17,6 +18,7 @@ from django_dispatch.compat import TaskResultStatus, task_finished, task_started
 from django_dispatch.models import Job
 from django_dispatch.runtime.asyncjobs import AsyncJobs
 from django_dispatch.runtime.connections import ThreadConnections
+from django_dispatch.runtime.running import RunningJob
 from django_dispatch.states import JobState
 from django_dispatch.testing import drain
 from tests.conftest import ON_POSTGRES, wait_until
@@ -73,6 +75,25 @@ def test_sync_jobs_beside_async_ones_run_on_threads_each_once():
     assert {r.return_value["thread"] for r in sync_done} == {"dispatch-job"}
     assert {r.return_value["thread"] for r in async_done} == {"dispatch-async"}
     assert all(r.attempts == 1 for r in sync_done + async_done)
+
+
+def test_a_settled_async_job_leaves_nothing_to_the_cyclic_gc():
+    """A job's objects die with its last use: a job left in a reference cycle
+    waits, with its row and outcome, for the cyclic GC, whose collections
+    grow with the jobs in flight."""
+    enqueue_many(async_tasks.sleeps, [((0.01,), {}) for _ in range(30)])
+    gc.collect()
+    gc.disable()
+    try:
+        assert drain(concurrency=2, async_concurrency=30) == 30
+        gc.set_debug(gc.DEBUG_SAVEALL)
+        gc.collect()
+        cyclic = [o for o in gc.garbage if isinstance(o, RunningJob)]
+    finally:
+        gc.set_debug(0)
+        gc.garbage.clear()
+        gc.enable()
+    assert cyclic == []
 
 
 def test_async_orm_writes_land_once_each_through_one_connection():
