@@ -321,7 +321,6 @@ class AsyncJobs:
     def _persisted(self, running: RunningJob) -> None:
         """On the control loop, once the wave is written or failed: one wake-up
         of the event loop for the whole wave, not one per job."""
-        running.on_persisted = None  # the job's one reference cycle: now it dies with its last use
         self.settled.append(running)
         if not self.settle_scheduled:
             self.settle_scheduled = True

@@ -320,14 +320,14 @@ class BatchCompleter:
         """After the commit: wake each job with its result."""
         for running in batch:
             running.won = running.claimed.id in won
-            _persisted(running)
+            running.mark_persisted()
 
     @staticmethod
     def abort(batch: list[RunningJob]) -> None:
         """The wave's transaction failed: each job writes its own outcome."""
         for running in batch:
             running.won = None
-            _persisted(running)
+            running.mark_persisted()
 
     @staticmethod
     def after_wave(running: RunningJob, outcome: Outcome) -> bool:
@@ -392,9 +392,3 @@ class BatchCompleter:
         deadline = time.monotonic() + COALESCE_SECONDS
         while self.waiting.qsize() < running and time.monotonic() < deadline:
             time.sleep(COALESCE_SECONDS / 8)
-
-
-def _persisted(running: RunningJob) -> None:
-    running.persisted = True
-    if running.on_persisted is not None:
-        running.on_persisted()

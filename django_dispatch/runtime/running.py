@@ -83,6 +83,19 @@ class RunningJob:
             and not (self.in_wave or self.withdrawn or self.persisted)
         )
 
+    def mark_persisted(self) -> None:
+        """On the control loop, once the wave that held this success is written
+        or failed: ``persisted`` set, then ``on_persisted`` called once.
+
+        The callback (a partial holding this job) is dropped before it runs:
+        job -> callback -> job was each job's one reference cycle, which left
+        the job, its row and its outcome to the cyclic GC.
+        """
+        self.persisted = True
+        callback, self.on_persisted = self.on_persisted, None
+        if callback is not None:
+            callback()
+
     @property
     def cancel_event(self) -> threading.Event:
         """The job's stop event, shared with its task's context, made on first use

@@ -96,6 +96,24 @@ def test_a_settled_async_job_leaves_nothing_to_the_cyclic_gc():
     assert cyclic == []
 
 
+def test_a_settled_thread_job_leaves_nothing_to_the_cyclic_gc():
+    """The same for a sync job whose success joined a wave from its thread."""
+    enqueued = [async_tasks.sync_window.enqueue(0.0) for _ in range(30)]
+    gc.collect()
+    gc.disable()
+    try:
+        assert drain(concurrency=2) == 30
+        gc.set_debug(gc.DEBUG_SAVEALL)
+        gc.collect()
+        cyclic = [o for o in gc.garbage if isinstance(o, RunningJob)]
+    finally:
+        gc.set_debug(0)
+        gc.garbage.clear()
+        gc.enable()
+    assert cyclic == []
+    assert all(r.attempts == 1 for r in results(async_tasks.sync_window, enqueued))
+
+
 def test_async_orm_writes_land_once_each_through_one_connection():
     """40 jobs at once, each writing one uniquely keyed row through the ORM:
     every row lands exactly once, and on PostgreSQL all through one session,
