@@ -178,7 +178,7 @@ def recent_values(model: Any, fields: Sequence[str], database: str) -> dict[str,
     ``SELECT DISTINCT * FROM (the newest rows, by primary key, LIMIT n)``:
     the LIMIT keeps the sample a subquery of its own, read off the primary
     key's index, and only the few distinct combinations leave the database
-    (the 5,000 rows, fetched and de-duplicated here, cost as much as the rest
+    (the sample's rows, fetched and de-duplicated here, cost as much as the rest
     of the filter). The ORM has no DISTINCT over a sliced subquery, and
     ``pk IN (newest ids)`` with DISTINCT let the planner join the sample to
     a scan of the whole table once it had a few hundred thousand rows. All

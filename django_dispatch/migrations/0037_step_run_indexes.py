@@ -23,15 +23,45 @@ both take a SHARE UPDATE EXCLUSIVE lock, which reads and writes of the table
 (claims, successes, inserts) do not wait for; each waits for the
 transactions already using the table to end, and the build reads the table
 twice. Neither can run in a transaction, so this migration is not atomic:
-one interrupted is run again (a build drops first what a cancelled build
-left invalid; a drop is ``IF EXISTS``). On SQLite, Django rebuilds the table
-as for any field change. ``django.contrib.postgres``'s concurrent operations
-are not used: their import needs psycopg, which a site on SQLite alone may
-not have.
+one interrupted is run again (a build is skipped where a valid index of its
+name exists, and first drops one a cancelled build left invalid; a drop is
+``IF EXISTS``). On SQLite, Django rebuilds the step table as for any field
+change (a copy, then the old table dropped and the new one renamed): each
+operation runs in a transaction of its own there, since outside one a write
+committed between the copy and the drop would be lost with the old table.
+``django.contrib.postgres``'s concurrent operations are not used: their
+import needs psycopg, which a site on SQLite alone may not have.
 """
 
-from django.db import migrations, models
+from django.db import migrations, models, transaction
 from django.db.models import Index
+
+
+def _in_one_transaction(schema_editor, apply):
+    """``apply()`` in a transaction: SQLite's table rebuild is four statements,
+    and a write committed between the copy and the drop would be lost."""
+    with transaction.atomic(using=schema_editor.connection.alias):
+        return apply()
+
+
+def _valid_index(schema_editor, name):
+    """True: index ``name`` exists and is valid; False: it exists, invalid (a
+    cancelled concurrent build's leftover); None: it does not exist."""
+    with schema_editor.connection.cursor() as cursor:
+        cursor.execute("SELECT indisvalid FROM pg_index WHERE indexrelid = to_regclass(%s)", [name])
+        row = cursor.fetchone()
+    return None if row is None else bool(row[0])
+
+
+def _build_concurrently(schema_editor, model, index):
+    """Build ``index`` unless a valid one of its name exists: a run again after
+    an interruption never leaves the column without its index meanwhile."""
+    valid = _valid_index(schema_editor, index.name)
+    if valid:
+        return
+    if valid is False:
+        schema_editor.remove_index(model, index, concurrently=True)
+    schema_editor.add_index(model, index, concurrently=True)
 
 
 class AddIndexConcurrently(migrations.AddIndex):
@@ -39,16 +69,20 @@ class AddIndexConcurrently(migrations.AddIndex):
 
     def database_forwards(self, app_label, schema_editor, from_state, to_state):
         if schema_editor.connection.vendor != "postgresql":
-            return super().database_forwards(app_label, schema_editor, from_state, to_state)
+            forwards = super().database_forwards
+            return _in_one_transaction(
+                schema_editor, lambda: forwards(app_label, schema_editor, from_state, to_state)
+            )
         model = to_state.apps.get_model(app_label, self.model_name)
         if self.allow_migrate_model(schema_editor.connection.alias, model):
-            # An interrupted earlier run may have left this index invalid.
-            schema_editor.remove_index(model, self.index, concurrently=True)
-            schema_editor.add_index(model, self.index, concurrently=True)
+            _build_concurrently(schema_editor, model, self.index)
 
     def database_backwards(self, app_label, schema_editor, from_state, to_state):
         if schema_editor.connection.vendor != "postgresql":
-            return super().database_backwards(app_label, schema_editor, from_state, to_state)
+            backwards = super().database_backwards
+            return _in_one_transaction(
+                schema_editor, lambda: backwards(app_label, schema_editor, from_state, to_state)
+            )
         model = from_state.apps.get_model(app_label, self.model_name)
         if self.allow_migrate_model(schema_editor.connection.alias, model):
             schema_editor.remove_index(model, self.index, concurrently=True)
@@ -59,7 +93,10 @@ class RemoveIndexConcurrently(migrations.RemoveIndex):
 
     def database_forwards(self, app_label, schema_editor, from_state, to_state):
         if schema_editor.connection.vendor != "postgresql":
-            return super().database_forwards(app_label, schema_editor, from_state, to_state)
+            forwards = super().database_forwards
+            return _in_one_transaction(
+                schema_editor, lambda: forwards(app_label, schema_editor, from_state, to_state)
+            )
         model = from_state.apps.get_model(app_label, self.model_name)
         if self.allow_migrate_model(schema_editor.connection.alias, model):
             index = from_state.models[app_label, self.model_name_lower].get_index_by_name(self.name)
@@ -67,13 +104,14 @@ class RemoveIndexConcurrently(migrations.RemoveIndex):
 
     def database_backwards(self, app_label, schema_editor, from_state, to_state):
         if schema_editor.connection.vendor != "postgresql":
-            return super().database_backwards(app_label, schema_editor, from_state, to_state)
+            backwards = super().database_backwards
+            return _in_one_transaction(
+                schema_editor, lambda: backwards(app_label, schema_editor, from_state, to_state)
+            )
         model = to_state.apps.get_model(app_label, self.model_name)
         if self.allow_migrate_model(schema_editor.connection.alias, model):
             index = to_state.models[app_label, self.model_name_lower].get_index_by_name(self.name)
-            # An interrupted earlier run may have left this index invalid.
-            schema_editor.remove_index(model, index, concurrently=True)
-            schema_editor.add_index(model, index, concurrently=True)
+            _build_concurrently(schema_editor, model, index)
 
 
 class DropFieldIndexConcurrently(migrations.AlterField):
@@ -87,7 +125,10 @@ class DropFieldIndexConcurrently(migrations.AlterField):
 
     def database_forwards(self, app_label, schema_editor, from_state, to_state):
         if schema_editor.connection.vendor != "postgresql":
-            return super().database_forwards(app_label, schema_editor, from_state, to_state)
+            forwards = super().database_forwards
+            return _in_one_transaction(
+                schema_editor, lambda: forwards(app_label, schema_editor, from_state, to_state)
+            )
         model = to_state.apps.get_model(app_label, self.model_name)
         if self.allow_migrate_model(schema_editor.connection.alias, model):
             column = model._meta.get_field(self.name).column
@@ -104,14 +145,20 @@ class DropFieldIndexConcurrently(migrations.AlterField):
 
     def database_backwards(self, app_label, schema_editor, from_state, to_state):
         if schema_editor.connection.vendor != "postgresql":
-            return super().database_backwards(app_label, schema_editor, from_state, to_state)
+            backwards = super().database_backwards
+            return _in_one_transaction(
+                schema_editor, lambda: backwards(app_label, schema_editor, from_state, to_state)
+            )
         model = to_state.apps.get_model(app_label, self.model_name)
         if self.allow_migrate_model(schema_editor.connection.alias, model):
             field = model._meta.get_field(self.name)
             create = schema_editor._create_index_sql(model, fields=[field], concurrently=True)
-            # An interrupted earlier run may have left this index invalid.
-            name = str(create.parts["name"])
-            schema_editor.execute(schema_editor._delete_index_sql(model, name, concurrently=True))
+            name = str(create.parts["name"]).strip('"')
+            valid = _valid_index(schema_editor, name)
+            if valid:
+                return
+            if valid is False:  # a cancelled build's leftover
+                schema_editor.execute(schema_editor._delete_index_sql(model, name, concurrently=True))
             schema_editor.execute(create)
 
 

@@ -1,6 +1,8 @@
 """The models and the migrations agree: a model change without its migration
 would ship a schema that users' ``migrate`` never creates."""
 
+import sqlite3
+import threading
 from io import StringIO
 
 import pytest
@@ -22,6 +24,7 @@ def test_every_model_change_has_its_migration() -> None:
         ) from exit
 
 
+STEPS = WorkflowTask._meta.db_table
 ADMIN_LIST_INDEXES = {f"dispatch_job_admin_{name}" for name in ("state", "queue", "task")}
 
 
@@ -78,3 +81,72 @@ def test_the_step_and_run_indexes_are_dropped_and_made_again_backwards() -> None
     assert "dispatch_wfrun_state" not in _run_indexes()
     assert _step_indexes().get(("run_id",)) is None
     assert _step_indexes()[("child_run_id",)] == ["dispatch_wftask_child_run"]
+
+
+@pytest.mark.skipif(connection.vendor != "sqlite", reason="SQLite rebuilds the step table")
+@pytest.mark.django_db(transaction=True)
+def test_a_step_written_during_the_step_table_rebuild_is_kept() -> None:
+    """0037 rebuilds SQLite's step table (copy, drop, rename) in one transaction:
+    a step another connection writes after the copy waits for the rebuild and
+    lands in the new table, where outside a transaction it went into the old
+    table after the copy and was dropped with it."""
+    executor = MigrationExecutor(connection)
+    executor.migrate([("django_dispatch", "0036_wave_map_children")])
+    run = WorkflowRun.objects.create(name="wf")
+    WorkflowTask.objects.create(run=run, name="a", sequence=0, handler_path="x.y")
+    writers: list[threading.Thread] = []
+
+    def write_another_step() -> None:
+        other = sqlite3.connect(connection.settings_dict["NAME"], timeout=30)
+        try:
+            columns = [row[1] for row in other.execute(f"PRAGMA table_info({STEPS})")]
+            copied = [c for c in columns if c != "id"]
+            values = ["'b'" if c == "name" else "1" if c == "sequence" else c for c in copied]
+            with other:
+                other.execute(
+                    f"INSERT INTO {STEPS} ({', '.join(copied)}) "
+                    f"SELECT {', '.join(values)} FROM {STEPS} WHERE name = 'a'"
+                )
+        finally:
+            other.close()
+
+    def after_the_copy(execute, sql, params, many, context):  # type: ignore[no-untyped-def]
+        result = execute(sql, params, many, context)
+        if sql.startswith(f'INSERT INTO "new__{STEPS}"') and not writers:
+            writers.append(threading.Thread(target=write_another_step))
+            writers[0].start()
+            writers[0].join(1.0)  # done at once unless the rebuild holds the write lock
+        return result
+
+    executor.loader.build_graph()
+    with connection.execute_wrapper(after_the_copy):
+        executor.migrate(executor.loader.graph.leaf_nodes())
+    assert writers, "the step table was not rebuilt"
+    writers[0].join(30)
+    assert sorted(WorkflowTask.objects.values_list("name", flat=True)) == ["a", "b"]
+
+
+@pytest.mark.skipif(connection.vendor != "postgresql", reason="concurrent builds: PostgreSQL")
+@pytest.mark.django_db(transaction=True)
+def test_0037_run_again_keeps_the_valid_partial_index() -> None:
+    """A run again of 0037 (one interrupted, then ``migrate``) keeps the valid
+    partial index it built, where rebuilding it would leave ``child_run_id``
+    unindexed meanwhile."""
+
+    def index_oid() -> int:
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT to_regclass('dispatch_wftask_child_run')::oid")
+            return int(cursor.fetchone()[0])
+
+    built = index_oid()
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "DELETE FROM django_migrations WHERE app = 'django_dispatch' AND name = %s",
+            ["0037_step_run_indexes"],
+        )
+    executor = MigrationExecutor(connection)
+    executor.migrate(executor.loader.graph.leaf_nodes())
+    assert index_oid() == built
+    assert _step_indexes()[("child_run_id",)] == ["dispatch_wftask_child_run"]
+    assert _step_indexes().get(("run_id",)) is None
+    assert "dispatch_wfrun_state" not in _run_indexes()
