@@ -37,11 +37,29 @@ from django.db import migrations, models, transaction
 from django.db.models import Index
 
 
-def _in_one_transaction(schema_editor, apply):
-    """``apply()`` in a transaction: SQLite's table rebuild is four statements,
-    and a write committed between the copy and the drop would be lost."""
-    with transaction.atomic(using=schema_editor.connection.alias):
-        return apply()
+class Concurrently:
+    """An index operation run concurrently on PostgreSQL, and in one transaction
+    elsewhere: SQLite's table rebuild is four statements (copy, drop, rename,
+    indexes), and a write committed between the copy and the drop would be
+    lost with the old table. Subclasses give the PostgreSQL steps."""
+
+    def database_forwards(self, app_label, schema_editor, from_state, to_state):
+        if schema_editor.connection.vendor == "postgresql":
+            model = to_state.apps.get_model(app_label, self.model_name)
+            if self.allow_migrate_model(schema_editor.connection.alias, model):
+                self.forwards_concurrently(schema_editor, model, app_label, from_state, to_state)
+            return
+        with transaction.atomic(using=schema_editor.connection.alias):
+            super().database_forwards(app_label, schema_editor, from_state, to_state)
+
+    def database_backwards(self, app_label, schema_editor, from_state, to_state):
+        if schema_editor.connection.vendor == "postgresql":
+            model = to_state.apps.get_model(app_label, self.model_name)
+            if self.allow_migrate_model(schema_editor.connection.alias, model):
+                self.backwards_concurrently(schema_editor, model, app_label, from_state, to_state)
+            return
+        with transaction.atomic(using=schema_editor.connection.alias):
+            super().database_backwards(app_label, schema_editor, from_state, to_state)
 
 
 def _valid_index(schema_editor, name):
@@ -64,57 +82,29 @@ def _build_concurrently(schema_editor, model, index):
     schema_editor.add_index(model, index, concurrently=True)
 
 
-class AddIndexConcurrently(migrations.AddIndex):
+class AddIndexConcurrently(Concurrently, migrations.AddIndex):
     """``AddIndex``, without blocking the table's writes on PostgreSQL."""
 
-    def database_forwards(self, app_label, schema_editor, from_state, to_state):
-        if schema_editor.connection.vendor != "postgresql":
-            forwards = super().database_forwards
-            return _in_one_transaction(
-                schema_editor, lambda: forwards(app_label, schema_editor, from_state, to_state)
-            )
-        model = to_state.apps.get_model(app_label, self.model_name)
-        if self.allow_migrate_model(schema_editor.connection.alias, model):
-            _build_concurrently(schema_editor, model, self.index)
+    def forwards_concurrently(self, schema_editor, model, app_label, from_state, to_state):
+        _build_concurrently(schema_editor, model, self.index)
 
-    def database_backwards(self, app_label, schema_editor, from_state, to_state):
-        if schema_editor.connection.vendor != "postgresql":
-            backwards = super().database_backwards
-            return _in_one_transaction(
-                schema_editor, lambda: backwards(app_label, schema_editor, from_state, to_state)
-            )
-        model = from_state.apps.get_model(app_label, self.model_name)
-        if self.allow_migrate_model(schema_editor.connection.alias, model):
-            schema_editor.remove_index(model, self.index, concurrently=True)
+    def backwards_concurrently(self, schema_editor, model, app_label, from_state, to_state):
+        schema_editor.remove_index(model, self.index, concurrently=True)
 
 
-class RemoveIndexConcurrently(migrations.RemoveIndex):
+class RemoveIndexConcurrently(Concurrently, migrations.RemoveIndex):
     """``RemoveIndex``, without blocking the table's writes on PostgreSQL."""
 
-    def database_forwards(self, app_label, schema_editor, from_state, to_state):
-        if schema_editor.connection.vendor != "postgresql":
-            forwards = super().database_forwards
-            return _in_one_transaction(
-                schema_editor, lambda: forwards(app_label, schema_editor, from_state, to_state)
-            )
-        model = from_state.apps.get_model(app_label, self.model_name)
-        if self.allow_migrate_model(schema_editor.connection.alias, model):
-            index = from_state.models[app_label, self.model_name_lower].get_index_by_name(self.name)
-            schema_editor.remove_index(model, index, concurrently=True)
+    def forwards_concurrently(self, schema_editor, model, app_label, from_state, to_state):
+        state = from_state.models[app_label, self.model_name_lower]
+        schema_editor.remove_index(model, state.get_index_by_name(self.name), concurrently=True)
 
-    def database_backwards(self, app_label, schema_editor, from_state, to_state):
-        if schema_editor.connection.vendor != "postgresql":
-            backwards = super().database_backwards
-            return _in_one_transaction(
-                schema_editor, lambda: backwards(app_label, schema_editor, from_state, to_state)
-            )
-        model = to_state.apps.get_model(app_label, self.model_name)
-        if self.allow_migrate_model(schema_editor.connection.alias, model):
-            index = to_state.models[app_label, self.model_name_lower].get_index_by_name(self.name)
-            _build_concurrently(schema_editor, model, index)
+    def backwards_concurrently(self, schema_editor, model, app_label, from_state, to_state):
+        state = to_state.models[app_label, self.model_name_lower]
+        _build_concurrently(schema_editor, model, state.get_index_by_name(self.name))
 
 
-class DropFieldIndexConcurrently(migrations.AlterField):
+class DropFieldIndexConcurrently(Concurrently, migrations.AlterField):
     """``AlterField`` from ``db_index=True`` to ``db_index=False``, without
     blocking the table's writes on PostgreSQL.
 
@@ -123,43 +113,28 @@ class DropFieldIndexConcurrently(migrations.AlterField):
     ``Meta.indexes``), since its name carries a hash.
     """
 
-    def database_forwards(self, app_label, schema_editor, from_state, to_state):
-        if schema_editor.connection.vendor != "postgresql":
-            forwards = super().database_forwards
-            return _in_one_transaction(
-                schema_editor, lambda: forwards(app_label, schema_editor, from_state, to_state)
-            )
-        model = to_state.apps.get_model(app_label, self.model_name)
-        if self.allow_migrate_model(schema_editor.connection.alias, model):
-            column = model._meta.get_field(self.name).column
-            names = schema_editor._constraint_names(
-                model,
-                [column],
-                index=True,
-                type_=Index.suffix,
-                exclude={index.name for index in model._meta.indexes},
-            )
-            for name in names:
-                drop = schema_editor._delete_index_sql(model, name, concurrently=True)
-                schema_editor.execute(drop)
+    def forwards_concurrently(self, schema_editor, model, app_label, from_state, to_state):
+        column = model._meta.get_field(self.name).column
+        names = schema_editor._constraint_names(
+            model,
+            [column],
+            index=True,
+            type_=Index.suffix,
+            exclude={index.name for index in model._meta.indexes},
+        )
+        for name in names:
+            schema_editor.execute(schema_editor._delete_index_sql(model, name, concurrently=True))
 
-    def database_backwards(self, app_label, schema_editor, from_state, to_state):
-        if schema_editor.connection.vendor != "postgresql":
-            backwards = super().database_backwards
-            return _in_one_transaction(
-                schema_editor, lambda: backwards(app_label, schema_editor, from_state, to_state)
-            )
-        model = to_state.apps.get_model(app_label, self.model_name)
-        if self.allow_migrate_model(schema_editor.connection.alias, model):
-            field = model._meta.get_field(self.name)
-            create = schema_editor._create_index_sql(model, fields=[field], concurrently=True)
-            name = str(create.parts["name"]).strip('"')
-            valid = _valid_index(schema_editor, name)
-            if valid:
-                return
-            if valid is False:  # a cancelled build's leftover
-                schema_editor.execute(schema_editor._delete_index_sql(model, name, concurrently=True))
-            schema_editor.execute(create)
+    def backwards_concurrently(self, schema_editor, model, app_label, from_state, to_state):
+        field = model._meta.get_field(self.name)
+        create = schema_editor._create_index_sql(model, fields=[field], concurrently=True)
+        name = str(create.parts["name"]).strip('"')
+        valid = _valid_index(schema_editor, name)
+        if valid:
+            return
+        if valid is False:  # a cancelled build's leftover
+            schema_editor.execute(schema_editor._delete_index_sql(model, name, concurrently=True))
+        schema_editor.execute(create)
 
 
 class Migration(migrations.Migration):

@@ -9,6 +9,7 @@ import gc
 import logging
 import signal
 import time
+from collections.abc import Callable
 
 import pytest
 from django.db import connection
@@ -82,35 +83,13 @@ def test_a_settled_async_job_leaves_nothing_to_the_cyclic_gc():
     waits, with its row and outcome, for the cyclic GC, whose collections
     grow with the jobs in flight."""
     enqueue_many(async_tasks.sleeps, [((0.01,), {}) for _ in range(30)])
-    gc.collect()
-    gc.disable()
-    try:
-        assert drain(concurrency=2, async_concurrency=30) == 30
-        gc.set_debug(gc.DEBUG_SAVEALL)
-        gc.collect()
-        cyclic = [o for o in gc.garbage if isinstance(o, RunningJob)]
-    finally:
-        gc.set_debug(0)
-        gc.garbage.clear()
-        gc.enable()
-    assert cyclic == []
+    assert _jobs_left_to_the_cyclic_gc(lambda: drain(concurrency=2, async_concurrency=30)) == []
 
 
 def test_a_settled_thread_job_leaves_nothing_to_the_cyclic_gc():
     """The same for a sync job whose success joined a wave from its thread."""
     enqueued = [async_tasks.sync_window.enqueue(0.0) for _ in range(30)]
-    gc.collect()
-    gc.disable()
-    try:
-        assert drain(concurrency=2) == 30
-        gc.set_debug(gc.DEBUG_SAVEALL)
-        gc.collect()
-        cyclic = [o for o in gc.garbage if isinstance(o, RunningJob)]
-    finally:
-        gc.set_debug(0)
-        gc.garbage.clear()
-        gc.enable()
-    assert cyclic == []
+    assert _jobs_left_to_the_cyclic_gc(lambda: drain(concurrency=2)) == []
     assert all(r.attempts == 1 for r in results(async_tasks.sync_window, enqueued))
 
 
@@ -393,3 +372,20 @@ def test_a_worker_never_holds_more_leased_jobs_than_its_slots(start_worker):
     # The slots and the thread, with room for one more job per thread (these
     # 0.1 s jobs are longer than the short mark, so none is claimed ahead).
     assert most <= slots + 2 * threads, most
+
+
+def _jobs_left_to_the_cyclic_gc(drain_them: Callable[[], int]) -> list[RunningJob]:
+    """The jobs that only the cyclic GC would free once ``drain_them()`` (which
+    must drain 30 jobs) is over: the GC is off meanwhile, then collects into
+    ``gc.garbage``."""
+    gc.collect()
+    gc.disable()
+    try:
+        assert drain_them() == 30
+        gc.set_debug(gc.DEBUG_SAVEALL)
+        gc.collect()
+        return [o for o in gc.garbage if isinstance(o, RunningJob)]
+    finally:
+        gc.set_debug(0)
+        gc.garbage.clear()
+        gc.enable()
