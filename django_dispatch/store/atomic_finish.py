@@ -63,6 +63,13 @@ _SUCCESS_SQL = (
     b" %b::boolean, %b::text, %b::text, %b::float8, %b::float8, %b::float8)"
 )
 _NO_RECORD = [b"false", b"NULL", b"NULL", b"NULL", b"NULL", b"NULL"]
+#: Why an atomic body's writes were not kept when it marked them for rollback.
+MARKED_FOR_ROLLBACK = (
+    "the atomic task's transaction was marked for rollback "
+    "(transaction.set_rollback(True), or a database error caught inside it): "
+    "its writes are rolled back and this attempt fails. To end a job without "
+    "keeping its writes, raise an exception from the task instead."
+)
 
 
 def fast_path_available(db: str, lease: Lease) -> bool:
@@ -101,6 +108,33 @@ def job_commit_success_if_leased(
     (``PQescapeLiteral``): the simple protocol that carries ``; COMMIT`` has
     no parameters.
     """
+
+    def render(text: Callable[[str | None], bytes]) -> bytes:
+        args = [
+            b"%d" % lease.job_id,
+            text(lease.worker_id),
+            b"%d" % lease.epoch,
+            text(None if return_value is None else json.dumps(return_value)),
+        ]
+        if usage is None:
+            args += _NO_RECORD
+        else:  # the rest of the record comes from the row
+            args += [b"true", text(usage.host), text(usage.outcome)]
+            args += [_float(x) for x in (usage.wall_seconds, usage.cpu_seconds, usage.peak_rss_mb)]
+        return _SUCCESS_SQL % tuple(args)
+
+    return commit_if_fenced(db, render)
+
+
+def commit_if_fenced(db: str, render: Callable[[Callable[[str | None], bytes]], bytes]) -> bool:
+    """Inside an open ``atomic`` block on ``db``: a fenced write and COMMIT, one round trip.
+
+    ``render(text)`` builds the write (``text`` escapes a value as a literal,
+    None as NULL); it must raise ``LOST`` (SQLSTATE 22P02) when its fence
+    matches nothing. True: committed. False: the fence was lost, nothing is
+    committed, and the transaction is left for the caller to roll back. Any
+    other error is raised, nothing committed.
+    """
     from psycopg import errors, pq
 
     connection = connections[db]
@@ -109,12 +143,7 @@ def job_commit_success_if_leased(
     # commit nothing: a cursor would refuse the statement, but this call
     # sends its COMMIT past Django's cursor, so it checks first.
     if connection.needs_rollback:
-        raise TransactionManagementError(
-            "the atomic task's transaction was marked for rollback "
-            "(transaction.set_rollback(True), or a database error caught inside it): "
-            "its writes are rolled back and this attempt fails. To end a job without "
-            "keeping its writes, raise an exception from the task instead."
-        )
+        raise TransactionManagementError(MARKED_FOR_ROLLBACK)
     connection.ensure_connection()  # the job thread checked it before the body
     raw = connection.connection
     pgconn = raw.pgconn
@@ -127,18 +156,7 @@ def job_commit_success_if_leased(
     def text(value: str | None) -> bytes:
         return b"NULL" if value is None else escape(value.encode(encoding))
 
-    args = [
-        b"%d" % lease.job_id,
-        text(lease.worker_id),
-        b"%d" % lease.epoch,
-        text(None if return_value is None else json.dumps(return_value)),
-    ]
-    if usage is None:
-        args += _NO_RECORD
-    else:  # the rest of the record comes from the row
-        args += [b"true", text(usage.host), text(usage.outcome)]
-        args += [_float(x) for x in (usage.wall_seconds, usage.cpu_seconds, usage.peak_rss_mb)]
-    sql = _SUCCESS_SQL % tuple(args)
+    sql = render(text)
     if not idle:
         sql += b";\nCOMMIT"
     with connection.wrap_database_errors:

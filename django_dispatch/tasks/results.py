@@ -274,7 +274,15 @@ def signal_is_silent(signal: Any, sender: type) -> bool:
     signal is sent. The logger's level is read at every call (cheap: the
     logging module caches it), the receivers only when they change.
     """
-    own, level = _OWN_RECEIVERS[signal]
+    return only_own_receivers(signal, sender) and not _TASKS_LOG.isEnabledFor(
+        _OWN_RECEIVERS[signal][1]
+    )
+
+
+def only_own_receivers(signal: Any, sender: type) -> bool:
+    """True when Django's own log receiver is all that ``signal`` from ``sender``
+    would call: no user code (see ``signal_is_silent``)."""
+    own, _ = _OWN_RECEIVERS[signal]
     try:
         connected = tuple(map(id, signal.receivers))
         cached = _silence.get((signal, sender))
@@ -284,4 +292,4 @@ def signal_is_silent(signal: Any, sender: type) -> bool:
             _silence[(signal, sender)] = cached = (connected, only_own)
     except Exception:
         return False
-    return cached[1] and not _TASKS_LOG.isEnabledFor(level)
+    return cached[1]
