@@ -21,7 +21,8 @@ from django.db import DatabaseError, InterfaceError, connections
 
 from .. import store
 from ..observability import joblog, tracing
-from . import atomic, attempt, completer, executor, metering, timeouts
+from . import atomic, atomic_group, attempt, completer, executor, metering, outcomes, timeouts
+from .atomic_group import NOTHING, AtomicGroup
 from .connections import ThreadConnections, database_went_away
 from .executor import Outcome
 from .running import RunningJob
@@ -41,25 +42,45 @@ class JobRunner:
     lease_seconds: float
     db: str
 
-    def run(self, running: RunningJob, conns: ThreadConnections) -> None:
-        """On a job thread: check the connection, run, persist, free the slot."""
+    def run(
+        self, running: RunningJob, conns: ThreadConnections, group: AtomicGroup | None = None
+    ) -> None:
+        """On a job thread: check the connection, run, persist, free the slot.
+
+        ``group``: the thread's group of atomic jobs (``atomic_group``). A job
+        that may not join it settles it first; a success that joined it stays
+        among the worker's jobs until the group settles (``settle_group``),
+        and anything else is written once the group is settled, in a
+        transaction of its own.
+        """
+        grouped = group is not None and group.accepts(running)
+        if group is not None and group.open and not grouped:
+            self.settle_group(group, conns)
         if not self.register(running):
             return
         outcome: Outcome | None = None
         meter: metering.Meter | None = None
-        handed_over = False
+        handed_over = joined = False
         try:
-            meter = self.begin(running, conns)
+            # A group's open transaction proves its connection (and a check
+            # would close a connection found inside a transaction).
+            meter = self.begin(running, conns, check=not (grouped and group and group.open))
             if meter is None:
                 outcome = Outcome(kind="released")
                 return
+            in_group = group if grouped else None
             if tracing.AVAILABLE and tracing.active():  # a consumer span, under the enqueue's
                 with tracing.consumer(running.claimed) as span:
-                    outcome = self._attempt(running)
+                    outcome = self._attempt(running, in_group)
                     tracing.outcome(span, outcome.kind, outcome.exception)
             else:
-                outcome = self._attempt(running)
+                outcome = self._attempt(running, in_group)
             self.ran(running, meter)
+            if in_group is not None and in_group.holds(running):
+                joined = True
+                return
+            if group is not None and group.open:
+                self.settle_group(group, conns)
             if running.persisted:  # an atomic success: committed with its body, or lost
                 atomic.report(running, outcome)
                 return
@@ -69,9 +90,57 @@ class JobRunner:
             else:
                 self.write(running, outcome)
         except Exception as e:
+            if group is not None and group.open and not joined:
+                self.settle_group(group, conns)
             outcome = self.unexpected(running, e)
         finally:
-            self.end(running, outcome, meter, conns, written=not handed_over)
+            if joined:
+                self.joined(running)
+            else:
+                self.end(running, outcome, meter, conns, written=not handed_over)
+
+    def joined(self, running: RunningJob) -> None:
+        """A success waiting in its thread's group: its code is over, its slot free."""
+        with self.slots.lock:
+            self.slots.threads.pop(running.claimed.id, None)
+        self.completer.wake()  # the control loop: a slot is free
+
+    def settle_group(self, group: AtomicGroup, conns: ThreadConnections) -> None:
+        """Commit (or roll back) the thread's group, then end each of its jobs.
+
+        A group that did not commit hands each member back, no attempt spent
+        (fenced: one whose lease was lost is left to its holder); a cancelled
+        one is let go of.
+        """
+        members, won = group.settle()
+        for member in members:
+            try:
+                self.end_member(member, won, conns)
+            except Exception:  # a bug of ours: the next member is still ended
+                logger.exception("job %s: could not end it", member.running.claimed.id)
+
+    def end_member(
+        self, member: atomic_group.Member, won: bool, conns: ThreadConnections | None
+    ) -> None:
+        """A group's member once the group settled (or was given up on): report, end."""
+        running = member.running
+        running.persisted, running.won = True, won
+        outcome = member.outcome if won else Outcome(kind="released")
+        try:
+            if won:
+                atomic.report(running, member.outcome)
+            else:
+                outcomes.release(running.claimed, why="its group of atomic jobs rolled back")
+        except Exception:  # unreachable: its lease expires, and it runs again
+            logger.exception("job %s: could not hand it back", running.claimed.id)
+        if conns is not None:
+            self.end(running, outcome, member.meter, conns)
+            return
+        metering.forget(running.claimed.id, member.meter)
+        with self.slots.lock:
+            if self.slots.running.get(running.claimed.id) is running:
+                del self.slots.running[running.claimed.id]
+        self.completer.wake()
 
     # The steps of a job, shared with the asyncio executor (``asyncjobs``),
     # which runs the same steps with task code on its event loop.
@@ -192,10 +261,15 @@ class JobRunner:
         if written:
             self.completer.wake()  # the control loop: a slot is free
 
-    def _attempt(self, running: RunningJob) -> Outcome:
+    def _attempt(self, running: RunningJob, group: AtomicGroup | None = None) -> Outcome:
         """Run the task once; the outcome, as its timeout or a hand-back changed it."""
         self.overseer.started(running)
-        if getattr(running.task, "atomic", False):
+        if group is not None:
+            outcome = group.execute(running)
+            if group.holds(running):  # waits for the group's commit: its timeout is over
+                self.overseer.returned(running)
+                return outcome
+        elif getattr(running.task, "atomic", False):
             outcome = atomic.execute(running.claimed, running, self.db)
             if running.persisted:  # written with the body: what the timeout says comes too late
                 self.overseer.returned(running)
@@ -235,6 +309,8 @@ class JobThreads:
         self.inbox: queue.SimpleQueue[RunningJob | None] = queue.SimpleQueue()
         self.retired: set[threading.Thread] = set()
         self.threads: list[threading.Thread] = []
+        #: Each thread's group of atomic jobs (``atomic_group``).
+        self.groups: dict[threading.Thread, AtomicGroup] = {}
         for _ in range(size):
             self._spawn()
 
@@ -242,6 +318,7 @@ class JobThreads:
         thread = threading.Thread(
             target=store.carrying_database(self._loop), name="dispatch-job", daemon=True
         )
+        self.groups[thread] = AtomicGroup(self.runner.db, self.runner.slots)
         self.threads.append(thread)
         thread.start()
 
@@ -249,10 +326,30 @@ class JobThreads:
         self.inbox.put(running)
 
     def retire(self, thread: threading.Thread | None) -> None:
+        """Give up on a thread stuck in task code; a fresh one takes its place.
+
+        The successes waiting in its group would wait for its stuck body:
+        they go back to the queue (their writes roll back with its
+        transaction, whenever it ends), and run again.
+        """
         if thread is not None and thread in self.threads:
             self.threads.remove(thread)
             self.retired.add(thread)
             self._spawn()
+            group = self.groups.pop(thread, None)
+            for member in group.forsake() if group is not None else ():
+                member.running.abandoned = True
+                self.runner.end_member(member, False, None)
+
+    def forsake_groups(self) -> None:
+        """At a hand-back: the successes waiting in the threads' groups go back
+        too (fenced, no attempt spent). The threads are not waited for, and a
+        group still open when the process exits rolls back with its connection:
+        left leased, those jobs would wait out their lease to run again."""
+        for group in list(self.groups.values()):
+            for member in group.forsake():
+                member.running.abandoned = True
+                self.runner.end_member(member, False, None)
 
     def stop(self, timeout: float = 5.0) -> None:
         """Stop idle threads and wait for them (retired ones may be stuck in task code)."""
@@ -265,14 +362,34 @@ class JobThreads:
     def _loop(self) -> None:
         me = threading.current_thread()
         conns = ThreadConnections(exclusive=True)  # nothing but its jobs runs here
+        group = self.groups[me]
         try:
             while me not in self.retired:
-                running = self.inbox.get()
+                running = self._next(group, conns)
                 if running is None:
                     return
                 try:
-                    self.runner.run(running, conns)
+                    self.runner.run(running, conns, group)
                 except BaseException:  # never lose a job thread silently
                     logger.exception("job thread crashed; it carries on")
         finally:
-            connections.close_all()
+            try:
+                if group.open:
+                    self.runner.settle_group(group, conns)
+            except Exception:
+                logger.exception("job thread: settling its group failed")
+            finally:
+                connections.close_all()
+
+    def _next(self, group: AtomicGroup, conns: ThreadConnections) -> RunningJob | None:
+        """The next job (None: stop). An open group commits first when no job
+        comes within its ``patience``: none at all unless a backlog waits."""
+        if group.open:
+            job = group.next_from(self.inbox)
+            if job is not NOTHING:
+                return job
+            try:
+                self.runner.settle_group(group, conns)
+            except Exception:  # never lose a job thread silently
+                logger.exception("job thread: settling its group failed; it carries on")
+        return self.inbox.get()

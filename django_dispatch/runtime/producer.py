@@ -152,6 +152,8 @@ class Producer:
         if not batch and limit <= 0:
             return 0
         claimed = self.completer.write_wave(batch, self.claim, limit, self.fused_claim)
+        if limit > 0:
+            self.slots.backlog = len(claimed) >= limit
         if self.completer.passed:  # concurrency groups are about: the gates claim for a while
             self.gated_until = time.monotonic() + self.settings.POLL_INTERVAL
         if claimed:

@@ -52,6 +52,9 @@ class Slots:
         self.job_seconds: float | None = None
         #: Set once the worker stops claiming: nothing more is claimed ahead.
         self.stopping = False
+        #: Whether the last claim took all it asked for: jobs are likely left
+        #: in the queue, and the next claim brings more soon.
+        self.backlog = False
         #: Whether jobs claimed ahead wait for a thread (``behind_long_jobs``):
         #: the control loop then looks again within ``PREFETCH_JOB_SECONDS``.
         self.holding_ahead = False

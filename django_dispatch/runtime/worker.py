@@ -385,3 +385,6 @@ class Worker:
                     task=running.task,
                 )
             )
+        # A success waiting in a group's transaction goes back too: that
+        # transaction ends with the process.
+        self._guard(self.pool.forsake_groups)
