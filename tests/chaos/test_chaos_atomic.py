@@ -17,6 +17,7 @@ import time
 from collections import Counter
 
 import pytest
+from django.db.models import Count
 
 from django_dispatch.core.states import JobState
 from django_dispatch.core.workflow_states import RUN_ACTIVE, RunState
@@ -31,9 +32,15 @@ pytestmark = [pytest.mark.chaos, pytest.mark.slow, pytest.mark.django_db(transac
 #: The test settings' lease (tests/settings.py): faults are timed against it.
 LEASE = 2.0
 
+#: Each task with how long its jobs work: jobs of a few milliseconds run in
+#: groups sharing one transaction (``runtime.atomic_group``), so a fault hits
+#: successes that wait for their group's commit.
+SECONDS = (0.05, 0.15)
+SHORT = (0.001, 0.01)
 TASKS = [
-    pytest.param(atomic_tasks.effect_atomic, id="atomic"),
-    pytest.param(atomic_tasks.effect_plain, id="plain"),
+    pytest.param(atomic_tasks.effect_atomic, SECONDS, id="atomic"),
+    pytest.param(atomic_tasks.effect_atomic, SHORT, id="atomic-grouped"),
+    pytest.param(atomic_tasks.effect_plain, SECONDS, id="plain"),
 ]
 
 
@@ -68,6 +75,20 @@ def _check(chaos: Chaos, ids: list[int], task, name: str, started: float) -> Non
         f"chaos {name} ({task.name}, seed {SEED}): {len(ids)} jobs, {duplicates} duplicate "
         f"effects in {time.monotonic() - started:.1f} s"
     )
+
+
+def _check_grouped(ids: list[int]) -> None:
+    """Some jobs were finished by one statement (one ``finished_at``): groups formed."""
+    shared = retry_db(
+        lambda: (
+            Job.objects.filter(pk__in=ids)
+            .values("finished_at")
+            .annotate(n=Count("id"))
+            .filter(n__gt=1)
+            .count()
+        )
+    )
+    assert shared, "no two jobs committed together: no group formed, the scenario tested nothing"
 
 
 def _freeze_past_the_lease(chaos: Chaos, victim, *, until_taken_over: bool = False) -> None:
@@ -119,11 +140,12 @@ def _freeze_past_the_lease(chaos: Chaos, victim, *, until_taken_over: bool = Fal
     time.sleep(LEASE)  # the woken worker finishes its bodies: fenced out, rolled back
 
 
-@pytest.mark.parametrize("task", TASKS)
-def test_one_effect_per_job_under_sigkills_and_a_frozen_worker(chaos: Chaos, task):
+@pytest.mark.parametrize(("task", "seconds"), TASKS)
+def test_one_effect_per_job_under_sigkills_and_a_frozen_worker(chaos: Chaos, task, seconds):
     started = time.monotonic()
     chaos.start_workers(3)
-    ids = chaos.enqueue(150 * ROUNDS, "kill", seconds=(0.05, 0.15), task=task)
+    short = seconds == SHORT
+    ids = chaos.enqueue((600 if short else 150) * ROUNDS, "kill", seconds=seconds, task=task)
     for round_ in range(2 * ROUNDS):
         chaos.wait_progress(ids, (round_ + 1) * len(ids) // (2 * ROUNDS + 2))
         chaos.kill(chaos.rng.choice(chaos.workers))
@@ -132,7 +154,12 @@ def test_one_effect_per_job_under_sigkills_and_a_frozen_worker(chaos: Chaos, tas
     for round_ in range(ROUNDS):
         # A short backlog per round, so that the frozen worker's jobs, once
         # reclaimed, are not queued behind many others.
-        ids += chaos.enqueue(48, f"freeze-{round_}", seconds=(0.3, 0.6), task=task)
+        ids += chaos.enqueue(
+            300 if short else 48,
+            f"freeze-{round_}",
+            seconds=SHORT if short else (0.3, 0.6),
+            task=task,
+        )
         _freeze_past_the_lease(chaos, chaos.workers[0])
     chaos.wait_finished(ids)
     lost = retry_db(
@@ -140,20 +167,25 @@ def test_one_effect_per_job_under_sigkills_and_a_frozen_worker(chaos: Chaos, tas
     )
     assert lost > 0, "no fault hit a running job: the scenario tested nothing"
     _check(chaos, ids, task, "sigkills and a frozen worker", started)
+    if short:
+        _check_grouped(ids)
     chaos.stop_workers()
 
 
-@pytest.mark.parametrize("task", TASKS)
-def test_one_effect_per_job_when_postgres_crashes_under_load(chaos: Chaos, task):
+@pytest.mark.parametrize(("task", "seconds"), TASKS)
+def test_one_effect_per_job_when_postgres_crashes_under_load(chaos: Chaos, task, seconds):
     started = time.monotonic()
     chaos.start_workers(3)
-    ids = chaos.enqueue(200 * ROUNDS, "crash", seconds=(0.05, 0.15), task=task)
+    count = (800 if seconds == SHORT else 200) * ROUNDS
+    ids = chaos.enqueue(count, "crash", seconds=seconds, task=task)
     for round_ in range(ROUNDS):
         chaos.wait_progress(ids, (round_ + 1) * len(ids) // (ROUNDS + 2))
         chaos.crash_postgres(down_for=1.0)
     chaos.wait_finished(ids)
     chaos.assert_fault_seen()
     _check(chaos, ids, task, "postgres crash under load", started)
+    if seconds == SHORT:
+        _check_grouped(ids)
     chaos.stop_workers()
 
 

@@ -141,3 +141,57 @@ def write_then_mark_for_rollback(key: str):
     _row(key)
     transaction.set_rollback(True)
     return key
+
+
+#: The keys whose ``on_commit`` callback ran (``write_with_hook``), in this process.
+COMMITTED: list[str] = []
+
+
+@task(atomic=True, max_attempts=2, backoff=quick_backoff)
+def write_with_hook(key: str, fail: bool = False):
+    """A row and an ``on_commit`` callback; raises after both when ``fail``."""
+    from django.db import transaction
+
+    _row(key)
+    transaction.on_commit(lambda: COMMITTED.append(key))
+    if fail:
+        raise RuntimeError(f"{key} fails after its write")
+    return key
+
+
+@task(atomic=True)
+def atomic_noop(key: str):
+    """Writes nothing: its success is the transaction's only write."""
+    return key
+
+
+@task(atomic=True, timeout=0.3, max_attempts=1)
+def hang_ignoring_stop(key: str, seconds: float, done: str):
+    """Writes, then works ``seconds`` deaf to its stop (its thread is given up on),
+    then says so through ``done``."""
+    _row(key)
+    time.sleep(seconds)
+    Path(done).touch()
+    return key
+
+
+#: A table whose foreign key PostgreSQL checks only at COMMIT (as Django's own
+#: foreign keys are, ``DEFERRABLE INITIALLY DEFERRED``); made by the test.
+ORPHANS_SQL = """
+CREATE TABLE IF NOT EXISTS dispatch_test_parent (id integer PRIMARY KEY);
+CREATE TABLE IF NOT EXISTS dispatch_test_orphan (
+    id serial PRIMARY KEY,
+    parent_id integer REFERENCES dispatch_test_parent DEFERRABLE INITIALLY DEFERRED
+)
+"""
+
+
+@task(atomic=True, max_attempts=1)
+def write_orphan(key: str):
+    """A row whose foreign key points at nothing: refused only at its COMMIT."""
+    from django.db import connection
+
+    _row(key)
+    with connection.cursor() as cursor:
+        cursor.execute("INSERT INTO dispatch_test_orphan (parent_id) VALUES (-1)")
+    return key
