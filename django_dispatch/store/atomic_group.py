@@ -74,12 +74,23 @@ def backend_pid(db: str) -> int | None:
     return None if raw is None else raw.info.backend_pid
 
 
+#: Only a server process of this database and role with a transaction open:
+#: behind a pooler the pid a client was given is the pooler's own (PgBouncer
+#: sends a random one), which must not end anything else.
+_END_BACKEND_SQL = """
+SELECT pg_terminate_backend(pid) FROM pg_stat_activity
+WHERE pid = %s AND datname = current_database() AND usename = current_user
+    AND xact_start IS NOT NULL AND pid <> pg_backend_pid()
+"""
+
+
 def end_backend(db: str, pid: int) -> None:
     """End a stuck group's server process (from another thread's connection):
-    its transaction rolls back and its locks go. Through PgBouncer, the pid is
-    the server connection its transaction was pinned to."""
+    its transaction rolls back and its locks go. Behind a pooler in transaction
+    mode the pid is not the server's, and nothing is ended: the locks then last
+    until the stuck body returns, as a lone atomic job's do."""
     with connections[db].cursor() as cursor:
-        cursor.execute("SELECT pg_terminate_backend(%s)", [pid])
+        cursor.execute(_END_BACKEND_SQL, [pid])
 
 
 def aborted(db: str) -> bool:

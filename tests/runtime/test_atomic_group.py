@@ -47,6 +47,12 @@ def elsewhere[T](read: Callable[[], T]) -> T:
     return out[0]
 
 
+def _count(sql: str) -> int:
+    with connection.cursor() as cursor:
+        cursor.execute(sql)
+        return cursor.fetchone()[0]
+
+
 def rows(key: str) -> int:
     return elsewhere(lambda: SideEffect.objects.filter(key=key).count())
 
@@ -215,6 +221,14 @@ def test_a_thread_given_up_on_hands_back_the_successes_waiting_in_its_group(
     }
     assert Job.objects.get(pk=hung.id).state == JobState.FAILED
     assert rows("hung") == 0
+    # The stuck body's transaction was ended on the server: its locks are gone.
+    open_elsewhere = elsewhere(
+        lambda: _count(
+            "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()"
+            " AND state LIKE 'idle in transaction%%'"
+        )
+    )
+    assert open_elsewhere == 0
     released = [r.getMessage() for r in caplog.records if "group of atomic jobs" in r.getMessage()]
     assert released, "no success waited in the given-up thread's group: the test tested nothing"
 
