@@ -85,6 +85,9 @@ SHORT_JOB_SECONDS = 0.1
 WAIT_SECONDS = 0.01
 #: How often a thread looks for its next job meanwhile.
 PATIENCE_POLL = 0.002
+#: The most job ids kept to run alone (``_SOLO``): a member handed back may run
+#: on another worker and never come back here.
+SOLO_MAX = 10_000
 #: What ``AtomicGroup.next_from`` returns when no job came.
 NOTHING = object()
 #: A deadlock, or a serialization failure: what a member's locks held past its
@@ -122,6 +125,8 @@ class AtomicGroup:
         self.lock = threading.Lock()
         #: The server process of the open transaction (``forsake`` ends it).
         self.backend: int | None = None
+        #: The last commit's ``on_commit`` callbacks, for ``run_callbacks``.
+        self.callbacks: list[Any] = []
 
     @property
     def open(self) -> bool:
@@ -135,6 +140,8 @@ class AtomicGroup:
             or not getattr(task, "atomic", False)
             or running.claimed.row["partition_key"]
             or not atomic_finish.fast_path_available(self.db, running.claimed.lease)
+            # Above it, later members would read the group's first snapshot.
+            or not atomic_group.read_committed(self.db)
             # ``task_started`` receivers (user code) run before the body; in a
             # group their writes would join its transaction.
             or not only_own_receivers(task_started, signal_sender(task))
@@ -148,7 +155,11 @@ class AtomicGroup:
             return False
         if self.block is None:
             return True
-        return len(self.members) < MAX_MEMBERS and time.monotonic() - self.opened_at < MAX_SECONDS
+        return (
+            not self.broken
+            and len(self.members) < MAX_MEMBERS
+            and time.monotonic() - self.opened_at < MAX_SECONDS
+        )
 
     def patience(self) -> float:
         """How long the thread may wait for a next member before committing:
@@ -176,23 +187,18 @@ class AtomicGroup:
                     return NOTHING
                 time.sleep(PATIENCE_POLL)
 
-    def holds(self, running: RunningJob) -> bool:
-        """Whether ``running``'s success waits in this group (the last to join)."""
-        members = self.members
-        return bool(members) and members[-1].running is running
-
     def execute(self, running: RunningJob) -> Outcome:
         """``attempt.execute`` for a job ``accepts`` took: a success joins the group
-        (``holds``); anything else left nothing behind and is the caller's to write,
+        (``RunningJob.grouped``); anything else left nothing behind and is the caller's to write,
         once the group is settled."""
         claimed = running.claimed
         prepared = attempt.prepare(claimed, running)
         if isinstance(prepared, Outcome):
             return prepared
         if self.block is None:
-            self.block = transaction.atomic(using=self.db)
-            self.block.__enter__()
-            self.opened_at, self.broken = time.monotonic(), False
+            block = transaction.atomic(using=self.db)
+            block.__enter__()
+            self.block, self.opened_at, self.broken = block, time.monotonic(), False
             self.backend = atomic_group.backend_pid(self.db)
         connection = connections[self.db]
         hooks = len(connection.run_on_commit)
@@ -216,11 +222,15 @@ class AtomicGroup:
             if savepoint and _contention(e):  # the group's earlier writes held locks
                 return Outcome(kind="released")
             return attempt.conclude(claimed, running, prepared, error=e)
-        outcome = attempt.conclude(claimed, running, prepared, value=value)
-        if outcome.kind != "succeeded":
+        try:  # nothing the body wrote may stay behind unless its success joins
+            outcome = attempt.conclude(claimed, running, prepared, value=value)
+            if outcome.kind == "succeeded":
+                self._join(running, outcome)
+                return outcome
+        except BaseException:
             self._undo(connection, savepoint, hooks)
-            return outcome
-        self._join(running, outcome)
+            raise
+        self._undo(connection, savepoint, hooks)
         return outcome
 
     def _join(self, running: RunningJob, outcome: Outcome) -> None:
@@ -231,7 +241,7 @@ class AtomicGroup:
             meter.stop()  # the record measures the body, not the wait
         entry = metering.entry(claimed, "succeeded") if usage_recorded("succeeded") else None
         with self.lock:
-            running.finished = outcome
+            running.finished, running.grouped = outcome, True
             self.members.append(Member(running, outcome, meter, entry))
 
     def _undo(self, connection: Any, savepoint: bool, hooks: int) -> None:
@@ -260,7 +270,8 @@ class AtomicGroup:
             self.block, self.members = None, []
         if block is None:
             return members, False
-        won, error = not broken, None
+        # Without members nothing in the transaction may commit.
+        won, error = bool(members) and not broken, None
         if members and not broken:
             results = [(m.running.claimed.lease, m.outcome.return_value) for m in members]
             usage = {m.running.claimed.id: m.entry for m in members if m.entry is not None}
@@ -270,9 +281,22 @@ class AtomicGroup:
                 logger.warning("a group of atomic jobs could not commit", exc_info=True)
                 won, error = False, e
                 if not lost_connection(e):
+                    if len(_SOLO) > SOLO_MAX:  # ids of jobs that ran elsewhere since
+                        _SOLO.clear()
                     _SOLO.update(m.running.claimed.id for m in members)
-        _leave(block, self.db, won, error)
+        self.callbacks = _leave(block, self.db, won, error)
         return members, won
+
+    def run_callbacks(self) -> None:
+        """The committed members' ``on_commit`` callbacks, each on its own (one
+        that raises is logged; the others still run), after ``settle``: user
+        code, which must not keep the members from being ended."""
+        callbacks, self.callbacks = self.callbacks, []
+        for func in callbacks:
+            try:
+                func()
+            except Exception:
+                logger.exception("an on_commit callback of an atomic task failed")
 
     def forsake(self) -> list[Member]:
         """From another thread, when this one is given up on: its members, taken
@@ -311,23 +335,24 @@ def _contention(error: BaseException) -> bool:
 _SOLO: set[int] = set()
 
 
-def _leave(block: transaction.Atomic, db: str, won: bool, error: BaseException | None) -> None:
-    """Leave the group's block: Django's commit (the COMMIT went with the
-    successes: only the ``on_commit`` callbacks are left), or its rollback.
-    Never raises: the members must still be ended."""
+def _leave(block: transaction.Atomic, db: str, won: bool, error: BaseException | None) -> list[Any]:
+    """Leave the group's block, by Django's commit (the COMMIT went with the
+    successes) or its rollback; the committed ``on_commit`` callbacks, taken
+    out for the caller to run once the members are ended. Never raises."""
     connection = connections[db]
+    callbacks: list[Any] = []
     if won:
-        # Each callback on its own: one that raises must not keep the next
-        # member's (committed) from running.
         wrapper: Any = connection  # Django's (savepoints, callback, robust) triples
-        wrapper.run_on_commit = [(sids, func, True) for sids, func, _ in wrapper.run_on_commit]
+        callbacks = [func for _, func, _ in wrapper.run_on_commit]
+        wrapper.run_on_commit = []
         try:
             block.__exit__(None, None, None)
         except Exception:
             logger.exception("leaving a committed group of atomic jobs failed")
-        return
+        return callbacks
     exc = error or _RollBack()
     try:
         block.__exit__(type(exc), exc, exc.__traceback__)
     except Exception:  # its rollback failed and reconnecting did too: closed
         logger.warning("rolling back a group of atomic jobs failed", exc_info=True)
+    return callbacks

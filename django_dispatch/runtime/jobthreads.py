@@ -53,7 +53,13 @@ class JobRunner:
         and anything else is written once the group is settled, in a
         transaction of its own.
         """
-        grouped = group is not None and group.accepts(running)
+        try:
+            grouped = group is not None and group.accepts(running)
+        except Exception:  # a bug of ours: the job runs alone
+            logger.exception(
+                "job %s: could not tell whether it may join a group", running.claimed.id
+            )
+            grouped = False
         if group is not None and group.open and not grouped:
             self.settle_group(group, conns)
         if not self.register(running):
@@ -76,7 +82,7 @@ class JobRunner:
             else:
                 outcome = self._attempt(running, in_group)
             self.ran(running, meter)
-            if in_group is not None and in_group.holds(running):
+            if running.grouped:
                 joined = True
                 return
             if group is not None and group.open:
@@ -106,18 +112,15 @@ class JobRunner:
         self.completer.wake()  # the control loop: a slot is free
 
     def settle_group(self, group: AtomicGroup, conns: ThreadConnections) -> None:
-        """Commit (or roll back) the thread's group, then end each of its jobs.
-
-        A group that did not commit hands each member back, no attempt spent
-        (fenced: one whose lease was lost is left to its holder); a cancelled
-        one is let go of.
-        """
+        """Commit (or roll back) the thread's group, then end each of its jobs:
+        handed back unspent (fenced) if it did not commit."""
         members, won = group.settle()
         for member in members:
             try:
                 self.end_member(member, won, conns)
             except Exception:  # a bug of ours: the next member is still ended
                 logger.exception("job %s: could not end it", member.running.claimed.id)
+        group.run_callbacks()  # user code: only once every member is ended
 
     def end_member(
         self, member: atomic_group.Member, won: bool, conns: ThreadConnections | None
@@ -266,7 +269,7 @@ class JobRunner:
         self.overseer.started(running)
         if group is not None:
             outcome = group.execute(running)
-            if group.holds(running):  # waits for the group's commit: its timeout is over
+            if running.grouped:  # waits for the group's commit: its timeout is over
                 self.overseer.returned(running)
                 return outcome
         elif getattr(running.task, "atomic", False):
@@ -337,19 +340,19 @@ class JobThreads:
             self.retired.add(thread)
             self._spawn()
             group = self.groups.pop(thread, None)
-            for member in group.forsake() if group is not None else ():
-                member.running.abandoned = True
-                self.runner.end_member(member, False, None)
+            if group is not None:
+                self._forsake(group)
 
     def forsake_groups(self) -> None:
-        """At a hand-back: the successes waiting in the threads' groups go back
-        too (fenced, no attempt spent). The threads are not waited for, and a
-        group still open when the process exits rolls back with its connection:
-        left leased, those jobs would wait out their lease to run again."""
+        """At a hand-back: the successes waiting in groups go back too (fenced):
+        a group still open at exit rolls back, and they would wait out their lease."""
         for group in list(self.groups.values()):
-            for member in group.forsake():
-                member.running.abandoned = True
-                self.runner.end_member(member, False, None)
+            self._forsake(group)
+
+    def _forsake(self, group: AtomicGroup) -> None:
+        for member in group.forsake():
+            member.running.abandoned = True
+            self.runner.end_member(member, False, None)
 
     def stop(self, timeout: float = 5.0) -> None:
         """Stop idle threads and wait for them (retired ones may be stuck in task code)."""

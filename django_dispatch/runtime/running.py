@@ -62,6 +62,9 @@ class RunningJob:
     #: the waves to be written one by one (``BatchCompleter.withdraw``).
     in_wave: bool = False
     withdrawn: bool = False
+    #: Its success joined its thread's group of atomic jobs (``atomic_group``),
+    #: to be written with the group's commit; set once, under the group's lock.
+    grouped: bool = False
     _loop: asyncio.AbstractEventLoop | None = None
     _atask: asyncio.Task[Any] | None = None
 

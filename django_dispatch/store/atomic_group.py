@@ -93,6 +93,16 @@ def end_backend(db: str, pid: int) -> None:
         cursor.execute(_END_BACKEND_SQL, [pid])
 
 
+def read_committed(db: str) -> bool:
+    """Whether ``db``'s transactions run at READ COMMITTED (Django's default):
+    each statement then takes its own snapshot, so a member never reads what
+    the group's first statement saw."""
+    from psycopg import IsolationLevel
+
+    level = getattr(connections[db], "isolation_level", None)
+    return level in (None, IsolationLevel.READ_COMMITTED)
+
+
 def aborted(db: str) -> bool:
     """Whether the group's transaction is failed (a body caught a database error
     outside a savepoint of its own): nothing more can run or commit in it."""

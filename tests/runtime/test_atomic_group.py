@@ -12,6 +12,7 @@ from collections.abc import Callable
 from typing import Any
 
 import pytest
+from psycopg import IsolationLevel, pq
 from django.db import connection, connections
 from django.db.models import Count, F
 
@@ -81,7 +82,7 @@ def test_members_commit_their_writes_and_successes_together_at_the_end(group):
     for running in runs:
         assert group.accepts(running)
         assert group.execute(running).kind == "succeeded"
-        assert group.holds(running)
+        assert running.grouped
     # Nothing is visible before the group's commit, to another connection.
     assert [rows(k) for k in ("g1", "g2", "g3")] == [0, 0, 0]
     states = elsewhere(lambda: set(Job.objects.values_list("state", flat=True)))
@@ -103,11 +104,13 @@ def test_a_member_that_raises_is_undone_alone_and_loses_its_on_commit_callbacks(
     first, failing, last = claim(3)
     assert group.execute(first).kind == "succeeded"
     outcome = group.execute(failing)
-    assert outcome.kind == "retry" and not group.holds(failing)
-    assert group.execute(last).kind == "succeeded" and group.holds(last)
+    assert outcome.kind == "retry" and not failing.grouped
+    assert group.execute(last).kind == "succeeded" and last.grouped
     members, won = group.settle()
     assert won and [m.running for m in members] == [first, last]
     assert (rows("kept-1"), rows("undone"), rows("kept-2")) == (1, 0, 1)
+    assert atomic_tasks.COMMITTED == []  # run once the members are ended
+    group.run_callbacks()
     assert atomic_tasks.COMMITTED == ["kept-1", "kept-2"]
 
 
@@ -132,8 +135,6 @@ def test_a_lost_lease_rolls_the_whole_group_back_and_the_others_go_back_unspent(
 
 
 def test_bodies_that_write_nothing_open_no_transaction(group):
-    from psycopg import pq
-
     for key in ("n1", "n2", "n3"):
         atomic_tasks.atomic_noop.enqueue(key)
     runs = claim(3)
@@ -285,3 +286,26 @@ def test_a_group_waits_for_a_next_job_only_while_a_backlog_is_queued(group):
     group.slots.backlog = True
     assert 0.0 < group.patience() <= WAIT_SECONDS
     assert group.settle()[1]
+
+
+def test_a_body_whose_outcome_cannot_be_told_keeps_nothing(group):
+    """The body returned, but classifying its value raised: its writes are
+    undone before the error goes on, and the group commits nothing of it."""
+    atomic_tasks.write_then_return_too_deep.enqueue("too-deep")
+    (running,) = claim(1)
+    with pytest.raises(RecursionError):
+        group.execute(running)
+    assert not running.grouped
+    assert group.settle() == ([], False)
+    assert rows("too-deep") == 0
+
+
+def test_groups_form_only_at_read_committed(group):
+    atomic_tasks.atomic_noop.enqueue("level")
+    (running,) = claim(1)
+    assert group.accepts(running)
+    connection.isolation_level = IsolationLevel.REPEATABLE_READ
+    try:
+        assert not group.accepts(running)
+    finally:
+        connection.isolation_level = IsolationLevel.READ_COMMITTED

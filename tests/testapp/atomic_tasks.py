@@ -195,3 +195,13 @@ def write_orphan(key: str):
     with connection.cursor() as cursor:
         cursor.execute("INSERT INTO dispatch_test_orphan (parent_id) VALUES (-1)")
     return key
+
+
+@task(atomic=True, max_attempts=1)
+def write_then_return_too_deep(key: str):
+    """Writes, then returns a value too deeply nested to encode."""
+    _row(key)
+    value: list = []
+    for _ in range(100_000):
+        value = [value]
+    return value
