@@ -12,9 +12,9 @@ from collections.abc import Callable
 from typing import Any
 
 import pytest
-from psycopg import IsolationLevel, pq
 from django.db import connection, connections
 from django.db.models import Count, F
+from psycopg import IsolationLevel, pq
 
 from django_dispatch import store
 from django_dispatch.compat import task_started
