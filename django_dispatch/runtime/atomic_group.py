@@ -134,6 +134,9 @@ class AtomicGroup:
 
     def accepts(self, running: RunningJob) -> bool:
         """Whether ``running`` may run in this group (opening it if none is open)."""
+        seconds = self.slots.job_seconds  # the cheap test first: per job
+        if seconds is None or seconds >= SHORT_JOB_SECONDS:
+            return False
         task = attempt.resolve(running)
         if (
             task is None
@@ -150,9 +153,6 @@ class AtomicGroup:
         if _SOLO and running.claimed.id in _SOLO:  # runs alone once: see ``settle``
             _SOLO.discard(running.claimed.id)
             return False
-        seconds = self.slots.job_seconds
-        if seconds is None or seconds >= SHORT_JOB_SECONDS:
-            return False
         if self.block is None:
             return True
         return (
@@ -163,7 +163,7 @@ class AtomicGroup:
 
     def patience(self) -> float:
         """How long the thread may wait for a next member before committing:
-        only while the last claim found more jobs than it took (``Slots.backlog``),
+        only while the last claim took all it asked for (``Slots.backlog``),
         never past ``MAX_SECONDS``. Without a backlog a success does not wait for
         a job that may never come."""
         if not self.slots.backlog:
@@ -173,10 +173,10 @@ class AtomicGroup:
     def next_from(self, inbox: queue.SimpleQueue[Any]) -> Any:
         """The inbox's next item within ``patience``, else ``NOTHING``.
 
-        Polled, not ``inbox.get(timeout=...)``: with several threads waiting
-        on the queue, a timed get was seen to wait for ever (a worker's last
-        jobs held unsettled in its group), woken for a job another thread
-        took.
+        Polled, not ``inbox.get(timeout=...)``: a timed get on a queue that
+        several threads wait on can miss its deadline and wait for ever (it
+        did, on CPython 3.12, holding a worker's last jobs unsettled in its
+        group), and a group must never wait past its patience.
         """
         deadline = time.monotonic() + self.patience()
         while True:

@@ -101,11 +101,11 @@ class JobRunner:
             outcome = self.unexpected(running, e)
         finally:
             if joined:
-                self.joined(running)
+                self.left_in_group(running)
             else:
                 self.end(running, outcome, meter, conns, written=not handed_over)
 
-    def joined(self, running: RunningJob) -> None:
+    def left_in_group(self, running: RunningJob) -> None:
         """A success waiting in its thread's group: its code is over, its slot free."""
         with self.slots.lock:
             self.slots.threads.pop(running.claimed.id, None)
@@ -134,16 +134,9 @@ class JobRunner:
                 atomic.report(running, member.outcome)
             else:
                 outcomes.release(running.claimed, why="its group of atomic jobs rolled back")
-        except Exception:  # unreachable: its lease expires, and it runs again
+        except Exception:  # the database unreachable: its lease expires, it runs again
             logger.exception("job %s: could not hand it back", running.claimed.id)
-        if conns is not None:
-            self.end(running, outcome, member.meter, conns)
-            return
-        metering.forget(running.claimed.id, member.meter)
-        with self.slots.lock:
-            if self.slots.running.get(running.claimed.id) is running:
-                del self.slots.running[running.claimed.id]
-        self.completer.wake()
+        self.end(running, outcome, member.meter, conns)
 
     # The steps of a job, shared with the asyncio executor (``asyncjobs``),
     # which runs the same steps with task code on its event loop.
@@ -240,7 +233,7 @@ class JobRunner:
         running: RunningJob,
         outcome: Outcome | None,
         meter: metering.Meter | None,
-        conns: ThreadConnections,
+        conns: ThreadConnections | None,
         *,
         written: bool = True,
     ) -> None:
@@ -255,7 +248,8 @@ class JobRunner:
         if outcome is not None and outcome.kind == "interrupted":
             database_went_away()  # the other threads' connections may be broken too
         metering.forget(job_id, meter)
-        conns.end_job(self.db)
+        if conns is not None:  # None: not on the job's own thread (a forsaken group)
+            conns.end_job(self.db)
         with self.slots.lock:
             if written and self.slots.running.get(job_id) is running:
                 del self.slots.running[job_id]
