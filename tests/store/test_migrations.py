@@ -24,6 +24,34 @@ def test_every_model_change_has_its_migration() -> None:
         ) from exit
 
 
+def _function_text(name: str) -> str:
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT prosrc FROM pg_proc WHERE proname = %s", [name])
+        row = cursor.fetchone()
+        return row[0] if row else ""
+
+
+@pytest.mark.django_db(transaction=True)
+def test_0038_sets_replace_the_wave_loops_and_unapplied_put_them_back() -> None:
+    """The wave's step claims and map children as one statement each; unapplied,
+    0035's and 0036's loops again (same signatures: the wave's call works with
+    either), and the helper function gone."""
+    if connection.vendor != "postgresql":
+        pytest.skip("the wave's functions are PostgreSQL's")
+    claims, wave = "django_dispatch_wave_step_claims", "django_dispatch_finish_map_wave"
+    children = "django_dispatch_map_wave_children"
+    assert "FOR i IN" not in _function_text(claims) + _function_text(wave)
+    assert "FOR UPDATE OF r" in _function_text(children)
+    executor = MigrationExecutor(connection)
+    executor.migrate([("django_dispatch", "0037_step_run_indexes")])
+    assert "FOR i IN" in _function_text(claims) and "FOR i IN" in _function_text(wave)
+    assert _function_text(children) == ""
+    executor.loader.build_graph()
+    executor.migrate(executor.loader.graph.leaf_nodes())
+    assert "FOR i IN" not in _function_text(claims) + _function_text(wave)
+    assert "FOR UPDATE OF r" in _function_text(children)
+
+
 STEPS = WorkflowTask._meta.db_table
 ADMIN_LIST_INDEXES = {f"dispatch_job_admin_{name}" for name in ("state", "queue", "task")}
 
