@@ -24,9 +24,11 @@ What each job is promised stays what ``atomic`` promises:
   successes would wait on its stuck body, and their writes hold row locks.
 
 A success waits for its commit only briefly: a group takes only short jobs
-(the mean of the recent ones under ``SHORT_JOB_SECONDS``: ``Slots.ran``), at most ``MAX_MEMBERS`` (each
-member is a subtransaction, and past 64 that wrote PostgreSQL's snapshots get
-slower for every session), for at most ``MAX_SECONDS``, and it commits as soon
+(the mean of the recent ones under ``SHORT_JOB_SECONDS``: ``Slots.ran``), at
+most ``MAX_MEMBERS`` (each member is a subtransaction, and past 64 that wrote
+PostgreSQL's snapshots get slower for every session), for at most
+``MAX_SECONDS`` (a job that finds its group full or old opens the next one),
+and it commits as soon
 as its thread finds no job waiting (or, while the last claim took all it asked
 for, none within ``WAIT_SECONDS``). A member's row locks last until that
 commit: two groups that write the same rows in opposite orders can deadlock,
@@ -133,7 +135,12 @@ class AtomicGroup:
         return self.block is not None
 
     def accepts(self, running: RunningJob) -> bool:
-        """Whether ``running`` may run in this group (opening it if none is open)."""
+        """Whether ``running`` may run in this group now (opening it if none is open)."""
+        return self.eligible(running) and self.has_room()
+
+    def eligible(self, running: RunningJob) -> bool:
+        """Whether ``running`` may run in a group at all: in this one if it has
+        room, else in the next, once this one is settled."""
         seconds = self.slots.mean_seconds  # the cheap test first: per job
         if seconds is None or seconds >= SHORT_JOB_SECONDS:
             return False
@@ -153,6 +160,11 @@ class AtomicGroup:
         if _SOLO and running.claimed.id in _SOLO:  # runs alone once: see ``settle``
             _SOLO.discard(running.claimed.id)
             return False
+        return True
+
+    def has_room(self) -> bool:
+        """Whether another member may join: none open yet, or the open group
+        neither broken, full, nor past ``MAX_SECONDS``."""
         if self.block is None:
             return True
         return (

@@ -48,19 +48,21 @@ class JobRunner:
         """On a job thread: check the connection, run, persist, free the slot.
 
         ``group``: the thread's group of atomic jobs (``atomic_group``). A job
-        that may not join it settles it first; a success that joined it stays
-        among the worker's jobs until the group settles (``settle_group``),
-        and anything else is written once the group is settled, in a
-        transaction of its own.
+        that may not join it settles it first (one that finds it full or old
+        then opens the next group: alone it would cost a commit of its own).
+        A success that joined it stays among the worker's jobs until the group
+        settles (``settle_group``), and anything else is written once the
+        group is settled, in a transaction of its own.
         """
         try:
-            grouped = group is not None and group.accepts(running)
+            grouped = group is not None and group.eligible(running)
         except Exception:  # a bug of ours: the job runs alone
             logger.exception(
                 "job %s: could not tell whether it may join a group", running.claimed.id
             )
             grouped = False
-        if group is not None and group.open and not grouped:
+        # A group with no room is settled, and the job opens the next one.
+        if group is not None and group.open and not (grouped and group.has_room()):
             self.settle_group(group, conns)
         if not self.register(running):
             return

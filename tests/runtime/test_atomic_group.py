@@ -169,7 +169,9 @@ def test_a_group_takes_neither_more_than_its_bound_nor_keyed_nor_plain_jobs(grou
         assert group.accepts(running)
         group.execute(running)
     assert not group.accepts(runs[-1])
+    assert group.eligible(runs[-1])  # its thread settles this group and opens the next
     assert group.settle()[1]
+    assert group.accepts(runs[-1])
     atomic_tasks.atomic_noop.using(partition_key="k").enqueue("keyed")
     atomic_tasks.effect_plain.enqueue("plain")
     assert not any(group.accepts(r) for r in claim(2))
