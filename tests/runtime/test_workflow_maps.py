@@ -663,6 +663,7 @@ def test_a_set_is_inserted_as_the_orm_inserts_each_child():
         )  # fmt: skip
         if index < 3:  # admitted: ready, with a job of its own
             assert (row.state, row.claim_id) == (StepState.READY, None)
+            assert row.ready_at is not None and row.heartbeat_at is not None
             job = Job.objects.get(pk=row.job_id)
             assert job.args == [row.pk, row.generation] and job.kwargs == {}
             assert (job.state, job.max_attempts, job.queue_name) == (
@@ -670,7 +671,9 @@ def test_a_set_is_inserted_as_the_orm_inserts_each_child():
             )  # fmt: skip
             assert job.task_path == Job.objects.get(pk=steps[first.pk].job_id).task_path
         else:  # held: no job yet
-            assert (row.state, row.job_id) == (StepState.PENDING, None)
+            assert (row.state, row.job_id, row.ready_at, row.heartbeat_at) == (
+                StepState.PENDING, None, None, None,
+            )  # fmt: skip
     assert Job.objects.filter(args__0__in=[s.pk for s in steps.values()]).count() == 3
     run = run_to_end(run)
     assert run.output == {"doubled": [0, 2, 4, 6, 8]}

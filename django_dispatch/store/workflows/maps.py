@@ -129,11 +129,9 @@ def _insert_set(
     )
     rows = [row for run in runs for row in step_rows(run, spec)]
     rows = WorkflowTask.objects.using(db).bulk_create(rows, batch_size=MAP_INSERT_BATCH)
-    if copied:
-        pgmapset.copy_runs(db, runs[0].pk, batch, inputs)
     first = [row for row in rows[: started * len(spec.steps)] if not row.depends_on]
     routes = {row.pk: (row.queue_name, row.priority) for row in first}
     queue = {"queue_name": spec.queue_name, "namespace": spec.namespace}
     enqueue_steps(db, queue, [(r.pk, r.generation) for r in first], build_job, routes=routes)
-    if copied:
-        pgmapset.copy_jobs(db, runs[0].pk, batch, started)
+    if copied:  # the first child as it stays: ready, its first steps' jobs inserted
+        pgmapset.copy_runs(db, runs[0].pk, batch, inputs, started)

@@ -46,46 +46,61 @@ def _runs_sql() -> str:
     )
 
 
-def _steps_sql() -> str:
-    insert, select = _columns(WorkflowTask, {"run_id": "r.id"}, "t")
-    return (
-        f"INSERT INTO {_table(WorkflowTask)} ({insert}) SELECT {select} "
-        f"FROM {_table(WorkflowTask)} AS t, {_table(WorkflowRun)} AS r "
-        "WHERE t.run_id = %(first)s AND r.map_batch = %(batch)s AND r.map_index > 0 "
-        "ORDER BY r.map_index, t.sequence"
-    )
-
-
-#: The jobs of the first steps of the children at positions 1 .. started - 1,
-#: each a copy of the first child's job for the step of the same name, and the
-#: steps made ready with them (as ``enqueue_steps`` made the first child's).
-def _jobs_sql() -> str:
-    args = "jsonb_build_array(s.id, s.generation)"
-    insert, select = _columns(Job, {"args": args}, "tj")
+#: The steps of the children at positions 1 .. n - 1, each a copy of the first
+#: child's step of the same name, inserted once as it stays: the first child
+#: was made ready already (its first steps' jobs inserted, ``enqueue_steps``),
+#: so a first step of a child at a position below ``started`` is a copy of a
+#: ready step with a job of its own, copied from the first child's job with
+#: its step and generation as arguments; a first step of a held child is a
+#: copy put back to ``pending``, with no job, as the admission expects it.
+#: Each step's id, and its job's, is drawn before either row is written, so
+#: that each row is written with the other's id: inserted pending, then
+#: updated ready once its job existed, each step took a second row version,
+#: its index entries written twice, in the one transaction every worker waits
+#: for. The ids come from the columns' own sequences, as the ORM's would.
+def _steps_and_jobs_sql() -> str:
     steps, runs, jobs = _table(WorkflowTask), _table(WorkflowRun), _table(Job)
+    held = "t.job_id IS NOT NULL AND src.job_id IS NULL"
+    step_insert, step_select = _columns(
+        WorkflowTask,
+        {
+            "run_id": "src.run_id",
+            "job_id": "src.job_id",
+            "state": f"CASE WHEN {held} THEN 'pending' ELSE t.state END",
+            "ready_at": f"CASE WHEN {held} THEN NULL ELSE t.ready_at END",
+            "heartbeat_at": f"CASE WHEN {held} THEN NULL ELSE t.heartbeat_at END",
+        },
+        "t",
+    )
+    job_insert, job_select = _columns(
+        Job, {"args": "jsonb_build_array(src.step_id, t.generation)"}, "tj"
+    )
     return (
-        f"WITH j AS (INSERT INTO {jobs} ({insert}) SELECT {select} "
-        f"FROM {runs} AS r JOIN {steps} AS s ON s.run_id = r.id "
-        f"JOIN {steps} AS t ON t.run_id = %(first)s AND t.name = s.name "
-        f"JOIN {jobs} AS tj ON tj.id = t.job_id "
-        "WHERE r.map_batch = %(batch)s AND r.map_index > 0 AND r.map_index < %(started)s "
-        "ORDER BY r.map_index, s.sequence RETURNING id, args) "
-        f"UPDATE {steps} AS s SET job_id = j.id, state = t.state, claim_id = NULL, "
-        "ready_at = t.ready_at, heartbeat_at = t.heartbeat_at, finished_at = NULL, "
-        f"updated_at = t.updated_at FROM j, {steps} AS t "
-        "WHERE s.id = (j.args ->> 0)::bigint AND t.run_id = %(first)s AND t.name = s.name"
+        "WITH src AS MATERIALIZED (SELECT r.id AS run_id, t.id AS template, "
+        f"nextval(pg_get_serial_sequence('{steps}', 'id')) AS step_id, "
+        "CASE WHEN t.job_id IS NOT NULL AND r.map_index < %(started)s "
+        f"THEN nextval(pg_get_serial_sequence('{jobs}', 'id')) END AS job_id "
+        f"FROM {runs} AS r, {steps} AS t "
+        "WHERE t.run_id = %(first)s AND r.map_batch = %(batch)s AND r.map_index > 0 "
+        "ORDER BY r.map_index, t.sequence), "
+        f"inserted AS (INSERT INTO {steps} (id, {step_insert}) "
+        f"SELECT src.step_id, {step_select} "
+        f"FROM src JOIN {steps} AS t ON t.id = src.template ORDER BY src.step_id) "
+        f"INSERT INTO {jobs} (id, {job_insert}) SELECT src.job_id, {job_select} "
+        f"FROM src JOIN {steps} AS t ON t.id = src.template JOIN {jobs} AS tj ON tj.id = t.job_id "
+        "WHERE src.job_id IS NOT NULL ORDER BY src.job_id"
     )
 
 
 _RUNS_SQL = _runs_sql()
-_STEPS_SQL = _steps_sql()
-_JOBS_SQL = _jobs_sql()
+_STEPS_AND_JOBS_SQL = _steps_and_jobs_sql()
 
 
-def copy_runs(db: str, first_id: int, batch: str, inputs: Sequence[Any]) -> None:
-    """Insert the runs and steps of set ``batch`` at positions 1 .. len(inputs) - 1,
-    copies of the first's (``first_id``, inserted with its steps, no job yet).
-    In the caller's transaction."""
+def copy_runs(db: str, first_id: int, batch: str, inputs: Sequence[Any], started: int) -> None:
+    """Insert the runs of set ``batch`` at positions 1 .. len(inputs) - 1, copies
+    of the first's (``first_id``, inserted with its steps and made ready), their
+    steps, and the jobs of the first steps of those below ``started``. In the
+    caller's transaction."""
     if len(inputs) < 2:
         return
     connection = connections[db]
@@ -94,16 +109,8 @@ def copy_runs(db: str, first_id: int, batch: str, inputs: Sequence[Any]) -> None
         "inputs": field.get_db_prep_save(list(inputs[1:]), connection),
         "first": first_id,
         "batch": batch,
+        "started": started,
     }
     with connection.cursor() as cursor:
         cursor.execute(_RUNS_SQL, params)
-        cursor.execute(_STEPS_SQL, params)
-
-
-def copy_jobs(db: str, first_id: int, batch: str, started: int) -> None:
-    """The first steps of the children at positions 1 .. started - 1 get jobs,
-    copies of the first child's (made ready with its jobs already)."""
-    if started < 2:
-        return
-    with connections[db].cursor() as cursor:
-        cursor.execute(_JOBS_SQL, {"first": first_id, "batch": batch, "started": started})
+        cursor.execute(_STEPS_AND_JOBS_SQL, params)
