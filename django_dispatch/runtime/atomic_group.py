@@ -24,11 +24,11 @@ What each job is promised stays what ``atomic`` promises:
   successes would wait on its stuck body, and their writes hold row locks.
 
 A success waits for its commit only briefly: a group takes only short jobs
-(the mean of the recent ones under ``SHORT_JOB_SECONDS``: ``Slots.ran``), at
-most ``MAX_MEMBERS`` (each member is a subtransaction, and past 64 that wrote
-PostgreSQL's snapshots get slower for every session), for at most
-``MAX_SECONDS`` (a job that finds its group full or old opens the next one),
-and it commits as soon
+(every recent job under ``SHORT_JOB_SECONDS``, the slowest decaying as
+claiming ahead's measure does: ``Slots.ran``), at most ``MAX_MEMBERS`` (each
+member is a subtransaction, and past 64 that wrote PostgreSQL's snapshots get
+slower for every session), for at most ``MAX_SECONDS`` (a job that finds its
+group full or old opens the next one), and it commits as soon
 as its thread finds no job waiting (or, while the last claim took all it asked
 for, none within ``WAIT_SECONDS``). A member's row locks last until that
 commit: two groups that write the same rows in opposite orders can deadlock,
@@ -74,11 +74,10 @@ MAX_MEMBERS = 16
 #: takes no more members: a success waits for its group's commit about that
 #: long at most, plus the length of the job it then waits for.
 MAX_SECONDS = 0.1
-#: The mean of recent jobs (``Slots.mean_seconds``) under which a group may
-#: form, which bounds that last wait. Not the slowest recent job, as claiming
-#: ahead's measure: on a busy machine a short job's wall time, waits for a
-#: core included, passes 0.1 s now and then, and each time grouping stopped
-#: for dozens of jobs (12% of a realistic drain's jobs then ran alone).
+#: The slowest recent job (``Slots.job_seconds``, decaying) that lets a group
+#: form, which bounds that last wait. Above claiming ahead's 50 ms: on a busy
+#: machine a short job's wall time, waits for a core included, often passes
+#: that, and each time grouping stopped for a few dozen jobs.
 SHORT_JOB_SECONDS = 0.1
 #: How long a thread with an open group waits for its next job before it
 #: commits, while jobs are left in the queue: the claim that refills the
@@ -141,7 +140,7 @@ class AtomicGroup:
     def eligible(self, running: RunningJob) -> bool:
         """Whether ``running`` may run in a group at all: in this one if it has
         room, else in the next, once this one is settled."""
-        seconds = self.slots.mean_seconds  # the cheap test first: per job
+        seconds = self.slots.job_seconds  # the cheap test first: per job
         if seconds is None or seconds >= SHORT_JOB_SECONDS:
             return False
         task = attempt.resolve(running)

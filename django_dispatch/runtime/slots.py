@@ -38,9 +38,6 @@ PG_WAVE = 1000
 #: How fast a long job is forgotten: the slowest recent run shrinks by this
 #: factor per job that ends (a 1 s job stops claiming ahead for ~300 jobs).
 SLOWEST_DECAY = 0.99
-#: How much each job that ends moves the mean of recent runs (``mean_seconds``):
-#: about the last ten jobs count.
-MEAN_WEIGHT = 0.1
 
 
 class Slots:
@@ -53,8 +50,6 @@ class Slots:
         #: The slowest recent run of a task here, decaying (see ``ran``); None
         #: before the first.
         self.job_seconds: float | None = None
-        #: The mean of recent runs here (see ``ran``); None before the first.
-        self.mean_seconds: float | None = None
         #: Set once the worker stops claiming: nothing more is claimed ahead.
         self.stopping = False
         #: Whether the last claim took all it asked for: jobs are likely left
@@ -144,13 +139,10 @@ class Slots:
 
         The slowest recent run, decaying by ``SLOWEST_DECAY`` per job: one
         long job stops the claims ahead at once, and only a few hundred short
-        ones bring them back. And the mean of recent runs (``MEAN_WEIGHT``),
-        which one late job on a busy machine moves only a little.
+        ones bring them back.
         """
         old = self.job_seconds
         self.job_seconds = seconds if old is None else max(seconds, old * SLOWEST_DECAY)
-        mean = self.mean_seconds
-        self.mean_seconds = seconds if mean is None else mean + (seconds - mean) * MEAN_WEIGHT
 
     def behind_long_jobs(self) -> list[RunningJob]:
         """The jobs claimed ahead that now wait behind a long job, taken out of
