@@ -8,7 +8,9 @@ row. Measured on the tables of a 12,000-child set (one server, waves
 alternating between the two forms): the claim 241 -> 139 us a child, the
 success (run lock, checks, step and run updates) 356 -> 212 us.
 
-The same rows, fences and lock order as before:
+The same rows and fences as before, and the same order of locks for each
+kind of row: a wave's steps in its jobs' order; a wave's children's runs in
+the arrays' order, each before its step, all before any job row:
 
 ``django_dispatch_wave_step_claims``: each step ``ready``, entrusted to its
 job, of its generation, locked ``SKIP LOCKED`` (the wave holds its jobs'
@@ -19,16 +21,23 @@ locks and must never wait for a step's), then claimed with a fresh claim id.
 runs locked in the array's order (a run still running, an uncounted map
 child), those with another step in their run or whose set still admits
 children left out, then each step succeeded under its claim, then the run of
-each step written. ``mapped`` lists the children written, in the array's
-order. One snapshot serves the whole statement; a run row changed while the
-statement waited for its lock is checked again in its new version.
+each step written, with the output of the entry whose claim matched.
+``mapped`` lists the children written, in the array's order. One snapshot
+serves the whole statement: a run row changed while the statement waited for
+its lock is checked again in its new version, but the two checks on steps
+read the snapshot from before the wait, where each of 0036's statements took
+a new one. Neither can turn stale in a way that writes a child it must not:
+a run's steps are inserted with the run, and a set still admitting seen so
+only sends the child to the general path, which decides again.
 
-Each plan is a nested loop over the arrays with lookups by primary key,
-whatever the tables' statistics say (the ``SET`` options, in force only while
-the function runs): planned at a set's start, when the tables held a row or
-two, a join chose sequential scans and hash joins, about 37 ms a call once
-the tables had grown. The jobs' finish keeps its own plans: it is called
-from ``django_dispatch_finish_map_wave``, which sets nothing.
+Each plan is a nested loop over the arrays with lookups through indexes
+(the primary keys, the step table's (run, name)), whatever the tables'
+statistics say (the ``SET`` options, in force only while the function runs,
+also for a trigger a site adds to these tables): planned at a set's start,
+when the tables held a row or two, a join chose sequential scans and hash
+joins, about 37 ms a call once the tables had grown. The jobs' finish keeps
+its own plans: it is called from ``django_dispatch_finish_map_wave``, which
+sets nothing.
 
 The texts are frozen here: a change needs a migration that replaces them.
 Unapplied, 0035's and 0036's texts are put back.
@@ -109,14 +118,15 @@ BEGIN
         FROM ok
         WHERE s.id = ok.step AND s.claim_id = ok.claim AND s.state = 'running'
           AND s.run_id = ok.run
-        RETURNING s.run_id
+        RETURNING s.run_id, ok.n, ok.output, ok.parent_task_id, ok.parent_run_id, ok.map_batch
     ), ran AS (
         UPDATE django_dispatch_workflowrun AS r
-        SET state = 'succeeded', output = ok.output, finished_at = statement_timestamp(),
+        SET state = 'succeeded', output = stepped.output, finished_at = statement_timestamp(),
             updated_at = statement_timestamp(), map_counted = true
-        FROM stepped JOIN ok ON ok.run = stepped.run_id
+        FROM stepped
         WHERE r.id = stepped.run_id
-        RETURNING ok.n, r.id, ok.parent_task_id, ok.parent_run_id, ok.map_batch
+        RETURNING stepped.n, r.id, stepped.parent_task_id, stepped.parent_run_id,
+            stepped.map_batch
     )
     SELECT coalesce(jsonb_agg(jsonb_build_array(ran.id, ran.parent_task_id,
                                                 ran.parent_run_id, ran.map_batch)

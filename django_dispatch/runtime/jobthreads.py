@@ -48,21 +48,22 @@ class JobRunner:
         """On a job thread: check the connection, run, persist, free the slot.
 
         ``group``: the thread's group of atomic jobs (``atomic_group``). A job
-        that may not join it settles it first (one that finds it full or old
-        then opens the next group: alone it would cost a commit of its own).
+        that may not join it settles it first (one that finds it full, old or
+        broken then opens the next group: alone it would cost a commit of its own).
         A success that joined it stays among the worker's jobs until the group
         settles (``settle_group``), and anything else is written once the
         group is settled, in a transaction of its own.
         """
         try:
             grouped = group is not None and group.eligible(running)
+            # A group with no room is settled, and the job opens the next one.
+            roomless = group is not None and group.open and not (grouped and group.has_room())
         except Exception:  # a bug of ours: the job runs alone
             logger.exception(
                 "job %s: could not tell whether it may join a group", running.claimed.id
             )
-            grouped = False
-        # A group with no room is settled, and the job opens the next one.
-        if group is not None and group.open and not (grouped and group.has_room()):
+            grouped, roomless = False, group is not None and group.open
+        if roomless and group is not None:
             self.settle_group(group, conns)
         if not self.register(running):
             return

@@ -25,7 +25,7 @@ with the statement: the result says how many (``WaveResult.passed``), for
 the caller to claim them through the gates in a transaction of their own.
 
 While the worker leases step jobs, the wave also claims their steps
-(``workflows.preclaim``, the function of migration 0035), committed with
+(``workflows.preclaim``, the function of migrations 0035 and 0038), committed with
 the leases: a step job then sends no claim of its own.
 
 The caller (``runtime.completer``) sends a wave here only in the plain

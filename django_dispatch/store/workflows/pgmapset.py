@@ -6,9 +6,10 @@ prepared and sent, for each run, step and job) takes seconds, one worker's
 thread held the whole time. Here the first child's run, steps and
 first steps' jobs are inserted as anywhere else (``maps._insert_set`` with
 one input), so every column gets the value the ORM gives it; then one
-``INSERT ... SELECT`` per table copies them for the other children, changing
-only what differs: a run's input and position, a step's run, a job's
-arguments (its step and generation). Every column of the model is copied
+``INSERT ... SELECT`` copies the runs for the other children, and one more
+their steps and jobs, changing only what differs: a run's input and
+position, a step's run and job (a held child's first steps put back to
+pending), a job's arguments (its step and generation). Every column of the model is copied
 (the lists are the models' own), so a column added later is copied too.
 """
 
@@ -36,6 +37,11 @@ def _table(model: type[Model]) -> str:
     return f'"{model._meta.db_table}"'
 
 
+def _sequence(model: type[Model]) -> str:
+    """The SQL of the sequence behind ``model``'s primary key."""
+    return f"pg_get_serial_sequence('{_table(model)}', '{model._meta.pk.column}')::regclass"
+
+
 def _runs_sql() -> str:
     changed = {"input": "NULLIF(i.value, 'null'::jsonb)", "map_index": "i.n"}
     insert, select = _columns(WorkflowRun, changed, "t")
@@ -54,12 +60,14 @@ def _runs_sql() -> str:
 #: its step and generation as arguments; a first step of a held child is a
 #: copy put back to ``pending``, with no job, as the admission expects it.
 #: Each step's id, and its job's, is drawn before either row is written, so
-#: that each row is written with the other's id: inserted pending, then
-#: updated ready once its job existed, each step took a second row version,
-#: its index entries written twice, in the one transaction every worker waits
-#: for. The ids come from the columns' own sequences, as the ORM's would.
+#: that each row is written with the other's id. (A step inserted pending and
+#: updated ready once its job existed took a second row version, its index
+#: entries written twice, in the one transaction every worker waits for.) The
+#: ids come from the primary keys' own sequences, as the ORM's would.
 def _steps_and_jobs_sql() -> str:
     steps, runs, jobs = _table(WorkflowTask), _table(WorkflowRun), _table(Job)
+    step_ids = _sequence(WorkflowTask)
+    job_ids = _sequence(Job)
     held = "t.job_id IS NOT NULL AND src.job_id IS NULL"
     step_insert, step_select = _columns(
         WorkflowTask,
@@ -77,9 +85,9 @@ def _steps_and_jobs_sql() -> str:
     )
     return (
         "WITH src AS MATERIALIZED (SELECT r.id AS run_id, t.id AS template, "
-        f"nextval(pg_get_serial_sequence('{steps}', 'id')) AS step_id, "
+        f"nextval({step_ids}) AS step_id, "
         "CASE WHEN t.job_id IS NOT NULL AND r.map_index < %(started)s "
-        f"THEN nextval(pg_get_serial_sequence('{jobs}', 'id')) END AS job_id "
+        f"THEN nextval({job_ids}) END AS job_id "
         f"FROM {runs} AS r, {steps} AS t "
         "WHERE t.run_id = %(first)s AND r.map_batch = %(batch)s AND r.map_index > 0 "
         "ORDER BY r.map_index, t.sequence), "
