@@ -28,7 +28,7 @@ A success waits for its commit only briefly: a group takes only short jobs
 claiming ahead's measure does: ``Slots.ran``), at most ``MAX_MEMBERS`` (each
 member is a subtransaction, and past 64 that wrote PostgreSQL's snapshots get
 slower for every session), for at most ``MAX_SECONDS`` (a job that finds its
-group full or old opens the next one), and it commits as soon
+group full, old or broken opens the next one), and it commits as soon
 as its thread finds no job waiting (or, while the last claim took all it asked
 for, none within ``WAIT_SECONDS``). A member's row locks last until that
 commit: two groups that write the same rows in opposite orders can deadlock,

@@ -134,4 +134,4 @@ def _insert_set(
     queue = {"queue_name": spec.queue_name, "namespace": spec.namespace}
     enqueue_steps(db, queue, [(r.pk, r.generation) for r in first], build_job, routes=routes)
     if copied:  # the first child as it stays: ready, its first steps' jobs inserted
-        pgmapset.copy_runs(db, runs[0].pk, batch, inputs, started)
+        pgmapset.copy_children(db, runs[0].pk, batch, inputs, started)

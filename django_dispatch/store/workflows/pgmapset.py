@@ -104,7 +104,7 @@ _RUNS_SQL = _runs_sql()
 _STEPS_AND_JOBS_SQL = _steps_and_jobs_sql()
 
 
-def copy_runs(db: str, first_id: int, batch: str, inputs: Sequence[Any], started: int) -> None:
+def copy_children(db: str, first_id: int, batch: str, inputs: Sequence[Any], started: int) -> None:
     """Insert the runs of set ``batch`` at positions 1 .. len(inputs) - 1, copies
     of the first's (``first_id``, inserted with its steps and made ready), their
     steps, and the jobs of the first steps of those below ``started``. In the
