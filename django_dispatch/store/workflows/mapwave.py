@@ -1,5 +1,5 @@
 """One-step ``ctx.map`` children's successes written by the wave that finishes
-their jobs (PostgreSQL, the function of migration 0036, one statement since 0038).
+their jobs (PostgreSQL: ``django_dispatch_finish_map_wave``, migrations 0036 and 0038).
 
 Written by its own statement, a child's success is a round trip of its own
 and a count on the parent step, a row every child of the set locks in turn.

@@ -3,7 +3,7 @@
 A step job's first statement is its step's claim (``steps.workflow_step_claim``).
 On PostgreSQL the worker's wave (``store.wave``), or its claim outside a wave
 (``sources.fused_pg``), claims the steps of the step jobs it leases in its
-own statement (the function of migration 0035, one statement since 0038), so a
+own statement (the function of migrations 0035 and 0038), so a
 step job, and every ``ctx.map`` child, saves that round trip and commit. The
 claims wait here, by job id, until the job's attempt takes its own; a job
 that finds none (run elsewhere, or its step was locked at the wave) claims its
