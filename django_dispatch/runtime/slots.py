@@ -145,7 +145,7 @@ class Slots:
         self.job_seconds = seconds if old is None else max(seconds, old * SLOWEST_DECAY)
 
     def behind_long_jobs(self) -> list[RunningJob]:
-        """The jobs claimed ahead that now wait behind a long job, taken out of
+        """The jobs claimed ahead that now wait behind long jobs, taken out of
         the slots and marked abandoned for the caller to hand back.
 
         The slowest recent job cannot foresee a task that has not run here
@@ -154,8 +154,14 @@ class Slots:
         leased and unstarted while another worker could run them. So a thread
         job still running past ``PREFETCH_JOB_SECONDS`` counts as a long run
         (``ran``: nothing more is claimed ahead), and the jobs held beyond the
-        idle threads go back to the queue at once, without spending an
-        attempt (the newest first: the threads take the oldest next).
+        share of the threads long jobs do not hold go back to the queue at
+        once, without spending an attempt (the newest first: the threads take
+        the oldest next). Each thread still on a short job keeps its share of
+        what the worker holds (its job and ``prefetch / concurrency`` ahead),
+        so a held job waits no longer than with no long job running. On a busy
+        machine a short job often passes the mark for a moment, and handing
+        back every held job each time (a fenced write each, then a claim
+        again) cost more than the jobs.
 
         Not with an asyncio executor: there, sync jobs claimed through the
         event loop's share may wait for a thread by design (see ``free``,
@@ -167,7 +173,7 @@ class Slots:
         now = time.monotonic()
         with self.lock:
             unstarted: list[RunningJob] = []
-            busy = 0
+            busy = held_long = 0
             longest = 0.0
             for running in self.running.values():
                 if running.on_loop or running.finished is not None:
@@ -176,16 +182,21 @@ class Slots:
                     unstarted.append(running)
                 else:
                     busy += 1
-                    longest = max(longest, now - running.begun_at)
+                    seconds = now - running.begun_at
+                    held_long += seconds >= PREFETCH_JOB_SECONDS
+                    longest = max(longest, seconds)
             excess = len(unstarted) - max(0, self.concurrency - busy)
             self.holding_ahead = excess > 0
             if longest < PREFETCH_JOB_SECONDS:
                 return []  # they wait behind short jobs: a thread takes them soon
             self.ran(longest)
-            if excess <= 0:
+            free_threads = self.concurrency - held_long
+            share = free_threads * (self.concurrency + self.prefetch) // self.concurrency
+            stranded = len(unstarted) - max(0, share - (busy - held_long))
+            if stranded <= 0:
                 return []
-            self.holding_ahead = False
-            return self._abandon(unstarted[-excess:])
+            self.holding_ahead = excess - stranded > 0
+            return self._abandon(unstarted[-stranded:])
 
     def take_unstarted(self) -> list[RunningJob]:
         """At a stop: every thread job no thread has started (claimed ahead),

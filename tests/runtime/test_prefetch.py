@@ -74,12 +74,33 @@ def test_jobs_held_ahead_go_back_once_a_running_job_is_long():
         slots.running[n].begun_at = time.monotonic()
     assert slots.behind_long_jobs() == [] and slots.holding_ahead  # behind short jobs
     slots.running[2].begun_at = time.monotonic() - PREFETCH_JOB_SECONDS * 2
+    # Thread 1, still on a short job, keeps its share (its job and one ahead):
+    # the newest job held goes back.
     given = slots.behind_long_jobs()
-    assert given == [slots_job for slots_job in given if slots_job.abandoned] and len(given) == 2
-    assert set(slots.running) == {1, 2} and slots.ahead() == 0
+    assert [j.claimed.id for j in given] == [4] and given[0].abandoned
+    assert set(slots.running) == {1, 2, 3} and slots.ahead() == 0 and slots.holding_ahead
+    slots.running[1].begun_at = time.monotonic() - PREFETCH_JOB_SECONDS * 2
+    given = slots.behind_long_jobs()  # both threads held by long jobs: the rest goes
+    assert [j.claimed.id for j in given] == [3] and given[0].abandoned
+    assert set(slots.running) == {1, 2} and not slots.holding_ahead
     slots.running[1].finished = Outcome(kind="succeeded")  # a thread is free again:
     slots.running[3] = fake_running(3)  # its next job is not held ahead
     assert slots.behind_long_jobs() == []
+
+
+def test_one_long_job_among_many_threads_sends_back_only_its_share():
+    """A short job that passes the mark for a moment on a busy machine must not
+    send back every job held ahead: the seven threads still on short jobs keep
+    theirs (one each, and two each ahead), the long one's two ahead go back."""
+    slots = Slots(8, prefetch=16)
+    slots.ran(0.001)
+    slots.running = {n: fake_running(n) for n in range(1, 25)}  # 8 running, 16 ahead
+    for n in range(1, 9):
+        slots.running[n].begun_at = time.monotonic()
+    slots.running[8].begun_at = time.monotonic() - PREFETCH_JOB_SECONDS * 2
+    given = slots.behind_long_jobs()
+    assert [j.claimed.id for j in given] == [23, 24]
+    assert len(slots.running) == 22 and slots.holding_ahead
 
 
 def test_a_success_its_wave_is_writing_holds_no_slot():
