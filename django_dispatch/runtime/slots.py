@@ -154,14 +154,15 @@ class Slots:
         leased and unstarted while another worker could run them. So a thread
         job still running past ``PREFETCH_JOB_SECONDS`` counts as a long run
         (``ran``: nothing more is claimed ahead), and the jobs held beyond the
-        share of the threads long jobs do not hold go back to the queue at
+        share of the threads not running a long job go back to the queue at
         once, without spending an attempt (the newest first: the threads take
-        the oldest next). Each thread still on a short job keeps its share of
-        what the worker holds (its job and ``prefetch / concurrency`` ahead),
-        so a held job waits no longer than with no long job running. On a busy
-        machine a short job often passes the mark for a moment, and handing
-        back every held job each time (a fenced write each, then a claim
-        again) cost more than the jobs.
+        the oldest next). Each such thread, idle or on a short job, keeps its
+        share of what the worker holds (one job and ``prefetch / concurrency``
+        ahead), so a held job waits no longer than with no long job running;
+        once every thread runs a long job, every held job goes back. On a busy
+        machine a short job often passes the mark for a moment: handing every
+        held job back each time would cost a fenced write and a claim again
+        per job, more than the jobs themselves.
 
         Not with an asyncio executor: there, sync jobs claimed through the
         event loop's share may wait for a thread by design (see ``free``,
@@ -190,7 +191,7 @@ class Slots:
             if longest < PREFETCH_JOB_SECONDS:
                 return []  # they wait behind short jobs: a thread takes them soon
             self.ran(longest)
-            free_threads = self.concurrency - held_long
+            free_threads = max(0, self.concurrency - held_long)
             share = free_threads * (self.concurrency + self.prefetch) // self.concurrency
             stranded = len(unstarted) - max(0, share - (busy - held_long))
             if stranded <= 0:

@@ -103,6 +103,30 @@ def test_one_long_job_among_many_threads_sends_back_only_its_share():
     assert len(slots.running) == 22 and slots.holding_ahead
 
 
+def test_a_long_job_within_the_share_sends_nothing_back_but_stops_claiming_ahead():
+    """Seven threads on short jobs hold 14 ahead (their share, and no more):
+    nothing goes back, the worker still holds jobs ahead (so it looks again
+    soon), and claims nothing more ahead while a job is long."""
+    slots = Slots(8, prefetch=16)
+    slots.ran(0.001)
+    slots.running = {n: fake_running(n) for n in range(1, 23)}  # 8 running, 14 ahead
+    for n in range(1, 9):
+        slots.running[n].begun_at = time.monotonic()
+    slots.running[8].begun_at = time.monotonic() - PREFETCH_JOB_SECONDS * 2
+    assert slots.behind_long_jobs() == []
+    assert len(slots.running) == 22 and slots.holding_ahead and slots.ahead() == 0
+
+
+def test_a_single_thread_on_a_long_job_sends_back_all_it_holds():
+    slots = Slots(1, prefetch=2)
+    slots.ran(0.001)
+    slots.running = {n: fake_running(n) for n in range(1, 4)}  # 1 running, 2 ahead
+    slots.running[1].begun_at = time.monotonic() - PREFETCH_JOB_SECONDS * 2
+    given = slots.behind_long_jobs()
+    assert [j.claimed.id for j in given] == [2, 3]
+    assert set(slots.running) == {1} and not slots.holding_ahead
+
+
 def test_a_success_its_wave_is_writing_holds_no_slot():
     slots = Slots(2)
     slots.running = {1: fake_running(1), 2: fake_running(2)}
