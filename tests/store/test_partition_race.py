@@ -26,6 +26,7 @@ from django.test.utils import CaptureQueriesContext
 from django_dispatch import cancel, enqueue_many, store
 from django_dispatch.core.states import JobState
 from django_dispatch.models import Job
+from django_dispatch.runtime import flow_cache
 from tests.concurrency import run_concurrently
 from tests.store.helpers import claim_as_worker
 from tests.testapp import tasks
@@ -329,9 +330,12 @@ def _statements(action: Callable[[], Any]) -> list[str]:
 
 def test_unkeyed_claims_and_completions_take_no_partition_lock():
     enqueue_many(tasks.add, [((i, i), {}) for i in range(4)])
-    claim(limit=0)  # reads the flow state (paused queues), as a worker does once per poll
+    # Reads the flow state (paused queues) afresh, as a worker does once per
+    # poll: a poll long enough that a loaded machine does not read it again below.
+    flow_cache.forget_paused()
+    claim_as_worker("w", 0, poll_interval=600)
     claimed: list[store.ClaimedJob] = []
-    claim_sql = _statements(lambda: claimed.extend(claim(limit=4)))
+    claim_sql = _statements(lambda: claimed.extend(claim_as_worker("w", 4, poll_interval=600)))
     assert len(claimed) == 4
     leases = [(c.lease, 1) for c in claimed]
     finish_sql = _statements(lambda: store.jobs_finish_many_if_leased(leases))
