@@ -88,16 +88,23 @@ def test_jobs_held_ahead_go_back_once_a_running_job_is_long():
     assert slots.behind_long_jobs() == []
 
 
+def eight_threads_one_long(ahead: int) -> Slots:
+    """A worker of 8 threads (16 ahead at most) running jobs 1-8, job 8 past the
+    short mark, and ``ahead`` more held unstarted (ids 9 on)."""
+    slots = Slots(8, prefetch=16)
+    slots.ran(0.001)
+    slots.running = {n: fake_running(n) for n in range(1, 9 + ahead)}
+    for n in range(1, 9):
+        slots.running[n].begun_at = time.monotonic()
+    slots.running[8].begun_at = time.monotonic() - PREFETCH_JOB_SECONDS * 2
+    return slots
+
+
 def test_one_long_job_among_many_threads_sends_back_only_its_share():
     """A short job that passes the mark for a moment on a busy machine must not
     send back every job held ahead: the seven threads still on short jobs keep
     theirs (one each, and two each ahead), the long one's two ahead go back."""
-    slots = Slots(8, prefetch=16)
-    slots.ran(0.001)
-    slots.running = {n: fake_running(n) for n in range(1, 25)}  # 8 running, 16 ahead
-    for n in range(1, 9):
-        slots.running[n].begun_at = time.monotonic()
-    slots.running[8].begun_at = time.monotonic() - PREFETCH_JOB_SECONDS * 2
+    slots = eight_threads_one_long(ahead=16)
     given = slots.behind_long_jobs()
     assert [j.claimed.id for j in given] == [23, 24]
     assert len(slots.running) == 22 and slots.holding_ahead
@@ -107,12 +114,7 @@ def test_a_long_job_within_the_share_sends_nothing_back_but_stops_claiming_ahead
     """Seven threads on short jobs hold 14 ahead (their share, and no more):
     nothing goes back, the worker still holds jobs ahead (so it looks again
     soon), and claims nothing more ahead while a job is long."""
-    slots = Slots(8, prefetch=16)
-    slots.ran(0.001)
-    slots.running = {n: fake_running(n) for n in range(1, 23)}  # 8 running, 14 ahead
-    for n in range(1, 9):
-        slots.running[n].begun_at = time.monotonic()
-    slots.running[8].begun_at = time.monotonic() - PREFETCH_JOB_SECONDS * 2
+    slots = eight_threads_one_long(ahead=14)
     assert slots.behind_long_jobs() == []
     assert len(slots.running) == 22 and slots.holding_ahead and slots.ahead() == 0
 
