@@ -19,9 +19,13 @@ What each job is promised stays what ``atomic`` promises:
   its failure is written as any other, in its own transaction;
 - nothing locks a job's row before the group's last statement: the heartbeat
   renews the members' leases while they wait, and a frozen thread blocks no
-  reclaim. A thread given up on (``JobThreads.retire``) has its members
-  handed back and its transaction ended on the server (``forsake``): their
-  successes would wait on its stuck body, and their writes hold row locks.
+  reclaim. A thread given up on (``JobThreads.retire``), or one whose
+  members have waited past ``MAX_WAIT_SECONDS`` for a later member's body
+  (``stuck``: the control loop looks every turn), has its members handed back
+  and its transaction ended on the server (``forsake``): their successes
+  would wait on that body, and their writes hold row locks. The body then
+  running goes back too, unspent, once it returns: its writes went with the
+  transaction, through no fault of its own.
 
 A success waits for its commit only briefly: a group takes only short jobs
 (every recent job under ``SHORT_JOB_SECONDS``, the slowest decaying as
@@ -49,6 +53,7 @@ import logging
 import queue
 import threading
 import time
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -61,7 +66,7 @@ from ..store import atomic_finish, atomic_group
 from ..store.usage import UsageEntry
 from ..tasks.results import only_own_receivers, signal_sender
 from . import attempt, metering
-from .connections import lost_connection
+from .connections import contention, lost_connection
 from .executor import Outcome
 from .running import RunningJob
 from .slots import Slots
@@ -86,14 +91,19 @@ SHORT_JOB_SECONDS = 0.1
 WAIT_SECONDS = 0.01
 #: How often a thread looks for its next job meanwhile.
 PATIENCE_POLL = 0.002
+#: The longest a member's success may wait for the bodies after it in its
+#: group (past ``MAX_SECONDS``, when no member joins any more): a group only
+#: forms while jobs run short, but one that turns out long (a hung HTTP call)
+#: would hold the others' commits, and their row locks, for as long as it runs.
+MAX_WAIT_SECONDS = 1.0
 #: The most job ids kept to run alone (``_SOLO``): a member handed back may run
 #: on another worker and never come back here.
 SOLO_MAX = 10_000
 #: What ``AtomicGroup.next_from`` returns when no job came.
 NOTHING = object()
-#: A deadlock, or a serialization failure: what a member's locks held past its
-#: body can cause another member.
-_CONTENTION_SQLSTATES = ("40P01", "40001")
+#: Why a member goes back unspent (its log line).
+FORSAKEN = "its group of atomic jobs was given up on, its transaction ended under it"
+CONTENDED = "deadlock or serialization failure behind its group's writes; runs alone next"
 
 
 @dataclass(eq=False)
@@ -122,6 +132,9 @@ class AtomicGroup:
         #: Nothing in the transaction may commit: an undo failed (the
         #: connection broke), or the thread was given up on (``forsake``).
         self.broken = False
+        #: ``forsake`` ended the transaction under a running body: that body's
+        #: job goes back unspent, whatever its body then did.
+        self.forsaken = False
         #: ``forsake`` against the thread's own ``settle`` and joins.
         self.lock = threading.Lock()
         #: The server process of the open transaction (``forsake`` ends it).
@@ -209,7 +222,8 @@ class AtomicGroup:
         if self.block is None:
             block = transaction.atomic(using=self.db)
             block.__enter__()
-            self.block, self.opened_at, self.broken = block, time.monotonic(), False
+            self.block, self.opened_at = block, time.monotonic()
+            self.broken = self.forsaken = False
             self.backend = atomic_group.backend_pid(self.db)
         connection = connections[self.db]
         hooks = len(connection.run_on_commit)
@@ -230,8 +244,11 @@ class AtomicGroup:
                 raise TransactionManagementError(atomic_finish.MARKED_FOR_ROLLBACK)
         except BaseException as e:
             self._undo(connection, savepoint, hooks)
-            if savepoint and _contention(e):  # the group's earlier writes held locks
-                return Outcome(kind="released")
+            if self.forsaken:  # its error may be the ended transaction's: not its own
+                return Outcome(kind="released", why=FORSAKEN)
+            if savepoint and contention(e):  # the group's earlier writes held locks
+                _run_alone([claimed.id])  # alone next time: a deadlock of its own then counts
+                return Outcome(kind="released", why=CONTENDED)
             return attempt.conclude(claimed, running, prepared, error=e)
         try:  # nothing the body wrote may stay behind unless its success joins
             outcome = attempt.conclude(claimed, running, prepared, value=value)
@@ -265,6 +282,11 @@ class AtomicGroup:
         connection.needs_rollback = False
         del connection.run_on_commit[hooks:]
 
+    def stuck(self, now: float) -> bool:
+        """Whether members waited past ``MAX_WAIT_SECONDS`` (read unlocked: a
+        ``settle`` meanwhile leaves ``forsake`` no member, and it ends nothing)."""
+        return bool(self.members) and now - self.opened_at > MAX_SECONDS + MAX_WAIT_SECONDS
+
     def settle(self) -> tuple[list[Member], bool]:
         """Commit the members' successes with their writes, or roll all back.
 
@@ -289,12 +311,16 @@ class AtomicGroup:
             try:
                 won = atomic_group.commit_successes_if_leased(results, usage or None, db=self.db)
             except Exception as e:  # nothing committed, or (connection lost) not known
-                logger.warning("a group of atomic jobs could not commit", exc_info=True)
+                logger.warning(
+                    "a group of atomic jobs (%s) could not commit: each goes back to the "
+                    "queue without spending an attempt%s",
+                    ", ".join(str(m.running.claimed.id) for m in members),
+                    "" if lost_connection(e) else ", and runs alone next time in this process",
+                    exc_info=True,
+                )
                 won, error = False, e
                 if not lost_connection(e):
-                    if len(_SOLO) > SOLO_MAX:  # ids of jobs that ran elsewhere since
-                        _SOLO.clear()
-                    _SOLO.update(m.running.claimed.id for m in members)
+                    _run_alone(m.running.claimed.id for m in members)
         self.callbacks = _leave(block, self.db, won, error)
         return members, won
 
@@ -310,40 +336,44 @@ class AtomicGroup:
                 logger.exception("an on_commit callback of an atomic task failed")
 
     def forsake(self) -> list[Member]:
-        """From another thread, when this one is given up on: its members, taken
-        out to be handed back. Its own ``settle`` then commits nothing, and the
-        open transaction's server process is ended: the members' writes would
-        otherwise hold their row locks, against the members' own next runs,
-        for as long as the stuck body runs."""
+        """From another thread, when this one is given up on or ``stuck``: its
+        members, taken out to be handed back. Its own ``settle`` then commits
+        nothing, and the open transaction's server process is ended: the
+        members' writes would otherwise hold their row locks, against the
+        members' own next runs, for as long as the stuck body runs. The lock
+        is held until then: released earlier, the thread could settle, open
+        its next group on the same connection, and lose that one's work too."""
         with self.lock:
             members, self.members = self.members, []
             backend = self.backend if self.block is not None else None
-            if backend is not None:
-                self.broken = True
-        if backend is not None and members:
+            if backend is None:
+                return members
+            self.broken = True
+            if not members:
+                return members
+            self.forsaken = True
             try:
                 atomic_group.end_backend(self.db, backend)
             except (DatabaseError, InterfaceError):
-                logger.warning("could not end a stuck group's transaction", exc_info=True)
+                logger.warning(
+                    "could not end the transaction of a stuck group of atomic jobs: the "
+                    "row locks of its writes stay until its body returns",
+                    exc_info=True,
+                )
         return members
 
 
-def _contention(error: BaseException) -> bool:
-    """Whether ``error`` (or what it wraps) is a deadlock or a serialization failure."""
-    seen: set[int] = set()
-    current: BaseException | None = error
-    while current is not None and id(current) not in seen:
-        seen.add(id(current))
-        if str(getattr(current, "sqlstate", "") or "") in _CONTENTION_SQLSTATES:
-            return True
-        current = current.__cause__ or current.__context__
-    return False
-
-
 #: Jobs whose group failed to commit for a reason none of them could be told
-#: from: each runs alone once (``AtomicGroup.accepts``). Shared by the
-#: process's threads (set operations are atomic under the GIL).
+#: from, or that met a deadlock or serialization failure behind the group's
+#: earlier writes: each runs alone once (``AtomicGroup.eligible``). Shared by
+#: the process's threads (set operations are atomic under the GIL).
 _SOLO: set[int] = set()
+
+
+def _run_alone(job_ids: Iterable[int]) -> None:
+    if len(_SOLO) > SOLO_MAX:  # ids of jobs that ran elsewhere since
+        _SOLO.clear()
+    _SOLO.update(job_ids)
 
 
 def _leave(block: transaction.Atomic, db: str, won: bool, error: BaseException | None) -> list[Any]:

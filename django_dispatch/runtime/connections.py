@@ -77,6 +77,23 @@ def recover_after_error() -> None:
 _CONNECTION_SQLSTATES = ("08", "57P01", "57P02", "57P03")
 
 
+#: A deadlock, or a serialization failure: in an atomic group, what a member's
+#: locks, held past its body, can cause another member (``atomic_group``).
+_CONTENTION_SQLSTATES = ("40P01", "40001")
+
+
+def contention(error: BaseException) -> bool:
+    """Whether ``error`` (or what it wraps) is a deadlock or a serialization failure."""
+    seen: set[int] = set()
+    current: BaseException | None = error
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        if str(getattr(current, "sqlstate", "") or "") in _CONTENTION_SQLSTATES:
+            return True
+        current = current.__cause__ or current.__context__
+    return False
+
+
 def lost_connection(exception: BaseException) -> bool:
     """Whether ``exception`` failed because the database connection was lost.
 

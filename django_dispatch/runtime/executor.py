@@ -47,6 +47,8 @@ class Outcome:
     errors: list[dict[str, Any]] = field(default_factory=list)  # whole history
     retry_in: float | None = None
     task_result: TaskResult | None = None  # as it stands after this attempt
+    #: Why a job goes back unspent (``released``), for its log line.
+    why: str = "the database could not be reached before its task code started"
 
 
 @dataclass(frozen=True)

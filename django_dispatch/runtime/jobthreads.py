@@ -126,17 +126,18 @@ class JobRunner:
         group.run_callbacks()  # user code: only once every member is ended
 
     def end_member(
-        self, member: atomic_group.Member, won: bool, conns: ThreadConnections | None
+        self, member: atomic_group.Member, won: bool, conns: ThreadConnections | None, why: str = ""
     ) -> None:
         """A group's member once the group settled (or was given up on): report, end."""
         running = member.running
         running.persisted, running.won = True, won
-        outcome = member.outcome if won else Outcome(kind="released")
+        why = why or "its group of atomic jobs rolled back"
+        outcome = member.outcome if won else Outcome(kind="released", why=why)
         try:
             if won:
                 atomic.report(running, member.outcome)
             else:
-                outcomes.release(running.claimed, why="its group of atomic jobs rolled back")
+                outcomes.release(running.claimed, why=why)
         except Exception:  # the database unreachable: its lease expires, it runs again
             logger.exception("job %s: could not hand it back", running.claimed.id)
         self.end(running, outcome, member.meter, conns)
@@ -340,16 +341,19 @@ class JobThreads:
             if group is not None:
                 self._forsake(group)
 
-    def forsake_groups(self) -> None:
+    def forsake_groups(self, stuck_at: float | None = None) -> None:
         """At a hand-back: the successes waiting in groups go back too (fenced):
-        a group still open at exit rolls back, and they would wait out their lease."""
+        a group still open at exit rolls back, and they would wait out their lease.
+        With ``stuck_at`` (the control loop's every turn): only the groups
+        whose members have waited too long by then (``AtomicGroup.stuck``)."""
         for group in list(self.groups.values()):
-            self._forsake(group)
+            if stuck_at is None or group.stuck(stuck_at):
+                self._forsake(group)
 
     def _forsake(self, group: AtomicGroup) -> None:
         for member in group.forsake():
             member.running.abandoned = True
-            self.runner.end_member(member, False, None)
+            self.runner.end_member(member, False, None, why=atomic_group.FORSAKEN)
 
     def stop(self, timeout: float = 5.0) -> None:
         """Stop idle threads and wait for them (retired ones may be stuck in task code)."""

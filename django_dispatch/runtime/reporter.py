@@ -125,9 +125,7 @@ def report_written(claimed: ClaimedJob, outcome: Outcome, won: bool) -> None:
             _REPORTED[outcome.kind],
             exception=outcome.exception,
             retry_in=outcome.retry_in,
-            detail="the database could not be reached before its task code started"
-            if outcome.kind == "released"
-            else "",
+            detail=outcome.why if outcome.kind == "released" else "",
         )
 
 

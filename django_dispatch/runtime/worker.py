@@ -247,12 +247,14 @@ class Worker:
     def turn(self, now: float) -> bool:
         """The lifecycle's share of one turn of the loop; True: the loop ends.
 
-        Jobs over their timeout are asked to stop and late ones ended
-        (``timeouts``); a recycle waits for the other jobs; a stopping worker
-        writes its last waves and, at the shutdown timeout, hands back what
-        still runs.
+        Atomic successes waiting too long behind a body that turned out long
+        go back (``AtomicGroup.stuck``); jobs over their timeout are asked to
+        stop and late ones ended (``timeouts``); a recycle waits for the other
+        jobs; a stopping worker writes its last waves and, at the shutdown
+        timeout, hands back what still runs.
         """
         shutting_down = self.signalled_at is not None
+        self._guard(lambda: self.pool.forsake_groups(stuck_at=now))
         verdict = self.overseer.check(now, self.slots.running, self.options.recycle, shutting_down)
         timeouts.act(verdict, self.recycling, give_up=self.give_up, recycle=self.recycle)
         if self.recycling and self._ready_to_recycle(now):

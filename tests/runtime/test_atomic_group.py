@@ -8,11 +8,12 @@ from another thread. The last test drains through a real worker process.
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Callable
 from typing import Any
 
 import pytest
-from django.db import connection, connections
+from django.db import connection, connections, transaction
 from django.db.models import Count, F
 from psycopg import IsolationLevel, pq
 
@@ -20,7 +21,12 @@ from django_dispatch import store
 from django_dispatch.compat import task_started
 from django_dispatch.models import Job, JobUsage
 from django_dispatch.runtime import metering, outcomes
-from django_dispatch.runtime.atomic_group import MAX_MEMBERS, WAIT_SECONDS, AtomicGroup
+from django_dispatch.runtime.atomic_group import (
+    CONTENDED,
+    MAX_MEMBERS,
+    WAIT_SECONDS,
+    AtomicGroup,
+)
 from django_dispatch.runtime.running import RunningJob
 from django_dispatch.runtime.slots import Slots
 from django_dispatch.states import JobState
@@ -311,3 +317,97 @@ def test_groups_form_only_at_read_committed(group):
         assert not group.accepts(running)
     finally:
         connection.isolation_level = IsolationLevel.READ_COMMITTED
+
+
+def test_successes_waiting_behind_a_body_that_turned_out_long_go_back_while_it_runs(
+    tmp_path, caplog
+):
+    """A group's member whose body runs long (no timeout): the success waiting
+    before it goes back unspent once it has waited ``MAX_WAIT_SECONDS``, its
+    writes rolled back and their locks gone (the transaction is ended on the
+    server) while the long body still runs; that body's job goes back unspent
+    too, runs again, and every key ends with its rows exactly once.
+
+    One thread: the first job runs alone (no job's length is known yet), and
+    the next claim brings the other two at once, so ``waiting`` opens a group
+    and ``long`` joins it straight from the thread's inbox."""
+    first = atomic_tasks.write_rows.enqueue("first", rows=1)
+    waiting = atomic_tasks.write_rows.enqueue("waiting", rows=1)
+    signal, release = tmp_path / "signal", tmp_path / "release"
+    long = atomic_tasks.write_and_wait.enqueue("long", str(signal), str(release))
+    seen: list[str] = []
+
+    def handed_back() -> list[str]:
+        return [
+            r.getMessage()
+            for r in list(caplog.records)
+            if f"job {waiting.id} " in r.getMessage() and "given up on" in r.getMessage()
+        ]
+
+    def watch() -> None:
+        """While the long body waits: the waiting success handed back, and the
+        group's transaction (its row, the body's first) ended on the server."""
+        try:
+            deadline = time.monotonic() + 20
+            while not signal.exists() and time.monotonic() < deadline:
+                time.sleep(0.02)
+            while time.monotonic() < deadline and not (handed_back() and not open_elsewhere()):
+                time.sleep(0.02)
+            seen.extend(handed_back() if not open_elsewhere() else [])
+        finally:
+            release.touch()
+            connections.close_all()
+
+    def open_elsewhere() -> int:
+        return _count(
+            "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()"
+            " AND state LIKE 'idle in transaction%%'"
+        )
+
+    watcher = threading.Thread(target=watch)
+    watcher.start()
+    with caplog.at_level("INFO", logger="django_dispatch"):
+        drain(concurrency=1)
+    watcher.join()
+    assert seen, "the waiting success was not handed back while the long body ran"
+    messages = [r.getMessage() for r in caplog.records]
+    assert any(f"job {long.id} " in m and "given up on" in m for m in messages)  # it too
+    assert (rows("first"), rows("waiting"), rows("long")) == (1, 1, 2)  # "before", "after"
+    jobs = {str(j.pk): j for j in Job.objects.all()}
+    assert {j.state for j in jobs.values()} == {JobState.SUCCEEDED}
+    assert [jobs[j.id].attempts for j in (first, waiting, long)] == [1, 1, 1]  # none spent
+
+
+def test_a_member_failed_by_a_deadlock_goes_back_unspent_and_runs_alone_next(group):
+    """A member deadlocks against another session on a row the group's earlier
+    member locked: the server fails the member's statement, the member goes
+    back unspent (its group held the lock, not its own code), and runs alone
+    next time, where a deadlock of its own then costs an attempt."""
+    x = SideEffect.objects.create(key="x", note="")
+    y = SideEffect.objects.create(key="y", note="")
+    atomic_tasks.touch_row.enqueue(x.pk)
+    atomic_tasks.touch_row.enqueue(y.pk)
+    first, second = claim(2)
+    assert group.execute(first).kind == "succeeded"  # x locked in the group's transaction
+    y_locked = threading.Event()
+
+    def other() -> None:
+        try:
+            with transaction.atomic():
+                SideEffect.objects.filter(pk=y.pk).update(note="other")
+                y_locked.set()
+                time.sleep(0.3)  # the member waits first: its own server process finds the cycle
+                SideEffect.objects.filter(pk=x.pk).update(note="other")
+        finally:
+            connections.close_all()
+
+    session = threading.Thread(target=other)
+    session.start()
+    assert y_locked.wait(10)
+    outcome = group.execute(second)
+    assert (outcome.kind, outcome.why) == ("released", CONTENDED)
+    assert not group.eligible(second)  # runs alone next time
+    members, won = group.settle()
+    assert won and [m.running for m in members] == [first]
+    session.join(10)
+    assert not session.is_alive()

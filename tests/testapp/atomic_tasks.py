@@ -205,3 +205,9 @@ def write_then_return_too_deep(key: str):
     for _ in range(100_000):
         value = [value]
     return value
+
+
+@task(atomic=True)
+def touch_row(pk: int):
+    """Updates ``SideEffect`` row ``pk``: its lock is held until the transaction ends."""
+    SideEffect.objects.filter(pk=pk).update(note="touched")
