@@ -397,6 +397,25 @@ def test_a_replayed_child_is_not_counted_twice():
     assert spread(run).map_done == 3
 
 
+@pytestmark_db
+def test_a_child_replayed_while_its_set_runs_is_gathered_with_its_new_output():
+    """A counted child replayed while its siblings still run: the last sibling's
+    count reaches the total, but the set is not done until the replayed child
+    succeeds again, whose success then gathers (not the sweep, a while later)."""
+    run = fan("regather", 3)
+    drain(max_jobs=2)  # spread, child 0
+    first = kids(run)[0]
+    assert first.state == RunState.SUCCEEDED
+    assert replay_run(first.pk, "double")  # its job is queued behind its siblings'
+    drain(max_jobs=2)  # children 1 and 2: the count reaches 3 with child 0 running
+    step = spread(run)
+    assert (step.state, step.map_done) == (StepState.WAITING, 2)
+    drain(max_jobs=1)  # child 0 again: its success gathers
+    step.refresh_from_db()
+    assert (step.state, step.output) == (StepState.SUCCEEDED, [0, 2, 4])
+    assert run_to_end(run).output == {"doubled": [0, 2, 4]}
+
+
 # --- real worker processes ----------------------------------------------------------------
 
 

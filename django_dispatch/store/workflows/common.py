@@ -237,8 +237,12 @@ def advance(
                 ).first() or (None, None)  # a read: no lock
             if first:
                 _map_child_succeeded(db, run, build_job, counts)
-            else:
+            else:  # a replayed child: only the gather counts it again (now succeeded)
                 runs.update(**succeeded)
+                step, batch, parent = run["parent_task_id"], run["map_batch"], run["parent_run_id"]
+                transaction.on_commit(
+                    lambda: gather(db, step, batch, parent, build_job), using=db, robust=True
+                )
             return
         runs.update(**succeeded)
         if run["parent_task_id"]:
@@ -360,15 +364,22 @@ def gather(
 
     The one read of the whole set, under the parent run's lock: it checks
     every child itself (the counter only says when to look), and otherwise
-    sets the counter to what it found.
+    sets the counter to what it found. A child counted once and replayed
+    since is not done until it succeeds again (whose success then gathers).
+    The step's row is locked before the children are read: a child's count
+    (``count_map_child``, not under the run's lock) committed between the
+    read and the reset would otherwise be overwritten, and the set would
+    wait for the sweep.
     """
     with locked_run(db, run_id=parent_run_id) as run:
         waiting = map_waiting(db, step_id, batch)
-        total = waiting.values_list("map_total", flat=True).first() if run else None
+        total = (
+            waiting.select_for_update().values_list("map_total", flat=True).first() if run else None
+        )
         if run is None or total is None:
             return False
         children = WorkflowRun.objects.using(db).filter(map_batch=batch)
-        counted = children.filter(map_counted=True).count()
+        counted = children.filter(map_counted=True, state=RunState.SUCCEEDED).count()
         if counted < total:
             waiting.update(map_done=counted, updated_at=Now())
             return False

@@ -10,7 +10,7 @@ from django.db.models.expressions import RawSQL
 from django.db.models.functions import Now
 
 from ...core.states import LIVE, QUEUED_STATES, JobState
-from ...core.workflow_states import StepState
+from ...core.workflow_states import RunState, StepState
 from ...models import Job, WorkflowRun, WorkflowTask
 from ..base import now_plus
 from ..sql import JSONAppend
@@ -156,7 +156,9 @@ def gather_stalled(
     gathered = []
     for step_id, run_id, batch, total in stalled:
         batch = str(batch)
-        counted = WorkflowRun.objects.using(db).filter(map_batch=batch, map_counted=True)
+        counted = WorkflowRun.objects.using(db).filter(
+            map_batch=batch, map_counted=True, state=RunState.SUCCEEDED
+        )
         if counted.count() >= (total or 0) and gather(db, step_id, batch, run_id, build_job):
             gathered.append(step_id)
         else:
