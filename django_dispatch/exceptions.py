@@ -10,6 +10,11 @@ class DispatchError(Exception):
     """Base class of django_dispatch's own errors."""
 
 
+class ActionNotAllowed(DispatchError):
+    """An operator action on a workflow does not fit the run's or step's
+    current state (raised by the store, under the run's lock: nothing written)."""
+
+
 class JobCancelled(DispatchError):
     """The job was cancelled, or this worker no longer holds its lease.
 

@@ -14,6 +14,7 @@ from typing import Any
 from django.contrib import messages
 from django.http import HttpRequest
 
+from ..exceptions import ActionNotAllowed
 from ..workflows import services
 from .common import ReadOnlyRows, SQLiteWriteLockFirst, has_perm, id_list
 from .history import record
@@ -23,12 +24,17 @@ def apply_each[T](items: Iterable[T], act: Callable[[T], bool]) -> tuple[list[T]
     """Apply an operator service to each selected item: (changed, left as they were).
 
     Each item is its own service call, so one that no longer fits (finished
-    meanwhile) never stops the others; it is listed in the report instead.
+    meanwhile, or refused by the service with ``ActionNotAllowed``, which
+    wrote nothing) never stops the others; it is listed in the report instead.
     """
     done: list[T] = []
     skipped: list[T] = []
     for item in items:
-        (done if act(item) else skipped).append(item)
+        try:
+            changed = act(item)
+        except ActionNotAllowed:
+            changed = False
+        (done if changed else skipped).append(item)
     return done, skipped
 
 

@@ -265,5 +265,6 @@ class WorkflowTaskAdmin(AliasSelector, StepDisplays, OperatorActions, BigTable):
             done,
             "skipped",
             [row[0] for row in skipped],
-            "; {n} left alone ({ids}: already done or run over)",
+            "; {n} left alone ({ids}: already done, run over, or in a ctx.map child its set "
+            "still holds back for max_parallel)",
         )

@@ -1,6 +1,19 @@
 """Errors raised by workflows. Each message says what was wrong and what to do."""
 
-from ..exceptions import DispatchError, JobCancelled, TaskTimeout
+from ..exceptions import ActionNotAllowed, DispatchError, JobCancelled, TaskTimeout
+
+__all__ = [
+    "ActionNotAllowed",
+    "AlreadyReopened",
+    "ChildRunCancelled",
+    "EventTimeout",
+    "InvalidMap",
+    "StepJobLost",
+    "StepLost",
+    "StepTimeout",
+    "UnknownWorkflow",
+    "WorkflowDefinitionError",
+]
 
 
 class WorkflowDefinitionError(DispatchError):
@@ -43,10 +56,6 @@ class ChildRunCancelled(DispatchError):
 class InvalidMap(DispatchError):
     """A ``ctx.map()`` call that no retry can fix: too many inputs, an input
     that is not JSON, a bad ``max_parallel``. The step fails without retry."""
-
-
-class ActionNotAllowed(DispatchError):
-    """An operator action does not fit the run's or step's current state."""
 
 
 class AlreadyReopened(ActionNotAllowed):

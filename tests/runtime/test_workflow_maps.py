@@ -28,6 +28,7 @@ from django_dispatch.store.workflows.runs import cancel_held
 from django_dispatch.store.workflows.stepjobs import _link_jobs, _stretches
 from django_dispatch.testing import drain
 from django_dispatch.workflows import (
+    ActionNotAllowed,
     Workflow,
     WorkflowDefinitionError,
     cancel_run,
@@ -414,6 +415,22 @@ def test_a_child_replayed_while_its_set_runs_is_gathered_with_its_new_output():
     step.refresh_from_db()
     assert (step.state, step.output) == (StepState.SUCCEEDED, [0, 2, 4])
     assert run_to_end(run).output == {"doubled": [0, 2, 4]}
+
+
+@pytestmark_db
+def test_a_held_childs_step_is_not_skipped_past_max_parallel():
+    """Skipping a step of a child its set still holds would finish it out of turn,
+    and its success would admit the next held child while another runs: refused,
+    nothing written; once admitted, it is skipped as any step."""
+    run = fan("heldskip", 3, max_parallel=1)
+    drain(max_jobs=1)  # spread: child 0 runnable, 1 and 2 held
+    held = kids(run)[2]
+    with pytest.raises(ActionNotAllowed, match="max_parallel"):
+        skip_step(held.pk, "double")
+    assert WorkflowTask.objects.get(run=held).state == StepState.PENDING
+    assert runnable_kids(run) == 1
+    assert skip_step(kids(run)[0].pk, "double")  # admitted: skipped, the next admitted
+    assert runnable_kids(run) == 2
 
 
 # --- real worker processes ----------------------------------------------------------------

@@ -7,10 +7,14 @@ child's row with SKIP LOCKED (see ``_admit``).
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from typing import Any
+
 from django.db.models import QuerySet
 from django.db.models.functions import Now
 
 from ...core.workflow_states import RunState, StepState
+from ...exceptions import ActionNotAllowed
 from ...models import WorkflowRun, WorkflowTask
 from .stepjobs import StepJobBuilder, enqueue_steps
 
@@ -73,3 +77,23 @@ def _admit(db: str, batch: str, index: int, build_job: StepJobBuilder) -> str:
     routes = {s["id"]: (s["queue_name"], s["priority"]) for s in first}
     enqueue_steps(db, row, [(s["id"], s["generation"]) for s in first], build_job, routes=routes)
     return "admitted"
+
+
+def refuse_held_skip(db: str, run: Mapping[str, Any], step_name: str) -> None:
+    """Raise ``ActionNotAllowed`` if ``run`` (locked) is a ``ctx.map`` child still
+    held: skipping its step would finish it without its turn, and the success
+    would admit the next held child while as many as ``max_parallel`` run."""
+    if not (run["map_batch"] and run["parent_task_id"]):
+        return
+    index = WorkflowRun.objects.using(db).filter(id=run["id"]).values_list("map_index", flat=True)
+    waiting = WorkflowTask.objects.using(db).filter(
+        id=run["parent_task_id"], state=StepState.WAITING, map_batch=run["map_batch"]
+    )
+    if waiting.filter(map_started__lte=index[:1]).exists():
+        raise ActionNotAllowed(
+            f"step {step_name!r} of run {run['id']} was not skipped: the run is a ctx.map "
+            "child still held back by its set's max_parallel, and finishing it now would "
+            "let one child more than max_parallel run. Skip it once the child is admitted "
+            "(as the children before it finish), or skip the mapping step of run "
+            f"{run['parent_run_id']}."
+        )

@@ -22,6 +22,7 @@ from ..base import db_now
 from ..maintenance import WORKER_LOST_PATH
 from ..sql import JSONAppend
 from . import pgpath, pgsucceed, preclaim
+from .admission import refuse_held_skip
 from .common import (
     RunSpec,
     StepJobBuilder,
@@ -315,8 +316,7 @@ def workflow_step_park(
     is left as it was. ``attempts`` keeps this attempt, as it keeps every
     claim's: an attempt number names one claim only (its artifacts are linked
     under it), so a retry from the admin after a fix runs as the next
-    attempt, never as this one again (which made its first artifact save
-    raise ``ArtifactExists``).
+    attempt, never as this one again (its artifacts' names are taken).
     """
     db = db_or_default(db)
     with locked_run(db, step_id=step_id) as run:
@@ -372,7 +372,8 @@ def workflow_step_skip(
     waited for is cancelled after commit. Dependents that became runnable get
     their jobs; a stuck run with no failed step left runs again; a run whose
     steps are all done succeeds. False when the run is finished or the step
-    is already done. Raises ``WorkflowTask.DoesNotExist`` for an unknown step.
+    is already done. Raises ``WorkflowTask.DoesNotExist`` for an unknown step,
+    ``ActionNotAllowed`` for a step of a ``ctx.map`` child its set still holds.
     """
     db = db_or_default(db)
     with locked_run(db, run_id=run_id) as run:
@@ -386,6 +387,7 @@ def workflow_step_skip(
         )
         if run is None or run["state"] not in RUN_ACTIVE or step["state"] not in STEP_SKIPPABLE:
             return False
+        refuse_held_skip(db, run, step_name)
         WorkflowTask.objects.using(db).filter(id=step["id"]).update(
             state=StepState.SKIPPED,
             output=None,
