@@ -1,19 +1,8 @@
 """Errors raised by workflows. Each message says what was wrong and what to do."""
 
-from ..exceptions import ActionNotAllowed, DispatchError, JobCancelled, TaskTimeout
-
-__all__ = [
-    "ActionNotAllowed",
-    "AlreadyReopened",
-    "ChildRunCancelled",
-    "EventTimeout",
-    "InvalidMap",
-    "StepJobLost",
-    "StepLost",
-    "StepTimeout",
-    "UnknownWorkflow",
-    "WorkflowDefinitionError",
-]
+# ActionNotAllowed is raised by the store, so it is defined below it; re-exported here.
+from ..exceptions import ActionNotAllowed as ActionNotAllowed
+from ..exceptions import DispatchError, JobCancelled, TaskTimeout
 
 
 class WorkflowDefinitionError(DispatchError):
