@@ -76,7 +76,8 @@ def test_failure_records_error_with_traceback():
 
 def test_retry_until_success_keeps_one_error_per_failed_attempt():
     enqueued = tasks.fail_twice.enqueue("k")
-    drain(include_retries=False)
+    # One claim: the retry's 0.05 s backoff can end before a slow drain does.
+    drain(include_retries=False, max_jobs=1)
     waiting = tasks.fail_twice.get_result(enqueued.id)
     assert waiting.status == TaskResultStatus.READY and len(waiting.errors) == 1
     drain()
