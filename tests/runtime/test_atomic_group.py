@@ -7,6 +7,7 @@ from another thread. The last test drains through a real worker process.
 
 from __future__ import annotations
 
+import signal
 import threading
 import time
 from collections.abc import Callable
@@ -31,7 +32,7 @@ from django_dispatch.runtime.running import RunningJob
 from django_dispatch.runtime.slots import Slots
 from django_dispatch.states import JobState
 from django_dispatch.testing import drain
-from tests.conftest import postgres_only
+from tests.conftest import postgres_only, wait_until
 from tests.testapp import atomic_tasks
 from tests.testapp.models import SideEffect
 
@@ -411,3 +412,33 @@ def test_a_member_failed_by_a_deadlock_goes_back_unspent_and_runs_alone_next(gro
     assert won and [m.running for m in members] == [first]
     session.join(10)
     assert not session.is_alive()
+
+
+@pytest.mark.slow
+def test_a_restart_for_a_timed_out_member_does_not_wait_for_its_group(start_worker, tmp_path):
+    """Under ``rundispatch``, a member past its timeout that ignores the stop makes
+    the process restart itself once the jobs beside it are done; the success
+    waiting in its group could only be settled by its stuck thread. It goes
+    back after about a second instead, so the restart does not wait out the
+    shutdown timeout (60 s here), and it runs again, once."""
+    atomic_tasks.write_rows.enqueue("alone", rows=1)  # no job's length known yet: alone
+    waiting = atomic_tasks.write_rows.enqueue("waiting", rows=1)
+    done = tmp_path / "hang-ended"
+    hung = atomic_tasks.hang_ignoring_stop.enqueue("hung", seconds=60, done=str(done))
+    worker = start_worker(
+        "--concurrency", "1", "--shutdown-timeout", "60",
+        overrides={"TIMEOUT_GRACE": 0.2, "LEASE_SECONDS": 10.0},
+    )  # fmt: skip
+    wait_until(
+        lambda: Job.objects.get(pk=waiting.id).state == JobState.SUCCEEDED,
+        timeout=20,
+        what="the waiting success to run again after the restart",
+    )
+    log = worker.output()
+    assert "recycling the worker process" in log, log
+    assert f"job {waiting.id} " in log and "given up on" in log, log
+    assert not done.exists()
+    assert (rows("alone"), rows("waiting"), rows("hung")) == (1, 1, 0)
+    assert Job.objects.get(pk=hung.id).state == JobState.FAILED  # its timeout, one attempt
+    worker.signal(signal.SIGTERM)
+    assert worker.wait(30) == 0, worker.output()
