@@ -71,7 +71,7 @@ def sweep_stale_steps(
     """
     db = db_or_default(db)
     recovered = _recover_timers(db, namespace, build_job, limit)
-    recovered += admit_starved(db, namespace, build_job, limit)
+    recovered += admit_starved(db, namespace, build_job, limit, older_than_seconds)
     recovered += gather_stalled(db, namespace, older_than_seconds, build_job, limit)
     candidates = list(
         WorkflowTask.objects.using(db)
@@ -97,7 +97,9 @@ def sweep_stale_steps(
     return recovered
 
 
-def admit_starved(db: str, namespace: str, build_job: StepJobBuilder, limit: int) -> list[int]:
+def admit_starved(
+    db: str, namespace: str, build_job: StepJobBuilder, limit: int, older_than_seconds: float
+) -> list[int]:
     """``ctx.map`` steps with a free slot and a held child: admit one each; their ids.
 
     A success admits the next held child, unless another transaction held
@@ -105,7 +107,15 @@ def admit_starved(db: str, namespace: str, build_job: StepJobBuilder, limit: int
     left to come, only this sweep admits it. It reads waiting map steps
     only, and each repair is fenced like the success's: under the parent
     run's lock, on the step still waiting for that set.
+
+    The free slot is read from the counter (``map_started - map_done``
+    children running), which a count lost after its child's commit leaves
+    one short: with that child's admission also missed, the set would show
+    no free slot for ever. A set with held children and no count for
+    ``older_than_seconds`` is recounted from its rows first (the children
+    that succeeded, as the gather counts them), under the same lock.
     """
+    stale = Q(updated_at__lt=now_plus(-older_than_seconds))
     starved = list(
         WorkflowTask.objects.using(db)
         .filter(namespace=namespace, state=StepState.WAITING, map_batch__isnull=False)
@@ -113,6 +123,7 @@ def admit_starved(db: str, namespace: str, build_job: StepJobBuilder, limit: int
         .filter(
             Q(map_max_parallel__isnull=True)
             | Q(map_max_parallel__gt=F("map_started") - F("map_done"))
+            | stale
         )
         .values("id", "run_id", "map_batch")[:limit]
     )
@@ -123,6 +134,13 @@ def admit_starved(db: str, namespace: str, build_job: StepJobBuilder, limit: int
             waiting = map_waiting(db, step["id"], batch)
             row = waiting.values("map_started", "map_done", "map_total", "map_max_parallel")
             counts = row.first() if run is not None else None
+            if counts is not None and not _has_slot(counts) and waiting.filter(stale).exists():
+                counts["map_done"] = (
+                    WorkflowRun.objects.using(db)
+                    .filter(map_batch=batch, map_counted=True, state=RunState.SUCCEEDED)
+                    .count()
+                )
+                waiting.update(map_done=counts["map_done"], updated_at=Now())
             if counts is None or not _has_slot(counts):
                 continue
             total = counts["map_total"] or 0  # set with the set; checked by _has_slot
