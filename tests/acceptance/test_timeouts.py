@@ -163,11 +163,16 @@ def test_a_stop_signal_during_a_recycle_is_not_lost(start_worker, delay):
     log = worker.output()
     assert "recycling the worker process" in log, log
     job = Job.objects.get(pk=zombie.id)
-    # Settled by the successor (not left to expire as a lost worker), and the
-    # successor claimed nothing: the retry waits for another worker.
+    # Settled by the successor (not left to expire as a lost worker). The retry
+    # backs off; with the latest signals its backoff may end before the signal
+    # comes, and then the successor runs it, once, before it stops.
     assert [e["exception_class_path"] for e in job.errors] == [TIMEOUT], log
-    assert job.state == JobState.SCHEDULED and job.worker_lost_count == 0  # backing off
-    assert not SideEffect.objects.filter(key="zombie-stop", note="attempt 2").exists()
+    assert job.worker_lost_count == 0, log
+    retried = SideEffect.objects.filter(key="zombie-stop", note="attempt 2").count()
+    assert (job.state, job.attempts, retried) in (
+        (JobState.SCHEDULED, 1, 0),
+        (JobState.SUCCEEDED, 2, 1),
+    ), log
 
 
 @pytest.mark.slow
