@@ -11,6 +11,7 @@ its builder as an argument rather than importing it back.
 from __future__ import annotations
 
 import logging
+from collections import Counter
 from functools import partial
 from typing import TYPE_CHECKING, Any
 
@@ -75,32 +76,7 @@ def execute_step(
         wf_store.rearm_timer(step_id, job_id, build_job=build_job)
         return {"step": step_id, "outcome": "superseded"}
     summary = {"run": claimed.run_id, "step": claimed.name, "attempt": claimed.attempt}
-    ctx = StepContext(
-        run_id=claimed.run_id,
-        step=claimed.name,
-        input=claimed.input,
-        outputs=claimed.outputs,
-        attempt=claimed.attempt,
-        generation=claimed.generation,
-        step_id=claimed.step_id,
-        claim_id=claimed.claim_id,
-        saved_checkpoint=claimed.checkpoint,
-        job_cancel_event=job_context.cancel_event,
-        call_context=claimed.call_context,
-        waits=claimed.waits,
-    )
-    try:
-        step = resolve_step(claimed.workflow_name, claimed.name, claimed.handler_path)
-    except UnknownWorkflow as e:
-        outcome = StepOutcome(kind="failed", exception=e, retryable=False, counted=False)
-    else:
-        func = step.func
-        if step.atomic:
-            ctx.atomic = True
-            func = atomic_body(
-                func, claimed.timeout, lambda out: record(claimed, out, build_job=build_job)
-            )
-        outcome = run_attempt(func, ctx, claimed.timeout)
+    outcome = _attempt(job_context, claimed, build_job)
     recorded = outcome.recorded
     if recorded is None and outcome.kind == "succeeded":
         # A map child's success may go with its job's, in the worker's wave.
@@ -118,6 +94,76 @@ def execute_step(
     if recorded is None:  # else written with the atomic step's own writes, or rolled back
         recorded = record(claimed, outcome, build_job=build_job)
     return {**summary, "outcome": outcome.kind if recorded else "discarded"}
+
+
+def execute_steps(
+    job_context: DispatchTaskContext,
+    pairs: list[list[int]],
+    *,
+    build_job: wf_store.StepJobBuilder,
+) -> dict[str, Any]:
+    """Run the children of a ``ctx.map`` batch (``store.workflows.mapbatch``):
+    claim their steps, run one attempt of each in turn, write the successes
+    together and any other outcome as its own job would. Returns how many
+    steps came to each outcome.
+
+    Once the job is cancelled, or its lease lost, no further child starts:
+    the steps left claimed are taken over by the job's re-run, or recovered
+    by the stale-step sweep once the job has ended.
+    """
+    job_id = int(job_context.task_result.id)
+    claims = wf_store.workflow_steps_claim([(int(s), int(g)) for s, g in pairs], job_id)
+    counts: Counter[str] = Counter(superseded=claims.count(None))
+    successes = []
+    for claimed in filter(None, claims):
+        if job_context.cancel_event.is_set():
+            counts["left"] += 1
+            continue
+        outcome = _attempt(job_context, claimed, build_job)
+        recorded = outcome.recorded
+        if recorded is None and outcome.kind == "succeeded":
+            fallback = partial(record, claimed, outcome, build_job=build_job)
+            successes.append((claimed, outcome.value, fallback))
+            continue
+        if recorded is None:
+            recorded = record(claimed, outcome, build_job=build_job)
+        counts[outcome.kind if recorded else "discarded"] += 1
+    for won in wf_store.workflow_steps_succeed(successes, build_job=build_job):
+        counts["succeeded" if won else "discarded"] += 1
+    return {"steps": len(pairs), **{k: n for k, n in counts.items() if n}}
+
+
+def _attempt(
+    job_context: DispatchTaskContext,
+    claimed: wf_store.ClaimedStep,
+    build_job: wf_store.StepJobBuilder,
+) -> StepOutcome:
+    """One attempt of a claimed step: its outcome, written only by an atomic step."""
+    ctx = StepContext(
+        run_id=claimed.run_id,
+        step=claimed.name,
+        input=claimed.input,
+        outputs=claimed.outputs,
+        attempt=claimed.attempt,
+        generation=claimed.generation,
+        step_id=claimed.step_id,
+        claim_id=claimed.claim_id,
+        saved_checkpoint=claimed.checkpoint,
+        job_cancel_event=job_context.cancel_event,
+        call_context=claimed.call_context,
+        waits=claimed.waits,
+    )
+    try:
+        step = resolve_step(claimed.workflow_name, claimed.name, claimed.handler_path)
+    except UnknownWorkflow as e:
+        return StepOutcome(kind="failed", exception=e, retryable=False, counted=False)
+    func = step.func
+    if step.atomic:
+        ctx.atomic = True
+        func = atomic_body(
+            func, claimed.timeout, lambda out: record(claimed, out, build_job=build_job)
+        )
+    return run_attempt(func, ctx, claimed.timeout)
 
 
 def record(

@@ -14,7 +14,7 @@ from django.core.exceptions import ImproperlyConfigured
 from ..compat import task
 from ..models import Job
 from ..tasks.registry import DispatchBackendBase, alias_serving
-from .attempt import execute_step
+from .attempt import execute_step, execute_steps
 
 
 @task(takes_context=True)
@@ -25,6 +25,14 @@ def run_step(context, step_id: int, generation: int) -> dict:
     cannot break the jobs already queued.
     """
     return execute_step(context, step_id, generation, build_job=build_step_job)
+
+
+@task(takes_context=True)
+def run_steps(context, pairs: list) -> dict:
+    """Run the children of a ``ctx.map`` batch: ``pairs`` are their steps'
+    ``[step_id, generation]`` (see ``attempt.execute_steps``). Its jobs are
+    only made by the set that entrusts them with its children's steps."""
+    return execute_steps(context, pairs, build_job=build_step_job)
 
 
 def build_step_job(step_id: int, generation: int, queue_name: str, namespace: str = "") -> Job:

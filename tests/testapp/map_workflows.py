@@ -16,6 +16,13 @@ from .models import SideEffect
 # --- ctx.map --------------------------------------------------------------------
 
 item = Workflow("tests.map_item")
+#: The same child, with a second attempt.
+retried_item = Workflow("tests.map_retried_item")
+
+
+@retried_item.step(name="double", max_attempts=2, backoff=0.0)
+def double_again(ctx):
+    return double(ctx)
 
 
 @item.step()
@@ -28,6 +35,8 @@ def double(ctx):
     )
     time.sleep(ctx.input.get("sleep", 0))
     SideEffect.objects.filter(pk=row.pk).update(finished_at=datetime.now(UTC))
+    if ctx.attempt == 1 and ctx.input["n"] in ctx.input.get("fail_once", ()):
+        raise RuntimeError(f"item {ctx.input['n']} fails its first attempt")
     return ctx.input["n"] * 2
 
 
@@ -37,8 +46,10 @@ fan = Workflow("tests.map_fan")
 @fan.step()
 def spread(ctx):
     count, key = ctx.input["count"], ctx.input["key"]
-    inputs = [{"key": key, "n": n, "sleep": ctx.input.get("sleep", 0)} for n in range(count)]
-    return ctx.map(item, inputs, max_parallel=ctx.input.get("max_parallel"))
+    extra = {name: ctx.input[name] for name in ("sleep", "fail_once") if name in ctx.input}
+    inputs = [{"key": key, "n": n, **extra} for n in range(count)]
+    child = retried_item if ctx.input.get("retried") else item
+    return ctx.map(child, inputs, max_parallel=ctx.input.get("max_parallel"))
 
 
 @fan.step()

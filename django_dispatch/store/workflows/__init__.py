@@ -23,7 +23,8 @@ All times come from the database clock.
 Modules: ``common`` (the run lock, the claim fence, moving a run on),
 ``runs`` (start, cancel, unpark, reopen), ``steps`` (the step job's claim
 and writes, skip), ``waits`` (durable waits: record, wake, time out),
-``maps`` (``ctx.map``: a step waiting for a set of child runs), ``stepjobs``
+``maps`` (``ctx.map``: a step waiting for a set of child runs),
+``mapbatch`` (a large set's one-step children run several by one job), ``stepjobs``
 (a step's job, routed to its queue and priority), ``sweep`` (recovering
 steps whose job ended), ``retention`` (the purge),
 ``claim_run`` (``run_now``'s claim of one run's next step job by id).
@@ -39,6 +40,7 @@ from .common import (
     ancestors,
     descendants,
 )
+from .mapbatch import workflow_steps_claim, workflow_steps_succeed
 from .maps import workflow_step_map
 from .mapwave import workflow_step_succeed_with_job
 from .retention import workflow_runs_purge
@@ -93,4 +95,6 @@ __all__ = [
     "workflow_step_succeed_with_job",
     "workflow_step_wait",
     "workflow_step_wait_child",
+    "workflow_steps_claim",
+    "workflow_steps_succeed",
 ]

@@ -34,10 +34,10 @@ from django.db.models.functions import Now
 
 from ...core.workflow_states import RunState, StepState
 from ...models import WorkflowRun, WorkflowTask
-from . import pgmapset, pgpath
+from . import mapbatch, pgmapset, pgpath
 from .common import RunSpec, StepJobBuilder, advance, claim_fence, db_or_default, locked_run
 from .runs import step_rows
-from .stepjobs import enqueue_steps
+from .stepjobs import BATCH_TASK, enqueue_steps
 
 #: Rows per INSERT when a set is inserted (SQLite allows 32,766 parameters).
 MAP_INSERT_BATCH = 500
@@ -90,7 +90,8 @@ def workflow_step_map(
         ):
             return False
         child = dataclasses.replace(child, namespace=run["namespace"])  # the parent's
-        _insert_set(db, child, inputs, (run["id"], step_id), batch, started, build_job)
+        parent = (run["id"], step_id)
+        _insert_set(db, child, inputs, parent, (batch, started, max_parallel), build_job)
     return True
 
 
@@ -99,15 +100,17 @@ def _insert_set(
     spec: RunSpec,
     inputs: Sequence[Any],
     parent: tuple[int, int],
-    batch: str,
-    started: int,
+    admitted: tuple[str, int, int | None],
     build_job: StepJobBuilder,
 ) -> None:
     """Insert the set's runs and steps in bulk; the first ``started`` runs get jobs.
 
+    ``admitted``: the set's id, how many children start now, and its bound.
     On PostgreSQL only the first child goes through the ORM; the others are
-    copied from it by the database (``pgmapset``).
+    copied from it by the database (``pgmapset``), in batches where they can
+    be (``mapbatch``).
     """
+    batch, started, max_parallel = admitted
     copied = pgpath.applies(db)
     runs = WorkflowRun.objects.using(db).bulk_create(
         [
@@ -134,4 +137,6 @@ def _insert_set(
     queue = {"queue_name": spec.queue_name, "namespace": spec.namespace}
     enqueue_steps(db, queue, [(r.pk, r.generation) for r in first], build_job, routes=routes)
     if copied:  # the first child as it stays: ready, its first steps' jobs inserted
-        pgmapset.copy_children(db, runs[0].pk, batch, inputs, started)
+        size = mapbatch.size_for(db, spec, len(inputs), max_parallel)
+        task = BATCH_TASK
+        pgmapset.copy_children(db, runs[0].pk, batch, inputs, started, size=size, task=task)

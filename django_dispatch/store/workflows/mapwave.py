@@ -152,15 +152,26 @@ def committed(
 ) -> list[Callable[[], None]]:
     """After the wave's commit: the children are done here; what is left to do
     (each set's count, the fallback of a child the wave did not write)."""
-    rows = json.loads(mapped) if isinstance(mapped, str) else (mapped or [])
-    written = {row[0]: row for row in rows}
     with _lock:
         for job, _ in children:
             _pending.pop((db, job), None)
+    return written(db, [d for _, d in children], mapped)
+
+
+def rows_of(mapped: Any) -> list[list[Any]]:
+    """The children a set statement wrote (0038's ``mapped``): (run id, parent
+    step id, parent run id, set), in the statement's order."""
+    return json.loads(mapped) if isinstance(mapped, str) else (mapped or [])
+
+
+def written(db: str, children: Sequence[Deferred], mapped: Any) -> list[Callable[[], None]]:
+    """After a set statement's commit: what is left to do for ``children``
+    (each set's count, the fallback of a child the statement did not write)."""
+    rows = {row[0]: row for row in rows_of(mapped)}
     sets: dict[tuple[int, str, int], list[Deferred]] = defaultdict(list)
     actions: list[Callable[[], None]] = []
-    for _, d in children:
-        row = written.get(d.run_id)
+    for d in children:
+        row = rows.get(d.run_id)
         if row is None:
             actions.append(d.fallback)
         else:

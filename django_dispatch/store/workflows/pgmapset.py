@@ -100,15 +100,59 @@ def _steps_and_jobs_sql() -> str:
     )
 
 
+#: The steps of the children at positions 1 .. n - 1 of a batched set
+#: (``mapbatch``: one-step children, all admitted), each a copy of the first
+#: child's step entrusted to the job of its batch, the children at positions
+#: 1 + k * size .. (k + 1) * size; and those jobs, copies of the first child's
+#: job as the batch task with the batch's ``[step_id, generation]`` pairs. The
+#: first child keeps its own job. Ids drawn first, as above.
+def _batched_steps_and_jobs_sql() -> str:
+    steps, runs, jobs = _table(WorkflowTask), _table(WorkflowRun), _table(Job)
+    step_insert, step_select = _columns(
+        WorkflowTask, {"run_id": "src.run_id", "job_id": "b.job_id"}, "t"
+    )
+    job_insert, job_select = _columns(Job, {"args": "b.args", "task_path": "%(task)s"}, "tj")
+    return (
+        "WITH src AS MATERIALIZED (SELECT r.id AS run_id, t.id AS template, "
+        f"nextval({_sequence(WorkflowTask)}) AS step_id, t.generation, "
+        "(r.map_index - 1) / %(size)s AS part "
+        f"FROM {runs} AS r, {steps} AS t "
+        "WHERE t.run_id = %(first)s AND r.map_batch = %(batch)s AND r.map_index > 0 "
+        "ORDER BY r.map_index), "
+        "parts AS MATERIALIZED (SELECT part, jsonb_build_array(jsonb_agg("
+        "jsonb_build_array(step_id, generation) "
+        "ORDER BY step_id)) AS args FROM src GROUP BY part), "
+        f"b AS MATERIALIZED (SELECT part, args, nextval({_sequence(Job)}) AS job_id "
+        "FROM (SELECT * FROM parts ORDER BY part) AS p), "
+        f"inserted AS (INSERT INTO {steps} (id, {step_insert}) "
+        f"SELECT src.step_id, {step_select} FROM src JOIN b ON b.part = src.part "
+        f"JOIN {steps} AS t ON t.id = src.template ORDER BY src.step_id) "
+        f"INSERT INTO {jobs} (id, {job_insert}) SELECT b.job_id, {job_select} "
+        f"FROM b, {steps} AS t JOIN {jobs} AS tj ON tj.id = t.job_id "
+        "WHERE t.run_id = %(first)s ORDER BY b.job_id"
+    )
+
+
 _RUNS_SQL = _runs_sql()
 _STEPS_AND_JOBS_SQL = _steps_and_jobs_sql()
+_BATCHED_STEPS_AND_JOBS_SQL = _batched_steps_and_jobs_sql()
 
 
-def copy_children(db: str, first_id: int, batch: str, inputs: Sequence[Any], started: int) -> None:
+def copy_children(
+    db: str,
+    first_id: int,
+    batch: str,
+    inputs: Sequence[Any],
+    started: int,
+    *,
+    size: int = 1,
+    task: str = "",
+) -> None:
     """Insert the runs of set ``batch`` at positions 1 .. len(inputs) - 1, copies
     of the first's (``first_id``, inserted with its steps and made ready), their
-    steps, and the jobs of the first steps of those below ``started``. In the
-    caller's transaction."""
+    steps, and the jobs of the first steps of those below ``started``: one
+    each, or, with ``size`` > 1 (every child admitted, one step each), one job
+    of ``task`` per ``size`` children. In the caller's transaction."""
     if len(inputs) < 2:
         return
     connection = connections[db]
@@ -118,7 +162,9 @@ def copy_children(db: str, first_id: int, batch: str, inputs: Sequence[Any], sta
         "first": first_id,
         "batch": batch,
         "started": started,
+        "size": size,
+        "task": task,
     }
     with connection.cursor() as cursor:
         cursor.execute(_RUNS_SQL, params)
-        cursor.execute(_STEPS_AND_JOBS_SQL, params)
+        cursor.execute(_BATCHED_STEPS_AND_JOBS_SQL if size > 1 else _STEPS_AND_JOBS_SQL, params)

@@ -31,6 +31,7 @@ from .common import (
     locked_run,
     write_transaction,
 )
+from .stepjobs import shared
 
 #: What ``stop_steps`` needs to know of each step it stops.
 STOP_FIELDS = ("id", "state", "job_id", "child_run_id", "map_batch")
@@ -130,17 +131,23 @@ def stop_steps(db: str, steps: Iterable[Mapping[str, Any]]) -> None:
     """Stop the work behind steps just moved out of their state (``STOP_FIELDS`` read before).
 
     Jobs of ready and running steps are cancelled (a running attempt's claim
-    is already void, so its next write matches nothing). Child runs of
+    is already void, so its next write matches nothing), but for a batch's
+    job, which its other children's steps still need (``mapbatch``). Child runs of
     waiting steps, a ``ctx.map`` set's unfinished children included, are
     cancelled after commit: a child run is locked only after its parent is
     released, keeping the lock order.
     """
     children, batches = [], []
     for step in steps:
-        if step["job_id"] and step["state"] in (
-            StepState.READY,
-            StepState.RUNNING,
-            StepState.WAITING,  # a wait's timer job
+        if (
+            step["job_id"]
+            and step["state"]
+            in (
+                StepState.READY,
+                StepState.RUNNING,
+                StepState.WAITING,  # a wait's timer job
+            )
+            and not shared(db, step["job_id"])
         ):
             job_cancel(step["job_id"], db=db)
         if step["state"] == StepState.WAITING and step["child_run_id"]:

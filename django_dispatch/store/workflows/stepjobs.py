@@ -27,6 +27,11 @@ RunRow = Mapping[str, Any]
 #: A step's route: (queue_name, priority), either None for the run's default.
 Route = tuple[str | None, int | None]
 
+#: The task of a ``ctx.map`` batch's job (``mapbatch``;
+#: ``workflows.tasks.run_steps``): its one argument is a list of
+#: ``[step_id, generation]`` pairs, each step entrusted to it.
+BATCH_TASK = "django_dispatch.workflows.tasks.run_steps"
+
 #: More stretches of consecutive ids than this: the steps' job ids go by CASE.
 MAX_STRETCHES = 8
 #: Steps per statement when their job ids go by CASE.
@@ -37,6 +42,11 @@ def routes_of(db: str, step_ids: Sequence[int]) -> dict[int, Route]:
     """Each step's (queue_name, priority) as stored on its row."""
     rows = WorkflowTask.objects.using(db).filter(id__in=step_ids)
     return {i: (q, p) for i, q, p in rows.values_list("id", "queue_name", "priority")}
+
+
+def shared(db: str, job_id: int) -> bool:
+    """Whether ``job_id`` is a batch's job, which other steps than one need."""
+    return Job.objects.using(db).filter(id=job_id, task_path=BATCH_TASK).exists()
 
 
 def step_job(build_job: StepJobBuilder, run: RunRow, step_id: int, generation: int,

@@ -99,13 +99,13 @@ def workflow_step_claim(
     db = db_or_default(db)
     kept = None if epoch is None else preclaim.take(db, step_id, generation, job_id, epoch)
     if kept is not None:  # claimed by the wave that leased the job, committed with its lease
-        return _claimed_from(db, step_id, kept[0], kept[1], preclaimed=True)
+        return claimed_from(db, step_id, kept[0], kept[1], preclaimed=True)
     claim_id = secrets.token_hex(16)
     # The usual case first, in one statement: a ready step (which holds no claim).
     if pgpath.applies(db):  # with its read, in that one statement
         claimed = pgpath.claim_ready(db, step_id, generation, job_id, claim_id)
         if claimed is not None:
-            return _claimed_from(db, step_id, claim_id, claimed)
+            return claimed_from(db, step_id, claim_id, claimed)
     changes: dict[str, Any] = {
         "state": StepState.RUNNING,
         "claim_id": claim_id,
@@ -159,10 +159,10 @@ def _claimed_step(db: str, step_id: int, claim_id: str) -> ClaimedStep | None:
     )
     if step is None:  # voided between the claim and this read
         return None
-    return _claimed_from(db, step_id, claim_id, step)
+    return claimed_from(db, step_id, claim_id, step)
 
 
-def _claimed_from(
+def claimed_from(
     db: str, step_id: int, claim_id: str, step: dict[str, Any], *, preclaimed: bool = False
 ) -> ClaimedStep:
     """The claimed step from its row's ``_STEP_FIELDS`` and its run's (``run__`` + name)."""

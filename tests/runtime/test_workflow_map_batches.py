@@ -1,0 +1,140 @@
+"""A large ``ctx.map`` set of one-step children, run several children by one job.
+
+PostgreSQL only: elsewhere every child keeps a job of its own. Children are
+counted in SideEffect rows (no unique key), one per execution of a body.
+"""
+
+from __future__ import annotations
+
+import signal
+
+import pytest
+from django.db import connection
+
+from django_dispatch.core.workflow_states import RunState, StepState
+from django_dispatch.models import Job, WorkflowRun, WorkflowTask
+from django_dispatch.states import JobState
+from django_dispatch.store import workflows as wf_store
+from django_dispatch.store.workflows import mapbatch
+from django_dispatch.store.workflows.stepjobs import BATCH_TASK
+from django_dispatch.testing import drain
+from django_dispatch.workflows import cancel_run, skip_step
+from django_dispatch.workflows.testing import drain_workflows
+from tests.conftest import postgres_only, wait_until
+from tests.runtime.test_workflow_maps import executions, fan, kids, run_to_end, spread
+
+pytestmark = [pytest.mark.django_db(transaction=True), postgres_only]
+
+#: Enough children for batches of three (``mapbatch.MIN_JOBS``).
+MANY = 3 * mapbatch.MIN_JOBS + 1
+
+
+def batch_jobs(run: WorkflowRun) -> list[Job]:
+    steps = WorkflowTask.objects.filter(run__parent_run=run)
+    return list(Job.objects.filter(task_path=BATCH_TASK, id__in=steps.values("job_id")))
+
+
+def test_a_large_set_runs_its_children_in_batches_each_once_in_input_order():
+    run = run_to_end(fan("batched", MANY))
+    assert run.state == RunState.SUCCEEDED
+    assert run.output == {"doubled": [2 * n for n in range(MANY)]}
+    assert executions("batched") == {n: 1 for n in range(MANY)}
+    jobs = batch_jobs(run)
+    # The first child keeps a job of its own; the others go three by three.
+    assert len(jobs) == (MANY - 1) // 3
+    assert {len(job.args[0]) for job in jobs} == {3}
+    assert {job.state for job in jobs} == {JobState.SUCCEEDED}
+    for job in jobs:
+        steps = WorkflowTask.objects.filter(job_id=job.pk).order_by("id")
+        assert [[s.pk, s.generation] for s in steps] == job.args[0]
+        assert job.return_value == {"steps": 3, "succeeded": 3}
+    step = spread(run)
+    assert (step.map_done, step.map_total) == (MANY, MANY)
+
+
+def test_small_sets_and_bounded_sets_keep_a_job_per_child():
+    small = run_to_end(fan("small", 2 * mapbatch.MIN_JOBS - 1))
+    bounded = run_to_end(fan("bounded", MANY, max_parallel=MANY))
+    for run in (small, bounded):
+        assert run.state == RunState.SUCCEEDED
+        assert batch_jobs(run) == []
+
+
+def test_a_child_failing_in_a_batch_retries_on_a_job_of_its_own():
+    failing = [1, 5, 6]
+    run = run_to_end(fan("retried", MANY, retried=True, fail_once=failing))
+    assert run.state == RunState.SUCCEEDED
+    assert run.output == {"doubled": [2 * n for n in range(MANY)]}
+    assert executions("retried") == {n: 2 if n in failing else 1 for n in range(MANY)}
+    for child in kids(run):
+        step = WorkflowTask.objects.get(run=child)
+        task = Job.objects.get(pk=step.job_id).task_path
+        assert (task == BATCH_TASK) == (child.map_index not in [*failing, 0]), child.map_index
+        assert step.attempts == (2 if child.map_index in failing else 1)
+
+
+def test_skipping_a_batched_childs_step_leaves_its_batch_to_the_others():
+    run = fan("skip", MANY)
+    drain(max_jobs=1)  # the parent's first step: the set is inserted
+    second = kids(run)[2]
+    assert skip_step(second.pk, "double")
+    step = WorkflowTask.objects.get(run=second)
+    assert Job.objects.get(pk=step.job_id).state == JobState.PENDING  # not cancelled
+    run = run_to_end(run)
+    assert run.state == RunState.SUCCEEDED
+    doubled = run.output["doubled"]
+    assert doubled[2] is None and doubled[:2] == [0, 2] and doubled[3] == 6
+    assert executions("skip") == {n: 1 for n in range(MANY) if n != 2}
+
+
+def test_a_batch_whose_attempt_was_lost_takes_its_claimed_steps_over():
+    run = fan("lost", MANY)
+    drain(max_jobs=1)
+    job = batch_jobs(run)[0]
+    pairs = [(s, g) for s, g in job.args[0]]
+    # A lost attempt: its claims made, no body run, nothing written after.
+    lost = wf_store.workflow_steps_claim(pairs, job.pk)
+    assert all(c is not None for c in lost)
+    run = run_to_end(run)
+    assert run.state == RunState.SUCCEEDED
+    assert executions("lost") == {n: 1 for n in range(MANY)}
+    for step_id, _ in pairs:
+        step = WorkflowTask.objects.get(pk=step_id)
+        assert step.state == StepState.SUCCEEDED and step.attempts == 2
+        assert "lost job" in step.errors[-1]["message"]
+
+
+def test_cancelling_the_run_cancels_its_batched_children():
+    run = fan("cancelled", MANY)
+    drain(max_jobs=1)
+    assert cancel_run(run.pk)
+    assert not WorkflowRun.objects.filter(parent_run=run, state=RunState.RUNNING).exists()
+    drain_workflows()
+    assert executions("cancelled") == {}
+
+
+@pytest.mark.slow
+def test_a_killed_worker_loses_no_batched_child(start_worker):
+    """A worker SIGKILLed while running batches: every child still runs, the
+    set gathers in order, and only a batch the killed worker held runs twice."""
+    run = fan("killed", MANY, sleep=0.01)
+    first = start_worker("--concurrency", "4")
+    wait_until(lambda: len(executions("killed")) > 100, timeout=60, what="children running")
+    first.signal(signal.SIGKILL)
+    first.wait()
+    second = start_worker("--concurrency", "4")
+    wait_until(
+        lambda: WorkflowRun.objects.get(pk=run.pk).state == RunState.SUCCEEDED,
+        timeout=120,
+        what="the map's run finished after the kill",
+    )
+    second.signal(signal.SIGTERM)
+    assert second.wait() == 0, second.output()
+    run.refresh_from_db()
+    assert run.output == {"doubled": [2 * n for n in range(MANY)]}
+    counts = executions("killed")
+    assert set(counts) == set(range(MANY))
+    twice = [n for n, c in counts.items() if c > 1]
+    assert max(counts.values()) <= 2
+    assert len(twice) <= 4 * 3  # at most the batches of the killed worker's threads
+    assert connection.vendor == "postgresql"
