@@ -44,8 +44,9 @@ from .steps import ClaimedStep, claimed_from, workflow_step_claim
 
 logger = logging.getLogger("django_dispatch.store")
 
-#: Children per job, at most.
-MAX_SIZE = 16
+#: Children per job, at most: past a few dozen, a batch's own statements no
+#: longer show in what a child costs.
+MAX_SIZE = 64
 #: Jobs per set, at least, however few its children: children of one batch
 #: run in turn, so a set of slow children keeps this many jobs to spread over
 #: a cluster's threads.
