@@ -46,7 +46,9 @@ fan = Workflow("tests.map_fan")
 @fan.step()
 def spread(ctx):
     count, key = ctx.input["count"], ctx.input["key"]
-    extra = {name: ctx.input[name] for name in ("sleep", "fail_once") if name in ctx.input}
+    extra = {"sleep": ctx.input.get("sleep", 0)}
+    if "fail_once" in ctx.input:
+        extra["fail_once"] = ctx.input["fail_once"]
     inputs = [{"key": key, "n": n, **extra} for n in range(count)]
     child = retried_item if ctx.input.get("retried") else item
     return ctx.map(child, inputs, max_parallel=ctx.input.get("max_parallel"))
