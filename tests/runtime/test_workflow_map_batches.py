@@ -15,10 +15,12 @@ from django_dispatch.core.workflow_states import RunState, StepState
 from django_dispatch.models import Job, WorkflowRun, WorkflowTask
 from django_dispatch.states import JobState
 from django_dispatch.store import workflows as wf_store
+from django_dispatch.store.maintenance import job_cancel
 from django_dispatch.store.workflows import mapbatch
 from django_dispatch.store.workflows.stepjobs import BATCH_TASK
 from django_dispatch.testing import drain
 from django_dispatch.workflows import cancel_run, skip_step
+from django_dispatch.workflows.engine import build_step_job
 from django_dispatch.workflows.testing import drain_workflows
 from tests.conftest import postgres_only, wait_until
 from tests.runtime.test_workflow_maps import executions, fan, kids, run_to_end, spread
@@ -138,3 +140,23 @@ def test_a_killed_worker_loses_no_batched_child(start_worker):
     assert max(counts.values()) <= 2
     assert len(twice) <= 4 * 3  # at most the batches of the killed worker's threads
     assert connection.vendor == "postgresql"
+
+
+def test_a_batch_job_that_ended_leaves_each_child_a_job_of_its_own_uncharged():
+    """Cancelled from the jobs admin (as a worker of an earlier version would
+    fail it, or a child that keeps killing its workers): the sweep charges none
+    of its children an attempt, and each runs by a job of its own."""
+    run = fan("ended", MANY)
+    drain(max_jobs=1)
+    job = batch_jobs(run)[0]
+    assert job_cancel(job.pk)
+    swept = wf_store.sweep_stale_steps(0, build_job=build_step_job, limit=2 * MANY)
+    assert sorted(swept) == sorted(s for s, _ in job.args[0])
+    run = run_to_end(run)
+    assert run.state == RunState.SUCCEEDED
+    assert executions("ended") == {n: 1 for n in range(MANY)}
+    for step_id, _ in job.args[0]:
+        step = WorkflowTask.objects.get(pk=step_id)
+        assert (step.state, step.failures, step.attempts) == (StepState.SUCCEEDED, 0, 1)
+        assert "no attempt counted" in step.errors[-1]["message"]
+        assert Job.objects.get(pk=step.job_id).task_path.endswith(".run_step")

@@ -26,6 +26,7 @@ from .common import (
     map_waiting,
     park,
 )
+from .stepjobs import BATCH_TASK
 from .waits import rearm
 
 #: ``state IN ('ready', 'running')`` with the states as literals, as in the
@@ -195,11 +196,17 @@ def _recover(db: str, step: Mapping[str, Any], build_job: StepJobBuilder) -> boo
     with locked_run(db, run_id=step["run_id"]) as run:
         if run is None:
             return False
-        job_state = Job.objects.using(db).filter(id=step["job_id"]).values_list("state", flat=True)
-        state = job_state.first()
+        job = Job.objects.using(db).filter(id=step["job_id"]).values("state", "task_path").first()
+        state = job and job["state"]
         if state in LIVE:
             return False
         message = f"step job {step['job_id']} ended ({state or 'deleted'}) before finishing it"
+        # A batch's job ended (one child kept killing its workers, or a worker
+        # that predates batches failed it): its children's own code is not to
+        # blame, so none is charged an attempt; each goes on by a job of its own.
+        shared = job is not None and job["task_path"] == BATCH_TASK
+        if shared:
+            message += "; the step goes on by a job of its own, with no attempt counted"
         entry = error_at(db, STEP_JOB_LOST_PATH, message)
         fenced = WorkflowTask.objects.using(db).filter(
             id=step["id"], state=step["state"], claim_id=step["claim_id"], job_id=step["job_id"]
@@ -207,10 +214,10 @@ def _recover(db: str, step: Mapping[str, Any], build_job: StepJobBuilder) -> boo
         row = fenced.values("failures", "max_attempts", "generation").first()
         if row is None:
             return False
-        gives_up = row["failures"] + 1 >= row["max_attempts"]
+        gives_up = not shared and row["failures"] + 1 >= row["max_attempts"]
         changes: dict[str, Any] = {
             "errors": JSONAppend("errors", entry),
-            "failures": F("failures") + 1,
+            "failures": F("failures") + (0 if shared else 1),
             "claim_id": None,
             "updated_at": Now(),
         }
