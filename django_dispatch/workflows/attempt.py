@@ -11,7 +11,6 @@ its builder as an argument rather than importing it back.
 from __future__ import annotations
 
 import logging
-from collections import Counter
 from functools import partial
 from typing import TYPE_CHECKING, Any
 
@@ -76,7 +75,7 @@ def execute_step(
         wf_store.rearm_timer(step_id, job_id, build_job=build_job)
         return {"step": step_id, "outcome": "superseded"}
     summary = {"run": claimed.run_id, "step": claimed.name, "attempt": claimed.attempt}
-    outcome = _attempt(job_context, claimed, build_job)
+    outcome = attempt(job_context, claimed, build_job)
     recorded = outcome.recorded
     if recorded is None and outcome.kind == "succeeded":
         # A map child's success may go with its job's, in the worker's wave.
@@ -96,44 +95,7 @@ def execute_step(
     return {**summary, "outcome": outcome.kind if recorded else "discarded"}
 
 
-def execute_steps(
-    job_context: DispatchTaskContext,
-    pairs: list[list[int]],
-    *,
-    build_job: wf_store.StepJobBuilder,
-) -> dict[str, Any]:
-    """Run the children of a ``ctx.map`` batch (``store.workflows.mapbatch``):
-    claim their steps, run one attempt of each in turn, write the successes
-    together and any other outcome as its own job would. Returns how many
-    steps came to each outcome.
-
-    Once the job is cancelled, or its lease lost, no further child starts:
-    the steps left claimed are taken over by the job's re-run, or recovered
-    by the stale-step sweep once the job has ended.
-    """
-    job_id = int(job_context.task_result.id)
-    claims = wf_store.workflow_steps_claim([(int(s), int(g)) for s, g in pairs], job_id)
-    counts: Counter[str] = Counter(superseded=claims.count(None))
-    successes = []
-    for claimed in filter(None, claims):
-        if job_context.cancel_event.is_set():
-            counts["left"] += 1
-            continue
-        outcome = _attempt(job_context, claimed, build_job)
-        recorded = outcome.recorded
-        if recorded is None and outcome.kind == "succeeded":
-            fallback = partial(record, claimed, outcome, build_job=build_job)
-            successes.append((claimed, outcome.value, fallback))
-            continue
-        if recorded is None:
-            recorded = record(claimed, outcome, build_job=build_job)
-        counts[outcome.kind if recorded else "discarded"] += 1
-    for won in wf_store.workflow_steps_succeed(successes, build_job=build_job):
-        counts["succeeded" if won else "discarded"] += 1
-    return {"steps": len(pairs), **{k: n for k, n in counts.items() if n}}
-
-
-def _attempt(
+def attempt(
     job_context: DispatchTaskContext,
     claimed: wf_store.ClaimedStep,
     build_job: wf_store.StepJobBuilder,

@@ -61,7 +61,9 @@ def run_now(run_id: int, *, backend: str | None = None) -> list[int]:
     child run, is stuck or finished, its next step is already claimed by a
     worker or another ``run_now``, or its queue is paused or has
     ``DISPATCH["QUEUES"]`` limits: such steps are left to the workers,
-    whose claim enforces them).
+    whose claim enforces them; so is a child of a large ``ctx.map`` set
+    whose step runs in a batch, whose job would run the batch's other
+    children too).
 
     Raises ``TypeError`` for a ``run_id`` that is not an int,
     ``WorkflowRun.DoesNotExist`` for an unknown run, and

@@ -14,7 +14,8 @@ from django.core.exceptions import ImproperlyConfigured
 from ..compat import task
 from ..models import Job
 from ..tasks.registry import DispatchBackendBase, alias_serving
-from .attempt import execute_step, execute_steps
+from .attempt import execute_step
+from .batches import execute_steps
 
 
 @task(takes_context=True)

@@ -7,6 +7,7 @@ counted in SideEffect rows (no unique key), one per execution of a body.
 from __future__ import annotations
 
 import signal
+import threading
 
 import pytest
 from django.db import connection
@@ -14,16 +15,18 @@ from django.db import connection
 from django_dispatch.core.workflow_states import RunState, StepState
 from django_dispatch.models import Job, WorkflowRun, WorkflowTask
 from django_dispatch.states import JobState
+from django_dispatch.store import carrying_database
 from django_dispatch.store import workflows as wf_store
 from django_dispatch.store.maintenance import job_cancel
 from django_dispatch.store.workflows import mapbatch
 from django_dispatch.store.workflows.stepjobs import BATCH_TASK
 from django_dispatch.testing import drain
-from django_dispatch.workflows import cancel_run, skip_step
+from django_dispatch.workflows import cancel_run, run_now, skip_step
 from django_dispatch.workflows.engine import build_step_job
 from django_dispatch.workflows.testing import drain_workflows
 from tests.conftest import postgres_only, wait_until
 from tests.runtime.test_workflow_maps import executions, fan, kids, run_to_end, spread
+from tests.testapp.models import SideEffect
 
 pytestmark = [pytest.mark.django_db(transaction=True), postgres_only]
 
@@ -33,7 +36,8 @@ MANY = 3 * mapbatch.MIN_JOBS + 1
 
 def batch_jobs(run: WorkflowRun) -> list[Job]:
     steps = WorkflowTask.objects.filter(run__parent_run=run)
-    return list(Job.objects.filter(task_path=BATCH_TASK, id__in=steps.values("job_id")))
+    jobs = Job.objects.filter(task_path=BATCH_TASK, id__in=steps.values("job_id"))
+    return list(jobs.order_by("id"))
 
 
 def test_a_large_set_runs_its_children_in_batches_each_once_in_input_order():
@@ -160,3 +164,77 @@ def test_a_batch_job_that_ended_leaves_each_child_a_job_of_its_own_uncharged():
         assert (step.state, step.failures, step.attempts) == (StepState.SUCCEEDED, 0, 1)
         assert "no attempt counted" in step.errors[-1]["message"]
         assert Job.objects.get(pk=step.job_id).task_path.endswith(".run_step")
+
+
+def run_batch_in_background(run: WorkflowRun) -> threading.Thread:
+    """Drain the parent's step, then, on a thread, the first child's own job and
+    the first batch (children 1 to 3)."""
+    drain(max_jobs=1)
+    thread = threading.Thread(target=carrying_database(lambda: drain(max_jobs=2)), daemon=True)
+    thread.start()
+    return thread
+
+
+def started(key: str, n: int) -> bool:
+    return SideEffect.objects.filter(key=key, note=f"item:{n}").exists()
+
+
+def test_a_child_skipped_while_its_batch_runs_an_earlier_one_does_not_run():
+    """The batch claimed children 1 to 3 together; child 3, skipped while child 1
+    runs (0.5 s), is read again before its turn and not run."""
+    run = fan("recheck", MANY, pause_on=[1], pause=0.5)
+    thread = run_batch_in_background(run)
+    wait_until(lambda: started("recheck", 1), what="child 1 running")
+    third = kids(run)[3]
+    assert WorkflowTask.objects.get(run=third).state == StepState.RUNNING  # claimed
+    assert skip_step(third.pk, "double")
+    thread.join(30)
+    assert not started("recheck", 3)
+    assert started("recheck", 2)
+    job = batch_jobs(run)[0]
+    assert job.return_value == {"steps": 3, "succeeded": 2, "superseded": 1}
+
+
+def test_a_batch_writes_the_successes_it_holds_while_a_slow_child_runs():
+    """Children 2 and 3 take 0.5 s each: once child 3 starts, the successes of
+    children 1 and 2 are written, not held until the batch ends."""
+    run = fan("flushed", MANY, pause_on=[2, 3], pause=0.5)
+    thread = run_batch_in_background(run)
+    wait_until(lambda: started("flushed", 3), what="child 3 running")
+    states = {c.map_index: WorkflowTask.objects.get(run=c).state for c in kids(run)[1:4]}
+    assert states == {1: StepState.SUCCEEDED, 2: StepState.SUCCEEDED, 3: StepState.RUNNING}
+    thread.join(30)
+    assert WorkflowTask.objects.get(run=kids(run)[3]).state == StepState.SUCCEEDED
+
+
+def test_a_batch_cancelled_while_it_runs_puts_its_unstarted_children_back_unspent():
+    """Cancelled from the jobs admin while child 1 runs: children 2 and 3 never
+    start, go back to ``ready`` with no attempt spent, and the sweep gives each
+    a job of its own."""
+    run = fan("stopped", MANY, pause_on=[1], pause=1.0)
+    thread = run_batch_in_background(run)
+    wait_until(lambda: started("stopped", 1), what="child 1 running")
+    job = batch_jobs(run)[0]
+    assert job_cancel(job.pk)
+    thread.join(30)
+    for child in kids(run)[2:4]:
+        step = WorkflowTask.objects.get(run=child)
+        assert (step.state, step.attempts, step.started_at) == (StepState.READY, 0, None)
+    assert not started("stopped", 2) and not started("stopped", 3)
+    swept = wf_store.sweep_stale_steps(0, build_job=build_step_job, limit=2 * MANY)
+    assert {WorkflowTask.objects.get(run=c).pk for c in kids(run)[1:4]} <= set(swept)
+    run = run_to_end(run)
+    assert run.state == RunState.SUCCEEDED
+    # Child 1 was running when its job was cancelled: its result was discarded
+    # with the job's, and it ran again on a job of its own.
+    assert executions("stopped") == {n: 2 if n == 1 else 1 for n in range(MANY)}
+
+
+def test_run_now_leaves_a_batched_child_to_the_workers():
+    """Its step's job is its batch's, which would run the batch's other children
+    in the caller's process too."""
+    run = fan("now", MANY)
+    drain(max_jobs=1)
+    assert run_now(kids(run)[2].pk) == []
+    assert run_now(kids(run)[0].pk) != []  # the first child's job is its own
+    assert executions("now") == {0: 1}

@@ -33,7 +33,8 @@ def double(ctx):
         worker_pid=os.getpid(),
         started_at=datetime.now(UTC),
     )
-    time.sleep(ctx.input.get("sleep", 0))
+    pause = ctx.input.get("pause", 0) if ctx.input["n"] in ctx.input.get("pause_on", ()) else 0
+    time.sleep(ctx.input.get("sleep", 0) or pause)
     SideEffect.objects.filter(pk=row.pk).update(finished_at=datetime.now(UTC))
     if ctx.attempt == 1 and ctx.input["n"] in ctx.input.get("fail_once", ()):
         raise RuntimeError(f"item {ctx.input['n']} fails its first attempt")
@@ -47,8 +48,9 @@ fan = Workflow("tests.map_fan")
 def spread(ctx):
     count, key = ctx.input["count"], ctx.input["key"]
     extra = {"sleep": ctx.input.get("sleep", 0)}
-    if "fail_once" in ctx.input:
-        extra["fail_once"] = ctx.input["fail_once"]
+    for name in ("fail_once", "pause_on", "pause"):
+        if name in ctx.input:
+            extra[name] = ctx.input[name]
     inputs = [{"key": key, "n": n, **extra} for n in range(count)]
     child = retried_item if ctx.input.get("retried") else item
     return ctx.map(child, inputs, max_parallel=ctx.input.get("max_parallel"))

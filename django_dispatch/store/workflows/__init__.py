@@ -40,7 +40,12 @@ from .common import (
     ancestors,
     descendants,
 )
-from .mapbatch import workflow_steps_claim, workflow_steps_succeed
+from .mapbatch import (
+    workflow_steps_claim,
+    workflow_steps_held,
+    workflow_steps_release,
+    workflow_steps_succeed,
+)
 from .maps import workflow_step_map
 from .mapwave import workflow_step_succeed_with_job
 from .retention import workflow_runs_purge
@@ -96,5 +101,7 @@ __all__ = [
     "workflow_step_wait",
     "workflow_step_wait_child",
     "workflow_steps_claim",
+    "workflow_steps_held",
+    "workflow_steps_release",
     "workflow_steps_succeed",
 ]

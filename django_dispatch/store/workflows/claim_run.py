@@ -42,6 +42,7 @@ from ..leasing import claimed_job, jobs_lease
 from ..staging import jobs_stage_now
 from ..types import CLAIM_FIELDS, ClaimedJob
 from .common import db_or_default
+from .stepjobs import BATCH_TASK
 
 
 def workflow_run_claim_step(
@@ -55,7 +56,9 @@ def workflow_run_claim_step(
     runs, as a worker's claim. Returns None when no step of the run can be
     claimed now: none is ready (the run waits for an event, a timer or a
     child run, is stuck or finished), or its job is already claimed (by a
-    worker or another ``run_now``), or its queue is paused or limited. Raises
+    worker or another ``run_now``), or its queue is paused or limited, or
+    it is a child of a ``ctx.map`` batch (``mapbatch``: its job runs the
+    batch's other children too, left to the workers). Raises
     ``WorkflowRun.DoesNotExist`` for an unknown run.
     """
     db = db_or_default(db)
@@ -80,14 +83,18 @@ def workflow_run_claim_step(
     # savepoint=False: like jobs_claim, one transaction of our own.
     with transaction.atomic(using=db, savepoint=False):
         take_sqlite_write_lock(db)
-        candidates = Job.objects.using(db).filter(
-            id__in=ready,
-            namespace=namespace,
-            state__in=QUEUED_STATES,  # a step backing off runs now too
-            partition_key__isnull=True,
-            concurrency_key__isnull=True,
-            resource_shape__isnull=True,
-        )
+        candidates = (
+            Job.objects.using(db)
+            .filter(
+                id__in=ready,
+                namespace=namespace,
+                state__in=QUEUED_STATES,  # a step backing off runs now too
+                partition_key__isnull=True,
+                concurrency_key__isnull=True,
+                resource_shape__isnull=True,
+            )
+            .exclude(task_path=BATCH_TASK)
+        )  # a batch's job would run its other children too
         if left_to_workers:
             candidates = candidates.exclude(queue_name__in=sorted(left_to_workers))
         # Definition order; LIMIT 1 with SKIP LOCKED locks that one row only.

@@ -10,7 +10,9 @@ pairs, and each of those steps is entrusted to it (``job_id``), as a step
 is to its own job. The job claims its steps in one statement
 (``workflow_steps_claim``), runs their bodies in turn, and writes their
 successes in one more (``workflow_steps_succeed``), each child's fenced by
-its own claim, as a wave writes them (``mapwave``).
+its own claim, as a wave writes them (``mapwave``). The claims can grow
+old while earlier children run: the job reads them again, and writes the
+successes it holds, whenever a while has passed (``workflows.batches``).
 
 Everything else stays per child. A child that fails, waits, starts a run of
 its own, or whose success the set statement leaves out, is recorded by the
@@ -37,7 +39,11 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from django.db import DatabaseError, connections
+from django.db.models import Case, F, Value, When
+from django.db.models.functions import Now
 
+from ...core.workflow_states import StepState
+from ...models import WorkflowTask
 from . import mapwave, pgpath
 from .common import RunSpec, StepJobBuilder, db_or_default
 from .steps import ClaimedStep, claimed_from, workflow_step_claim
@@ -97,6 +103,41 @@ def workflow_steps_claim(
     ]
 
 
+def workflow_steps_held(claims: Sequence[ClaimedStep], *, db: str | None = None) -> set[int]:
+    """The ids of ``claims``' steps still running under them: one read, no
+    commit. A batch reads its claims again before running a child whose claim
+    is no longer fresh: a step cancelled, skipped or reopened meanwhile must
+    not run its body (its writes would be fenced, its side effects not)."""
+    if not claims:
+        return set()
+    rows = WorkflowTask.objects.using(db_or_default(db)).filter(
+        id__in=[c.step_id for c in claims], state=StepState.RUNNING
+    )
+    held = {c.step_id: c.claim_id for c in claims}
+    return {i for i, claim in rows.values_list("id", "claim_id") if held[i] == claim}
+
+
+def workflow_steps_release(claims: Sequence[ClaimedStep], *, db: str | None = None) -> int:
+    """Put back to ``ready`` the steps a batch claimed and did not start (its
+    job cancelled, or its lease lost), each fenced by its claim: for its job's
+    next run, or the sweep, to claim as a step never started, its attempt count
+    as it was. A step taken over or voided meanwhile is left as it is."""
+    released = 0
+    for c in claims:
+        released += (
+            WorkflowTask.objects.using(db_or_default(db))
+            .filter(id=c.step_id, claim_id=c.claim_id, state=StepState.RUNNING)
+            .update(
+                state=StepState.READY,
+                claim_id=None,
+                attempts=F("attempts") - 1,
+                started_at=Case(When(attempts=1, then=Value(None)), default=F("started_at")),
+                updated_at=Now(),
+            )
+        )
+    return released
+
+
 def workflow_steps_succeed(
     successes: Sequence[tuple[ClaimedStep, Any, Callable[[], bool]]],
     *,
@@ -134,7 +175,7 @@ def workflow_steps_succeed(
                 exc_info=True,
             )
     if mapped is None:
-        return [bool(fallback()) for _, _, fallback in successes]
+        return [_fall_back(fallback) for _, _, fallback in successes]
     done = {row[0] for row in mapwave.rows_of(mapped)}
     counted = [d for d in deferred if d.run_id in done]
     for count in mapwave.written(db, counted, mapped):
@@ -142,4 +183,14 @@ def workflow_steps_succeed(
             count()
         except Exception:  # left to the stale-map sweep, which counts from the rows
             logger.exception("counting a batch of map children failed; the sweep will")
-    return [c.run_id in done or bool(fallback()) for c, _, fallback in successes]
+    return [c.run_id in done or _fall_back(fallback) for c, _, fallback in successes]
+
+
+def _fall_back(fallback: Callable[[], bool]) -> bool:
+    """A child's success by the general path; one that raises is logged, and
+    left to its job's re-run or the sweep, and the batch's others go on."""
+    try:
+        return bool(fallback())
+    except Exception:
+        logger.exception("a batched map child's success could not be written")
+        return False
