@@ -9,6 +9,8 @@ from collections import Counter
 from datetime import UTC, datetime, timedelta
 
 import pytest
+from django.db import transaction
+from django.db.models import DateTimeField, Value
 from django.utils import timezone
 
 from django_dispatch import store
@@ -17,7 +19,8 @@ from django_dispatch.core.rates import parse_rate
 from django_dispatch.core.states import JobState
 from django_dispatch.models import ConcurrencyWait, Job
 from django_dispatch.runtime import flow_cache
-from django_dispatch.store.gates.limits import window_start
+from django_dispatch.store.gates.limits import ConcurrencyGate, window_start
+from django_dispatch.store.types import CLAIM_FIELDS
 from tests.conftest import wait_until
 from tests.store.helpers import claim_as_worker
 from tests.testapp import flow_tasks, tasks
@@ -60,6 +63,29 @@ def test_windows_are_aligned_on_the_epoch():
     now = datetime(2026, 1, 1, 12, 0, 7, 500000, tzinfo=UTC)
     assert window_start(now, 5) == datetime(2026, 1, 1, 12, 0, 5, tzinfo=UTC)
     assert window_start(now, 60) == datetime(2026, 1, 1, 12, 0, tzinfo=UTC)
+
+
+def test_a_claim_counts_the_window_its_leases_are_stamped_in():
+    """A claim stamps its leases with the clock it read with its candidates
+    (``db_now``); the window's starts are counted at that clock too. Read
+    again, near a window's end, the clock could fall in the next window, whose
+    empty count let the claim add its starts, stamped in this one, to a full
+    window (23 starts in a second under a 20/s limit)."""
+    db = store.db_alias()
+    full = [flow_tasks.rated_slowly.enqueue(f"f{i}") for i in range(3)]
+    late = flow_tasks.rated_slowly.enqueue("late")
+    stamp = window_start(store.db_now(db), 2) - timedelta(seconds=0.2)  # the previous window
+    Job.objects.filter(pk__in=[r.id for r in full]).update(
+        state=JobState.RUNNING, last_attempted_at=stamp
+    )
+    rows = list(
+        Job.objects.filter(pk=late.id)
+        .annotate(db_now=Value(stamp, output_field=DateTimeField()))
+        .values(*CLAIM_FIELDS, "db_now")
+    )
+    with transaction.atomic(using=db):
+        admitted, _, blocked = ConcurrencyGate(db, "").sort(rows, 1)
+    assert (admitted, blocked) == ([], 1)
 
 
 def test_over_the_limit_a_job_waits_without_spending_an_attempt():

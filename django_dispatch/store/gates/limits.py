@@ -135,12 +135,20 @@ def window_start(now: datetime, period: int) -> datetime:
     return datetime.fromtimestamp(epoch - epoch % period, tz=UTC)
 
 
-def starts_in_window(db: str, namespace: str, periods: dict[Group, int]) -> dict[Group, int]:
-    """Starts per rate-limited group in its current window (``dispatch_job_rate_starts``)."""
+def starts_in_window(
+    db: str, namespace: str, periods: dict[Group, int], now: datetime | None = None
+) -> dict[Group, int]:
+    """Starts per rate-limited group in the window holding ``now`` (default: the
+    database's clock now; ``dispatch_job_rate_starts``).
+
+    A claim passes its own clock, the one its leases stamp as
+    ``last_attempted_at``: read again here, it could fall in the next window
+    while the claim's starts are stamped in this one, which they would then
+    overfill."""
     if not periods:
         return {}
     connection = connections[db]
-    now = db_now(db)
+    now = now or db_now(db)
     where = " OR ".join(
         ["(task_path = %s AND concurrency_key = %s AND last_attempted_at >= %s)"] * len(periods)
     )
@@ -200,7 +208,9 @@ class ConcurrencyGate:
                 g: first[g]["rate_period"] for g in tasks if first[g]["rate_limit"] is not None
             }
             running = _running(self.db, self.namespace, capped)
-            starts = starts_in_window(self.db, self.namespace, rated)
+            if rated:
+                self.now = self.now or next(iter(first.values())).get("db_now")
+            starts = starts_in_window(self.db, self.namespace, rated, self.now)
             self.locked |= got
             for task in tasks:
                 row, room = first[task], 1 << 30
