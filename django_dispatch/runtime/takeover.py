@@ -37,10 +37,12 @@ from __future__ import annotations
 import logging
 import os
 import socket
+import time
 from collections.abc import Mapping
 from typing import Any
 
 from django.core.management import CommandError
+from django.db import DatabaseError, InterfaceError, connections
 
 from .. import store
 from ..conf import DispatchSettings
@@ -49,6 +51,12 @@ from ..store.workers import Incarnation, WorkerIdTaken, worker_incarnation, work
 from .options import WorkerOptions
 
 logger = logging.getLogger("django_dispatch.worker")
+
+#: Tries of the start's registration against database errors, ``REGISTER_PAUSE``
+#: seconds apart: past them, the database is taken to be down, and the worker
+#: exits with the error.
+REGISTER_TRIES = 20
+REGISTER_PAUSE = 0.5
 
 #: An incarnation whose heartbeat is older than this many heartbeat intervals
 #: is dead. ``LEASE_SECONDS`` is at least three intervals (``conf``), so this
@@ -121,12 +129,24 @@ def register(worker_id: str, registration: Mapping[str, Any]) -> str | None:
     refresh is then refused (``WorkerIdTaken``) and this process stops before
     it claims anything, leaving the new owner's row as it is.
     """
-    try:
-        store.worker_register(worker_id, **registration)
-    except WorkerIdTaken as e:
-        logger.error("%s; this process stops", e, extra=joblog.worker_fields(worker_id))
-        return str(e)
-    return None
+    for tries_left in range(REGISTER_TRIES - 1, -1, -1):
+        try:
+            store.worker_register(worker_id, **registration)
+        except WorkerIdTaken as e:
+            logger.error("%s; this process stops", e, extra=joblog.worker_fields(worker_id))
+            return str(e)
+        except (DatabaseError, InterfaceError):
+            # A connection cut as the worker starts (a failover, a pooler's
+            # restart) is ridden out, as the control loop rides it out later.
+            if not tries_left:
+                raise
+            logger.warning("registering the worker failed; will retry", exc_info=True)
+            for conn in connections.all(initialized_only=True):
+                conn.close()
+            time.sleep(REGISTER_PAUSE)
+        else:
+            return None
+    return None  # pragma: no cover - the last try returns or raises
 
 
 def _take_back(worker_id: str, previous: Incarnation, settings: DispatchSettings, db: str) -> int:

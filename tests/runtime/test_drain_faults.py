@@ -143,3 +143,24 @@ def test_a_wave_whose_planning_read_fails_has_its_successes_write_their_own():
     finally:
         batch.stop()
     assert Job.objects.filter(state=JobState.SUCCEEDED).count() == 3
+
+
+def test_a_connection_cut_as_the_worker_registers_is_ridden_out():
+    """The start's registration is retried after a database error, as the
+    control loop's statements are: a connection cut right then (a failover, a
+    pooler's restart) does not end the worker, or a drain, with the error."""
+    tasks.record.enqueue("after-the-cut")
+    control = connections["default"]
+    cut: list[int] = []
+
+    def cutting(execute, sql, params, many, context):
+        if not cut and 'UPDATE "django_dispatch_worker"' in sql and '"started_at"' in sql:
+            cut.append(control.connection.info.backend_pid)
+            _terminate(control)
+        return execute(sql, params, many, context)
+
+    with control.execute_wrapper(cutting):
+        ran = drain()
+    assert cut, "the registration was never cut: the test proved nothing"
+    assert ran == 1
+    assert Job.objects.get().state == JobState.SUCCEEDED
