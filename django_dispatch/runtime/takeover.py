@@ -38,7 +38,7 @@ import logging
 import os
 import socket
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from django.core.management import CommandError
@@ -52,7 +52,7 @@ from .options import WorkerOptions
 
 logger = logging.getLogger("django_dispatch.worker")
 
-#: Tries of the start's registration against database errors, ``REGISTER_PAUSE``
+#: Tries of the start's statements against database errors, ``REGISTER_PAUSE``
 #: seconds apart: past them, the database is taken to be down, and the worker
 #: exits with the error.
 REGISTER_TRIES = 20
@@ -101,6 +101,12 @@ def take_id(
     dead incarnation it took back. Raises ``WorkerIdInUse`` while a live one holds it."""
     if options.predecessor is not None:
         return 0
+    return _riding_out(lambda: _take_id(options, registration, settings))
+
+
+def _take_id(
+    options: WorkerOptions, registration: Mapping[str, Any], settings: DispatchSettings
+) -> int:
     worker_id, db = options.worker_id, registration["db"]
     stale = STALE_HEARTBEATS * settings.HEARTBEAT_INTERVAL
     for _ in range(TAKE_ATTEMPTS):
@@ -129,24 +135,28 @@ def register(worker_id: str, registration: Mapping[str, Any]) -> str | None:
     refresh is then refused (``WorkerIdTaken``) and this process stops before
     it claims anything, leaving the new owner's row as it is.
     """
-    for tries_left in range(REGISTER_TRIES - 1, -1, -1):
+    try:
+        _riding_out(lambda: store.worker_register(worker_id, **registration))
+    except WorkerIdTaken as e:
+        logger.error("%s; this process stops", e, extra=joblog.worker_fields(worker_id))
+        return str(e)
+    return None
+
+
+def _riding_out[T](step: Callable[[], T]) -> T:
+    """``step``, tried again after a database error: a connection cut as the
+    worker starts (a failover, a pooler's restart) is ridden out, as the
+    control loop rides it out later. Each step is safe to repeat: a write
+    whose reply was lost is found done by the next try."""
+    for _ in range(REGISTER_TRIES - 1):
         try:
-            store.worker_register(worker_id, **registration)
-        except WorkerIdTaken as e:
-            logger.error("%s; this process stops", e, extra=joblog.worker_fields(worker_id))
-            return str(e)
+            return step()
         except (DatabaseError, InterfaceError):
-            # A connection cut as the worker starts (a failover, a pooler's
-            # restart) is ridden out, as the control loop rides it out later.
-            if not tries_left:
-                raise
-            logger.warning("registering the worker failed; will retry", exc_info=True)
+            logger.warning("a database error as the worker starts; will retry", exc_info=True)
             for conn in connections.all(initialized_only=True):
                 conn.close()
             time.sleep(REGISTER_PAUSE)
-        else:
-            return None
-    return None  # pragma: no cover - the last try returns or raises
+    return step()
 
 
 def _take_back(worker_id: str, previous: Incarnation, settings: DispatchSettings, db: str) -> int:

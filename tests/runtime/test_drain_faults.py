@@ -145,16 +145,23 @@ def test_a_wave_whose_planning_read_fails_has_its_successes_write_their_own():
     assert Job.objects.filter(state=JobState.SUCCEEDED).count() == 3
 
 
-def test_a_connection_cut_as_the_worker_registers_is_ridden_out():
-    """The start's registration is retried after a database error, as the
-    control loop's statements are: a connection cut right then (a failover, a
-    pooler's restart) does not end the worker, or a drain, with the error."""
+@pytest.mark.parametrize(
+    "statement",
+    [("SELECT", '"django_dispatch_worker"'), ("UPDATE", '"started_at"')],
+    ids=["take_id", "register"],
+)
+def test_a_connection_cut_as_the_worker_registers_is_ridden_out(statement):
+    """The start's statements (taking the worker's id, then registering) are
+    tried again after a database error, as the control loop's are: a
+    connection cut right then (a failover, a pooler's restart) does not end
+    the worker, or a drain, with the error."""
     tasks.record.enqueue("after-the-cut")
     control = connections["default"]
     cut: list[int] = []
+    verb, mark = statement
 
     def cutting(execute, sql, params, many, context):
-        if not cut and 'UPDATE "django_dispatch_worker"' in sql and '"started_at"' in sql:
+        if not cut and sql.startswith(verb) and '"django_dispatch_worker"' in sql and mark in sql:
             cut.append(control.connection.info.backend_pid)
             _terminate(control)
         return execute(sql, params, many, context)
