@@ -39,12 +39,10 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from django.db import DatabaseError, connections
-from django.db.models import Case, F, Value, When
-from django.db.models.functions import Now
 
 from ...core.workflow_states import StepState
 from ...models import WorkflowTask
-from . import mapwave, pgpath
+from . import mapwave, pgpath, preclaim
 from .common import RunSpec, StepJobBuilder, db_or_default
 from .steps import ClaimedStep, claimed_from, workflow_step_claim
 
@@ -122,20 +120,8 @@ def workflow_steps_release(claims: Sequence[ClaimedStep], *, db: str | None = No
     job cancelled, or its lease lost), each fenced by its claim: for its job's
     next run, or the sweep, to claim as a step never started, its attempt count
     as it was. A step taken over or voided meanwhile is left as it is."""
-    released = 0
-    for c in claims:
-        released += (
-            WorkflowTask.objects.using(db_or_default(db))
-            .filter(id=c.step_id, claim_id=c.claim_id, state=StepState.RUNNING)
-            .update(
-                state=StepState.READY,
-                claim_id=None,
-                attempts=F("attempts") - 1,
-                started_at=Case(When(attempts=1, then=Value(None)), default=F("started_at")),
-                updated_at=Now(),
-            )
-        )
-    return released
+    db = db_or_default(db)
+    return sum(preclaim.unclaim(db, c.step_id, c.claim_id) for c in claims)
 
 
 def workflow_steps_succeed(

@@ -158,9 +158,14 @@ def release(db: str, job_id: int, epoch: int) -> bool:
         if kept is None or kept[0] != epoch:
             return False
         del _claims[(db, job_id)]
+    return unclaim(db, kept[1], kept[2])
+
+
+def unclaim(db: str, step_id: int, claim_id: str) -> bool:
+    """``running`` under ``claim_id`` -> ``ready``, as if never claimed (see ``release``)."""
     return bool(
         WorkflowTask.objects.using(db)
-        .filter(id=kept[1], claim_id=kept[2], state=StepState.RUNNING)
+        .filter(id=step_id, claim_id=claim_id, state=StepState.RUNNING)
         .update(
             state=StepState.READY,
             claim_id=None,
