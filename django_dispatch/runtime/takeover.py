@@ -98,33 +98,47 @@ def take_id(
     options: WorkerOptions, registration: Mapping[str, Any], settings: DispatchSettings
 ) -> int:
     """Register this process under ``options.worker_id``; return how many jobs of a
-    dead incarnation it took back. Raises ``WorkerIdInUse`` while a live one holds it."""
+    dead incarnation it took back. Raises ``WorkerIdInUse`` while a live one holds it.
+
+    Two steps, each tried again after a database error on its own: taking the
+    id, then taking back the dead incarnation's jobs (a retry of which finds
+    the ones already taken back gone). A retry of the first that finds the id
+    already this process's (the compare-and-set committed, its reply lost)
+    takes back from the incarnation it replaced."""
     if options.predecessor is not None:
         return 0
-    return _riding_out(lambda: _take_id(options, registration, settings))
+    worker_id, db = options.worker_id, registration["db"]
+    tried: list[Incarnation | None] = []  # the incarnation the last compare-and-set replaced
+    previous = _riding_out(lambda: _take_id(worker_id, registration, settings, tried))
+    if previous is None:
+        return 0
+    return _riding_out(lambda: _take_back(worker_id, previous, settings, db))
 
 
 def _take_id(
-    options: WorkerOptions, registration: Mapping[str, Any], settings: DispatchSettings
-) -> int:
-    worker_id, db = options.worker_id, registration["db"]
+    worker_id: str,
+    registration: Mapping[str, Any],
+    settings: DispatchSettings,
+    tried: list[Incarnation | None],
+) -> Incarnation | None:
+    """Take the id; the dead incarnation it was taken from (None: none, or this process's)."""
     stale = STALE_HEARTBEATS * settings.HEARTBEAT_INTERVAL
     for _ in range(TAKE_ATTEMPTS):
-        previous = worker_incarnation(worker_id, db=db)
+        previous = worker_incarnation(worker_id, db=registration["db"])
+        if tried and previous is not None and _here(previous):
+            _REGISTERED.add(worker_id)  # a retry: the last compare-and-set committed
+            return tried[-1]
         ours = previous is not None and _ours(worker_id, previous)
         if previous is not None and not ours and not _dead(previous, stale):
             raise WorkerIdInUse(_in_use(worker_id, previous, stale))
+        tried.append(None if ours else previous)
         if worker_take_id(worker_id, previous, **registration):
             _REGISTERED.add(worker_id)
-            break
-    else:
-        raise WorkerIdInUse(
-            f"--worker-id {worker_id!r}: another process kept registering under this id "
-            "while this one started. Start one worker per id."
-        )
-    if previous is None or ours:
-        return 0
-    return _take_back(worker_id, previous, settings, db)
+            return tried[-1]
+    raise WorkerIdInUse(
+        f"--worker-id {worker_id!r}: another process kept registering under this id "
+        "while this one started. Start one worker per id."
+    )
 
 
 def register(worker_id: str, registration: Mapping[str, Any]) -> str | None:
@@ -192,11 +206,12 @@ def _take_back(worker_id: str, previous: Incarnation, settings: DispatchSettings
 
 
 def _ours(worker_id: str, previous: Incarnation) -> bool:
-    return (
-        worker_id in _REGISTERED
-        and previous.hostname == socket.gethostname()
-        and previous.pid == os.getpid()
-    )
+    return worker_id in _REGISTERED and _here(previous)
+
+
+def _here(previous: Incarnation) -> bool:
+    """Whether the row names this process (its host and pid)."""
+    return previous.hostname == socket.gethostname() and previous.pid == os.getpid()
 
 
 def _dead(previous: Incarnation, stale: float) -> bool:

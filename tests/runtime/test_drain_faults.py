@@ -33,6 +33,7 @@ from django_dispatch.runtime.slots import Slots
 from django_dispatch.runtime.worker import Worker
 from django_dispatch.testing import drain
 from tests.conftest import postgres_only
+from tests.runtime.test_takeover import gone_pid, held_job, incarnation, start
 from tests.testapp import tasks
 from tests.testapp.models import SideEffect
 
@@ -150,7 +151,7 @@ def test_a_wave_whose_planning_read_fails_has_its_successes_write_their_own():
     [("SELECT", '"django_dispatch_worker"'), ("UPDATE", '"started_at"')],
     ids=["take_id", "register"],
 )
-def test_a_connection_cut_as_the_worker_registers_is_ridden_out(statement):
+def test_a_connection_cut_as_the_worker_registers_is_ridden_out(statement, caplog):
     """The start's statements (taking the worker's id, then registering) are
     tried again after a database error, as the control loop's are: a
     connection cut right then (a failover, a pooler's restart) does not end
@@ -169,5 +170,31 @@ def test_a_connection_cut_as_the_worker_registers_is_ridden_out(statement):
     with control.execute_wrapper(cutting):
         ran = drain()
     assert cut, "the registration was never cut: the test proved nothing"
+    assert "as the worker starts; will retry" in caplog.text
     assert ran == 1
     assert Job.objects.get().state == JobState.SUCCEEDED
+
+
+def test_a_cut_while_taking_back_a_dead_incarnations_jobs_still_takes_them_all():
+    """The id is taken, then the cut lands on the take-back's first statement:
+    the retry takes back from the incarnation the id was taken from (a retry of
+    the whole start would find the id already this process's, and take back
+    nothing, leaving the jobs to their leases' expiry)."""
+    incarnation("cut-back", pid=gone_pid())
+    held = [held_job("cut-back"), held_job("cut-back")]
+    control = connections["default"]
+    cut: list[int] = []
+
+    def cutting(execute, sql, params, many, context):
+        if not cut and '"django_dispatch_job"' in sql:
+            cut.append(control.connection.info.backend_pid)
+            _terminate(control)
+        return execute(sql, params, many, context)
+
+    with control.execute_wrapper(cutting):
+        taken = start("cut-back")
+    assert cut, "the take-back was never cut: the test proved nothing"
+    assert taken == 2
+    for job in held:
+        row = Job.objects.get(pk=job.pk)
+        assert (row.state, row.worker_lost_count) == (JobState.PENDING, 1)
