@@ -109,7 +109,7 @@ def jobs_claim(
             claim.window = max(claim.free, DEMOTE_WINDOW)
         if not claim.chosen and not claim.leased:
             return []
-        now: datetime = (claim.chosen or claim.leased)[0]["db_now"]
+        now: datetime = claim.now or (claim.chosen or claim.leased)[0]["db_now"]
         if claim.chosen:
             jobs_lease(db, claim.chosen, worker_id, now, lease_seconds)
     rows = sorted(
@@ -138,6 +138,11 @@ class _Claim:
     passed: list[int] = field(default_factory=list)  # looked at, neither taken nor set aside
     set_aside: int = 0
     gate: ConcurrencyGate | None = None
+    #: The claim's one clock, its first read's: its leases are stamped with it,
+    #: and its gates count rate windows at it. On SQLite each round's read has
+    #: a clock of its own, and a window counted at a later round's could be the
+    #: next one, empty, while the leases are stamped in a full one.
+    now: datetime | None = None
 
     def __post_init__(self) -> None:
         self.window = self.limit
@@ -150,6 +155,8 @@ class _Claim:
         """Read one window from the source and pass it through the gates; return how
         many rows this round set aside (0: reading on would find nothing new)."""
         rows = self.read()
+        if self.now is None and (rows or self.leased):
+            self.now = (rows or self.leased)[0]["db_now"]
         free = self.free
         runnable, set_aside = sort_out_partitions(
             self.db, rows, self.chosen, self.passed, self.namespace
@@ -157,6 +164,7 @@ class _Claim:
         limits = self.flow.limits
         if any(r["concurrency_key"] is not None or r["queue_name"] in limits for r in runnable):
             self.gate = self.gate or ConcurrencyGate(self.db, self.namespace, limits, self.flow)
+            self.gate.now = self.gate.now or self.now
             runnable, skipped, capped = self.gate.sort(runnable, free)
             self.passed += skipped
             set_aside += capped
