@@ -181,8 +181,8 @@ def started(key: str, n: int) -> bool:
 
 def test_a_child_skipped_while_its_batch_runs_an_earlier_one_does_not_run():
     """The batch claimed children 1 to 3 together; child 3, skipped while child 1
-    runs (0.5 s), is read again before its turn and not run."""
-    run = fan("recheck", MANY, pause_on=[1], pause=0.5)
+    runs (2 s), is read again before its turn and not run."""
+    run = fan("recheck", MANY, pause_on=[1], pause=2.0)
     thread = run_batch_in_background(run)
     wait_until(lambda: started("recheck", 1), what="child 1 running")
     third = kids(run)[3]
@@ -196,9 +196,9 @@ def test_a_child_skipped_while_its_batch_runs_an_earlier_one_does_not_run():
 
 
 def test_a_batch_writes_the_successes_it_holds_while_a_slow_child_runs():
-    """Children 2 and 3 take 0.5 s each: once child 3 starts, the successes of
+    """Children 2 and 3 take 1.5 s each: once child 3 starts, the successes of
     children 1 and 2 are written, not held until the batch ends."""
-    run = fan("flushed", MANY, pause_on=[2, 3], pause=0.5)
+    run = fan("flushed", MANY, pause_on=[2, 3], pause=1.5)
     thread = run_batch_in_background(run)
     wait_until(lambda: started("flushed", 3), what="child 3 running")
     states = {c.map_index: WorkflowTask.objects.get(run=c).state for c in kids(run)[1:4]}
@@ -208,10 +208,10 @@ def test_a_batch_writes_the_successes_it_holds_while_a_slow_child_runs():
 
 
 def test_a_batch_cancelled_while_it_runs_puts_its_unstarted_children_back_unspent():
-    """Cancelled from the jobs admin while child 1 runs: children 2 and 3 never
+    """Cancelled from the jobs admin while child 1 runs (2 s): children 2 and 3 never
     start, go back to ``ready`` with no attempt spent, and the sweep gives each
     a job of its own."""
-    run = fan("stopped", MANY, pause_on=[1], pause=1.0)
+    run = fan("stopped", MANY, pause_on=[1], pause=2.0)
     thread = run_batch_in_background(run)
     wait_until(lambda: started("stopped", 1), what="child 1 running")
     job = batch_jobs(run)[0]
