@@ -48,8 +48,9 @@ from .steps import ClaimedStep, claimed_from, workflow_step_claim
 
 logger = logging.getLogger("django_dispatch.store")
 
-#: Children per job, at most: past a few dozen, a batch's own statements no
-#: longer show in what a child costs.
+#: Children per job, at most. Each batch's claim, set of successes, count and
+#: job cost the server more than its children's rows: at 16 a job they held a
+#: 10,000-item map to under half the rate of plain jobs, at 39 it ran at 61%.
 MAX_SIZE = 64
 #: Jobs per set, at least, however few its children: children of one batch
 #: run in turn, so a set of slow children keeps this many jobs to spread over
