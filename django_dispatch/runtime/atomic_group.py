@@ -48,7 +48,6 @@ and psycopg 2 take ``atomic``'s path, one transaction per job.
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import queue
 import threading
@@ -141,6 +140,8 @@ class AtomicGroup:
         self.backend: int | None = None
         #: The last commit's ``on_commit`` callbacks, for ``run_callbacks``.
         self.callbacks: list[Any] = []
+        #: Members' savepoints numbered so far: each gets a name of its own.
+        self.savepoints = 0
 
     @property
     def open(self) -> bool:
@@ -224,17 +225,19 @@ class AtomicGroup:
             block.__enter__()
             self.block, self.opened_at = block, time.monotonic()
             self.broken = self.forsaken = False
+            self.savepoints = 0
             self.backend = atomic_group.backend_pid(self.db)
         connection = connections[self.db]
         hooks = len(connection.run_on_commit)
+        self.savepoints += 1
         try:
-            savepoint = atomic_group.member_savepoint(self.db)
+            savepoint = atomic_group.member_savepoint(self.db, self.savepoints)
         except (DatabaseError, InterfaceError):  # its code has not started
             self.broken = True
             return Outcome(kind="released")
         begin = (
-            contextlib.nullcontext()
-            if savepoint
+            savepoint
+            if savepoint is not None
             else atomic_finish.begin_with_first_statement(self.db)
         )
         try:
@@ -246,9 +249,11 @@ class AtomicGroup:
             self._undo(connection, savepoint, hooks)
             if self.forsaken:  # its error may be the ended transaction's: not its own
                 return Outcome(kind="released", why=FORSAKEN)
-            if savepoint and contention(e):  # the group's earlier writes held locks
+            if savepoint is not None and contention(e):  # earlier members' writes held locks
                 _run_alone([claimed.id])  # alone next time: a deadlock of its own then counts
                 return Outcome(kind="released", why=CONTENDED)
+            if self.broken and savepoint is not None:  # its undo failed: the group rolls back
+                _run_alone([claimed.id])  # and its retry must not take another one with it
             return attempt.conclude(claimed, running, prepared, error=e)
         try:  # nothing the body wrote may stay behind unless its success joins
             outcome = attempt.conclude(claimed, running, prepared, value=value)
@@ -272,7 +277,9 @@ class AtomicGroup:
             running.finished, running.grouped = outcome, True
             self.members.append(Member(running, outcome, meter, entry))
 
-    def _undo(self, connection: Any, savepoint: bool, hooks: int) -> None:
+    def _undo(
+        self, connection: Any, savepoint: atomic_group.MemberSavepoint | None, hooks: int
+    ) -> None:
         """Undo one member's writes and the ``on_commit`` callbacks it registered."""
         try:
             atomic_group.member_undo(self.db, savepoint)

@@ -219,15 +219,11 @@ class _BeginFirst:
         if not self.armed:
             return execute(sql, params, many, context)
         self.armed = False
-        from psycopg import ClientCursor, pq
+        from psycopg import pq
 
         raw, cursor = self.raw, context["cursor"].cursor
         if (
-            many
-            or getattr(execute, "__name__", None) != "_execute"  # callproc, or wrapped again
-            or type(cursor).execute is not ClientCursor.execute
-            or not isinstance(cursor, ClientCursor)
-            or raw._pipeline is not None
+            not may_carry(raw, cursor, execute, many)
             or raw.pgconn.transaction_status != pq.TransactionStatus.IDLE
         ):
             return execute(sql, params, many, context)  # psycopg sends its BEGIN
@@ -244,6 +240,23 @@ class _BeginFirst:
             raw._autocommit = False
         cursor.nextset()  # past BEGIN's result, to the statement's
         return result
+
+
+def may_carry(raw: Any, cursor: Any, execute: Callable[..., Any], many: bool) -> bool:
+    """Whether a statement an execute wrapper was handed may carry one of ours in
+    front of it (``<ours>;\n<statement>``): a plain ``execute`` on a client-side
+    binding cursor (Django's default), sent by the simple protocol that takes
+    several statements, with nothing between the wrapper and the cursor
+    (``callproc``, or another wrapper, might send statements of their own first)."""
+    from psycopg import ClientCursor
+
+    return (
+        not many
+        and getattr(execute, "__name__", None) == "_execute"
+        and type(cursor).execute is ClientCursor.execute
+        and isinstance(cursor, ClientCursor)
+        and raw._pipeline is None
+    )
 
 
 def _fail_block_if_begin_never_ran(raw: Any, error: Exception, connection: Any) -> None:

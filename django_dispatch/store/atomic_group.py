@@ -7,10 +7,14 @@ writing transaction of its own: a commit that waits for its WAL flush, and a
 success UPDATE of its own, where a wave of plain successes shares one of each
 among many jobs.
 
-``member_savepoint``: before a member's body, a savepoint when the transaction
+``member_savepoint``: around a member's body, a savepoint when the transaction
 already holds what earlier members wrote, so that a body that fails is undone
 alone (``member_undo``). None when no transaction is open yet: nothing is
 there to keep, and rolling the whole transaction back undoes that member only.
+The savepoint is sent with the body's first statement (``MemberSavepoint``),
+not before the body in a round trip of its own: one wake-up of the job thread
+and of the server fewer per member, and none at all for a body that sends
+nothing.
 
 ``commit_successes_if_leased``: every member's fenced success and usage record
 by the wave's own function (``django_dispatch_finish_wave``, planned once per
@@ -28,19 +32,23 @@ PostgreSQL on psycopg 3 only, and unkeyed jobs only: the caller checks with
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable, Sequence
 from typing import Any
 
 from django.db import InterfaceError, connections
 
-from .atomic_finish import LOST, commit_if_fenced
+from .atomic_finish import LOST, commit_if_fenced, may_carry
 from .finish import MeasuredUsage, finish_params
 from .types import Lease
 
-#: The members' savepoint: one name, each new one hiding the last (a rollback
-#: to it undoes only the member that took it).
-_SAVEPOINT = b"SAVEPOINT django_dispatch_member"
-_ROLLBACK_TO = b"ROLLBACK TO SAVEPOINT django_dispatch_member"
+#: A member's savepoint: a name of its own (``%d``: its number in the group),
+#: so that a rollback to it can never reach an earlier member's. Were the body
+#: to release it from under its own savepoint (psycopg's ``transaction()``,
+#: taken before the body's first statement through a cursor), the rollback
+#: fails instead, and the whole group is rolled back.
+_SAVEPOINT = b"SAVEPOINT django_dispatch_member_%d"
+_ROLLBACK_TO = b"ROLLBACK TO SAVEPOINT django_dispatch_member_%d"
 
 #: The group's finish (``%d``: how many were sent); the casts pick the
 #: function's signature, as ``store.wave``'s call does.
@@ -55,17 +63,98 @@ _ARRAYS = ("ids", "workers", "epochs", "values")
 _USAGE = ("metered", "walls", "cpus", "rss", "host", "outcome")
 
 
-def member_savepoint(db: str) -> bool:
-    """Before a member's body, in the group's open ``atomic`` block: True when a
-    savepoint was taken (the transaction holds earlier members' writes)."""
+def member_savepoint(db: str, number: int) -> MemberSavepoint | None:
+    """For a member's body, in the group's open ``atomic`` block: its savepoint,
+    to use as a context manager around the body, or None when no transaction
+    is open yet (nothing written there to keep). ``number``: unique in the
+    group."""
     from psycopg import pq
 
     connection = connections[db]
     connection.ensure_connection()
-    if connection.connection.pgconn.transaction_status == pq.TransactionStatus.IDLE:
-        return False
-    _exec(connection, _SAVEPOINT)
-    return True
+    raw = connection.connection
+    if raw.pgconn.transaction_status == pq.TransactionStatus.IDLE:
+        return None
+    savepoint = MemberSavepoint(connection, raw, number)
+    if not all(hasattr(raw, a) for a in ("_start_query", "_exec_command", "_pipeline")):
+        # psycopg's private parts the ride leans on: without them, sent now.
+        _exec(connection, savepoint.sql)
+        savepoint.taken, savepoint.rides = True, False
+    return savepoint
+
+
+class MemberSavepoint:
+    """A member's savepoint, taken with the first statement its body sends.
+
+    Two hooks, installed for the body only, take it:
+
+    - Django's execute wrapper puts it in front of the body's first statement
+      when that can carry it (``atomic_finish.may_carry``: Django's ORM and
+      ``connection.cursor()``, by default), as ``SAVEPOINT ...;\n<statement>``;
+    - psycopg's start of every query (``_start_query``, which sends a
+      transaction's ``BEGIN``) sends it alone before anything else: a raw
+      psycopg cursor, ``COPY``, ``executemany``, a server-side binding, a
+      pipeline, or a statement that could not carry it.
+
+    ``taken`` says whether it was. A body that sent nothing needs no undo;
+    one that wrote before a savepoint could be taken cannot exist, as every
+    statement through the connection's cursors passes psycopg's hook.
+    """
+
+    __slots__ = ("connection", "number", "raw", "rides", "sql", "taken")
+
+    def __init__(self, connection: Any, raw: Any, number: int) -> None:
+        self.connection, self.raw, self.number = connection, raw, number
+        self.sql = _SAVEPOINT % number
+        self.taken = False
+        self.rides = True
+
+    def __enter__(self) -> MemberSavepoint:
+        if self.rides:
+            self.raw._start_query = self._start_query  # this connection only
+            self.connection.execute_wrappers.append(self)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self.rides:
+            self.raw.__dict__.pop("_start_query", None)
+            with contextlib.suppress(ValueError):
+                self.connection.execute_wrappers.remove(self)
+
+    def _start_query(self) -> Any:
+        """psycopg's hook: the savepoint, alone, before the first query that
+        did not carry it; then psycopg's own start (nothing, in a transaction)."""
+        from psycopg import pq
+
+        raw = self.raw
+        if not self.taken and raw.pgconn.transaction_status == pq.TransactionStatus.INTRANS:
+            yield from raw._exec_command(self.sql)
+            self.taken = True
+        yield from type(raw)._start_query(raw)
+
+    def __call__(
+        self, execute: Callable[..., Any], sql: str, params: Any, many: bool, context: Any
+    ) -> Any:
+        """Django's execute wrapper: the savepoint in front of the first statement.
+
+        If the server refuses the query whole (a syntax error: it parses every
+        statement of a query before it runs any), the savepoint was not taken
+        though ``taken`` says it was: the rollback to it then fails, and the
+        group rolls back whole, as it must, the transaction being failed."""
+        if self.taken:
+            return execute(sql, params, many, context)
+        from psycopg import pq
+
+        cursor = context["cursor"].cursor
+        if (
+            not may_carry(self.raw, cursor, execute, many)
+            or self.raw.pgconn.transaction_status != pq.TransactionStatus.INTRANS
+        ):
+            return execute(sql, params, many, context)  # psycopg's hook sends it
+        self.taken = True  # before: psycopg's hook must not send it again
+        result = execute(self.sql.decode() + ";\n" + sql, params, many, context)
+        cursor.nextset()  # past the savepoint's result, to the statement's
+        return result
 
 
 def backend_pid(db: str) -> int | None:
@@ -112,19 +201,30 @@ def aborted(db: str) -> bool:
     return raw is not None and raw.pgconn.transaction_status == pq.TransactionStatus.INERROR
 
 
-def member_undo(db: str, savepoint: bool) -> None:
+def member_undo(db: str, savepoint: MemberSavepoint | None) -> None:
     """After a member's body that must keep nothing: back to its savepoint, or,
-    without one, the whole transaction (which then held only that member's)."""
+    without one, the whole transaction (which then held only that member's).
+
+    A savepoint the body never took leaves nothing of the member's to undo,
+    but a transaction failed meanwhile (a statement refused before the
+    savepoint could be taken) cannot go on: raised, so that the group rolls back."""
     from psycopg import pq
 
     connection = connections[db]
     raw = connection.connection
     if raw is None:  # closed by the body or by Django after a lost connection
         raise InterfaceError(f"the connection to {db!r} was closed")
-    if savepoint:
-        _exec(connection, _ROLLBACK_TO)
-    elif raw.pgconn.transaction_status != pq.TransactionStatus.IDLE:
-        _exec(connection, b"ROLLBACK")
+    status = raw.pgconn.transaction_status
+    if savepoint is None:
+        if status != pq.TransactionStatus.IDLE:
+            _exec(connection, b"ROLLBACK")
+    elif savepoint.taken:
+        _exec(connection, _ROLLBACK_TO % savepoint.number)
+    elif status == pq.TransactionStatus.INERROR:
+        raise InterfaceError(
+            "an atomic job's statement failed before its savepoint was taken: "
+            "the group's transaction cannot go on"
+        )
 
 
 def commit_successes_if_leased(

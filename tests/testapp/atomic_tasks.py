@@ -211,3 +211,36 @@ def write_then_return_too_deep(key: str):
 def touch_row(pk: int):
     """Updates ``SideEffect`` row ``pk``: its lock is held until the transaction ends."""
     SideEffect.objects.filter(pk=pk).update(note="touched")
+
+
+@task(atomic=True, max_attempts=2, backoff=quick_backoff)
+def write_by(key: str, how: str, fail: bool = False):
+    """Writes a row by ``how`` (each a different path to the server), then raises if ``fail``.
+
+    ``orm``: Django's ORM; ``raw``: a psycopg cursor of the connection, past
+    Django's; ``copy``: ``COPY ... FROM STDIN``; ``psycopg-transaction``: a raw
+    cursor inside psycopg's own ``transaction()``, which takes and releases a
+    savepoint of its own; ``none``: nothing at all.
+    """
+    from django.db import connection
+
+    table = SideEffect._meta.db_table
+    insert = f"INSERT INTO {table} (key, job_id, worker_pid, note) VALUES (%s, '', 0, %s)"
+    if how == "orm":
+        _row(key, note=how)
+    elif how in ("raw", "psycopg-transaction"):
+        connection.ensure_connection()
+        raw = connection.connection
+        if how == "raw":
+            raw.cursor().execute(insert, (key, how))
+        else:
+            with raw.transaction():
+                raw.cursor().execute(insert, (key, how))
+    elif how == "copy":
+        with connection.cursor() as cursor:
+            copy_sql = f"COPY {table} (key, job_id, worker_pid, note) FROM STDIN"
+            with cursor.copy(copy_sql) as copy:
+                copy.write_row((key, "", 0, how))
+    if fail:
+        raise RuntimeError(f"{key} fails after writing by {how}")
+    return key

@@ -1,0 +1,125 @@
+"""A group member's savepoint goes with its body's first statement (``store.atomic_group``).
+
+What is counted is what the job thread sends: libpq's own trace of the
+connection (``PQtrace``) lists every message to the server, so a savepoint
+sent alone shows as a query of its own. Each member's writes are counted as
+rows, read from another connection once the group settled.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+import pytest
+from django.db import connection
+from psycopg import pq
+
+from django_dispatch.runtime import atomic_group
+from django_dispatch.runtime.atomic_group import AtomicGroup
+from django_dispatch.runtime.running import RunningJob
+from django_dispatch.runtime.slots import Slots
+from tests.conftest import postgres_only
+from tests.runtime.test_atomic_group import claim, rows
+from tests.testapp import atomic_tasks
+
+pytestmark = [pytest.mark.django_db(transaction=True), postgres_only]
+
+#: A query message of libpq's trace, and its text.
+_QUERY = re.compile(r'^F\t\d+\tQuery\t "(.*)"$', re.DOTALL)
+
+
+@contextmanager
+def traced() -> Iterator[list[str]]:
+    """The simple-protocol queries this thread's connection sends meanwhile."""
+    connection.ensure_connection()
+    pgconn = connection.connection.pgconn
+    sent: list[str] = []
+    with tempfile.TemporaryFile("w+") as trace:
+        pgconn.trace(trace.fileno())
+        pgconn.set_trace_flags(pq.Trace.SUPPRESS_TIMESTAMPS | pq.Trace.REGRESS_MODE)
+        try:
+            yield sent
+        finally:
+            pgconn.untrace()
+            os.fsync(trace.fileno())
+            trace.seek(0)
+            messages = re.split(r"\n(?=[FB]\t)", trace.read())  # a query may span lines
+            sent += [m.group(1) for message in messages if (m := _QUERY.match(message.strip()))]
+
+
+@pytest.fixture
+def group() -> AtomicGroup:
+    slots = Slots(concurrency=4)
+    slots.ran(0.001)  # only short jobs so far: a group may form
+    return AtomicGroup("default", slots)
+
+
+def three_members(how: str, fail: bool) -> list[RunningJob]:
+    """Keys ``first``/``middle``/``last`` queued (``middle`` written by ``how``), claimed."""
+    atomic_tasks.write_by.enqueue("first", "orm")
+    atomic_tasks.write_by.enqueue("middle", how, fail=fail)
+    atomic_tasks.write_by.enqueue("last", "orm")
+    return claim(3)
+
+
+def test_a_members_savepoint_rides_its_first_statement(group):
+    (first, middle, last) = three_members("orm", fail=False)
+    assert group.execute(first).kind == "succeeded"
+    with traced() as sent:
+        assert group.execute(middle).kind == "succeeded"
+    assert len(sent) == 1, sent  # the savepoint and the INSERT, one round trip
+    assert sent[0].startswith("SAVEPOINT django_dispatch_member_") and "INSERT" in sent[0]
+    assert group.execute(last).kind == "succeeded"
+    members, won = group.settle()
+    assert won and len(members) == 3
+    assert (rows("first"), rows("middle"), rows("last")) == (1, 1, 1)
+
+
+def test_a_member_that_fails_before_any_statement_sends_nothing(group):
+    (first, middle, last) = three_members("none", fail=True)
+    assert group.execute(first).kind == "succeeded"
+    with traced() as sent:
+        assert group.execute(middle).kind == "retry"
+    assert sent == []  # no savepoint, and nothing to roll back to
+    assert group.execute(last).kind == "succeeded"
+    members, won = group.settle()
+    assert won and [m.running for m in members] == [first, last]
+    assert (rows("first"), rows("last")) == (1, 1)
+
+
+@pytest.mark.parametrize("how", ["raw", "copy"])
+@pytest.mark.parametrize("fail", [False, True])
+def test_writes_past_djangos_cursor_are_behind_the_members_savepoint(group, how, fail):
+    (first, middle, last) = three_members(how, fail=fail)
+    assert group.execute(first).kind == "succeeded"
+    with traced() as sent:
+        assert group.execute(middle).kind == ("retry" if fail else "succeeded")
+    # psycopg's start of the query sent the savepoint alone, before the write.
+    assert re.fullmatch(r"SAVEPOINT django_dispatch_member_\d+", sent[0]), sent
+    assert ("INSERT" if how == "raw" else "COPY") in sent[1]
+    if fail:
+        assert sent[-1].startswith("ROLLBACK TO SAVEPOINT django_dispatch_member_")
+    assert group.execute(last).kind == "succeeded"
+    members, won = group.settle()
+    assert won and len(members) == (2 if fail else 3)
+    assert (rows("first"), rows("middle"), rows("last")) == (1, 0 if fail else 1, 1)
+
+
+def test_a_body_that_releases_its_savepoint_rolls_the_whole_group_back(group):
+    """psycopg's own ``transaction()`` takes its savepoint before the body's first
+    cursor statement, so the member's is taken inside it, and released with it.
+    The member's undo then finds no savepoint to go back to: nothing of the
+    group may commit, and the member runs alone next time."""
+    (first, middle, _last) = three_members("psycopg-transaction", fail=True)
+    assert group.execute(first).kind == "succeeded"
+    assert group.execute(middle).kind == "retry"
+    assert group.broken and not group.has_room()
+    members, won = group.settle()
+    assert not won and [m.running for m in members] == [first]
+    assert (rows("first"), rows("middle")) == (0, 0)
+    assert middle.claimed.id in atomic_group._SOLO
+    assert not connection.in_atomic_block
