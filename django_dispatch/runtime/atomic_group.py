@@ -243,7 +243,7 @@ class AtomicGroup:
         try:
             with begin:
                 value = prepared.task.func(*prepared.args, **prepared.kwargs)
-            if connection.needs_rollback or atomic_group.aborted(self.db):
+            if connection.needs_rollback or atomic_group.aborted(self.db, savepoint):
                 raise TransactionManagementError(atomic_finish.MARKED_FOR_ROLLBACK)
         except BaseException as e:
             self._undo(connection, savepoint, hooks)

@@ -223,7 +223,7 @@ class _BeginFirst:
 
         raw, cursor = self.raw, context["cursor"].cursor
         if (
-            not may_carry(raw, cursor, execute, many)
+            not may_carry(raw, cursor, execute, many, sql)
             or raw.pgconn.transaction_status != pq.TransactionStatus.IDLE
         ):
             return execute(sql, params, many, context)  # psycopg sends its BEGIN
@@ -242,7 +242,7 @@ class _BeginFirst:
         return result
 
 
-def may_carry(raw: Any, cursor: Any, execute: Callable[..., Any], many: bool) -> bool:
+def may_carry(raw: Any, cursor: Any, execute: Callable[..., Any], many: bool, sql: Any) -> bool:
     """Whether a statement an execute wrapper was handed may carry one of ours in
     front of it (``<ours>;\n<statement>``): a plain ``execute`` on a client-side
     binding cursor (Django's default), sent by the simple protocol that takes
@@ -252,6 +252,7 @@ def may_carry(raw: Any, cursor: Any, execute: Callable[..., Any], many: bool) ->
 
     return (
         not many
+        and isinstance(sql, str)  # not psycopg's ``sql.Composed``, nor bytes
         and getattr(execute, "__name__", None) == "_execute"
         and type(cursor).execute is ClientCursor.execute
         and isinstance(cursor, ClientCursor)

@@ -67,14 +67,18 @@ def member_savepoint(db: str, number: int) -> MemberSavepoint | None:
     """For a member's body, in the group's open ``atomic`` block: its savepoint,
     to use as a context manager around the body, or None when no transaction
     is open yet (nothing written there to keep). ``number``: unique in the
-    group."""
+    group. Raises when the connection cannot carry the group on (closed or
+    broken): the member's code has not started."""
     from psycopg import pq
 
     connection = connections[db]
     connection.ensure_connection()
     raw = connection.connection
-    if raw.pgconn.transaction_status == pq.TransactionStatus.IDLE:
+    status = raw.pgconn.transaction_status
+    if status == pq.TransactionStatus.IDLE:
         return None
+    if status != pq.TransactionStatus.INTRANS or raw.pgconn.status != pq.ConnStatus.OK:
+        raise InterfaceError(f"the connection to {db!r} no longer holds its group's transaction")
     savepoint = MemberSavepoint(connection, raw, number)
     if not all(hasattr(raw, a) for a in ("_start_query", "_exec_command", "_pipeline")):
         # psycopg's private parts the ride leans on: without them, sent now.
@@ -86,51 +90,76 @@ def member_savepoint(db: str, number: int) -> MemberSavepoint | None:
 class MemberSavepoint:
     """A member's savepoint, taken with the first statement its body sends.
 
-    Two hooks, installed for the body only, take it:
+    Three hooks, installed for the body only (and until it is taken), take it:
 
     - Django's execute wrapper puts it in front of the body's first statement
       when that can carry it (``atomic_finish.may_carry``: Django's ORM and
       ``connection.cursor()``, by default), as ``SAVEPOINT ...;\n<statement>``;
-    - psycopg's start of every query (``_start_query``, which sends a
+    - psycopg's start of every cursor's query (``_start_query``, which sends a
       transaction's ``BEGIN``) sends it alone before anything else: a raw
-      psycopg cursor, ``COPY``, ``executemany``, a server-side binding, a
-      pipeline, or a statement that could not carry it.
+      psycopg cursor, ``COPY``, ``executemany``, a server-side cursor or
+      binding, a pipeline, or a statement that could not carry it;
+    - psycopg's own commands (``_exec_command``: its ``transaction()``'s
+      savepoints, ``commit()``, ``rollback()``) send it alone first, so that
+      a savepoint of psycopg's is taken inside it, never around it.
 
-    ``taken`` says whether it was. A body that sent nothing needs no undo;
-    one that wrote before a savepoint could be taken cannot exist, as every
-    statement through the connection's cursors passes psycopg's hook.
+    ``taken`` says whether it was. A body that sent nothing needs no undo.
+    ``ended``: the body ended the group's transaction itself (psycopg's
+    ``commit()`` or ``rollback()`` on the raw connection): nothing of the
+    group can be kept apart any more (``member_undo``, ``aborted``).
     """
 
-    __slots__ = ("connection", "number", "raw", "rides", "sql", "taken")
+    __slots__ = ("connection", "ended", "number", "raw", "rides", "sql", "taken")
 
     def __init__(self, connection: Any, raw: Any, number: int) -> None:
         self.connection, self.raw, self.number = connection, raw, number
         self.sql = _SAVEPOINT % number
-        self.taken = False
+        self.taken = self.ended = False
         self.rides = True
 
     def __enter__(self) -> MemberSavepoint:
         if self.rides:
             self.raw._start_query = self._start_query  # this connection only
+            self.raw._exec_command = self._exec_command
             self.connection.execute_wrappers.append(self)
         return self
 
     def __exit__(self, *exc: object) -> None:
         if self.rides:
-            self.raw.__dict__.pop("_start_query", None)
-            with contextlib.suppress(ValueError):
-                self.connection.execute_wrappers.remove(self)
+            self._uninstall()
 
-    def _start_query(self) -> Any:
-        """psycopg's hook: the savepoint, alone, before the first query that
-        did not carry it; then psycopg's own start (nothing, in a transaction)."""
+    def _uninstall(self) -> None:
+        """The hooks out, once the savepoint is taken (the body's later
+        statements pass none) or the body is over."""
+        self.rides = False
+        self.raw.__dict__.pop("_start_query", None)
+        self.raw.__dict__.pop("_exec_command", None)
+        with contextlib.suppress(ValueError):
+            self.connection.execute_wrappers.remove(self)
+
+    def _take(self) -> Any:
+        """psycopg's part: the savepoint alone, if not taken yet, in the group's
+        transaction; one found ended (IDLE: the body ended it) is marked so."""
         from psycopg import pq
 
         raw = self.raw
-        if not self.taken and raw.pgconn.transaction_status == pq.TransactionStatus.INTRANS:
-            yield from raw._exec_command(self.sql)
+        if self.taken:
+            return
+        status = raw.pgconn.transaction_status
+        if status == pq.TransactionStatus.INTRANS:
+            yield from type(raw)._exec_command(raw, self.sql)
             self.taken = True
-        yield from type(raw)._start_query(raw)
+            self._uninstall()
+        elif status == pq.TransactionStatus.IDLE:
+            self.ended = True
+
+    def _start_query(self) -> Any:
+        yield from self._take()
+        yield from type(self.raw)._start_query(self.raw)
+
+    def _exec_command(self, command: Any, *args: Any, **kwargs: Any) -> Any:
+        yield from self._take()
+        return (yield from type(self.raw)._exec_command(self.raw, command, *args, **kwargs))
 
     def __call__(
         self, execute: Callable[..., Any], sql: str, params: Any, many: bool, context: Any
@@ -140,19 +169,28 @@ class MemberSavepoint:
         If the server refuses the query whole (a syntax error: it parses every
         statement of a query before it runs any), the savepoint was not taken
         though ``taken`` says it was: the rollback to it then fails, and the
-        group rolls back whole, as it must, the transaction being failed."""
+        group rolls back whole, as it must, the transaction being failed. An
+        error before anything reached the server (the client's: no SQLSTATE)
+        leaves the savepoint untaken, for the next statement to take."""
         if self.taken:
             return execute(sql, params, many, context)
         from psycopg import pq
 
         cursor = context["cursor"].cursor
         if (
-            not may_carry(self.raw, cursor, execute, many)
+            not may_carry(self.raw, cursor, execute, many, sql)
             or self.raw.pgconn.transaction_status != pq.TransactionStatus.INTRANS
         ):
-            return execute(sql, params, many, context)  # psycopg's hook sends it
-        self.taken = True  # before: psycopg's hook must not send it again
-        result = execute(self.sql.decode() + ";\n" + sql, params, many, context)
+            return execute(sql, params, many, context)  # psycopg's hooks send it
+        self.taken = True  # before: psycopg's hooks must not send it again
+        try:
+            result = execute(self.sql.decode() + ";\n" + sql, params, many, context)
+        except Exception as error:
+            cause = error.__cause__ or error
+            if getattr(cause, "sqlstate", None) is None:
+                self.taken = False  # nothing of it reached the server
+            raise
+        self._uninstall()
         cursor.nextset()  # past the savepoint's result, to the statement's
         return result
 
@@ -192,13 +230,20 @@ def read_committed(db: str) -> bool:
     return level in (None, IsolationLevel.READ_COMMITTED)
 
 
-def aborted(db: str) -> bool:
-    """Whether the group's transaction is failed (a body caught a database error
-    outside a savepoint of its own): nothing more can run or commit in it."""
+def aborted(db: str, savepoint: MemberSavepoint | None = None) -> bool:
+    """Whether the group's transaction cannot go on: failed (a body caught a
+    database error outside a savepoint of its own), or, after a member's body
+    (``savepoint``), no longer the group's (the body ended it, or closed the
+    connection)."""
     from psycopg import pq
 
     raw = connections[db].connection
-    return raw is not None and raw.pgconn.transaction_status == pq.TransactionStatus.INERROR
+    if raw is None:
+        return savepoint is not None
+    status = raw.pgconn.transaction_status
+    if status == pq.TransactionStatus.INERROR:
+        return True
+    return savepoint is not None and (savepoint.ended or status != pq.TransactionStatus.INTRANS)
 
 
 def member_undo(db: str, savepoint: MemberSavepoint | None) -> None:
@@ -206,8 +251,8 @@ def member_undo(db: str, savepoint: MemberSavepoint | None) -> None:
     without one, the whole transaction (which then held only that member's).
 
     A savepoint the body never took leaves nothing of the member's to undo,
-    but a transaction failed meanwhile (a statement refused before the
-    savepoint could be taken) cannot go on: raised, so that the group rolls back."""
+    but a transaction failed, ended or lost meanwhile cannot go on: raised, so
+    that the group rolls back."""
     from psycopg import pq
 
     connection = connections[db]
@@ -220,10 +265,10 @@ def member_undo(db: str, savepoint: MemberSavepoint | None) -> None:
             _exec(connection, b"ROLLBACK")
     elif savepoint.taken:
         _exec(connection, _ROLLBACK_TO % savepoint.number)
-    elif status == pq.TransactionStatus.INERROR:
+    elif savepoint.ended or status != pq.TransactionStatus.INTRANS:
         raise InterfaceError(
-            "an atomic job's statement failed before its savepoint was taken: "
-            "the group's transaction cannot go on"
+            "an atomic job's body failed, ended or closed its group's transaction "
+            "before its savepoint was taken: the group's transaction cannot go on"
         )
 
 

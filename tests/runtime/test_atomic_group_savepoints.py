@@ -28,13 +28,14 @@ from tests.testapp import atomic_tasks
 
 pytestmark = [pytest.mark.django_db(transaction=True), postgres_only]
 
-#: A query message of libpq's trace, and its text.
-_QUERY = re.compile(r'^F\t\d+\tQuery\t "(.*)"$', re.DOTALL)
+#: A statement in libpq's trace, and its text: a simple query, or the parse
+#: of an extended one (a pipeline, ``executemany()``).
+_QUERY = re.compile(r'^F\t\d+\t(?:Query\t|Parse\t "[^"]*") "(.*?)"(?: \d+.*)?$', re.DOTALL)
 
 
 @contextmanager
 def traced() -> Iterator[list[str]]:
-    """The simple-protocol queries this thread's connection sends meanwhile."""
+    """The statements this thread's connection sends meanwhile."""
     connection.ensure_connection()
     pgconn = connection.connection.pgconn
     sent: list[str] = []
@@ -91,16 +92,17 @@ def test_a_member_that_fails_before_any_statement_sends_nothing(group):
     assert (rows("first"), rows("last")) == (1, 1)
 
 
-@pytest.mark.parametrize("how", ["raw", "copy"])
+@pytest.mark.parametrize("how", ["raw", "copy", "many", "psycopg-transaction"])
 @pytest.mark.parametrize("fail", [False, True])
 def test_writes_past_djangos_cursor_are_behind_the_members_savepoint(group, how, fail):
+    """psycopg's start of a query, or its own command (its ``transaction()``'s
+    savepoint), sends the member's savepoint alone, before anything else: a
+    savepoint of psycopg's is taken inside it, and released without it."""
     (first, middle, last) = three_members(how, fail=fail)
     assert group.execute(first).kind == "succeeded"
     with traced() as sent:
         assert group.execute(middle).kind == ("retry" if fail else "succeeded")
-    # psycopg's start of the query sent the savepoint alone, before the write.
     assert re.fullmatch(r"SAVEPOINT django_dispatch_member_\d+", sent[0]), sent
-    assert ("INSERT" if how == "raw" else "COPY") in sent[1]
     if fail:
         assert sent[-1].startswith("ROLLBACK TO SAVEPOINT django_dispatch_member_")
     assert group.execute(last).kind == "succeeded"
@@ -109,17 +111,38 @@ def test_writes_past_djangos_cursor_are_behind_the_members_savepoint(group, how,
     assert (rows("first"), rows("middle"), rows("last")) == (1, 0 if fail else 1, 1)
 
 
-def test_a_body_that_releases_its_savepoint_rolls_the_whole_group_back(group):
-    """psycopg's own ``transaction()`` takes its savepoint before the body's first
-    cursor statement, so the member's is taken inside it, and released with it.
-    The member's undo then finds no savepoint to go back to: nothing of the
-    group may commit, and the member runs alone next time."""
-    (first, middle, _last) = three_members("psycopg-transaction", fail=True)
+@pytest.mark.parametrize("how", ["nested", "client-error"])
+@pytest.mark.parametrize("fail", [False, True])
+def test_a_first_statement_that_carries_no_savepoint_still_writes_behind_one(group, how, fail):
+    """A nested ``atomic()``'s own savepoint carries the member's in front of
+    it; a statement refused by the client never reached the server, so the
+    next one carries the savepoint."""
+    (first, middle, last) = three_members(how, fail=fail)
     assert group.execute(first).kind == "succeeded"
-    assert group.execute(middle).kind == "retry"
+    with traced() as sent:
+        assert group.execute(middle).kind == ("retry" if fail else "succeeded")
+    assert sent[0].startswith("SAVEPOINT django_dispatch_member_"), sent
+    assert group.execute(last).kind == "succeeded"
+    members, won = group.settle()
+    assert won and len(members) == (2 if fail else 3)
+    assert (rows("first"), rows("middle"), rows("last")) == (1, 0 if fail else 1, 1)
+
+
+@pytest.mark.parametrize("how", ["syntax-error", "close"])
+def test_a_body_that_leaves_no_savepoint_to_return_to_rolls_the_whole_group_back(group, how):
+    """A first statement the server refuses whole (it parses a query's every
+    statement before running any) takes no savepoint, and leaves the
+    transaction failed; a body that closes the connection ends it. Nothing
+    of the group may commit then: the member fails, the others go back."""
+    (first, middle, last) = three_members(how, fail=False)
+    assert group.execute(first).kind == "succeeded"
+    assert group.execute(middle).kind in ("retry", "interrupted")
     assert group.broken and not group.has_room()
     members, won = group.settle()
     assert not won and [m.running for m in members] == [first]
     assert (rows("first"), rows("middle")) == (0, 0)
     assert middle.claimed.id in atomic_group._SOLO
+    # The thread carries on: the next job opens a group of its own.
     assert not connection.in_atomic_block
+    assert group.execute(last).kind == "succeeded"
+    assert group.settle()[1] and rows("last") == 1

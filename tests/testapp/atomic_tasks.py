@@ -6,6 +6,7 @@ body tells the test where it is through files (``signal``), never rows.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import time
 from pathlib import Path
@@ -218,11 +219,15 @@ def write_by(key: str, how: str, fail: bool = False):
     """Writes a row by ``how`` (each a different path to the server), then raises if ``fail``.
 
     ``orm``: Django's ORM; ``raw``: a psycopg cursor of the connection, past
-    Django's; ``copy``: ``COPY ... FROM STDIN``; ``psycopg-transaction``: a raw
-    cursor inside psycopg's own ``transaction()``, which takes and releases a
-    savepoint of its own; ``none``: nothing at all.
+    Django's; ``copy``: ``COPY ... FROM STDIN``; ``many``: ``executemany()``;
+    ``psycopg-transaction``: a raw cursor inside psycopg's own
+    ``transaction()``, which takes and releases a savepoint of its own;
+    ``nested``: the ORM inside a nested ``transaction.atomic()``;
+    ``client-error``: a statement psycopg refuses before sending it (caught),
+    then the ORM; ``syntax-error``: a first statement the server cannot parse
+    (caught); ``close``: the ORM, then ``connection.close()``; ``none``: nothing.
     """
-    from django.db import connection
+    from django.db import connection, transaction
 
     table = SideEffect._meta.db_table
     insert = f"INSERT INTO {table} (key, job_id, worker_pid, note) VALUES (%s, '', 0, %s)"
@@ -236,6 +241,22 @@ def write_by(key: str, how: str, fail: bool = False):
         else:
             with raw.transaction():
                 raw.cursor().execute(insert, (key, how))
+    elif how == "many":
+        with connection.cursor() as cursor:
+            cursor.executemany(insert, [(key, how)])
+    elif how == "nested":
+        with transaction.atomic():
+            _row(key, note=how)
+    elif how == "client-error":
+        with contextlib.suppress(Exception), connection.cursor() as cursor:
+            cursor.execute("SELECT %s, %s", [1])  # one parameter short: never sent
+        _row(key, note=how)
+    elif how == "syntax-error":
+        with contextlib.suppress(Exception), connection.cursor() as cursor:
+            cursor.execute("SELEC 1")
+    elif how == "close":
+        _row(key, note=how)
+        connection.close()
     elif how == "copy":
         with connection.cursor() as cursor:
             copy_sql = f"COPY {table} (key, job_id, worker_pid, note) FROM STDIN"
