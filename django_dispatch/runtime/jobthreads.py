@@ -200,7 +200,8 @@ class JobRunner:
         )
 
     def ran(self, running: RunningJob, meter: metering.Meter) -> None:
-        meter.stop()
+        if meter.wall is None:  # an atomic success stopped it before its commit's wait
+            meter.stop()
         joblog.ran(running.claimed, meter.wall or 0.0)
         self.slots.ran(meter.wall or 0.0)
 
