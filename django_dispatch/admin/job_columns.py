@@ -29,6 +29,9 @@ from .display import age_html, badge_html, format_safe, human_seconds, page_now,
 
 #: The internal task each workflow step runs as.
 STEP_TASK = "django_dispatch.workflows.tasks.run_step"
+#: The internal task a batch of a large ``ctx.map``'s children runs as
+#: (``args``: ``[[[step id, generation], ...]]``).
+BATCH_TASK = "django_dispatch.workflows.tasks.run_steps"
 #: Characters of the last error shown in the list (the whole error: the job's page).
 ERROR_SUMMARY = 80
 
@@ -133,17 +136,37 @@ def attach_partition_heads(jobs: Iterable[Job]) -> None:
         job.dispatch_head = found.get((job.namespace, job.partition_key))  # type: ignore[attr-defined]
 
 
+def step_of(job: Job) -> int | None:
+    """The workflow step a step job runs, or the first of a map batch's, from its args."""
+    args = job.args
+    if job.task_path == STEP_TASK and args and isinstance(args[0], int):
+        return args[0]
+    if job.task_path == BATCH_TASK and args and isinstance(args[0], list) and args[0]:
+        first = args[0][0]
+        if isinstance(first, list) and first and isinstance(first[0], int):
+            return first[0]
+    return None
+
+
 def attach_steps(jobs: Iterable[Job]) -> None:
-    """Give each workflow step job of a page its step (``job.dispatch_step``), in one query."""
+    """Give each workflow step job of a page its step (``job.dispatch_step``), in one
+    query; a map batch's job, its first child's step, whose run names the map's."""
     wanted: dict[int, list[Job]] = {}
     for job in jobs:
-        if job.task_path == STEP_TASK and job.args and isinstance(job.args[0], int):
-            wanted.setdefault(job.args[0], []).append(job)
+        step_id = step_of(job)
+        if step_id is not None:
+            wanted.setdefault(step_id, []).append(job)
     if not wanted:
         return
     steps = WorkflowTask.objects.using(read_database_for(None, WorkflowTask))
-    steps = steps.filter(pk__in=list(wanted)).select_related("run")
-    for step in steps.only("id", "name", "state", "run__id", "run__name"):
+    steps = steps.filter(pk__in=list(wanted)).select_related(
+        "run", "run__parent_task", "run__parent_run"
+    )
+    fields = (
+        *("id", "name", "state", "run__id", "run__name", "run__parent_task__id"),
+        *("run__parent_task__name", "run__parent_run__id", "run__parent_run__name"),
+    )
+    for step in steps.only(*fields):
         for job in wanted[step.pk]:
             job.dispatch_step = step  # type: ignore[attr-defined]
 
@@ -158,6 +181,8 @@ class JobColumns:
     @admin.display(description="Task", ordering="task_path")
     def task_display(self, job: Job) -> str:
         step: WorkflowTask | None = getattr(job, "dispatch_step", None)
+        if step is not None and job.task_path == BATCH_TASK:
+            return self._batch_display(job, step)
         if step is not None:
             run: WorkflowRun = step.run
             return format_safe(
@@ -178,6 +203,32 @@ class JobColumns:
             name or module,
             job.queue_name,
             key,
+        )
+
+    @staticmethod
+    def _batch_display(job: Job, first: WorkflowTask) -> str:
+        """A map batch's job: how many children, of which mapping step, in which run."""
+        count = len(job.args[0])
+        mapping: WorkflowTask | None = first.run.parent_task
+        parent: WorkflowRun | None = first.run.parent_run
+        if mapping is None or parent is None:  # not a map's child: its own step
+            return format_safe(
+                '{} steps from <a href="{}">{}</a><div class="dispatch-sub">{}</div>',
+                count,
+                change_url(WorkflowTask, first.pk),
+                first.name,
+                job.queue_name,
+            )
+        return format_safe(
+            '{} children of map <a href="{}">{}</a><div class="dispatch-sub">'
+            '<a href="{}">{} #{}</a> · {}</div>',
+            count,
+            change_url(WorkflowTask, mapping.pk),
+            mapping.name,
+            change_url(WorkflowRun, parent.pk),
+            parent.name,
+            parent.pk,
+            job.queue_name,
         )
 
     @admin.display(description="Enqueued", ordering="enqueued_at")

@@ -45,7 +45,7 @@ from .common import (
     username,
 )
 from .history import record
-from .job_columns import STEP_TASK, JobColumns, attach_partition_heads, attach_steps
+from .job_columns import JobColumns, attach_partition_heads, attach_steps, step_of
 from .job_parts import job_list_parts
 from .job_search import parse_arguments_term, search_arguments
 from .overview import OverviewPage
@@ -255,7 +255,7 @@ class JobAdmin(
 
     @admin.display(description="Workflow step")
     def workflow_step(self, job: Job) -> str:
-        if job.task_path != STEP_TASK:
+        if step_of(job) is None:
             return "-"
         attach_steps([job])
         return self.task_display(job)

@@ -118,6 +118,30 @@ def test_a_workflow_step_job_names_its_run_and_step_and_a_failed_step_reads_fail
 
 
 @pytest.mark.django_db(transaction=True)
+@pytest.mark.skipif(not ON_POSTGRES, reason="map batches: PostgreSQL only")
+def test_a_map_batchs_job_names_its_children_count_mapping_step_and_run(client, user):
+    from django_dispatch.store.workflows import mapbatch
+    from tests.runtime.test_workflow_maps import fan, spread
+
+    user(superuser=True)
+    run = fan("admin-batch", 3 * mapbatch.MIN_JOBS + 1)
+    drain(max_jobs=1)  # the mapping step: the set is inserted, its batches queued
+    batch = Job.objects.filter(task_path="django_dispatch.workflows.tasks.run_steps").first()
+    assert batch is not None and len(batch.args[0]) == 3
+    mapping = spread(run)
+    text = page(client.get(reverse(CHANGELIST), {"q": "run_steps"}))
+    row = row_of(text, batch.pk)
+    assert "3 children of map" in row and f">{mapping.name}</a>" in row
+    assert reverse("admin:django_dispatch_workflowtask_change", args=[mapping.pk]) in row
+    assert reverse("admin:django_dispatch_workflowrun_change", args=[run.pk]) in row
+    detail = page(client.get(reverse("admin:django_dispatch_job_change", args=[batch.pk])))
+    assert "3 children of map" in detail
+    plain = tasks.noop.enqueue()
+    detail = page(client.get(reverse("admin:django_dispatch_job_change", args=[plain.id])))
+    assert "children of map" not in detail
+
+
+@pytest.mark.django_db(transaction=True)
 def test_search_by_arguments(client, user):
     user(superuser=True)
     ada = tasks.record.enqueue("ada")
