@@ -43,10 +43,10 @@ from .finish import MeasuredUsage, finish_params
 from .types import Lease
 
 #: A member's savepoint: a name of its own (``%d``: its number in the group),
-#: so that a rollback to it can never reach an earlier member's. Were the body
-#: to release it from under its own savepoint (psycopg's ``transaction()``,
-#: taken before the body's first statement through a cursor), the rollback
-#: fails instead, and the whole group is rolled back.
+#: so that a rollback to it can never reach an earlier member's. Were it
+#: released under the body (by a savepoint the body took around it some way
+#: no hook of ``MemberSavepoint`` sees), the rollback fails instead, and the
+#: whole group is rolled back.
 _SAVEPOINT = b"SAVEPOINT django_dispatch_member_%d"
 _ROLLBACK_TO = b"ROLLBACK TO SAVEPOINT django_dispatch_member_%d"
 
