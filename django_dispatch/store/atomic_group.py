@@ -104,9 +104,10 @@ class MemberSavepoint:
       a savepoint of psycopg's is taken inside it, never around it.
 
     ``taken`` says whether it was. A body that sent nothing needs no undo.
-    ``ended``: the body ended the group's transaction itself (psycopg's
-    ``commit()`` or ``rollback()`` on the raw connection): nothing of the
-    group can be kept apart any more (``member_undo``, ``aborted``).
+    ``ended``: the body ended the group's transaction itself before taking
+    it (psycopg's ``rollback()`` on the raw connection, then a statement):
+    nothing of the group can be kept apart any more (``member_undo``,
+    ``aborted``, which also see a transaction ended after it was taken).
     """
 
     __slots__ = ("connection", "ended", "number", "raw", "rides", "sql", "taken")
