@@ -104,10 +104,10 @@ class MemberSavepoint:
       a savepoint of psycopg's is taken inside it, never around it.
 
     ``taken`` says whether it was. A body that sent nothing needs no undo.
-    ``ended``: the body ended the group's transaction itself before taking
-    it (psycopg's ``rollback()`` on the raw connection, then a statement):
-    nothing of the group can be kept apart any more (``member_undo``,
-    ``aborted``, which also see a transaction ended after it was taken).
+    ``ended``: the body ended the group's transaction itself (psycopg's
+    ``commit()`` or ``rollback()`` on the raw connection, even if a later
+    statement began another): nothing of the group can be kept apart any
+    more, nor its successes committed (``member_undo``, ``aborted``).
     """
 
     __slots__ = ("connection", "ended", "number", "raw", "rides", "sql", "taken")
@@ -127,14 +127,15 @@ class MemberSavepoint:
 
     def __exit__(self, *exc: object) -> None:
         if self.rides:
-            self._uninstall()
+            self._taken()
+            self.raw.__dict__.pop("_exec_command", None)
+            self.rides = False
 
-    def _uninstall(self) -> None:
-        """The hooks out, once the savepoint is taken (the body's later
-        statements pass none) or the body is over."""
-        self.rides = False
+    def _taken(self) -> None:
+        """The statements' hooks out, once the savepoint is taken: the body's
+        later statements pass neither. psycopg's commands still pass theirs,
+        which sees a body end the transaction (rare, and no statement's cost)."""
         self.raw.__dict__.pop("_start_query", None)
-        self.raw.__dict__.pop("_exec_command", None)
         with contextlib.suppress(ValueError):
             self.connection.execute_wrappers.remove(self)
 
@@ -150,7 +151,7 @@ class MemberSavepoint:
         if status == pq.TransactionStatus.INTRANS:
             yield from type(raw)._exec_command(raw, self.sql)
             self.taken = True
-            self._uninstall()
+            self._taken()
         elif status == pq.TransactionStatus.IDLE:
             self.ended = True
 
@@ -160,6 +161,8 @@ class MemberSavepoint:
 
     def _exec_command(self, command: Any, *args: Any, **kwargs: Any) -> Any:
         yield from self._take()
+        if command in (b"COMMIT", b"ROLLBACK"):  # psycopg's commit() and rollback()
+            self.ended = True
         return (yield from type(self.raw)._exec_command(self.raw, command, *args, **kwargs))
 
     def __call__(
@@ -191,7 +194,7 @@ class MemberSavepoint:
             if getattr(cause, "sqlstate", None) is None:
                 self.taken = False  # nothing of it reached the server
             raise
-        self._uninstall()
+        self._taken()
         cursor.nextset()  # past the savepoint's result, to the statement's
         return result
 
@@ -264,13 +267,13 @@ def member_undo(db: str, savepoint: MemberSavepoint | None) -> None:
     if savepoint is None:
         if status != pq.TransactionStatus.IDLE:
             _exec(connection, b"ROLLBACK")
-    elif savepoint.taken:
-        _exec(connection, _ROLLBACK_TO % savepoint.number)
-    elif savepoint.ended or status != pq.TransactionStatus.INTRANS:
+    elif savepoint.ended or not (savepoint.taken or status == pq.TransactionStatus.INTRANS):
         raise InterfaceError(
-            "an atomic job's body failed, ended or closed its group's transaction "
+            "an atomic job's body ended or closed its group's transaction, or failed it "
             "before its savepoint was taken: the group's transaction cannot go on"
         )
+    elif savepoint.taken:
+        _exec(connection, _ROLLBACK_TO % savepoint.number)
 
 
 def commit_successes_if_leased(

@@ -128,12 +128,15 @@ def test_a_first_statement_that_carries_no_savepoint_still_writes_behind_one(gro
     assert (rows("first"), rows("middle"), rows("last")) == (1, 0 if fail else 1, 1)
 
 
-@pytest.mark.parametrize("how", ["syntax-error", "close"])
+@pytest.mark.parametrize("how", ["syntax-error", "close", "rollback"])
 def test_a_body_that_leaves_no_savepoint_to_return_to_rolls_the_whole_group_back(group, how):
     """A first statement the server refuses whole (it parses a query's every
     statement before running any) takes no savepoint, and leaves the
-    transaction failed; a body that closes the connection ends it. Nothing
-    of the group may commit then: the member fails, the others go back."""
+    transaction failed; a body that closes the connection, or rolls it back
+    past Django (then writes in the transaction psycopg begins afresh), ends
+    it. Nothing of the group may commit then: the member fails, the others
+    go back, and the earlier members' successes are not written without
+    their writes."""
     (first, middle, last) = three_members(how, fail=False)
     assert group.execute(first).kind == "succeeded"
     assert group.execute(middle).kind in ("retry", "interrupted")

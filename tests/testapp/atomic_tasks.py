@@ -225,7 +225,9 @@ def write_by(key: str, how: str, fail: bool = False):
     ``nested``: the ORM inside a nested ``transaction.atomic()``;
     ``client-error``: a statement psycopg refuses before sending it (caught),
     then the ORM; ``syntax-error``: a first statement the server cannot parse
-    (caught); ``close``: the ORM, then ``connection.close()``; ``none``: nothing.
+    (caught); ``close``: the ORM, then ``connection.close()``; ``rollback``: the
+    ORM, psycopg's ``rollback()`` on the raw connection, the ORM again;
+    ``none``: nothing.
     """
     from django.db import connection, transaction
 
@@ -257,6 +259,10 @@ def write_by(key: str, how: str, fail: bool = False):
     elif how == "close":
         _row(key, note=how)
         connection.close()
+    elif how == "rollback":
+        _row(key, note=how)
+        connection.connection.rollback()
+        _row(key, note=how)  # in a transaction psycopg begins afresh
     elif how == "copy":
         with connection.cursor() as cursor:
             copy_sql = f"COPY {table} (key, job_id, worker_pid, note) FROM STDIN"
