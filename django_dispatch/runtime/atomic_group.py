@@ -115,10 +115,6 @@ class Member:
     entry: UsageEntry | None
 
 
-class _RollBack(Exception):
-    """Leaves the group's block without committing (never seen outside this module)."""
-
-
 class AtomicGroup:
     """One job thread's group: its open transaction and the successes waiting in it."""
 
@@ -142,6 +138,8 @@ class AtomicGroup:
         self.callbacks: list[Any] = []
         #: Members' savepoints numbered so far: each gets a name of its own.
         self.savepoints = 0
+        #: The number of the open transaction's first savepoint taken (``_taken``).
+        self.first_savepoint: int | None = None
 
     @property
     def open(self) -> bool:
@@ -225,7 +223,7 @@ class AtomicGroup:
             block.__enter__()
             self.block, self.opened_at = block, time.monotonic()
             self.broken = self.forsaken = False
-            self.savepoints = 0
+            self.savepoints, self.first_savepoint = 0, None
             self.backend = atomic_group.backend_pid(self.db)
         connection = connections[self.db]
         hooks = len(connection.run_on_commit)
@@ -243,9 +241,12 @@ class AtomicGroup:
         try:
             with begin:
                 value = prepared.task.func(*prepared.args, **prepared.kwargs)
-            if connection.needs_rollback or atomic_group.aborted(self.db, savepoint):
+            if savepoint is not None and atomic_group.ended(self.db, savepoint):
+                raise TransactionManagementError(atomic_group.ENDED)
+            if connection.needs_rollback or atomic_group.aborted(self.db):
                 raise TransactionManagementError(atomic_finish.MARKED_FOR_ROLLBACK)
         except BaseException as e:
+            self._taken(savepoint)
             self._undo(connection, savepoint, hooks)
             if self.forsaken:  # its error may be the ended transaction's: not its own
                 return Outcome(kind="released", why=FORSAKEN)
@@ -255,6 +256,7 @@ class AtomicGroup:
             if self.broken and savepoint is not None:  # its undo failed: the group rolls back
                 _run_alone([claimed.id])  # and its retry must not take another one with it
             return attempt.conclude(claimed, running, prepared, error=e)
+        self._taken(savepoint)
         try:  # nothing the body wrote may stay behind unless its success joins
             outcome = attempt.conclude(claimed, running, prepared, value=value)
             if outcome.kind == "succeeded":
@@ -265,6 +267,13 @@ class AtomicGroup:
             raise
         self._undo(connection, savepoint, hooks)
         return outcome
+
+    def _taken(self, savepoint: atomic_group.MemberSavepoint | None) -> None:
+        """Keep the number of the transaction's first savepoint taken: the
+        group's commit releases it, which fails if a body ended the
+        transaction meanwhile (``commit_successes_if_leased``)."""
+        if self.first_savepoint is None and savepoint is not None and savepoint.taken:
+            self.first_savepoint = savepoint.number
 
     def _join(self, running: RunningJob, outcome: Outcome) -> None:
         """The success waits for the group's commit; its slot counts free meanwhile."""
@@ -307,6 +316,7 @@ class AtomicGroup:
         """
         with self.lock:
             block, members, broken = self.block, self.members, self.broken
+            first_savepoint = self.first_savepoint
             self.block, self.members = None, []
         if block is None:
             return members, False
@@ -316,7 +326,9 @@ class AtomicGroup:
             results = [(m.running.claimed.lease, m.outcome.return_value) for m in members]
             usage = {m.running.claimed.id: m.entry for m in members if m.entry is not None}
             try:
-                won = atomic_group.commit_successes_if_leased(results, usage or None, db=self.db)
+                won = atomic_group.commit_successes_if_leased(
+                    results, usage or None, db=self.db, first_savepoint=first_savepoint
+                )
             except Exception as e:  # nothing committed, or (connection lost) not known
                 logger.warning(
                     "a group of atomic jobs (%s) could not commit: each goes back to the "
@@ -328,7 +340,7 @@ class AtomicGroup:
                 won, error = False, e
                 if not lost_connection(e):
                     _run_alone(m.running.claimed.id for m in members)
-        self.callbacks = _leave(block, self.db, won, error)
+        self.callbacks = atomic_group.leave_block(block, self.db, won, error)
         return members, won
 
     def run_callbacks(self) -> None:
@@ -381,26 +393,3 @@ def _run_alone(job_ids: Iterable[int]) -> None:
     if len(_SOLO) > SOLO_MAX:  # ids of jobs that ran elsewhere since
         _SOLO.clear()
     _SOLO.update(job_ids)
-
-
-def _leave(block: transaction.Atomic, db: str, won: bool, error: BaseException | None) -> list[Any]:
-    """Leave the group's block, by Django's commit (the COMMIT went with the
-    successes) or its rollback; the committed ``on_commit`` callbacks, taken
-    out for the caller to run once the members are ended. Never raises."""
-    connection = connections[db]
-    callbacks: list[Any] = []
-    if won:
-        wrapper: Any = connection  # Django's (savepoints, callback, robust) triples
-        callbacks = [func for _, func, _ in wrapper.run_on_commit]
-        wrapper.run_on_commit = []
-        try:
-            block.__exit__(None, None, None)
-        except Exception:
-            logger.exception("leaving a committed group of atomic jobs failed")
-        return callbacks
-    exc = error or _RollBack()
-    try:
-        block.__exit__(type(exc), exc, exc.__traceback__)
-    except Exception:  # its rollback failed and reconnecting did too: closed
-        logger.warning("rolling back a group of atomic jobs failed", exc_info=True)
-    return callbacks

@@ -33,14 +33,17 @@ PostgreSQL on psycopg 3 only, and unkeyed jobs only: the caller checks with
 from __future__ import annotations
 
 import contextlib
+import logging
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from django.db import InterfaceError, connections
+from django.db import InterfaceError, connections, transaction
 
 from .atomic_finish import LOST, commit_if_fenced, may_carry
 from .finish import MeasuredUsage, finish_params
 from .types import Lease
+
+logger = logging.getLogger("django_dispatch.store")
 
 #: A member's savepoint: a name of its own (``%d``: its number in the group),
 #: so that a rollback to it can never reach an earlier member's. Were it
@@ -49,6 +52,7 @@ from .types import Lease
 #: whole group is rolled back.
 _SAVEPOINT = b"SAVEPOINT django_dispatch_member_%d"
 _ROLLBACK_TO = b"ROLLBACK TO SAVEPOINT django_dispatch_member_%d"
+_RELEASE = b"RELEASE SAVEPOINT django_dispatch_member_%d;\n"
 
 #: The group's finish (``%d``: how many were sent); the casts pick the
 #: function's signature, as ``store.wave``'s call does.
@@ -107,7 +111,7 @@ class MemberSavepoint:
     ``ended``: the body ended the group's transaction itself (psycopg's
     ``commit()`` or ``rollback()`` on the raw connection, even if a later
     statement began another): nothing of the group can be kept apart any
-    more, nor its successes committed (``member_undo``, ``aborted``).
+    more, nor its successes committed (``member_undo``, ``ended``).
     """
 
     __slots__ = ("connection", "ended", "number", "raw", "rides", "sql", "taken")
@@ -234,20 +238,38 @@ def read_committed(db: str) -> bool:
     return level in (None, IsolationLevel.READ_COMMITTED)
 
 
-def aborted(db: str, savepoint: MemberSavepoint | None = None) -> bool:
-    """Whether the group's transaction cannot go on: failed (a body caught a
-    database error outside a savepoint of its own), or, after a member's body
-    (``savepoint``), no longer the group's (the body ended it, or closed the
-    connection)."""
+def aborted(db: str) -> bool:
+    """Whether the group's transaction is failed (a body caught a database error
+    outside a savepoint of its own): nothing more can run or commit in it."""
     from psycopg import pq
 
     raw = connections[db].connection
-    if raw is None:
-        return savepoint is not None
-    status = raw.pgconn.transaction_status
-    if status == pq.TransactionStatus.INERROR:
+    return raw is not None and raw.pgconn.transaction_status == pq.TransactionStatus.INERROR
+
+
+#: Why an atomic job in a group fails when its body ended the transaction.
+ENDED = (
+    "the atomic task ended its transaction itself (COMMIT or ROLLBACK through the raw "
+    "psycopg connection, or connection.close()): its writes can no longer be told from "
+    "those of the atomic jobs run with it, so this attempt fails and they go back to "
+    "the queue. Leave the transaction to the worker: raise an exception to undo the "
+    "task's writes."
+)
+
+
+def ended(db: str, savepoint: MemberSavepoint) -> bool:
+    """After a member's body: whether its group's transaction is gone (the body
+    ended it, or closed the connection). A COMMIT or ROLLBACK sent as SQL
+    escapes this; the group's commit finds it (``commit_successes_if_leased``)."""
+    from psycopg import pq
+
+    raw = connections[db].connection
+    if raw is None or savepoint.ended:
         return True
-    return savepoint is not None and (savepoint.ended or status != pq.TransactionStatus.INTRANS)
+    return raw.pgconn.transaction_status not in (
+        pq.TransactionStatus.INTRANS,
+        pq.TransactionStatus.INERROR,
+    )
 
 
 def member_undo(db: str, savepoint: MemberSavepoint | None) -> None:
@@ -277,17 +299,29 @@ def member_undo(db: str, savepoint: MemberSavepoint | None) -> None:
 
 
 def commit_successes_if_leased(
-    results: Sequence[tuple[Lease, Any]], usage: MeasuredUsage | None, *, db: str
+    results: Sequence[tuple[Lease, Any]],
+    usage: MeasuredUsage | None,
+    *,
+    db: str,
+    first_savepoint: int | None = None,
 ) -> bool:
     """In the group's open ``atomic`` block: every member's success (and usage
     record), fenced, and COMMIT. True: all committed. False: a fence failed,
-    nothing is committed, and the block is left for the caller to roll back."""
+    nothing is committed, and the block is left for the caller to roll back.
+
+    ``first_savepoint``: the number of the first member savepoint taken in the
+    transaction, released first in the same query. A body that ended the
+    transaction with SQL of its own (``ROLLBACK``, ``COMMIT AND CHAIN``),
+    where no hook sees it, took that savepoint with it: the release then
+    fails, and nothing commits, rather than the earlier members' successes
+    without their writes."""
     params = finish_params(results, usage)
+    release = b"" if first_savepoint is None else _RELEASE % first_savepoint
 
     def render(text: Callable[[str | None], bytes]) -> bytes:
         values = [text(params[name]) for name in _ARRAYS]
         values += [text(params[name]) for name in _USAGE] if usage else [b"NULL"] * len(_USAGE)
-        return _GROUP_SQL % (len(results), *values)
+        return release + _GROUP_SQL % (len(results), *values)
 
     return commit_if_fenced(db, render)
 
@@ -308,3 +342,32 @@ def _exec(connection: Any, sql: bytes) -> None:
                 pgconn.get_error_message(encoding) or "the connection was lost"
             )
         raise errors.error_from_result(result, encoding=encoding)
+
+
+class _RollBack(Exception):
+    """Leaves the group's block without committing (never seen outside this module)."""
+
+
+def leave_block(
+    block: transaction.Atomic, db: str, won: bool, error: BaseException | None
+) -> list[Any]:
+    """Leave the group's block, by Django's commit (the COMMIT went with the
+    successes) or its rollback; the committed ``on_commit`` callbacks, taken
+    out for the caller to run once the members are ended. Never raises."""
+    connection = connections[db]
+    callbacks: list[Any] = []
+    if won:
+        wrapper: Any = connection  # Django's (savepoints, callback, robust) triples
+        callbacks = [func for _, func, _ in wrapper.run_on_commit]
+        wrapper.run_on_commit = []
+        try:
+            block.__exit__(None, None, None)
+        except Exception:
+            logger.exception("leaving a committed group of atomic jobs failed")
+        return callbacks
+    exc = error or _RollBack()
+    try:
+        block.__exit__(type(exc), exc, exc.__traceback__)
+    except Exception:  # its rollback failed and reconnecting did too: closed
+        logger.warning("rolling back a group of atomic jobs failed", exc_info=True)
+    return callbacks

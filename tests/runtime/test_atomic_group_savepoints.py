@@ -18,10 +18,13 @@ import pytest
 from django.db import connection
 from psycopg import pq
 
+from django_dispatch.models import Job
 from django_dispatch.runtime import atomic_group
 from django_dispatch.runtime.atomic_group import AtomicGroup
 from django_dispatch.runtime.running import RunningJob
 from django_dispatch.runtime.slots import Slots
+from django_dispatch.states import JobState
+from django_dispatch.store import atomic_group as atomic_group_store
 from tests.conftest import postgres_only
 from tests.runtime.test_atomic_group import claim, rows
 from tests.testapp import atomic_tasks
@@ -149,3 +152,47 @@ def test_a_body_that_leaves_no_savepoint_to_return_to_rolls_the_whole_group_back
     assert not connection.in_atomic_block
     assert group.execute(last).kind == "succeeded"
     assert group.settle()[1] and rows("last") == 1
+
+
+def test_a_members_failure_without_its_savepoint_never_reaches_an_earlier_ones(group):
+    """Were savepoints to share a name, the failing member's rollback would go
+    back to the one before it, undoing that member's writes and keeping its
+    success. Each has a name of its own: the rollback fails, the group too."""
+    atomic_tasks.write_by.enqueue("first", "orm")
+    atomic_tasks.write_by.enqueue("second", "orm")
+    atomic_tasks.write_by.enqueue("third", "syntax-error")
+    first, second, third = claim(3)
+    assert group.execute(first).kind == "succeeded"
+    assert group.execute(second).kind == "succeeded"
+    assert group.execute(third).kind == "retry"
+    members, won = group.settle()
+    assert not won and [m.running for m in members] == [first, second]
+    assert (rows("first"), rows("second"), rows("third")) == (0, 0, 0)
+
+
+def test_a_body_that_rolls_back_with_sql_commits_nothing_of_its_group(group):
+    """A ``ROLLBACK`` statement passes no hook once the savepoint is taken: the
+    member seems to succeed, in a transaction psycopg began afresh. The group's
+    commit releases its first savepoint first, which that ROLLBACK took with
+    it: nothing commits, not the first member's success without its writes."""
+    (first, middle, last) = three_members("sql-rollback", fail=False)
+    assert group.execute(first).kind == "succeeded"
+    assert group.execute(middle).kind == "succeeded"
+    assert group.execute(last).kind == "succeeded"
+    members, won = group.settle()
+    assert not won and len(members) == 3
+    assert (rows("first"), rows("middle"), rows("last")) == (0, 0, 0)
+    assert set(Job.objects.values_list("state", flat=True)) == {JobState.RUNNING}
+
+
+def test_a_body_that_commits_the_raw_connection_fails_and_its_group_commits_no_success(group):
+    """psycopg's ``commit()`` is seen: the member fails, saying why, and no
+    success of the group is written. What that COMMIT sent is committed, the
+    earlier member's writes with it (what the docs warn of)."""
+    (first, middle, _last) = three_members("commit", fail=False)
+    assert group.execute(first).kind == "succeeded"
+    outcome = group.execute(middle)
+    assert outcome.kind == "retry" and atomic_group_store.ENDED in str(outcome.exception)
+    members, won = group.settle()
+    assert not won and [m.running for m in members] == [first]
+    assert (rows("first"), rows("middle")) == (1, 1)  # the first row of each, no more

@@ -225,9 +225,10 @@ def write_by(key: str, how: str, fail: bool = False):
     ``nested``: the ORM inside a nested ``transaction.atomic()``;
     ``client-error``: a statement psycopg refuses before sending it (caught),
     then the ORM; ``syntax-error``: a first statement the server cannot parse
-    (caught); ``close``: the ORM, then ``connection.close()``; ``rollback``: the
-    ORM, psycopg's ``rollback()`` on the raw connection, the ORM again;
-    ``none``: nothing.
+    (caught); ``close``: the ORM, then ``connection.close()``; ``rollback`` and
+    ``commit``: the ORM, psycopg's ``rollback()`` or ``commit()`` on the raw
+    connection, the ORM again; ``sql-rollback``: the same with a ``ROLLBACK``
+    statement; ``none``: nothing.
     """
     from django.db import connection, transaction
 
@@ -259,9 +260,13 @@ def write_by(key: str, how: str, fail: bool = False):
     elif how == "close":
         _row(key, note=how)
         connection.close()
-    elif how == "rollback":
+    elif how in ("rollback", "commit", "sql-rollback"):
         _row(key, note=how)
-        connection.connection.rollback()
+        if how == "sql-rollback":
+            with connection.cursor() as cursor:
+                cursor.execute("ROLLBACK")
+        else:
+            getattr(connection.connection, how)()
         _row(key, note=how)  # in a transaction psycopg begins afresh
     elif how == "copy":
         with connection.cursor() as cursor:
