@@ -181,20 +181,13 @@ class JobColumns:
     @admin.display(description="Task", ordering="task_path")
     def task_display(self, job: Job) -> str:
         step: WorkflowTask | None = getattr(job, "dispatch_step", None)
-        if step is not None and job.task_path == BATCH_TASK:
-            return self._batch_display(job, step)
         if step is not None:
-            run: WorkflowRun = step.run
-            return format_safe(
-                'step <a href="{}">{}</a><div class="dispatch-sub">'
-                '<a href="{}">{} #{}</a> · {}</div>',
-                change_url(WorkflowTask, step.pk),
-                step.name,
-                change_url(WorkflowRun, run.pk),
-                run.name,
-                run.pk,
-                job.queue_name,
-            )
+            mapping: WorkflowTask | None = step.run.parent_task
+            parent: WorkflowRun | None = step.run.parent_run
+            if job.task_path == BATCH_TASK and mapping is not None and parent is not None:
+                label = f"{len(job.args[0])} children of map"
+                return self._step_html(label, mapping, parent, job.queue_name)
+            return self._step_html("step", step, step.run, job.queue_name)
         module, _, name = job.task_path.rpartition(".")
         key = format_safe(" · [{}]", job.partition_key) if job.partition_key else ""
         return format_safe(
@@ -206,29 +199,18 @@ class JobColumns:
         )
 
     @staticmethod
-    def _batch_display(job: Job, first: WorkflowTask) -> str:
-        """A map batch's job: how many children, of which mapping step, in which run."""
-        count = len(job.args[0])
-        mapping: WorkflowTask | None = first.run.parent_task
-        parent: WorkflowRun | None = first.run.parent_run
-        if mapping is None or parent is None:  # not a map's child: its own step
-            return format_safe(
-                '{} steps from <a href="{}">{}</a><div class="dispatch-sub">{}</div>',
-                count,
-                change_url(WorkflowTask, first.pk),
-                first.name,
-                job.queue_name,
-            )
+    def _step_html(label: str, step: WorkflowTask, run: WorkflowRun, queue: str) -> str:
+        """A step job's task cell: ``label``, the step's link, its run's link, the queue.
+        A map batch's job names the step that mapped its children, in its run."""
         return format_safe(
-            '{} children of map <a href="{}">{}</a><div class="dispatch-sub">'
-            '<a href="{}">{} #{}</a> · {}</div>',
-            count,
-            change_url(WorkflowTask, mapping.pk),
-            mapping.name,
-            change_url(WorkflowRun, parent.pk),
-            parent.name,
-            parent.pk,
-            job.queue_name,
+            '{} <a href="{}">{}</a><div class="dispatch-sub"><a href="{}">{} #{}</a> · {}</div>',
+            label,
+            change_url(WorkflowTask, step.pk),
+            step.name,
+            change_url(WorkflowRun, run.pk),
+            run.name,
+            run.pk,
+            queue,
         )
 
     @admin.display(description="Enqueued", ordering="enqueued_at")
