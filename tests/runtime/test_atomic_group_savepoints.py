@@ -95,7 +95,7 @@ def test_a_member_that_fails_before_any_statement_sends_nothing(group):
     assert (rows("first"), rows("last")) == (1, 1)
 
 
-@pytest.mark.parametrize("how", ["raw", "copy", "many", "psycopg-transaction"])
+@pytest.mark.parametrize("how", ["raw", "copy", "many", "composed", "psycopg-transaction"])
 @pytest.mark.parametrize("fail", [False, True])
 def test_writes_past_djangos_cursor_are_behind_the_members_savepoint(group, how, fail):
     """psycopg's start of a query, or its own command (its ``transaction()``'s

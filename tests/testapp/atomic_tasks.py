@@ -220,6 +220,7 @@ def write_by(key: str, how: str, fail: bool = False):
 
     ``orm``: Django's ORM; ``raw``: a psycopg cursor of the connection, past
     Django's; ``copy``: ``COPY ... FROM STDIN``; ``many``: ``executemany()``;
+    ``composed``: a Django cursor given psycopg's ``sql.Composed``;
     ``psycopg-transaction``: a raw cursor inside psycopg's own
     ``transaction()``, which takes and releases a savepoint of its own;
     ``nested``: the ORM inside a nested ``transaction.atomic()``;
@@ -244,6 +245,12 @@ def write_by(key: str, how: str, fail: bool = False):
         else:
             with raw.transaction():
                 raw.cursor().execute(insert, (key, how))
+    elif how == "composed":
+        from psycopg import sql
+
+        composed = sql.SQL(insert.replace(table, "{}")).format(sql.Identifier(table))
+        with connection.cursor() as cursor:
+            cursor.execute(composed, [key, how])
     elif how == "many":
         with connection.cursor() as cursor:
             cursor.executemany(insert, [(key, how)])
