@@ -20,6 +20,7 @@ from .conf import get_settings
 from .core.states import QUEUED_STATES
 from .models import Job
 from .runtime.options import WorkerOptions
+from .runtime.producer import guarded
 from .runtime.worker import Worker
 from .tasks.registry import backend_for, namespace_for
 
@@ -91,8 +92,12 @@ def drain(
             if not include_retries:
                 break
             # Retries waiting out a backoff become due; stop once there are none
-            # and the last round found nothing to do.
-            if not store.jobs_retry_now(queues=queues) and worker.claimed_total == 0:
+            # and the last round found nothing to do. A database error here (the
+            # connection cut between rounds) is ridden out as the worker's loop
+            # rides it out: None goes round again, whose worker reconnects as it
+            # starts, and this runs again after it.
+            due = guarded(lambda: store.jobs_retry_now(queues=queues), settings.POLL_INTERVAL)
+            if due == 0 and worker.claimed_total == 0:
                 break
         return total
 

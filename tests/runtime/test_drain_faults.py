@@ -198,3 +198,26 @@ def test_a_cut_while_taking_back_a_dead_incarnations_jobs_still_takes_them_all()
     for job in held:
         row = Job.objects.get(pk=job.pk)
         assert (row.state, row.worker_lost_count) == (JobState.PENDING, 1)
+
+
+def test_a_cut_after_the_workers_last_round_does_not_end_the_drain_with_the_error(caplog):
+    """Between its worker's rounds, ``drain`` makes waiting retries due on the
+    control connection: a cut that lands there (the worker's own statements
+    all rode it out) is ridden out too, and the drain returns every job it ran."""
+    tasks.record.enqueue("before-the-cut")
+    control = connections["default"]
+    cut: list[int] = []
+
+    def cutting(execute, sql, params, many, context):
+        retries_due = sql.startswith('UPDATE "django_dispatch_job" SET "run_after"')
+        if not cut and retries_due and '"attempts" >' in sql:
+            cut.append(control.connection.info.backend_pid)
+            _terminate(control)
+        return execute(sql, params, many, context)
+
+    with control.execute_wrapper(cutting):
+        ran = drain()
+    assert cut, "the retries' statement was never cut: the test proved nothing"
+    assert "database error" in caplog.text
+    assert ran == 1
+    assert Job.objects.get().state == JobState.SUCCEEDED
