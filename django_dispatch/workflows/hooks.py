@@ -9,7 +9,8 @@ hook in instead, in ``connect()``, called from the app's ``ready()``:
   or not it ever imported a workflow; run in the publish's transaction,
   under the event-name lock, a wake-up commits or rolls back with the event;
 - the leader's reclaim also sweeps the steps whose job ended without
-  finishing them (``runtime.sweeps.RECLAIM_SWEEPS``).
+  finishing them, and the child runs whose parent step stopped waiting for
+  them without cancelling them (``runtime.sweeps.RECLAIM_SWEEPS``).
 """
 
 from __future__ import annotations
@@ -38,11 +39,17 @@ def sweep_stale_steps(older_than_seconds: float, namespace: str) -> list[int]:
     )
 
 
+def cancel_orphaned_children(older_than_seconds: float, namespace: str) -> list[int]:
+    """Child runs whose parent step no longer waits for them are cancelled."""
+    return wf_store.cancel_orphaned_children(older_than_seconds, namespace=namespace)
+
+
 def connect() -> None:
-    """Plug workflows in: publishes wake waiting steps, reclaims sweep stale ones.
+    """Plug workflows in: publishes wake waiting steps, reclaims sweep stale steps and orphans.
 
     Idempotent: ``ready()`` may run more than once in a process.
     """
     events.on_publish(wake_waiting_steps)
-    if sweep_stale_steps not in RECLAIM_SWEEPS:
-        RECLAIM_SWEEPS.append(sweep_stale_steps)
+    for sweep in (sweep_stale_steps, cancel_orphaned_children):
+        if sweep not in RECLAIM_SWEEPS:
+            RECLAIM_SWEEPS.append(sweep)

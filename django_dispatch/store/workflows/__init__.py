@@ -48,6 +48,7 @@ from .mapbatch import (
 )
 from .maps import workflow_step_map
 from .mapwave import workflow_step_succeed_with_job
+from .orphans import cancel_orphaned_children
 from .retention import workflow_runs_purge
 from .runs import (
     workflow_run_cancel,
@@ -78,6 +79,7 @@ __all__ = [
     "StepSpec",
     "WaitSpec",
     "ancestors",
+    "cancel_orphaned_children",
     "descendants",
     "rearm_timer",
     "step_jobs_retry_now",

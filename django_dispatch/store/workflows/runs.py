@@ -173,8 +173,8 @@ def cancel_children(db: str, children: Sequence[int], batches: Sequence[str]) ->
         workflow_run_cancel(child, db=db)
 
 
-def cancel_held(db: str, batch: str) -> int:
-    """running -> cancelled for the held children of a ``ctx.map`` set; return how many.
+def cancel_held(db: str, batch: str) -> list[int]:
+    """running -> cancelled for the held children of a ``ctx.map`` set; return their ids.
 
     Only for a set its step no longer waits for (failed, reset, run
     cancelled: the step is not told), so no admission can run any more: a
@@ -189,7 +189,7 @@ def cancel_held(db: str, batch: str) -> int:
         held = runs.filter(map_batch=batch, state=RunState.RUNNING).exclude(Exists(has_job))
         ids = list(held.values_list("id", flat=True))
         if not ids:
-            return 0
+            return []
         steps = WorkflowTask.objects.using(db).filter(state__in=list(STEP_LIVE))
         for chunk in range(0, len(ids), 500):  # SQLite's bound on parameters
             part = ids[chunk : chunk + 500]
@@ -199,7 +199,7 @@ def cancel_held(db: str, batch: str) -> int:
             runs.filter(id__in=part, state=RunState.RUNNING).update(
                 state=RunState.CANCELLED, finished_at=Now(), updated_at=Now()
             )
-    return len(ids)
+    return ids
 
 
 def workflow_run_cancel(run_id: int, *, db: str | None = None) -> bool:
