@@ -19,8 +19,8 @@ from . import store
 from .conf import get_settings
 from .core.states import QUEUED_STATES
 from .models import Job
+from .runtime.connections import ride_out
 from .runtime.options import WorkerOptions
-from .runtime.producer import guarded
 from .runtime.worker import Worker
 from .tasks.registry import backend_for, namespace_for
 
@@ -69,7 +69,7 @@ def drain(
             namespace = default.namespace if default is not None else ""
         else:
             namespace = namespace_for(backend)  # an unknown alias: ValueError
-        total = 0
+        total, idle = 0, 0
         while max_jobs is None or total < max_jobs:
             worker = Worker(
                 WorkerOptions(
@@ -91,13 +91,17 @@ def drain(
             total += worker.claimed_total
             if not include_retries:
                 break
-            # Retries waiting out a backoff become due; stop once there are none
-            # and the last round found nothing to do. A database error here (the
-            # connection cut between rounds) is ridden out as the worker's loop
-            # rides it out: None goes round again, whose worker reconnects as it
-            # starts, and this runs again after it.
-            due = guarded(lambda: store.jobs_retry_now(queues=queues), settings.POLL_INTERVAL)
-            if due == 0 and worker.claimed_total == 0:
+            # Retries waiting out a backoff become due, for another round. A
+            # second round in a row that claims nothing ends it all the same:
+            # what it made due, this drain cannot run (needs past its capacity).
+            idle = 0 if worker.claimed_total else idle + 1
+            if idle > 1:
+                break
+            due = ride_out(
+                lambda: store.jobs_retry_now(queues=queues, namespace=namespace),
+                while_="between drain()'s rounds",
+            )
+            if idle and not due:
                 break
         return total
 

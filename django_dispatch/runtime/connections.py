@@ -34,6 +34,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections.abc import Callable
 
 from django.db import DatabaseError, InterfaceError, connections
 from django.db.backends.base.base import BaseDatabaseWrapper
@@ -56,6 +57,33 @@ def database_went_away() -> None:
     global _generation
     with _lock:
         _generation += 1
+
+
+#: Tries of a statement ``ride_out`` repeats against database errors,
+#: ``RIDE_OUT_PAUSE`` seconds apart: past them, the database is taken to be
+#: down, and the error is raised.
+RIDE_OUT_TRIES = 20
+RIDE_OUT_PAUSE = 0.5
+
+
+def ride_out[T](step: Callable[[], T], *, while_: str) -> T:
+    """``step``, tried again after a database error, outside the control loop.
+
+    For what runs before the loop, or between a drain's workers: a cut there (a
+    failover, a pooler's restart) is ridden out as the loop rides it out, by
+    closing this thread's broken connections and trying again. ``step`` must
+    be safe to repeat: a write whose reply was lost is found done by the next
+    try. ``while_`` says when, in the warning ("as the worker starts").
+    """
+    for _ in range(RIDE_OUT_TRIES - 1):
+        try:
+            return step()
+        except (DatabaseError, InterfaceError):
+            logger.warning("a database error %s; will retry", while_, exc_info=True)
+            for conn in connections.all(initialized_only=True):
+                conn.close()
+            time.sleep(RIDE_OUT_PAUSE)
+    return step()
 
 
 def recover_after_error() -> None:

@@ -37,26 +37,19 @@ from __future__ import annotations
 import logging
 import os
 import socket
-import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
 from django.core.management import CommandError
-from django.db import DatabaseError, InterfaceError, connections
 
 from .. import store
 from ..conf import DispatchSettings
 from ..observability import joblog
 from ..store.workers import Incarnation, WorkerIdTaken, worker_incarnation, worker_take_id
+from .connections import ride_out
 from .options import WorkerOptions
 
 logger = logging.getLogger("django_dispatch.worker")
-
-#: Tries of the start's statements against database errors, ``REGISTER_PAUSE``
-#: seconds apart: past them, the database is taken to be down, and the worker
-#: exits with the error.
-REGISTER_TRIES = 20
-REGISTER_PAUSE = 0.5
 
 #: An incarnation whose heartbeat is older than this many heartbeat intervals
 #: is dead. ``LEASE_SECONDS`` is at least three intervals (``conf``), so this
@@ -162,15 +155,7 @@ def _riding_out[T](step: Callable[[], T]) -> T:
     worker starts (a failover, a pooler's restart) is ridden out, as the
     control loop rides it out later. Each step is safe to repeat: a write
     whose reply was lost is found done by the next try."""
-    for _ in range(REGISTER_TRIES - 1):
-        try:
-            return step()
-        except (DatabaseError, InterfaceError):
-            logger.warning("a database error as the worker starts; will retry", exc_info=True)
-            for conn in connections.all(initialized_only=True):
-                conn.close()
-            time.sleep(REGISTER_PAUSE)
-    return step()
+    return ride_out(step, while_="as the worker starts")
 
 
 def _take_back(worker_id: str, previous: Incarnation, settings: DispatchSettings, db: str) -> int:

@@ -245,22 +245,31 @@ def job_cancel(job_id: int, *, db: str | None = None) -> bool:
 
 
 def jobs_retry_now(
-    *, job_ids: Sequence[int] | None = None, queues: Sequence[str] = (), db: str | None = None
+    *,
+    job_ids: Sequence[int] | None = None,
+    queues: Sequence[str] = (),
+    namespace: str | None = None,
+    db: str | None = None,
 ) -> int:
     """Make jobs that wait for a retry (scheduled, or pending) due now; return how many.
 
     Only jobs that already ran (``attempts > 0``) are touched: a job deferred
-    with ``run_after`` keeps its schedule.
+    with ``run_after`` keeps its schedule. ``namespace``: only that
+    namespace's (None: every namespace's).
     """
     db = db or db_alias()
     waiting = Job.objects.using(db).filter(state__in=QUEUED_STATES, attempts__gt=0)
+    if namespace is not None:
+        waiting = waiting.filter(namespace=namespace)
     if job_ids is not None:
         waiting = waiting.filter(id__in=list(job_ids))
     if queues:
         waiting = waiting.filter(queue_name__in=list(queues))
-    namespaces = set(waiting.values_list("namespace", flat=True).distinct()) if job_ids else set()
+    namespaces = {namespace} if namespace is not None else set()
+    if job_ids:
+        namespaces = set(waiting.values_list("namespace", flat=True).distinct())
     changed = waiting.update(run_after=Now(), state=JobState.PENDING)
     if changed:
-        for namespace in namespaces or {""}:
-            notify(db, namespace)
+        for woken in namespaces or {""}:
+            notify(db, woken)
     return changed

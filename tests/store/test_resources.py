@@ -5,12 +5,13 @@ Store-level tests call the claim with a ``Placement`` (what a worker with
 """
 
 import itertools
+import threading
 import time
 from datetime import timedelta
 
 import pytest
 from django.core.management import CommandError, call_command
-from django.db import connection
+from django.db import connection, connections
 from django.utils import timezone
 
 from django_dispatch import enqueue_many, store
@@ -418,6 +419,29 @@ def test_drain_with_a_capacity_runs_jobs_with_needs():
     assert drain() == 0  # like a worker without --capacity
     assert drain(capacity={"memory_mb": 1000}) == 1
     assert SideEffect.objects.filter(key="drained").exists()
+
+
+def test_drain_without_a_capacity_ends_beside_a_retry_with_needs_it_cannot_run():
+    """A job with needs waiting for its retry is made due by each of ``drain``'s
+    rounds, and claimed by none of them: two idle rounds end the drain."""
+    waiting = rt.big.enqueue("retried", 0.01)
+    # As its failed first attempt left it: pending, its attempt spent.
+    Job.objects.filter(pk=waiting.id).update(attempts=1)
+    tasks.add.enqueue(1, 2)
+    ran: list[int] = []
+
+    def run() -> None:
+        try:
+            ran.append(drain())
+        finally:
+            connections.close_all()
+
+    drainer = threading.Thread(target=run, daemon=True)  # daemon: a hang fails, not blocks
+    drainer.start()
+    drainer.join(30)
+    assert not drainer.is_alive(), "drain() never ended beside a retry it cannot run"
+    assert ran == [1]
+    assert Job.objects.get(pk=waiting.id).state == JobState.PENDING
 
 
 def test_a_lease_written_by_the_resource_claim_equals_the_plain_claims():
