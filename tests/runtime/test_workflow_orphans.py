@@ -21,11 +21,10 @@ from django_dispatch.core.workflow_states import RunState, StepState
 from django_dispatch.models import Job, WorkflowRun, WorkflowTask
 from django_dispatch.states import JobState
 from django_dispatch.store import workflows as wf_store
-from django_dispatch.workflows import cancel_run, replay_run, run_now
+from django_dispatch.workflows import cancel_run, replay_run, retry_run, run_now
 from tests.conftest import ROOT, wait_until
 from tests.testapp import map_workflows as mw
 from tests.testapp import workflows as wfs
-from tests.testapp.models import SideEffect
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -104,7 +103,7 @@ def test_a_maps_children_left_by_a_cancel_that_died_are_cancelled_by_the_leader(
     )
     assert live_jobs_of(kids) == 0
     assert not WorkflowTask.objects.filter(run__in=kids).exclude(state=StepState.CANCELLED)
-    assert not SideEffect.objects.filter(key="orphaned-map", note__startswith="item:")
+    worker.wait_for_output("whose parent step no longer waits for them")
     assert worker.popen.poll() is None
 
 
@@ -119,6 +118,7 @@ def test_the_sweep_cancels_orphans_once_their_parent_step_has_not_changed_for_a_
     cancel_and_die(run)
     # Too recent: the cancel's own callback is left its time.
     assert wf_store.cancel_orphaned_children(60) == []
+    assert wf_store.cancel_orphaned_children(0, max_seconds=-1) == []  # no time left
     assert wf_store.cancel_orphaned_children(0) == [k.pk for k in kids]
     assert {k.state for k in children(run)} == {RunState.CANCELLED}
     assert live_jobs_of(kids) == 0
@@ -137,4 +137,56 @@ def test_children_their_parent_waits_for_and_a_child_replayed_by_hand_are_left_a
     replay_run(kid.pk, "double")
     assert WorkflowRun.objects.get(pk=kid.pk).state == RunState.RUNNING
     assert wf_store.cancel_orphaned_children(0) == []
+    # The sweep's cancel is fenced on the generation it read.
+    assert not wf_store.workflow_run_cancel(kid.pk, generation=1)
     assert {k.state for k in children(waiting_set)} == {RunState.RUNNING}
+
+
+def test_a_step_restarted_after_the_crash_keeps_its_new_child_and_loses_the_old():
+    """The parent step waits again, for a new child: the old one, which the
+    crashed cancel left running, is the orphan, swept at once (a restarted
+    step is busy with its new attempt; no delay is waited)."""
+    run = delegating("restarted-child")
+    (old,) = children(run)
+    cancel_and_die(run)
+    assert replay_run(run.pk, "delegate")
+    assert run_now(run.pk)  # delegate again: a new child
+    new = [k for k in children(run) if k.pk != old.pk]
+    assert len(new) == 1
+    assert WorkflowTask.objects.get(run=run, name="delegate").child_run_id == new[0].pk
+    assert wf_store.cancel_orphaned_children(60) == [old.pk]
+    assert WorkflowRun.objects.get(pk=new[0].pk).state == RunState.RUNNING
+
+
+def test_a_set_retried_after_its_cancelled_childs_crash_keeps_the_new_set():
+    """A child's cancel fails the map's step and parks the run; the process
+    dies before it cancels the siblings. A retry starts a new set: the old
+    siblings are swept, the new set left to run."""
+    run = mapping("retried-set", 4, max_parallel=2)
+    first = children(run)
+    cancel_and_die(first[0])  # the step fails, the run is parked
+    assert WorkflowRun.objects.get(pk=run.pk).state == RunState.STUCK
+    assert {k.state for k in first[1:]} == {RunState.RUNNING}
+    assert retry_run(run.pk)
+    assert run_now(run.pk)  # spread again: a new set
+    fresh = [k for k in children(run) if k.pk not in {f.pk for f in first}]
+    assert len(fresh) == 4
+    assert sorted(wf_store.cancel_orphaned_children(60)) == [k.pk for k in first[1:]]
+    assert {WorkflowRun.objects.get(pk=k.pk).state for k in fresh} == {RunState.RUNNING}
+
+
+def test_a_cancelled_childs_own_children_are_swept_next():
+    """The sweep cancels an orphan without its children (its time is the
+    leader's): they are orphans in turn, found by the next sweep."""
+    run = mw.outer.start({"key": "nested", "counts": [3, 2]})
+    assert run_now(run.pk)  # fans: one set child admitted (max_parallel=1)
+    (fan_child,) = [k for k in children(run) if live_jobs_of([k])]
+    assert run_now(fan_child.pk)  # its spread: three grandchildren
+    grandchildren = children(fan_child)
+    assert len(grandchildren) == 3
+    cancel_and_die(run)
+    first = wf_store.cancel_orphaned_children(0)
+    assert first == [k.pk for k in children(run)]
+    assert {WorkflowRun.objects.get(pk=g.pk).state for g in grandchildren} == {RunState.RUNNING}
+    assert wf_store.cancel_orphaned_children(0) == [g.pk for g in grandchildren]
+    assert live_jobs_of(grandchildren) == 0

@@ -8,24 +8,32 @@ round, which keeps the lock order of a child's success. A process that dies
 in between, or a web request killed while it cancels a set's thousands of
 children one by one, leaves them running for a parent that will never use
 their outputs. The leader's reclaim finds them here.
+
+A child and its parent step's switch to ``waiting`` commit together, and a
+step that stops waiting never waits for the same child or set again (a
+restart clears both, a new set has a new id): one read without locks finds
+them, and each cancel is fenced on what was read.
 """
 
 from __future__ import annotations
 
+import logging
 import time
 
 from django.db.models import Exists, OuterRef, Q
 
-from ...core.workflow_states import RUN_ACTIVE, StepState
+from ...core.workflow_states import RUN_ACTIVE, STEP_LIVE, StepState
 from ...models import WorkflowRun, WorkflowTask
 from ..base import now_plus
 from .common import db_or_default
 from .runs import cancel_held, workflow_run_cancel
 
+logger = logging.getLogger("django_dispatch.store")
+
 #: A run's ``generation`` until its first reopen.
 FIRST_GENERATION = 1
-#: Longest one sweep cancels children one by one: it runs on the leader's
-#: control loop, which claims nothing meanwhile. The next reclaim goes on.
+#: Longest one sweep cancels: it runs on the leader's control loop, whose
+#: heartbeat and claims wait meanwhile. The next reclaim goes on.
 MAX_SECONDS = 1.0
 
 
@@ -38,14 +46,16 @@ def cancel_orphaned_children(
     namespace: str = "",
 ) -> list[int]:
     """Cancel ``namespace``'s active child runs whose parent step no longer waits
-    for them and has not changed for ``older_than_seconds``; return their ids.
+    for them; return their ids.
 
-    The parent step's ``updated_at`` is what has not changed: the commit's
-    own cancel, right after it, is left its time first. A child replayed by
-    hand (past its first generation) is left alone: a person asked for it to
-    run, whatever its parent does. A ``ctx.map`` set's held children (never
-    admitted) go together in one transaction; the others one by one, each
-    with its steps, jobs and own children, for ``max_seconds`` at most.
+    A parent step that stopped for good (cancelled, skipped, failed) is left
+    ``older_than_seconds`` first: the commit's own cancel, right after it,
+    goes first. One restarted (a replay, a retry) is not: it changes with
+    its new attempt, and the old children are never its. A child replayed
+    by hand since (past its first generation) is left alone: a person asked
+    for it to run. A ``ctx.map`` set's held children (never admitted) go
+    together in one transaction; the others one by one, without their own
+    children, which the next sweep finds with their parent step cancelled.
     """
     db = db_or_default(db)
     waits_for_it = WorkflowTask.objects.using(db).filter(
@@ -53,25 +63,32 @@ def cancel_orphaned_children(
         pk=OuterRef("parent_task_id"),
         state=StepState.WAITING,
     )
+    settled = Q(parent_task__updated_at__lt=now_plus(-older_than_seconds))
     orphans = list(
         WorkflowRun.objects.using(db)
-        .filter(
-            namespace=namespace,
-            state__in=list(RUN_ACTIVE),
-            generation=FIRST_GENERATION,
-            parent_task__updated_at__lt=now_plus(-older_than_seconds),
-        )
+        .filter(namespace=namespace, state__in=list(RUN_ACTIVE), generation=FIRST_GENERATION)
+        .filter(settled | Q(parent_task__state__in=list(STEP_LIVE)))
         .exclude(Exists(waits_for_it))
-        .order_by("id")
         .values_list("id", "map_batch")[:limit]
     )
     deadline = time.monotonic() + max_seconds
-    cancelled = set()
+    cancelled: set[int] = set()
     for batch in sorted({batch for _, batch in orphans if batch}):
-        cancelled.update(cancel_held(db, batch))
-    for run_id, _ in orphans:
         if time.monotonic() > deadline:
             break
-        if run_id not in cancelled and workflow_run_cancel(run_id, db=db):
+        cancelled.update(cancel_held(db, batch))
+    for run_id, _ in sorted(orphans):
+        if time.monotonic() > deadline:
+            break
+        if run_id not in cancelled and workflow_run_cancel(
+            run_id, db=db, generation=FIRST_GENERATION, children=False
+        ):
             cancelled.add(run_id)
+    if cancelled:
+        logger.warning(
+            "cancelled %s child run(s) whose parent step no longer waits for them "
+            "(the process that stopped the step died before it cancelled them): %s",
+            len(cancelled),
+            sorted(cancelled)[:20],
+        )
     return sorted(cancelled)

@@ -127,7 +127,7 @@ def workflow_run_insert(
         return existing, False
 
 
-def stop_steps(db: str, steps: Iterable[Mapping[str, Any]]) -> None:
+def stop_steps(db: str, steps: Iterable[Mapping[str, Any]], *, children: bool = True) -> None:
     """Stop the work behind steps just moved out of their state (``STOP_FIELDS`` read before).
 
     Jobs of ready and running steps are cancelled (a running attempt's claim
@@ -135,9 +135,10 @@ def stop_steps(db: str, steps: Iterable[Mapping[str, Any]]) -> None:
     job, which its other children's steps still need (``mapbatch``). Child runs of
     waiting steps, a ``ctx.map`` set's unfinished children included, are
     cancelled after commit: a child run is locked only after its parent is
-    released, keeping the lock order.
+    released, keeping the lock order. Not with ``children=False``: they are
+    left to the orphan sweep (``orphans``), which finds them stopped.
     """
-    children, batches = [], []
+    waited, batches = [], []
     for step in steps:
         if (
             step["job_id"]
@@ -151,11 +152,11 @@ def stop_steps(db: str, steps: Iterable[Mapping[str, Any]]) -> None:
         ):
             job_cancel(step["job_id"], db=db)
         if step["state"] == StepState.WAITING and step["child_run_id"]:
-            children.append(step["child_run_id"])
+            waited.append(step["child_run_id"])
         if step["state"] == StepState.WAITING and step.get("map_batch"):
             batches.append(step["map_batch"])
-    if children or batches:
-        transaction.on_commit(lambda: cancel_children(db, children, batches), using=db)
+    if children and (waited or batches):
+        transaction.on_commit(lambda: cancel_children(db, waited, batches), using=db)
 
 
 def cancel_children(db: str, children: Sequence[int], batches: Sequence[str]) -> None:
@@ -181,13 +182,15 @@ def cancel_held(db: str, batch: str) -> list[int]:
     child is either admitted (its first steps have jobs) and left to
     ``workflow_run_cancel``, or still held and cancelled here, steps and
     all, with nothing else to stop. The parent run is not locked: the rows
-    written are the held children's only.
+    written are the held children's only, locked in id order first, so two
+    cancels of one set (the commit's own, the orphan sweep's) take turns,
+    the second finding none left.
     """
     runs = WorkflowRun.objects.using(db)
     with write_transaction(db):
         has_job = WorkflowTask.objects.using(db).filter(run_id=OuterRef("pk"), job_id__isnull=False)
         held = runs.filter(map_batch=batch, state=RunState.RUNNING).exclude(Exists(has_job))
-        ids = list(held.values_list("id", flat=True))
+        ids = list(held.order_by("id").select_for_update().values_list("id", flat=True))
         if not ids:
             return []
         steps = WorkflowTask.objects.using(db).filter(state__in=list(STEP_LIVE))
@@ -202,17 +205,27 @@ def cancel_held(db: str, batch: str) -> list[int]:
     return ids
 
 
-def workflow_run_cancel(run_id: int, *, db: str | None = None) -> bool:
+def workflow_run_cancel(
+    run_id: int,
+    *,
+    db: str | None = None,
+    generation: int | None = None,
+    children: bool = True,
+) -> bool:
     """running|stuck -> cancelled. True only if this call made the change.
 
     Unfinished steps are cancelled and their claims voided (a running step's
     next write matches nothing); queued and running step jobs are cancelled;
-    child runs being waited for are cancelled after commit. A child run's
+    child runs being waited for are cancelled after commit (with
+    ``children``; else the orphan sweep finds them). A child run's
     cancellation fails its parent's waiting step and parks the parent.
+    ``generation``: only while the run is still at it (not replayed since).
     """
     db = db_or_default(db)
     with locked_run(db, run_id=run_id) as run:
         if run is None or run["state"] not in RUN_ACTIVE:
+            return False
+        if generation is not None and run["generation"] != generation:
             return False
         live = list(
             WorkflowTask.objects.using(db)
@@ -225,7 +238,7 @@ def workflow_run_cancel(run_id: int, *, db: str | None = None) -> bool:
         WorkflowRun.objects.using(db).filter(id=run_id).update(
             state=RunState.CANCELLED, finished_at=Now()
         )
-        stop_steps(db, live)
+        stop_steps(db, live, children=children)
         batch = run["map_batch"]
         failed = run["parent_task_id"] and child_cancelled(db, run_id, run["parent_task_id"], batch)
         if failed and batch:  # the map's step failed: its other children's work is moot
