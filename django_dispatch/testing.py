@@ -9,6 +9,7 @@ committed: use ``TransactionTestCase`` or
 
 from __future__ import annotations
 
+import time
 from collections.abc import Sequence
 from dataclasses import replace
 
@@ -25,6 +26,10 @@ from .runtime.worker import Worker
 from .tasks.registry import backend_for, namespace_for
 
 __all__ = ["assert_enqueued", "drain"]
+
+#: Longest ``drain`` goes on with rounds that claim nothing while it makes
+#: retries due: a job it cannot run must not keep it going for ever.
+IDLE_SECONDS = 2.0
 
 
 def drain(
@@ -47,7 +52,9 @@ def drain(
 
     With ``include_retries`` (the default), retries are made due at once and
     drained too, so a test sees a job's final outcome without waiting out
-    its backoff.
+    its backoff. A retry no round can claim (its needs past ``capacity``, or
+    a rate limit's window still full) ends the drain after ``IDLE_SECONDS``
+    (2 s) of such rounds, the job still queued.
 
     ``async_concurrency``: as ``rundispatch --async-concurrency`` (async jobs
     together on one event loop).
@@ -69,7 +76,8 @@ def drain(
             namespace = default.namespace if default is not None else ""
         else:
             namespace = namespace_for(backend)  # an unknown alias: ValueError
-        total, idle = 0, 0
+        total = 0
+        idle_since: float | None = None  # since when rounds claimed nothing
         while max_jobs is None or total < max_jobs:
             worker = Worker(
                 WorkerOptions(
@@ -91,18 +99,21 @@ def drain(
             total += worker.claimed_total
             if not include_retries:
                 break
-            # Retries waiting out a backoff become due, for another round. A
-            # second round in a row that claims nothing ends it all the same:
-            # what it made due, this drain cannot run (needs past its capacity).
-            idle = 0 if worker.claimed_total else idle + 1
-            if idle > 1:
+            # Retries waiting out a backoff become due, for another round; rounds
+            # that claim nothing end it once none was, or after IDLE_SECONDS (a
+            # retry this drain cannot run: needs past its capacity).
+            now = time.monotonic()
+            idle_since = None if worker.claimed_total else (idle_since or now)
+            if idle_since is not None and now - idle_since > IDLE_SECONDS:
                 break
             due = ride_out(
                 lambda: store.jobs_retry_now(queues=queues, namespace=namespace),
                 while_="between drain()'s rounds",
             )
-            if idle and not due:
+            if not due and not worker.claimed_total:
                 break
+            if idle_since is not None:
+                time.sleep(settings.POLL_INTERVAL)  # waiting for a window: no busy loop
         return total
 
 

@@ -28,6 +28,10 @@ from tests.testapp import workflows as wfs
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
+#: A delay that every parent step has waited out, even one written this very
+#: millisecond (SQLite's clock goes by milliseconds).
+NO_DELAY = -1.0
+
 CANCEL_THEN_DIE = """
 import os, signal, sys
 import django
@@ -118,25 +122,25 @@ def test_the_sweep_cancels_orphans_once_their_parent_step_has_not_changed_for_a_
     cancel_and_die(run)
     # Too recent: the cancel's own callback is left its time.
     assert wf_store.cancel_orphaned_children(60) == []
-    assert wf_store.cancel_orphaned_children(0, max_seconds=-1) == []  # no time left
-    assert wf_store.cancel_orphaned_children(0) == [k.pk for k in kids]
+    assert wf_store.cancel_orphaned_children(NO_DELAY, max_seconds=-1) == []  # no time left
+    assert wf_store.cancel_orphaned_children(NO_DELAY) == [k.pk for k in kids]
     assert {k.state for k in children(run)} == {RunState.CANCELLED}
     assert live_jobs_of(kids) == 0
-    assert wf_store.cancel_orphaned_children(0) == []  # nothing twice
+    assert wf_store.cancel_orphaned_children(NO_DELAY) == []  # nothing twice
 
 
 def test_children_their_parent_waits_for_and_a_child_replayed_by_hand_are_left_alone():
     waiting_set = mapping("waited-for", 5, max_parallel=2)
     waiting_child = delegating("waited-for-child")
     assert len(children(waiting_set)) == 5 and len(children(waiting_child)) == 1
-    assert wf_store.cancel_orphaned_children(0) == []
+    assert wf_store.cancel_orphaned_children(NO_DELAY) == []
     # A child cancelled with its parent, then replayed by hand: it runs on its own.
     assert cancel_run(waiting_child.pk)
     (kid,) = children(waiting_child)
     assert WorkflowRun.objects.get(pk=kid.pk).state == RunState.CANCELLED
     replay_run(kid.pk, "double")
     assert WorkflowRun.objects.get(pk=kid.pk).state == RunState.RUNNING
-    assert wf_store.cancel_orphaned_children(0) == []
+    assert wf_store.cancel_orphaned_children(NO_DELAY) == []
     # The sweep's cancel is fenced on the generation it read.
     assert not wf_store.workflow_run_cancel(kid.pk, generation=1)
     assert {k.state for k in children(waiting_set)} == {RunState.RUNNING}
@@ -175,9 +179,9 @@ def test_a_set_retried_after_its_cancelled_childs_crash_keeps_the_new_set():
     assert {WorkflowRun.objects.get(pk=k.pk).state for k in fresh} == {RunState.RUNNING}
 
 
-def test_a_cancelled_childs_own_children_are_swept_next():
-    """The sweep cancels an orphan without its children (its time is the
-    leader's): they are orphans in turn, found by the next sweep."""
+def test_an_orphans_own_children_are_cancelled_by_the_same_sweep():
+    """The sweep cancels an orphan without the after-commit cancel of its own
+    children (unbounded, on the leader's loop): it takes them itself."""
     run = mw.outer.start({"key": "nested", "counts": [3, 2]})
     assert run_now(run.pk)  # fans: one set child admitted (max_parallel=1)
     (fan_child,) = [k for k in children(run) if live_jobs_of([k])]
@@ -185,8 +189,7 @@ def test_a_cancelled_childs_own_children_are_swept_next():
     grandchildren = children(fan_child)
     assert len(grandchildren) == 3
     cancel_and_die(run)
-    first = wf_store.cancel_orphaned_children(0)
-    assert first == [k.pk for k in children(run)]
-    assert {WorkflowRun.objects.get(pk=g.pk).state for g in grandchildren} == {RunState.RUNNING}
-    assert wf_store.cancel_orphaned_children(0) == [g.pk for g in grandchildren]
+    everyone = [k.pk for k in children(run)] + [g.pk for g in grandchildren]
+    assert wf_store.cancel_orphaned_children(NO_DELAY) == sorted(everyone)
     assert live_jobs_of(grandchildren) == 0
+    assert {WorkflowRun.objects.get(pk=g.pk).state for g in grandchildren} == {RunState.CANCELLED}

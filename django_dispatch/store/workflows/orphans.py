@@ -46,16 +46,14 @@ def cancel_orphaned_children(
     namespace: str = "",
 ) -> list[int]:
     """Cancel ``namespace``'s active child runs whose parent step no longer waits
-    for them; return their ids.
+    for them, and their own children; return their ids.
 
     A parent step that stopped for good (cancelled, skipped, failed) is left
     ``older_than_seconds`` first: the commit's own cancel, right after it,
     goes first. One restarted (a replay, a retry) is not: it changes with
     its new attempt, and the old children are never its. A child replayed
     by hand since (past its first generation) is left alone: a person asked
-    for it to run. A ``ctx.map`` set's held children (never admitted) go
-    together in one transaction; the others one by one, without their own
-    children, which the next sweep finds with their parent step cancelled.
+    for it to run. Everything within ``max_seconds``; the next sweep goes on.
     """
     db = db_or_default(db)
     waits_for_it = WorkflowTask.objects.using(db).filter(
@@ -64,19 +62,48 @@ def cancel_orphaned_children(
         state=StepState.WAITING,
     )
     settled = Q(parent_task__updated_at__lt=now_plus(-older_than_seconds))
+    active = WorkflowRun.objects.using(db).filter(
+        namespace=namespace, state__in=list(RUN_ACTIVE), generation=FIRST_GENERATION
+    )
     orphans = list(
-        WorkflowRun.objects.using(db)
-        .filter(namespace=namespace, state__in=list(RUN_ACTIVE), generation=FIRST_GENERATION)
-        .filter(settled | Q(parent_task__state__in=list(STEP_LIVE)))
+        active.filter(settled | Q(parent_task__state__in=list(STEP_LIVE)))
         .exclude(Exists(waits_for_it))
         .values_list("id", "map_batch")[:limit]
     )
     deadline = time.monotonic() + max_seconds
     cancelled: set[int] = set()
+    while orphans and time.monotonic() <= deadline:
+        parents = _cancel(db, orphans, deadline, cancelled)
+        # Their own children: every step of theirs was just cancelled here, so
+        # no other cancel is coming for them, and none waits.
+        below = active.filter(parent_run_id__in=sorted(parents))
+        orphans = list(below.values_list("id", "map_batch")[:limit]) if parents else []
+    if cancelled:
+        logger.warning(
+            "cancelled %s child run(s) whose parent step no longer waits for them "
+            "(left running by the process that stopped the step, or still being "
+            "cancelled by it): %s",
+            len(cancelled),
+            sorted(cancelled)[:20],
+        )
+    return sorted(cancelled)
+
+
+def _cancel(
+    db: str, orphans: list[tuple[int, str | None]], deadline: float, cancelled: set[int]
+) -> set[int]:
+    """Cancel ``orphans`` until ``deadline``, adding to ``cancelled``; return the
+    ones cancelled one by one (the others, held, never started a child).
+
+    A ``ctx.map`` set's held children go together in one transaction; the
+    others one by one, fenced on the generation read, each without the
+    after-commit cancel of its own children (unbounded), which the caller
+    takes instead, within its time."""
     for batch in sorted({batch for _, batch in orphans if batch}):
         if time.monotonic() > deadline:
-            break
+            return set()
         cancelled.update(cancel_held(db, batch))
+    one_by_one = set()
     for run_id, _ in sorted(orphans):
         if time.monotonic() > deadline:
             break
@@ -84,11 +111,5 @@ def cancel_orphaned_children(
             run_id, db=db, generation=FIRST_GENERATION, children=False
         ):
             cancelled.add(run_id)
-    if cancelled:
-        logger.warning(
-            "cancelled %s child run(s) whose parent step no longer waits for them "
-            "(the process that stopped the step died before it cancelled them): %s",
-            len(cancelled),
-            sorted(cancelled)[:20],
-        )
-    return sorted(cancelled)
+            one_by_one.add(run_id)
+    return one_by_one
