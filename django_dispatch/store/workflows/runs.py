@@ -135,8 +135,9 @@ def stop_steps(db: str, steps: Iterable[Mapping[str, Any]], *, children: bool = 
     job, which its other children's steps still need (``mapbatch``). Child runs of
     waiting steps, a ``ctx.map`` set's unfinished children included, are
     cancelled after commit: a child run is locked only after its parent is
-    released, keeping the lock order. Not with ``children=False``: they are
-    left to the orphan sweep (``orphans``), which finds them stopped.
+    released, keeping the lock order. Not with ``children=False``: the
+    orphan sweep (``orphans``), which passes it, takes them itself, within
+    its time on the leader's loop.
     """
     waited, batches = [], []
     for step in steps:
@@ -217,7 +218,7 @@ def workflow_run_cancel(
     Unfinished steps are cancelled and their claims voided (a running step's
     next write matches nothing); queued and running step jobs are cancelled;
     child runs being waited for are cancelled after commit (with
-    ``children``; else the orphan sweep finds them). A child run's
+    ``children``; see ``stop_steps``). A child run's
     cancellation fails its parent's waiting step and parks the parent.
     ``generation``: only while the run is still at it (not replayed since).
     """
